@@ -11,7 +11,6 @@ dev: $(VENV)/.dev-installed
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
 
 $(VENV)/.installed: requirements.txt pyproject.toml | $(VENV)/bin/python
 	$(BIN)/pip install -q -r requirements.txt
