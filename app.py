@@ -1,0 +1,116 @@
+from gevent import monkey
+
+monkey.patch_all()  # first: every later import must see cooperative sockets and locks
+
+# Weir's entry point.
+#   python app.py [--config config.toml]                 production: gevent servers and pools
+#   python app.py register-user NAME [--password P] [--admin] [--config PATH]
+#   flask --app app run                                  development: one app, inline mode
+
+import argparse  # noqa: E402
+import getpass  # noqa: E402
+import logging  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+
+import gevent  # noqa: E402
+from gevent.event import Event  # noqa: E402
+
+from homeserver.config import ConfigError, load_config  # noqa: E402
+from homeserver.errors import MatrixError  # noqa: E402
+from homeserver.logs import configure_logging  # noqa: E402
+
+log = logging.getLogger("weir")
+
+DEFAULT_CONFIG = os.environ.get("WEIR_CONFIG", "config.toml")
+
+
+def _load_config_or_exit(path: str):
+    try:
+        return load_config(path)
+    except ConfigError as e:
+        print(f"config: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+def create_app(config_path: str | None = None):
+    """The development app: both APIs on one port, no pools (inline mode)."""
+    from homeserver.http.app import create_flask_app
+    from homeserver.runtime import HomeserverRuntime
+
+    config = _load_config_or_exit(config_path or DEFAULT_CONFIG)
+    configure_logging(config.logging)
+    return create_flask_app(HomeserverRuntime(config, pools=False))
+
+
+def serve(config_path: str) -> int:
+    from homeserver.http.server import HomeserverServer
+    from homeserver.runtime import HomeserverRuntime
+
+    config = _load_config_or_exit(config_path)
+    configure_logging(config.logging)
+    runtime = HomeserverRuntime(config, pools=True)
+    server = HomeserverServer(runtime)
+    server.start()
+
+    stop = Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        gevent.signal_handler(sig, stop.set)
+    # One parseable line: tests and scripts wait for it instead of polling.
+    print(f"weir ready client={server.client_url} federation={server.federation_url}",
+          flush=True)
+    log.info("serving %s: client %s, federation %s", config.server_name, server.client_url,
+             server.federation_url)
+    stop.wait()
+    log.info("stopping: draining in-flight requests")
+    server.stop()
+    runtime.close()
+    log.info("stopped")
+    return 0
+
+
+def register_user(args) -> int:
+    from homeserver.runtime import HomeserverRuntime
+
+    config = _load_config_or_exit(args.config)
+    configure_logging(config.logging)
+    password = args.password
+    if password is None:
+        password = getpass.getpass("Password: ")
+        if password != getpass.getpass("Confirm password: "):
+            print("passwords do not match", file=sys.stderr)
+            return 1
+    if not password:
+        print("a password is required", file=sys.stderr)
+        return 1
+    runtime = HomeserverRuntime(config, pools=False)
+    try:
+        result = runtime.accounts.register(args.name.lower(), password, admin=args.admin,
+                                           inhibit_login=True)
+    except MatrixError as e:
+        print(f"register-user: {e.errcode}: {e.error}", file=sys.stderr)
+        return 1
+    finally:
+        runtime.close()
+    print(f"registered {result.user_id}{' (admin)' if args.admin else ''}")
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="app.py", description="Weir Matrix homeserver")
+    parser.add_argument("--config", default=DEFAULT_CONFIG, help="path to config.toml")
+    sub = parser.add_subparsers(dest="command")
+    reg = sub.add_parser("register-user", help="create an account")
+    reg.add_argument("name", help="localpart of the new user")
+    reg.add_argument("--password", help="the password (asked for when absent)")
+    reg.add_argument("--admin", action="store_true", help="make the user a server admin")
+    reg.add_argument("--config", default=argparse.SUPPRESS, help="path to config.toml")
+    args = parser.parse_args(argv)
+    if args.command == "register-user":
+        return register_user(args)
+    return serve(args.config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""Registration, login, logout and whoami (client-server API)."""
+
+from __future__ import annotations
+
+from flask import Blueprint, request
+from marshmallow import Schema, fields, validate
+
+from ...errors import MatrixError, forbidden, missing_param
+from ...http.auth import current_requester, enforce_rate_limit, requires_auth
+from ...http.context import runtime
+from ...http.parsing import json_object, validate as validate_body
+from ...http.responses import json_response
+
+bp = Blueprint("accounts", __name__, url_prefix="/_matrix/client/v3")
+
+DUMMY_FLOWS = [{"stages": ["m.login.dummy"]}]
+
+
+class RegisterBody(Schema):
+    username = fields.String(validate=validate.Length(min=1, max=255))
+    password = fields.String(validate=validate.Length(max=512))
+    device_id = fields.String(validate=validate.Length(min=1, max=255))
+    initial_device_display_name = fields.String(validate=validate.Length(max=512))
+    inhibit_login = fields.Boolean(load_default=False)
+    auth = fields.Dict()
+
+
+class UserIdentifier(Schema):
+    type = fields.String(required=True)
+    user = fields.String()
+
+
+class LoginBody(Schema):
+    type = fields.String(required=True)
+    identifier = fields.Nested(UserIdentifier)
+    user = fields.String()
+    password = fields.String(validate=validate.Length(max=512))
+    device_id = fields.String(validate=validate.Length(min=1, max=255))
+    initial_device_display_name = fields.String(validate=validate.Length(max=512))
+
+
+def _login_response(result) -> dict:
+    body = {"user_id": result.user_id}
+    if result.access_token is not None:
+        body.update(access_token=result.access_token, device_id=result.device_id,
+                    home_server=runtime().server_name)
+    return body
+
+
+@bp.post("/register")
+def register():
+    rt = runtime()
+    if request.args.get("kind", "user") == "guest":
+        raise MatrixError(403, "M_GUEST_ACCESS_FORBIDDEN", "Guest access is disabled")
+    if not rt.config.registration.enabled:
+        raise forbidden("Registration has been disabled")
+    enforce_rate_limit(rt.registration_rate_limiter)
+    body = validate_body(RegisterBody(), json_object(allow_empty=True))
+
+    localpart = body.get("username")
+    if localpart is not None:
+        localpart = localpart.lower()
+        if not rt.accounts.is_available(localpart):
+            raise MatrixError(400, "M_USER_IN_USE", "User ID already taken.")
+
+    # User-interactive auth with the single m.login.dummy stage.
+    auth = body.get("auth") or {}
+    session = auth.get("session")
+    if auth.get("type") != "m.login.dummy" or (session is not None
+                                                and not rt.registration_sessions.uia.take(session)):
+        return json_response({"flows": DUMMY_FLOWS, "params": {},
+                              "session": rt.registration_sessions.uia.new()}, 401)
+
+    if not body.get("password"):
+        raise missing_param("Missing parameter: password")
+    result = rt.accounts.register(
+        localpart, body["password"], device_id=body.get("device_id"),
+        display_name=body.get("initial_device_display_name"),
+        inhibit_login=body["inhibit_login"])
+    return json_response(_login_response(result))
+
+
+@bp.get("/register/available")
+def register_available():
+    username = request.args.get("username")
+    if not username:
+        raise missing_param("Missing parameter: username")
+    if not runtime().accounts.is_available(username.lower()):
+        raise MatrixError(400, "M_USER_IN_USE", "User ID already taken.")
+    return json_response({"available": True})
+
+
+@bp.get("/login")
+def login_flows():
+    return json_response({"flows": [{"type": "m.login.password"}]})
+
+
+@bp.post("/login")
+def login():
+    rt = runtime()
+    enforce_rate_limit(rt.login_rate_limiter)
+    body = validate_body(LoginBody(), json_object())
+    if body["type"] != "m.login.password":
+        raise MatrixError(400, "M_UNKNOWN", "Unknown login type")
+    identifier = body.get("identifier")
+    if identifier is not None:
+        if identifier["type"] != "m.id.user":
+            raise MatrixError(400, "M_UNKNOWN", "Only m.id.user identifiers are supported")
+        user = identifier.get("user")
+    else:
+        user = body.get("user")
+    if not user:
+        raise missing_param("Missing parameter: identifier.user")
+    if "password" not in body:
+        raise missing_param("Missing parameter: password")
+    result = rt.accounts.login_with_password(user, body["password"], body.get("device_id"),
+                                             body.get("initial_device_display_name"))
+    return json_response(_login_response(result))
+
+
+@bp.post("/logout")
+@requires_auth
+def logout():
+    runtime().accounts.logout(current_requester())
+    return json_response({})
+
+
+@bp.post("/logout/all")
+@requires_auth
+def logout_all():
+    runtime().accounts.logout_all(current_requester())
+    return json_response({})
+
+
+@bp.get("/account/whoami")
+@requires_auth
+def whoami():
+    requester = current_requester()
+    return json_response({"user_id": requester.user_id, "device_id": requester.device_id,
+                          "is_guest": False})

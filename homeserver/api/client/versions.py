@@ -1,0 +1,34 @@
+"""Discovery endpoints a client or load balancer calls before anything else."""
+
+from __future__ import annotations
+
+from flask import Blueprint
+
+from ...http.context import runtime
+from ...http.responses import json_response
+
+bp = Blueprint("versions", __name__)
+
+SUPPORTED_VERSIONS = ["v1.11", "v1.12", "v1.13", "v1.14", "v1.15", "v1.16"]
+
+
+@bp.get("/_matrix/client/versions")
+def versions():
+    return json_response({"versions": SUPPORTED_VERSIONS, "unstable_features": {}})
+
+
+@bp.get("/.well-known/matrix/client")
+def well_known_client():
+    return json_response({"m.homeserver": {"base_url": runtime().config.public_baseurl}})
+
+
+@bp.get("/.well-known/matrix/server")
+def well_known_server():
+    return json_response({"m.server": runtime().federation_address})
+
+
+@bp.get("/health")
+def health():
+    # Served only once the runtime is built and migrations are applied: this app does not
+    # exist before then.
+    return json_response({"status": "ok"})

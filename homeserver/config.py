@@ -1,0 +1,307 @@
+"""config.toml -> frozen Config objects.
+
+Each setting is declared once, as a dataclass field carrying its marshmallow field and its
+default, so the schema, the default and the type cannot drift apart. Unknown keys, wrong
+types and out-of-range values are errors that name the dotted key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import os
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any
+
+from marshmallow import RAISE, Schema, ValidationError, fields, post_load, validate
+
+DEFAULT_IP_RANGE_DENYLIST = (
+    # IPv4: "this network", private, CGNAT, loopback, link-local, IETF, documentation,
+    # benchmarking, multicast, reserved and broadcast.
+    "0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16",
+    "172.16.0.0/12", "192.0.0.0/24", "192.0.2.0/24", "192.168.0.0/16", "198.18.0.0/15",
+    "198.51.100.0/24", "203.0.113.0/24", "224.0.0.0/4", "240.0.0.0/4",
+    "255.255.255.255/32",
+    # IPv6: unspecified, loopback, IPv4-mapped, discard, documentation, unique local,
+    # link-local, site-local, multicast, NAT64 and 6to4/Teredo transition ranges.
+    "::/128", "::1/128", "::ffff:0:0/96", "100::/64", "2001:db8::/32", "fc00::/7",
+    "fe80::/10", "fec0::/10", "ff00::/8", "64:ff9b::/96", "2001::/32", "2002::/16",
+)
+
+
+class ConfigError(Exception):
+    """An invalid config: `key` is the dotted path, `reason` what is wrong with it."""
+
+    def __init__(self, key: str, reason: str):
+        super().__init__(f"{key}: {reason}" if key else reason)
+        self.key = key
+        self.reason = reason
+
+
+def setting(mfield: fields.Field, default: Any) -> Any:
+    """A dataclass field that is also a config key: its marshmallow field and default."""
+    if isinstance(default, (list, dict)):
+        raise TypeError("use a tuple or a frozen object as a default")
+    return field(default=default, metadata={"mfield": mfield})
+
+
+def section(cls: type) -> Any:
+    """A nested config table, defaulting to all of its own defaults."""
+    return field(default_factory=cls, metadata={"mfield": fields.Nested(schema_for(cls))})
+
+
+_SCHEMAS: dict[type, type[Schema]] = {}
+
+
+def schema_for(cls: type) -> type[Schema]:
+    """Builds (once) the marshmallow schema that loads a table into `cls`."""
+    if cls in _SCHEMAS:
+        return _SCHEMAS[cls]
+    attrs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        mfield = f.metadata["mfield"]
+        mfield.load_default = (
+            f.default_factory if f.default_factory is not dataclasses.MISSING else f.default
+        )
+        attrs[f.name] = mfield
+
+    class Meta:
+        unknown = RAISE
+
+    def make(self, data, **kwargs):
+        return cls(**data)
+
+    attrs["Meta"] = Meta
+    attrs["make"] = post_load(make)
+    schema = type(f"{cls.__name__}Schema", (Schema,), attrs)
+    _SCHEMAS[cls] = schema
+    return schema
+
+
+def _string_list(**kw) -> fields.Field:
+    return _Tuple(fields.String(), **kw)
+
+
+class _Tuple(fields.List):
+    """A TOML array loaded as a tuple, so that the config stays immutable."""
+
+    def _deserialize(self, value, attr, data, **kwargs):
+        return tuple(super()._deserialize(value, attr, data, **kwargs))
+
+
+def _int(minimum: int | None = None, maximum: int | None = None) -> fields.Integer:
+    return fields.Integer(strict=True, validate=validate.Range(min=minimum, max=maximum))
+
+
+class _StrictBool(fields.Boolean):
+    """TOML has real booleans; "yes" or 1 is a mistake, not a truthy value."""
+
+    def _deserialize(self, value, attr, data, **kwargs):
+        if not isinstance(value, bool):
+            raise self.make_error("invalid")
+        return value
+
+
+def _bool() -> fields.Boolean:
+    return _StrictBool()
+
+
+def _seconds(minimum: float = 0.001) -> fields.Float:
+    return fields.Float(validate=validate.Range(min=minimum))
+
+
+def _cidrs(value: tuple) -> None:
+    for item in value:
+        try:
+            ipaddress.ip_network(item, strict=False)
+        except ValueError:
+            raise ValidationError(f"Not a valid CIDR: {item!r}.")
+
+
+def _host_ports(value: tuple) -> None:
+    for item in value:
+        host, sep, port = item.rpartition(":")
+        if not sep or not port.isdigit() or not host:
+            raise ValidationError(f"Expected host:port, got {item!r}.")
+
+
+@dataclass(frozen=True)
+class RateConfig:
+    max_requests: int = setting(_int(1), 30)
+    per_seconds: float = setting(_seconds(), 60.0)
+
+
+@dataclass(frozen=True)
+class HttpConfig:
+    bind_address: str = setting(fields.String(), "127.0.0.1")
+    # 0 picks a free port; the ready line on stdout names the one in use.
+    port: int = setting(_int(0, 65535), 8008)
+    main_pool_size: int = setting(_int(2), 1000)
+    keepalive_timeout: float = setting(_seconds(), 75.0)
+    trusted_proxies: tuple = setting(_string_list(validate=_cidrs), ())
+    media_fetch_threads: int = setting(_int(1), 16)
+    media_fetch_max_in_flight: int = setting(_int(1), 64)
+    media_fetch_max_per_client: int = setting(_int(1), 8)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    http: HttpConfig = section(HttpConfig)
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    shards: int = setting(_int(0, 64), 0)
+
+
+@dataclass(frozen=True)
+class FederationConfig:
+    bind_address: str = setting(fields.String(), "127.0.0.1")
+    port: int = setting(_int(0, 65535), 8448)
+    tls_certificate: str = setting(fields.String(), "")
+    tls_private_key: str = setting(fields.String(), "")
+    remote_timeout: float = setting(_seconds(), 60.0)
+    verify_tls: bool = setting(_bool(), True)
+    ca_file: str = setting(fields.String(), "")
+    dns_nameservers: tuple = setting(_string_list(validate=_host_ports), ())
+    ip_range_denylist: tuple = setting(_string_list(validate=_cidrs), DEFAULT_IP_RANGE_DENYLIST)
+    ip_range_allowlist: tuple = setting(_string_list(validate=_cidrs), ())
+    worker: WorkerConfig = section(WorkerConfig)
+
+
+@dataclass(frozen=True)
+class DatabaseConfig:
+    url: str = setting(
+        fields.String(validate=validate.Regexp(r"^(sqlite:///|postgres(ql)?://)",
+                                               error="Expected sqlite:///... or postgresql://...")),
+        "sqlite:///data/homeserver.db",
+    )
+
+
+@dataclass(frozen=True)
+class MediaConfig:
+    max_upload_size: int = setting(_int(1), 52428800)
+    max_image_pixels: int = setting(_int(1), 32000000)
+
+
+@dataclass(frozen=True)
+class MediaSecurityConfig:
+    remote_fetch_enabled: bool = setting(_bool(), True)
+    blocked_servers: tuple = setting(_string_list(), ())
+
+
+@dataclass(frozen=True)
+class TrustedKeyServer:
+    server_name: str = setting(fields.String(validate=validate.Length(min=1)), "")
+    # {key_id: base64 key}; empty = trust whatever the notary's own key document says.
+    verify_keys: dict = setting(fields.Dict(keys=fields.String(), values=fields.String()), None)
+
+
+@dataclass(frozen=True)
+class FederationSecurityConfig:
+    key_resolution_max_in_flight: int = setting(_int(1), 16)
+    key_resolution_per_ip_rate: RateConfig = section(RateConfig)
+    trusted_key_servers: tuple = setting(_Tuple(fields.Nested(schema_for(TrustedKeyServer))), ())
+
+
+@dataclass(frozen=True)
+class SecurityConfig:
+    media: MediaSecurityConfig = section(MediaSecurityConfig)
+    federation: FederationSecurityConfig = section(FederationSecurityConfig)
+
+
+@dataclass(frozen=True)
+class RegistrationConfig:
+    enabled: bool = setting(_bool(), False)
+    shared_secret: str = setting(fields.String(), "")
+
+
+@dataclass(frozen=True)
+class RateLimitingConfig:
+    # Per client key (DESIGN.md §4); a refusal is 429 M_LIMIT_EXCEEDED with retry_after_ms.
+    login: RateConfig = section(RateConfig)
+    registration: RateConfig = section(RateConfig)
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    level: str = setting(fields.String(validate=validate.OneOf(
+        ["DEBUG", "INFO", "WARNING", "ERROR"])), "INFO")
+    format: str = setting(fields.String(validate=validate.OneOf(["text", "json"])), "text")
+
+
+@dataclass(frozen=True)
+class Config:
+    server_name: str = setting(fields.String(validate=validate.Length(min=1)), "localhost:8008")
+    public_baseurl: str = setting(fields.String(), "http://localhost:8008/")
+    data_dir: str = setting(fields.String(), "data")
+    server: ServerConfig = section(ServerConfig)
+    federation: FederationConfig = section(FederationConfig)
+    database: DatabaseConfig = section(DatabaseConfig)
+    media: MediaConfig = section(MediaConfig)
+    security: SecurityConfig = section(SecurityConfig)
+    registration: RegistrationConfig = section(RegistrationConfig)
+    ratelimiting: RateLimitingConfig = section(RateLimitingConfig)
+    logging: LoggingConfig = section(LoggingConfig)
+
+
+def _first_error(messages: Any, prefix: str = "") -> tuple[str, str]:
+    """The first (dotted key, reason) in marshmallow's nested error dict."""
+    if isinstance(messages, dict):
+        for key in sorted(messages, key=str):
+            sub = f"{prefix}.{key}" if prefix else str(key)
+            return _first_error(messages[key], sub)
+    if isinstance(messages, list) and messages:
+        return _first_error(messages[0], prefix)
+    return prefix, str(messages)
+
+
+def _resolve_paths(config: Config, base: str) -> Config:
+    """Relative paths in the config are relative to the config file's folder."""
+
+    def resolve(path: str) -> str:
+        return path if not path or os.path.isabs(path) else os.path.normpath(os.path.join(base, path))
+
+    url = config.database.url
+    if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
+        url = "sqlite:///" + resolve(url[len("sqlite:///"):])
+    federation = dataclasses.replace(
+        config.federation,
+        tls_certificate=resolve(config.federation.tls_certificate),
+        tls_private_key=resolve(config.federation.tls_private_key),
+        ca_file=resolve(config.federation.ca_file),
+    )
+    return dataclasses.replace(
+        config,
+        data_dir=resolve(config.data_dir),
+        database=DatabaseConfig(url=url),
+        federation=federation,
+    )
+
+
+def parse_config(data: dict, base_dir: str = ".") -> Config:
+    try:
+        config = schema_for(Config)().load(data)
+    except ValidationError as e:
+        raise ConfigError(*_first_error(e.messages)) from None
+    if bool(config.federation.tls_certificate) != bool(config.federation.tls_private_key):
+        raise ConfigError("federation.tls_private_key",
+                          "tls_certificate and tls_private_key must be set together.")
+    return _resolve_paths(config, os.path.abspath(base_dir))
+
+
+def load_config(path: str) -> Config:
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError("", f"{path}: no such file") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError("", f"{path}: not valid TOML: {e}") from None
+    return parse_config(data, os.path.dirname(os.path.abspath(path)))
+
+
+def sqlite_path(url: str) -> str | None:
+    """The file of a sqlite:/// URL, or None for another engine."""
+    return url[len("sqlite:///"):] if url.startswith("sqlite:///") else None

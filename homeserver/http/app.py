@@ -1,0 +1,63 @@
+"""Builds the Flask application for one or both listeners.
+
+Production serves the client-server API on the client listener and the server-server API
+on the federation listener, as two apps over one runtime. The dev server (`flask --app app
+run`) and tests that build the app alone serve both from one app.
+"""
+
+from __future__ import annotations
+
+from flask import Flask, Response, request
+
+from ..api.client import accounts, admin, versions
+from ..api.federation import keys
+from .context import RUNTIME_EXTENSION
+from .middleware import RequestContextMiddleware
+from .responses import CORS_HEADERS, register_error_handlers
+
+CLIENT = "client"
+FEDERATION = "federation"
+
+
+def client_blueprints():
+    return [versions.bp, accounts.bp, admin.bp]
+
+
+def federation_blueprints():
+    # The well-known and health routes are served here too: a load balancer or a peer may
+    # ask either listener.
+    return [keys.bp, versions.bp]
+
+
+def create_flask_app(runtime, listeners: tuple[str, ...] = (CLIENT, FEDERATION)) -> Flask:
+    app = Flask("homeserver")
+    app.extensions[RUNTIME_EXTENSION] = runtime
+    # Bodies are read through http.parsing with per-route caps; this is the outer bound.
+    app.config["MAX_CONTENT_LENGTH"] = None
+    app.url_map.strict_slashes = False
+
+    blueprints = []
+    if CLIENT in listeners:
+        blueprints += client_blueprints()
+    if FEDERATION in listeners:
+        blueprints += federation_blueprints()
+    for bp in dict.fromkeys(blueprints):
+        app.register_blueprint(bp)
+
+    register_error_handlers(app)
+
+    @app.before_request
+    def preflight():
+        # CORS preflight: answered for any path, before routing, as the spec recommends.
+        if request.method == "OPTIONS":
+            return Response(status=204)
+        return None
+
+    @app.after_request
+    def cors(response: Response) -> Response:
+        for name, value in CORS_HEADERS.items():
+            response.headers.setdefault(name, value)
+        return response
+
+    app.wsgi_app = RequestContextMiddleware(app.wsgi_app, runtime.trusted_proxies)
+    return app

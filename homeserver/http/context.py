@@ -1,0 +1,26 @@
+"""What a request handler can know about the request beyond Flask's own: the runtime, the
+client key and the request id, all set once per request by `RequestContextMiddleware`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from flask import current_app, request
+
+if TYPE_CHECKING:
+    from ..runtime import HomeserverRuntime
+
+RUNTIME_EXTENSION = "weir.runtime"
+
+
+def runtime() -> "HomeserverRuntime":
+    return current_app.extensions[RUNTIME_EXTENSION]
+
+
+def client_key() -> str:
+    """The rate-limit and budget key of the caller (DESIGN.md §4)."""
+    return request.environ["weir.client_key"]
+
+
+def request_id() -> str:
+    return request.environ["weir.request_id"]

@@ -1,0 +1,69 @@
+"""WSGI middleware run on every request: request id, client key, access log."""
+
+from __future__ import annotations
+
+import logging
+import re
+import secrets
+import time
+
+from budget import client_key
+
+access_log = logging.getLogger("weir.access")
+
+_TOKEN_IN_QUERY = re.compile(r"(access_token=)[^&]*")
+
+
+def redacted_path(environ: dict) -> str:
+    path = environ.get("PATH_INFO", "")
+    query = environ.get("QUERY_STRING", "")
+    if query:
+        path += "?" + _TOKEN_IN_QUERY.sub(r"\1<redacted>", query)
+    return path
+
+
+class RequestContextMiddleware:
+    def __init__(self, app, trusted_proxies):
+        self.app = app
+        self.trusted_proxies = trusted_proxies
+
+    def __call__(self, environ, start_response):
+        started = time.monotonic()
+        environ["weir.request_id"] = secrets.token_hex(6)
+        environ["weir.client_key"] = client_key(
+            environ.get("REMOTE_ADDR", ""), environ.get("HTTP_X_FORWARDED_FOR"),
+            self.trusted_proxies)
+        status_holder = []
+
+        def recording_start_response(status, headers, exc_info=None):
+            status_holder.append(status.split(" ", 1)[0])
+            return start_response(status, headers, exc_info)
+
+        body = self.app(environ, recording_start_response)
+        return _LoggedBody(body, environ, status_holder, started)
+
+
+class _LoggedBody:
+    """Logs the request once its body has been sent, so the duration includes streaming."""
+
+    def __init__(self, body, environ, status_holder, started):
+        self._body = body
+        self._environ = environ
+        self._status = status_holder
+        self._started = started
+
+    def __iter__(self):
+        return iter(self._body)
+
+    def close(self):
+        try:
+            close = getattr(self._body, "close", None)
+            if close is not None:
+                close()
+        finally:
+            env = self._environ
+            access_log.info(
+                "%s %s %s %s %.1fms %s", env["weir.request_id"], env.get("REQUEST_METHOD"),
+                redacted_path(env), self._status[0] if self._status else "-",
+                (time.monotonic() - self._started) * 1000, env["weir.client_key"],
+                extra={"request_id": env["weir.request_id"]})

@@ -1,0 +1,95 @@
+"""Request parsing: capped JSON bodies, marshmallow validation, query parameters.
+
+Every failure is a Matrix error naming the field: M_NOT_JSON, M_BAD_JSON, M_MISSING_PARAM,
+M_INVALID_PARAM or M_TOO_LARGE.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from flask import request
+from marshmallow import EXCLUDE, Schema, ValidationError
+
+from ..errors import MatrixError, bad_json, invalid_param, missing_param
+
+DEFAULT_MAX_JSON_BYTES = 1024 * 1024
+_MISSING = "Missing data for required field."
+
+
+def read_body(max_bytes: int) -> bytes:
+    """The request body, refused with 413 past `max_bytes` before it is all read."""
+    length = request.content_length
+    if length is not None and length > max_bytes:
+        raise MatrixError(413, "M_TOO_LARGE", f"Request body over {max_bytes} bytes")
+    data = request.stream.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise MatrixError(413, "M_TOO_LARGE", f"Request body over {max_bytes} bytes")
+    return data
+
+
+def json_object(max_bytes: int = DEFAULT_MAX_JSON_BYTES, allow_empty: bool = False) -> dict:
+    raw = read_body(max_bytes)
+    if not raw.strip() and allow_empty:
+        return {}
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise MatrixError(400, "M_NOT_JSON", "Content not JSON.") from None
+    if not isinstance(body, dict):
+        raise MatrixError(400, "M_NOT_JSON", "Content must be a JSON object.")
+    return body
+
+
+def _field_error(messages: Any, prefix: str = "") -> MatrixError:
+    if isinstance(messages, dict):
+        key = sorted(messages, key=str)[0]
+        return _field_error(messages[key], f"{prefix}.{key}" if prefix else str(key))
+    if isinstance(messages, list) and messages:
+        first = messages[0]
+        if isinstance(first, (dict, list)):
+            return _field_error(first, prefix)
+        if first == _MISSING:
+            return missing_param(f"Missing parameter: {prefix}")
+        return bad_json(f"{prefix}: {first}")
+    return bad_json(f"{prefix}: {messages}")
+
+
+def validate(schema: Schema, data: dict) -> dict:
+    try:
+        return schema.load(data, unknown=EXCLUDE)
+    except ValidationError as e:
+        raise _field_error(e.messages) from None
+
+
+def validated_json(schema: Schema, max_bytes: int = DEFAULT_MAX_JSON_BYTES,
+                   allow_empty: bool = False) -> dict:
+    return validate(schema, json_object(max_bytes, allow_empty))
+
+
+def query_int(name: str, default: int | None = None, minimum: int | None = None,
+              maximum: int | None = None) -> int | None:
+    raw = request.args.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise invalid_param(f"{name} must be an integer") from None
+    if minimum is not None and value < minimum:
+        raise invalid_param(f"{name} must be at least {minimum}")
+    if maximum is not None and value > maximum:
+        value = maximum
+    return value
+
+
+def query_bool(name: str, default: bool) -> bool:
+    raw = request.args.get(name)
+    if raw is None:
+        return default
+    if raw in ("true", "1"):
+        return True
+    if raw in ("false", "0"):
+        return False
+    raise invalid_param(f"{name} must be true or false")

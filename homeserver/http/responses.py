@@ -1,0 +1,52 @@
+"""Matrix JSON responses and error rendering for every listener."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from flask import Flask, Response
+from werkzeug.exceptions import HTTPException
+
+from ..errors import MatrixError
+
+log = logging.getLogger(__name__)
+
+# CORS headers the client-server spec asks every response to carry.
+CORS_HEADERS = {
+    "Access-Control-Allow-Origin": "*",
+    "Access-Control-Allow-Methods": "GET, POST, PUT, DELETE, OPTIONS",
+    "Access-Control-Allow-Headers": "X-Requested-With, Content-Type, Authorization",
+}
+
+_WERKZEUG_ERRCODES = {
+    404: ("M_UNRECOGNIZED", "Unrecognized request"),
+    405: ("M_UNRECOGNIZED", "Unrecognized request: method not allowed"),
+    413: ("M_TOO_LARGE", "Request body too large"),
+}
+
+
+def json_response(body, status: int = 200, headers: dict | None = None) -> Response:
+    return Response(json.dumps(body, ensure_ascii=False, separators=(",", ":")), status=status,
+                    headers=headers, mimetype="application/json")
+
+
+def error_response(error: MatrixError) -> Response:
+    return json_response(error.to_json(), error.status, error.headers)
+
+
+def register_error_handlers(app: Flask) -> None:
+    @app.errorhandler(MatrixError)
+    def matrix_error(error: MatrixError):
+        return error_response(error)
+
+    @app.errorhandler(HTTPException)
+    def http_error(error: HTTPException):
+        errcode, message = _WERKZEUG_ERRCODES.get(error.code or 500, ("M_UNKNOWN", error.name))
+        return error_response(MatrixError(error.code or 500, errcode, message))
+
+    @app.errorhandler(Exception)
+    def unexpected(error: Exception):
+        # The traceback goes to the log, never to the client.
+        log.exception("unhandled error")
+        return error_response(MatrixError(500, "M_UNKNOWN", "Internal server error"))

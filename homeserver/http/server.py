@@ -1,0 +1,143 @@
+"""The gevent servers: the client and federation listeners, their pools and the handler.
+
+pywsgi serves each connection in one greenlet for its whole keep-alive life, so a pool
+counts connections, not requests. The handler adds what pywsgi lacks: TCP_NODELAY (without
+it every keep-alive response waits ~44 ms for a delayed ACK), an idle timeout on keep-alive
+connections, a bounded TLS handshake, and a prompt close of idle connections on shutdown.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import ssl
+import time
+
+import gevent
+from gevent.pool import Pool
+from gevent.pywsgi import WSGIHandler, WSGIServer
+
+from .app import CLIENT, FEDERATION, create_flask_app
+
+log = logging.getLogger(__name__)
+
+SHUTDOWN_GRACE_SECONDS = 10.0
+
+
+class WeirHandler(WSGIHandler):
+    """One client connection."""
+
+    def handle(self):
+        sock = self.socket
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            # Bounds the TLS handshake, every read of a request, and the idle wait between
+            # keep-alive requests: a silent client cannot hold a pool greenlet for longer.
+            sock.settimeout(self.server.keepalive_timeout)
+            if isinstance(sock, ssl.SSLSocket):
+                sock.do_handshake()
+        except (OSError, ValueError):
+            self._close_quietly()
+            return
+        super().handle()
+
+    def _close_quietly(self):
+        try:
+            self.socket.close()
+        except OSError:
+            pass
+
+    def read_requestline(self):
+        # Between requests the connection is idle: a shutdown may close it at once.
+        idle = self.server.idle_greenlets
+        current = gevent.getcurrent()
+        idle.add(current)
+        try:
+            if self.server.closing:
+                return ""
+            return super().read_requestline()
+        finally:
+            idle.discard(current)
+
+    def get_environ(self):
+        environ = super().get_environ()
+        # Handlers that wait on a remote peer watch this socket for the client hanging up.
+        environ["weir.socket"] = self.socket
+        return environ
+
+    def handle_one_request(self):
+        result = super().handle_one_request()
+        if result is True and self.server.closing:
+            return None  # finish the response in hand, then close instead of keeping alive
+        return result
+
+
+class WeirWSGIServer(WSGIServer):
+    handler_class = WeirHandler
+
+    def __init__(self, listener, application, *, pool: Pool, keepalive_timeout: float,
+                 **ssl_args):
+        if ssl_args:
+            # The handshake runs in the handler, under the idle timeout, not in the accept loop.
+            ssl_args["do_handshake_on_connect"] = False
+        super().__init__(listener, application, spawn=pool, log=None, **ssl_args)
+        self.keepalive_timeout = keepalive_timeout
+        self.idle_greenlets: set = set()
+        self.closing = False
+
+
+class HomeserverServer:
+    """Both listeners of one process, started and stopped together."""
+
+    def __init__(self, runtime, federation_listener=None):
+        self.runtime = runtime
+        config = runtime.config
+        http = config.server.http
+        fed = config.federation
+
+        self.client_app = create_flask_app(runtime, (CLIENT,))
+        self.client_server = WeirWSGIServer(
+            (http.bind_address, http.port), self.client_app, pool=runtime.main_pool,
+            keepalive_timeout=http.keepalive_timeout)
+
+        self.federation_pool = Pool(http.main_pool_size)
+        ssl_args = {}
+        if fed.tls_certificate:
+            ssl_args = {"certfile": fed.tls_certificate, "keyfile": fed.tls_private_key}
+        self.federation_app = create_flask_app(runtime, (FEDERATION,))
+        self.federation_server = WeirWSGIServer(
+            federation_listener or (fed.bind_address, fed.port), self.federation_app,
+            pool=self.federation_pool, keepalive_timeout=http.keepalive_timeout, **ssl_args)
+        self.servers = [self.client_server, self.federation_server]
+
+    @property
+    def client_url(self) -> str:
+        host, port = self.client_server.address[:2]
+        return f"http://{host}:{port}"
+
+    @property
+    def federation_url(self) -> str:
+        host, port = self.federation_server.address[:2]
+        scheme = "https" if self.federation_server.ssl_enabled else "http"
+        return f"{scheme}://{host}:{port}"
+
+    def start(self) -> None:
+        for server in self.servers:
+            server.start()
+
+    def stop(self, grace: float = SHUTDOWN_GRACE_SECONDS) -> None:
+        """Stops accepting, lets in-flight requests finish within `grace`, then kills the rest."""
+        deadline = time.monotonic() + grace
+        for server in self.servers:
+            server.closing = True
+            server.close()  # stop accepting; the listening socket is closed
+            for greenlet in list(server.idle_greenlets):
+                greenlet.kill(block=False)
+        pools = [s.pool for s in self.servers]
+        for pool in pools:
+            pool.join(timeout=max(0.0, deadline - time.monotonic()))
+        for pool in pools:
+            if len(pool):
+                log.warning("shutdown: %d requests still running after %.0fs; stopping them",
+                            len(pool), grace)
+                pool.kill(timeout=1)

@@ -1,0 +1,66 @@
+"""HomeserverRuntime: the composition root.
+
+It builds storage, the signing key, budgets, pools and services once, and hands them out.
+There are no module-level singletons: two runtimes (two test servers) never share state.
+
+A runtime is built with or without pools. With pools (`python app.py`) the gevent servers
+use `main_pool`; without (inline mode: the Flask dev server and tests that build the app
+alone) every request runs in whatever greenlet serves it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from gevent.pool import Pool
+
+from budget import RateLimiter, parse_networks
+
+from .accounts.registration import RegistrationSessions
+from .accounts.service import AccountService
+from .config import Config
+from .federation.signing_key import key_id, load_or_create_signing_key
+from .storage.accounts import AccountStore
+from .storage.database import Database, open_database
+from .storage.migrations import migrate
+
+log = logging.getLogger(__name__)
+
+
+class HomeserverRuntime:
+    def __init__(self, config: Config, *, pools: bool = False):
+        self.config = config
+        self.server_name = config.server_name
+        # What /.well-known/matrix/server delegates to: our host, the federation port.
+        self.federation_address = f"{_host_of(config.server_name)}:{config.federation.port}"
+        self.pools = pools
+        os.makedirs(config.data_dir, exist_ok=True)
+
+        self.db: Database = open_database(config.database.url)
+        self.schema_version = migrate(self.db)
+        self.signing_key = load_or_create_signing_key(config.data_dir)
+        self.signing_key_id = key_id(self.signing_key)
+
+        http = config.server.http
+        self.trusted_proxies = parse_networks(http.trusted_proxies)
+        # Main pool: every client connection holds one greenlet for its keep-alive life.
+        self.main_pool: Pool | None = Pool(http.main_pool_size) if pools else None
+
+        limits = config.ratelimiting
+        self.login_rate_limiter = RateLimiter(limits.login.max_requests, limits.login.per_seconds)
+        self.registration_rate_limiter = RateLimiter(limits.registration.max_requests,
+                                                     limits.registration.per_seconds)
+
+        self.accounts = AccountService(AccountStore(self.db), config.server_name)
+        self.registration_sessions = RegistrationSessions()
+
+    def close(self) -> None:
+        self.db.close()
+
+
+def _host_of(server_name: str) -> str:
+    """The host part of a server name: `[::1]:8008` -> `[::1]`, `a.b:80` -> `a.b`."""
+    if server_name.startswith("["):
+        return server_name[: server_name.index("]") + 1]
+    return server_name.rsplit(":", 1)[0] if server_name.count(":") == 1 else server_name

@@ -1,0 +1,184 @@
+"""The two database engines behind one small interface.
+
+Stores write plain functions `fn(tx, *args)` and run them with `db.write(fn, ...)` (one
+transaction, committed on return, rolled back on an exception) or `db.read(fn, ...)`.
+`tx.execute(sql, params)` takes SQL with `?` placeholders on both engines.
+
+SQLite blocks the thread that runs it, so every SQLite call runs on a native threadpool:
+one writer connection (SQLite has one writer anyway) plus read-only readers, in WAL mode,
+so no query ever blocks the gevent hub. PostgreSQL goes through psycopg 3, which waits on
+its socket cooperatively once gevent has patched the standard library.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sqlite3
+from typing import Any, Callable
+
+import gevent
+from gevent.lock import BoundedSemaphore
+from gevent.queue import Queue
+from gevent.threadpool import ThreadPool
+
+log = logging.getLogger(__name__)
+
+class Tx:
+    """One transaction on one connection; `?` placeholders on both engines."""
+
+    def __init__(self, conn, dialect: str):
+        self.conn = conn
+        self.dialect = dialect
+
+    def execute(self, sql: str, params: tuple | list = ()):
+        if self.dialect == "postgres":
+            sql = sql.replace("?", "%s")
+        cur = self.conn.cursor()
+        cur.execute(sql, tuple(params))
+        return cur
+
+    def fetchone(self, sql: str, params: tuple | list = ()) -> tuple | None:
+        return self.execute(sql, params).fetchone()
+
+    def fetchall(self, sql: str, params: tuple | list = ()) -> list[tuple]:
+        return self.execute(sql, params).fetchall()
+
+    def executemany(self, sql: str, rows: list) -> None:
+        if self.dialect == "postgres":
+            sql = sql.replace("?", "%s")
+        self.conn.cursor().executemany(sql, [tuple(r) for r in rows])
+
+
+class Database:
+    dialect = ""
+
+    def write(self, fn: Callable[..., Any], *args) -> Any:
+        raise NotImplementedError
+
+    def read(self, fn: Callable[..., Any], *args) -> Any:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def is_unique_violation(self, exc: BaseException) -> bool:
+        raise NotImplementedError
+
+
+class SqliteDatabase(Database):
+    dialect = "sqlite"
+
+    def __init__(self, path: str, readers: int = 3):
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        self.path = path
+        self._pool = ThreadPool(readers + 1)
+        self._writer = self._connect(readonly=False)
+        self._writer_lock = BoundedSemaphore(1)
+        self._readers: Queue = Queue()
+        for _ in range(readers):
+            self._readers.put(self._connect(readonly=True))
+
+    def _connect(self, readonly: bool) -> sqlite3.Connection:
+        if readonly:
+            conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True,
+                                   check_same_thread=False, isolation_level=None, timeout=30)
+        else:
+            conn = sqlite3.connect(self.path, check_same_thread=False,
+                                   isolation_level=None, timeout=30)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA foreign_keys=ON")
+        return conn
+
+    @staticmethod
+    def _transaction(conn: sqlite3.Connection, begin: str, fn, args):
+        conn.execute(begin)
+        try:
+            result = fn(Tx(conn, "sqlite"), *args)
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+        return result
+
+    def _run(self, conn, begin: str, fn, args, give_back: Callable[[], None]):
+        """Runs on the threadpool; `give_back` returns the connection once the thread is done
+        with it, even if the waiting greenlet was killed (a Timeout) in the meantime."""
+        job = self._pool.spawn(self._transaction, conn, begin, fn, args)
+        try:
+            return job.get()
+        finally:
+            if job.ready():
+                give_back()
+            else:
+                job.rawlink(lambda _job: give_back())
+
+    def write(self, fn, *args):
+        self._writer_lock.acquire()
+        return self._run(self._writer, "BEGIN IMMEDIATE", fn, args, self._writer_lock.release)
+
+    def read(self, fn, *args):
+        conn = self._readers.get()
+        return self._run(conn, "BEGIN", fn, args, lambda: self._readers.put(conn))
+
+    def close(self) -> None:
+        self._pool.kill()
+        while not self._readers.empty():
+            self._readers.get().close()
+        self._writer.close()
+
+    def is_unique_violation(self, exc: BaseException) -> bool:
+        return isinstance(exc, sqlite3.IntegrityError)
+
+
+class PostgresDatabase(Database):
+    dialect = "postgres"
+
+    def __init__(self, url: str, min_size: int = 1, max_size: int = 10,
+                 statement_timeout_ms: int = 30000):
+        # Imported here, never at module level: psycopg must see the patched socket module.
+        import psycopg
+        from psycopg_pool import ConnectionPool
+
+        self._psycopg = psycopg
+        conninfo = re.sub(r"^postgres(ql)?://", "postgresql://", url)
+        # A server-side statement timeout bounds every query even if the caller is killed
+        # mid-wait; a gevent.Timeout alone would leave the query running on the server.
+        self._pool = ConnectionPool(
+            conninfo, min_size=min_size, max_size=max_size, open=True, timeout=30,
+            kwargs={"options": f"-c statement_timeout={statement_timeout_ms}",
+                    "autocommit": True},
+        )
+
+    def _run(self, fn, args):
+        with self._pool.connection() as conn:
+            try:
+                with conn.transaction():
+                    return fn(Tx(conn, "postgres"), *args)
+            except (gevent.Timeout, gevent.GreenletExit):
+                # The query may still be running: cancel it and do not reuse the connection.
+                try:
+                    conn.cancel_safe()
+                finally:
+                    conn.close()
+                raise
+
+    def write(self, fn, *args):
+        return self._run(fn, args)
+
+    def read(self, fn, *args):
+        return self._run(fn, args)
+
+    def close(self) -> None:
+        self._pool.close()
+
+    def is_unique_violation(self, exc: BaseException) -> bool:
+        return isinstance(exc, self._psycopg.errors.UniqueViolation)
+
+
+def open_database(url: str) -> Database:
+    if url.startswith("sqlite:///"):
+        return SqliteDatabase(url[len("sqlite:///"):])
+    return PostgresDatabase(url)

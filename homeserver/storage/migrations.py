@@ -1,0 +1,69 @@
+"""Numbered schema migrations, applied in order at start.
+
+Each file in `schema/` is `NNNN_name.sql`, written once in the SQL both engines share. Two
+placeholders cover where they differ: `{serial}` (an auto-increment primary key) and `{blob}`.
+A migration is never edited after it has landed; a change is a new file.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+
+from .database import Database
+
+log = logging.getLogger(__name__)
+
+SCHEMA_DIR = os.path.join(os.path.dirname(__file__), "schema")
+
+_DIALECT_WORDS = {
+    "sqlite": {"serial": "INTEGER PRIMARY KEY AUTOINCREMENT", "blob": "BLOB"},
+    "postgres": {"serial": "BIGSERIAL PRIMARY KEY", "blob": "BYTEA"},
+}
+
+
+def available_migrations() -> list[tuple[int, str, str]]:
+    """(version, name, path) for every schema file, in order."""
+    found = []
+    for name in os.listdir(SCHEMA_DIR):
+        m = re.fullmatch(r"(\d{4})_(\w+)\.sql", name)
+        if m:
+            found.append((int(m.group(1)), m.group(2), os.path.join(SCHEMA_DIR, name)))
+    found.sort()
+    versions = [v for v, _, _ in found]
+    if len(set(versions)) != len(versions):
+        raise RuntimeError(f"duplicate migration numbers in {SCHEMA_DIR}")
+    return found
+
+
+def _statements(path: str, dialect: str) -> list[str]:
+    with open(path) as f:
+        text = f.read().format(**_DIALECT_WORDS[dialect])
+    text = re.sub(r"--[^\n]*", "", text)
+    return [s.strip() for s in text.split(";") if s.strip()]
+
+
+def migrate(db: Database) -> int:
+    """Applies every migration not yet applied; returns the schema version."""
+
+    def current(tx) -> set[int]:
+        tx.execute("CREATE TABLE IF NOT EXISTS schema_version ("
+                   " version INTEGER PRIMARY KEY, name TEXT NOT NULL)")
+        return {row[0] for row in tx.fetchall("SELECT version FROM schema_version")}
+
+    applied = db.write(current)
+    version = max(applied, default=0)
+    for number, name, path in available_migrations():
+        if number in applied:
+            continue
+
+        def apply(tx, statements=_statements(path, db.dialect)):
+            for sql in statements:
+                tx.execute(sql)
+            tx.execute("INSERT INTO schema_version (version, name) VALUES (?, ?)", (number, name))
+
+        db.write(apply)
+        log.info("applied schema migration %04d_%s", number, name)
+        version = number
+    return version

@@ -1,0 +1,83 @@
+import os
+
+import pytest
+
+from homeserver.config import Config, ConfigError, load_config, parse_config
+from tests.support.server import run_app, write_config
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_empty_config_takes_every_default():
+    config = parse_config({}, "/srv/weir")
+    assert config.server_name == "localhost:8008"
+    assert config.server.http.main_pool_size == 1000
+    assert config.server.http.media_fetch_max_per_client == 8
+    assert config.federation.remote_timeout == 60
+    assert config.security.federation.key_resolution_per_ip_rate.max_requests == 30
+    assert config.data_dir == "/srv/weir/data"
+    assert config.database.url == "sqlite:////srv/weir/data/homeserver.db"
+    assert "127.0.0.0/8" in config.federation.ip_range_denylist
+
+
+def test_shipped_config_toml_is_valid_and_matches_defaults():
+    shipped = load_config(os.path.join(REPO, "config.toml"))
+    assert shipped == parse_config({}, REPO)
+
+
+@pytest.mark.parametrize("data, key, reason", [
+    ({"server": {"http": {"port": "x"}}}, "server.http.port", "Not a valid integer."),
+    ({"server": {"http": {"port": 70000}}}, "server.http.port", "less than or equal to 65535"),
+    ({"nonsense": 1}, "nonsense", "Unknown field."),
+    ({"federation": {"worker": {"shard": 2}}}, "federation.worker.shard", "Unknown field."),
+    ({"registration": {"enabled": "yes"}}, "registration.enabled", "Not a valid boolean."),
+    ({"server": {"http": {"trusted_proxies": ["nope"]}}}, "server.http.trusted_proxies",
+     "Not a valid CIDR"),
+    ({"security": {"federation": {"key_resolution_per_ip_rate": {"max_requests": 0}}}},
+     "security.federation.key_resolution_per_ip_rate.max_requests", "greater than or equal to 1"),
+    ({"database": {"url": "mysql://x"}}, "database.url", "Expected sqlite"),
+    ({"federation": {"dns_nameservers": ["127.0.0.1"]}}, "federation.dns_nameservers",
+     "host:port"),
+])
+def test_invalid_values_name_the_dotted_key(data, key, reason):
+    with pytest.raises(ConfigError) as info:
+        parse_config(data)
+    assert info.value.key == key
+    assert reason in info.value.reason
+
+
+def test_config_is_frozen():
+    config = Config()
+    with pytest.raises(Exception):
+        config.server_name = "x"  # type: ignore[misc]
+
+
+def test_relative_paths_resolve_against_the_config_folder(tmp_path):
+    path = tmp_path / "conf" / "weir.toml"
+    path.parent.mkdir()
+    write_config(str(path), {"data_dir": "state", "database": {"url": "sqlite:///db/hs.db"},
+                             "federation": {"ca_file": "ca.pem"}})
+    config = load_config(str(path))
+    assert config.data_dir == str(tmp_path / "conf" / "state")
+    assert config.database.url == f"sqlite:///{tmp_path}/conf/db/hs.db"
+    assert config.federation.ca_file == str(tmp_path / "conf" / "ca.pem")
+
+
+def test_absolute_sqlite_path_is_kept(tmp_path):
+    config = parse_config({"database": {"url": "sqlite:////var/lib/weir/hs.db"}}, str(tmp_path))
+    assert config.database.url == "sqlite:////var/lib/weir/hs.db"
+
+
+def test_invalid_config_exits_2_with_one_line_naming_the_key(tmp_path):
+    (tmp_path / "bad.toml").write_text('[server.http]\nport = "eighty"\n')
+    result = run_app(["--config", str(tmp_path / "bad.toml")], cwd=str(tmp_path))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == ["config: server.http.port: Not a valid integer."]
+
+
+def test_unparseable_toml_exits_2(tmp_path):
+    (tmp_path / "bad.toml").write_text("server_name = \n")
+    result = run_app(["--config", str(tmp_path / "bad.toml")], cwd=str(tmp_path))
+    assert result.returncode == 2
+    assert result.stderr.startswith("config: ")
+    assert "not valid TOML" in result.stderr

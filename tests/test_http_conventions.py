@@ -1,0 +1,126 @@
+"""Error shapes, CORS, health and discovery, against the real server process."""
+
+import socket
+import time
+
+import requests
+
+V3 = "/_matrix/client/v3"
+
+
+def test_versions_and_well_known(weir):
+    versions = requests.get(weir.url("/_matrix/client/versions")).json()["versions"]
+    assert versions[0] == "v1.11" and versions[-1] == "v1.16"
+    client = requests.get(weir.url("/.well-known/matrix/client")).json()
+    assert client == {"m.homeserver": {"base_url": "http://127.0.0.1/"}}
+    server = requests.get(weir.url("/.well-known/matrix/server")).json()
+    assert server["m.server"].startswith("weir.test:")
+
+
+def test_health_needs_no_auth(weir):
+    r = requests.get(weir.url("/health"))
+    assert r.status_code == 200
+
+
+def test_unknown_path_and_wrong_method(weir):
+    r = requests.get(weir.url("/_matrix/client/v3/nothing/here"))
+    assert (r.status_code, r.json()["errcode"]) == (404, "M_UNRECOGNIZED")
+    r = requests.delete(weir.url(f"{V3}/login"))
+    assert (r.status_code, r.json()["errcode"]) == (405, "M_UNRECOGNIZED")
+    # The federation API is not served on the client listener.
+    r = requests.get(weir.url("/_matrix/key/v2/server"))
+    assert r.status_code == 404
+
+
+def test_bad_json_and_missing_fields(weir):
+    r = requests.post(weir.url(f"{V3}/login"), data=b"{not json",
+                      headers={"Content-Type": "application/json"})
+    assert (r.status_code, r.json()["errcode"]) == (400, "M_NOT_JSON")
+    r = requests.post(weir.url(f"{V3}/login"), json=[1, 2])
+    assert (r.status_code, r.json()["errcode"]) == (400, "M_NOT_JSON")
+    r = requests.post(weir.url(f"{V3}/login"), json={"password": "x"})
+    assert (r.status_code, r.json()["errcode"]) == (400, "M_MISSING_PARAM")
+    assert "type" in r.json()["error"]
+    r = requests.post(weir.url(f"{V3}/login"), json={"type": 5})
+    assert (r.status_code, r.json()["errcode"]) == (400, "M_BAD_JSON")
+    assert "type" in r.json()["error"]
+
+
+def test_oversized_json_body_is_refused(weir):
+    r = requests.post(weir.url(f"{V3}/login"), data=b"{" + b" " * (2 * 1024 * 1024) + b"}",
+                      headers={"Content-Type": "application/json"})
+    assert (r.status_code, r.json()["errcode"]) == (413, "M_TOO_LARGE")
+
+
+def test_auth_errors(weir):
+    r = requests.get(weir.url(f"{V3}/account/whoami"))
+    assert (r.status_code, r.json()["errcode"]) == (401, "M_MISSING_TOKEN")
+    r = requests.get(weir.url(f"{V3}/account/whoami"), headers={"Authorization": "Bearer nope"})
+    assert (r.status_code, r.json()["errcode"]) == (401, "M_UNKNOWN_TOKEN")
+
+
+def test_cors_headers_and_preflight(weir):
+    r = requests.options(weir.url(f"{V3}/account/whoami"), headers={
+        "Origin": "https://app.element.io", "Access-Control-Request-Method": "GET"})
+    assert r.status_code == 204
+    assert r.headers["Access-Control-Allow-Origin"] == "*"
+    assert "Authorization" in r.headers["Access-Control-Allow-Headers"]
+    assert "PUT" in r.headers["Access-Control-Allow-Methods"]
+    r = requests.get(weir.url("/_matrix/client/versions"))
+    assert r.headers["Access-Control-Allow-Origin"] == "*"
+    r = requests.get(weir.url("/nowhere"))
+    assert r.headers["Access-Control-Allow-Origin"] == "*"
+
+
+def test_access_log_has_request_id_status_and_redacted_token(weir):
+    requests.get(weir.url(f"{V3}/account/whoami"), params={"access_token": "sekrit-token"})
+    weir.stop()
+    log = open(weir.stderr_path).read()
+    line = next(l for l in log.splitlines() if "/account/whoami" in l)
+    assert "sekrit-token" not in log
+    assert "access_token=<redacted>" in line
+    assert " 401 " in line and "GET" in line and "127.0.0.1" in line and "ms" in line
+
+
+def test_sigterm_exits_zero_after_in_flight_requests(weir):
+    assert requests.get(weir.url("/health")).status_code == 200
+    assert weir.stop() == 0
+
+
+def test_idle_keepalive_connection_is_closed(start_weir):
+    weir = start_weir({"server": {"http": {"keepalive_timeout": 0.5}}})
+    host, port = weir.client_url.split("//")[1].split(":")
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        sock.settimeout(10)
+        received = b""
+        started = time.monotonic()
+        while True:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            received += chunk
+        # The server answered, then closed the idle connection: recv saw EOF.
+        assert received.startswith(b"HTTP/1.1 200")
+        assert time.monotonic() - started < 10
+
+
+def test_handler_sets_tcp_nodelay_on_accepted_sockets():
+    # pywsgi never sets it, and keep-alive responses then wait ~40 ms for a delayed ACK.
+    from gevent.pool import Pool
+
+    from homeserver.http.server import WeirWSGIServer
+
+    def app(environ, start_response):
+        nodelay = environ["weir.socket"].getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [str(nodelay).encode()]
+
+    server = WeirWSGIServer(("127.0.0.1", 0), app, pool=Pool(4), keepalive_timeout=5)
+    server.start()
+    try:
+        session = requests.Session()
+        url = f"http://127.0.0.1:{server.server_port}/"
+        assert [session.get(url).text for _ in range(2)] == ["1", "1"]
+    finally:
+        server.stop()
