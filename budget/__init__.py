@@ -1,0 +1,13 @@
+"""Admission control for Weir: budgets, rate limits, client keys, deadlines.
+
+A small pure library: it depends on gevent and the standard library only,
+and knows nothing of Flask, Matrix or the homeserver. See DESIGN.md
+sections 4-6 and adr/ for why each piece exists.
+"""
+
+from budget.inflight import InFlightBudget, Slot
+
+__all__ = [
+    "InFlightBudget",
+    "Slot",
+]
