@@ -6,8 +6,11 @@ sections 4-6 and adr/ for why each piece exists.
 """
 
 from budget.inflight import InFlightBudget, Slot
+from budget.ratelimit import Decision, RateLimiter
 
 __all__ = [
+    "Decision",
     "InFlightBudget",
+    "RateLimiter",
     "Slot",
 ]
