@@ -5,6 +5,7 @@ and knows nothing of Flask, Matrix or the homeserver. See DESIGN.md
 sections 4-6 and adr/ for why each piece exists.
 """
 
+from budget.clientkey import client_key, parse_networks
 from budget.inflight import InFlightBudget, Slot
 from budget.ratelimit import Decision, RateLimiter
 
@@ -13,4 +14,6 @@ __all__ = [
     "InFlightBudget",
     "RateLimiter",
     "Slot",
+    "client_key",
+    "parse_networks",
 ]
