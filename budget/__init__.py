@@ -6,12 +6,15 @@ sections 4-6 and adr/ for why each piece exists.
 """
 
 from budget.clientkey import client_key, parse_networks
+from budget.deadline import DeadlineExceeded, OutboundDeadline
 from budget.inflight import InFlightBudget, Slot
 from budget.ratelimit import Decision, RateLimiter
 
 __all__ = [
     "Decision",
+    "DeadlineExceeded",
     "InFlightBudget",
+    "OutboundDeadline",
     "RateLimiter",
     "Slot",
     "client_key",
