@@ -9,6 +9,7 @@ from budget.clientkey import client_key, parse_networks
 from budget.deadline import DeadlineExceeded, OutboundDeadline
 from budget.inflight import InFlightBudget, Slot
 from budget.ratelimit import Decision, RateLimiter
+from budget.split import split_budget
 
 __all__ = [
     "Decision",
@@ -19,4 +20,5 @@ __all__ = [
     "Slot",
     "client_key",
     "parse_networks",
+    "split_budget",
 ]
