@@ -1,13 +1,17 @@
 """InFlightBudget: caps, release on every path, greenlets and OS threads."""
 
+import sys
+import threading
+
 import gevent
 import gevent.event
 import gevent.queue
 import pytest
+from gevent import monkey
 from gevent.threadpool import ThreadPool
 from greenlet import GreenletExit
 
-from budget import InFlightBudget, Slot
+from budget import InFlightBudget, RateLimiter, Slot
 
 
 def test_refuses_at_once_over_the_per_key_cap():
@@ -176,11 +180,26 @@ def test_release_from_a_real_os_thread():
     assert all(s.released for s in slots)
 
 
+def test_the_lock_is_the_os_lock_not_the_patched_one():
+    # A monkey-patched threading.Lock taken from a native thread can block
+    # the hub for good (the race test below would hang, not fail).
+    native = monkey.get_original("_thread", "allocate_lock")
+    patched = threading.Lock
+    assert patched is not native  # conftest patched everything
+    b = InFlightBudget(1, None)
+    assert type(b._lock) is type(native()) is not type(patched())
+    assert type(RateLimiter(1, 1)._lock) is type(native())
+
+
 def test_os_threads_race_on_one_budget():
     """Native threads contend on the lock (the GIL switches between them)."""
     b = InFlightBudget(4, 2)
     pool = ThreadPool(4)
     errors = []
+    # Switch threads far more often than every 5 ms, so that a missing or
+    # wrong lock shows up as lost updates within a few thousand iterations.
+    old_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
 
     def churn(n):
         for i in range(n):
@@ -194,9 +213,13 @@ def test_os_threads_race_on_one_budget():
             slot.release()
 
     try:
-        results = [pool.spawn(churn, 20_000) for _ in range(4)]
-        gevent.joinall(results, raise_error=True)
+        results = [pool.spawn(churn, 5_000) for _ in range(4)]
+        # Bounded, so a thread stuck on the lock fails the test. (A patched
+        # gevent lock blocks the hub itself instead: see the test above.)
+        gevent.joinall(results, timeout=30, raise_error=True)
+        assert all(r.ready() for r in results), "threads stuck on the budget's lock"
     finally:
+        sys.setswitchinterval(old_interval)
         pool.kill()
     assert not errors
     assert b.in_flight == 0 and b.snapshot()["keys"] == 0
