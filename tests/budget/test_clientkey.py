@@ -3,6 +3,8 @@
 import ipaddress
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from budget import client_key, parse_networks
 
@@ -98,3 +100,15 @@ def test_parse_networks_names_the_bad_entry(bad):
 def test_ipv6_prefix_is_validated():
     with pytest.raises(ValueError):
         client_key("2001:db8::1", None, (), ipv6_prefix=129)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ip=st.integers(0, 2**128 - 1), prefix=st.integers(0, 128))
+def test_ipv6_key_is_the_cidr_of_its_network(ip, prefix):
+    addr = ipaddress.IPv6Address(ip)
+    if addr.ipv4_mapped is not None:
+        expected = str(addr.ipv4_mapped)
+    else:
+        expected = str(ipaddress.IPv6Network((addr, prefix), strict=False))
+    assert client_key(str(addr), None, (), ipv6_prefix=prefix) == expected
+    assert client_key(addr.exploded, None, (), ipv6_prefix=prefix) == expected
