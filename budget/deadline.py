@@ -13,7 +13,7 @@ import math
 import time
 
 import gevent
-from greenlet import getcurrent
+from gevent import getcurrent
 
 __all__ = ["DeadlineExceeded", "OutboundDeadline"]
 

@@ -100,7 +100,10 @@ class RateLimiter:
     def max_keys(self) -> int:
         return self._max_keys
 
-    def __len__(self) -> int:
+    # A property, not __len__: an empty limiter must not be falsy, or
+    # "if limiter:" (is one configured?) would read as "no".
+    @property
+    def tracked_keys(self) -> int:
         """Number of keys currently tracked (buckets not yet full)."""
         return len(self._full_at)
 

@@ -77,7 +77,7 @@ def test_peek_does_not_consume():
     r = RateLimiter(2, 1, clock=clock)
     for _ in range(5):
         assert r.peek("k") == Decision(True, 0)
-    assert len(r) == 0  # peeking at a new key stores nothing
+    assert r.tracked_keys == 0  # peeking at a new key stores nothing
     assert r.check("k") and r.check("k")
     assert r.peek("k") == Decision(False, 500)
     assert r.peek("k") == r.check("k")
@@ -86,15 +86,19 @@ def test_peek_does_not_consume():
     assert r.check("k") and not r.check("k")
 
 
+def test_an_empty_limiter_is_truthy():
+    assert RateLimiter(1, 1)
+
+
 def test_full_buckets_are_forgotten():
     clock = FakeClock()
     r = RateLimiter(5, 10, clock=clock)
     for i in range(100):
         r.check(f"k{i}")
-    assert len(r) == 100
+    assert r.tracked_keys == 100
     clock.advance(10)  # every bucket is full again
     r.check("new")
-    assert len(r) == 1
+    assert r.tracked_keys == 1
 
 
 def test_flood_of_a_million_distinct_keys_stays_bounded():
@@ -105,8 +109,8 @@ def test_flood_of_a_million_distinct_keys_stays_bounded():
         if i % 1000 == 0:
             clock.advance(0.001)
         assert r.check(f"flood-{i}").allowed  # a new key is never refused
-        if len(r) > peak:
-            peak = len(r)
+        if r.tracked_keys > peak:
+            peak = r.tracked_keys
     assert peak == 100
     assert len(r._full_at) <= 100
 
@@ -121,12 +125,12 @@ def test_eviction_prefers_full_buckets_then_least_recently_used():
     clock.advance(5)
     # "a" is full, so it is the one dropped: "b" and "c" keep their state.
     assert r.check("d").allowed
-    assert len(r) == 3
+    assert r.tracked_keys == 3
     assert not r.peek("b").allowed and not r.peek("c").allowed
     # Now all three are refilling. A new key evicts the least recently used
     # ("b"), which errs toward allowing: "b" starts again with a full bucket.
     assert r.check("e").allowed
-    assert len(r) == 3
+    assert r.tracked_keys == 3
     assert r.peek("b").allowed
     assert not r.peek("c").allowed
 
