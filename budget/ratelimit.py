@@ -140,9 +140,11 @@ class RateLimiter:
 
     @staticmethod
     def _refusal(wait_seconds: float) -> Decision:
-        # Round to the microsecond first so float noise (2000.0000001 ms)
-        # does not add a whole millisecond.
-        ms = math.ceil(round(wait_seconds * 1000.0, 3))
+        # Round to the nanosecond first so float noise (2000.0000000001 ms)
+        # does not add a whole millisecond. Never coarser: rounding 40.0004
+        # down to 40 would send the caller back too early. What rounding
+        # drops (<= 0.5 ns) is within _EPSILON, so the retry is allowed.
+        ms = math.ceil(round(wait_seconds * 1000.0, 6))
         return Decision(False, max(1, ms))
 
     def _sweep(self, now: float) -> None:

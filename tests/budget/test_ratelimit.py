@@ -3,7 +3,7 @@
 import gevent
 import pytest
 from gevent.threadpool import ThreadPool
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from budget import Decision, RateLimiter
@@ -161,8 +161,9 @@ def test_never_more_than_the_bucket_allows(max_requests, per_seconds, steps):
             assert j - i + 1 <= max_requests + rate * window + 1e-6
 
 
-@settings(deadline=None, max_examples=200)
+@settings(deadline=None, max_examples=300)
 @given(max_requests=st.integers(1, 50), per_seconds=st.floats(0.01, 3600), spent=st.integers(1, 100))
+@example(max_requests=25, per_seconds=1.00001, spent=26)  # 40.0004 ms must not round to 40
 def test_waiting_retry_after_ms_is_always_enough(max_requests, per_seconds, spent):
     clock = FakeClock(0.0)
     r = RateLimiter(max_requests, per_seconds, clock=clock)
