@@ -1,0 +1,24 @@
+"""Admission control for Weir: budgets, rate limits, client keys, deadlines.
+
+A small pure library: it depends on gevent and the standard library only,
+and knows nothing of Flask, Matrix or the homeserver. See DESIGN.md
+sections 4-6 and adr/ for why each piece exists.
+"""
+
+from budget.clientkey import client_key, parse_networks
+from budget.deadline import DeadlineExceeded, OutboundDeadline
+from budget.inflight import InFlightBudget, Slot
+from budget.ratelimit import Decision, RateLimiter
+from budget.split import split_budget
+
+__all__ = [
+    "Decision",
+    "DeadlineExceeded",
+    "InFlightBudget",
+    "OutboundDeadline",
+    "RateLimiter",
+    "Slot",
+    "client_key",
+    "parse_networks",
+    "split_budget",
+]
