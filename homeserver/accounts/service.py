@@ -73,6 +73,11 @@ class AccountService:
             return localpart.lower()
         return user.lower()
 
+    def user_exists(self, user_id: str) -> bool:
+        """True for an active account on this server."""
+        row = self.store.get_user(user_id)
+        return row is not None and not row.deactivated
+
     def is_available(self, localpart: str) -> bool:
         self.validate_localpart(localpart)
         return self.store.get_user(self.user_id_for(localpart)) is None

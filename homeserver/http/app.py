@@ -10,7 +10,7 @@ from __future__ import annotations
 from flask import Flask, Response, request
 
 from ..api.client import accounts, admin, versions
-from ..api.federation import keys
+from ..api.federation import keys, profile
 from .context import RUNTIME_EXTENSION
 from .middleware import RequestContextMiddleware
 from .responses import CORS_HEADERS, register_error_handlers
@@ -26,7 +26,7 @@ def client_blueprints():
 def federation_blueprints():
     # The well-known and health routes are served here too: a load balancer or a peer may
     # ask either listener.
-    return [keys.bp, versions.bp]
+    return [keys.bp, profile.bp, versions.bp]
 
 
 def create_flask_app(runtime, listeners: tuple[str, ...] = (CLIENT, FEDERATION)) -> Flask:

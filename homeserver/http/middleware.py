@@ -62,8 +62,11 @@ class _LoggedBody:
                 close()
         finally:
             env = self._environ
+            # A federation request names the server it was verified to come from.
+            origin = env.get("weir.origin")
             access_log.info(
-                "%s %s %s %s %.1fms %s", env["weir.request_id"], env.get("REQUEST_METHOD"),
+                "%s %s %s %s %.1fms %s%s", env["weir.request_id"], env.get("REQUEST_METHOD"),
                 redacted_path(env), self._status[0] if self._status else "-",
                 (time.monotonic() - self._started) * 1000, env["weir.client_key"],
+                f" origin={origin}" if origin else "",
                 extra={"request_id": env["weir.request_id"]})
