@@ -9,6 +9,13 @@ import pytest  # noqa: E402
 
 from tests.support.postgres import PostgresCluster, find_pg_bin  # noqa: E402
 from tests.support.server import MatrixClient, WeirProcess, base_settings, merge  # noqa: E402
+from tests.support.tls import TestCA  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def test_ca(tmp_path_factory):
+    """The session's test certificate authority (trustme); `test_ca.ca_path` is its PEM."""
+    return TestCA(str(tmp_path_factory.mktemp("ca")))
 
 
 @pytest.fixture(scope="session")

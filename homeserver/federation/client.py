@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+import time
+from typing import Any, Callable
 from urllib.parse import urlencode, urlsplit
 
 from canonicaljson import encode_canonical_json
@@ -50,14 +51,16 @@ class FederationClient:
         self.remote_timeout = remote_timeout
 
     @classmethod
-    def from_config(cls, config, signing_key, *, target_health: TargetHealth | None = None
-                    ) -> FederationClient:
-        """The client as the runtime builds it from ``[federation]``."""
+    def from_config(cls, config, signing_key, *, target_health: TargetHealth | None = None,
+                    clock: Callable[[], float] = time.monotonic) -> FederationClient:
+        """The client as the runtime builds it from ``[federation]``. ``clock`` drives the
+        discovery caches (tests pass a fake one to cross TTLs without waiting)."""
         fed = config.federation
         ip_filter = IpFilter(fed.ip_range_denylist, fed.ip_range_allowlist)
         transport = OutboundTransport(make_ssl_context(fed.verify_tls, fed.ca_file), ip_filter,
                                       verify_tls=fed.verify_tls, target_health=target_health)
-        discovery = ServerDiscovery(transport, ip_filter, DnsResolver(fed.dns_nameservers))
+        discovery = ServerDiscovery(transport, ip_filter, DnsResolver(fed.dns_nameservers, clock),
+                                    clock)
         return cls(config.server_name, signing_key, discovery, transport, fed.remote_timeout)
 
     @property
