@@ -76,6 +76,12 @@ class FederationClient:
     def close(self) -> None:
         self.transport.close()
 
+    def __enter__(self) -> FederationClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     # -- JSON API calls --------------------------------------------------------------------
 
     def get_json(self, destination: str, path: str, query: dict | None = None, *,

@@ -10,6 +10,7 @@ caller's ``OutboundDeadline`` (``with deadline:``); socket timeouts are set to w
 from __future__ import annotations
 
 import logging
+import socket
 import ssl
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -17,9 +18,10 @@ from typing import Callable, Iterator, Protocol
 from urllib.parse import urljoin, urlsplit
 
 import urllib3
+from gevent import ssl as gevent_ssl
+from urllib3.connection import HTTPSConnection
 from urllib3.exceptions import (ConnectTimeoutError, HTTPError, NewConnectionError,
                                 ProtocolError, ReadTimeoutError, SSLError)
-from urllib3.util.ssl_ import create_urllib3_context
 
 from budget import OutboundDeadline
 
@@ -75,14 +77,66 @@ class Endpoint:
     targets: tuple[tuple[str, int], ...]
 
 
+# A gevent.Timeout (a BaseException) that interrupts a connect or a TLS handshake must not
+# leave the socket open until garbage collection: the standard library and gevent close it
+# only on OSError. These two classes close it on anything.
+
+
+class _HandshakeClosingSocket(gevent_ssl.SSLSocket):
+    def do_handshake(self, *args, **kwargs):
+        try:
+            return super().do_handshake(*args, **kwargs)
+        except BaseException:
+            self.close()
+            raise
+
+
+class _ClientSSLContext(gevent_ssl.SSLContext):
+    __slots__ = ()
+    sslsocket_class = _HandshakeClosingSocket
+
+
+class _PinnedHTTPSConnection(HTTPSConnection):
+    """Connects to the pool's host, which is always an IP address discovery allowed."""
+
+    def _new_conn(self) -> socket.socket:
+        family = socket.AF_INET6 if ":" in self._dns_host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.settimeout(self.timeout)
+            sock.connect((self._dns_host, self.port))
+        except socket.timeout as e:
+            sock.close()
+            raise ConnectTimeoutError(self, f"connect to {self._dns_host}:{self.port} timed out") from e
+        except OSError as e:
+            sock.close()
+            raise NewConnectionError(self, f"Failed to establish a new connection: {e}") from e
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+
+class _PinnedPool(urllib3.HTTPSConnectionPool):
+    ConnectionCls = _PinnedHTTPSConnection
+
+
 def make_ssl_context(verify: bool, ca_file: str = "") -> ssl.SSLContext:
-    """The client TLS context: the system's CAs plus ``ca_file``; verification on unless
-    ``verify`` is False (tests only)."""
-    ctx = create_urllib3_context(cert_reqs=ssl.CERT_REQUIRED if verify else ssl.CERT_NONE)
+    """The client TLS context: TLS 1.2 or later, the system's CAs plus ``ca_file``;
+    verification on unless ``verify`` is False (tests only). The certificate's name is
+    matched by urllib3 against the pool's TLS server name."""
+    ctx = _ClientSSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.options |= ssl.OP_NO_COMPRESSION
+    ctx.check_hostname = False
     if verify:
+        ctx.verify_mode = ssl.CERT_REQUIRED
         ctx.load_default_certs()
         if ca_file:
             ctx.load_verify_locations(cafile=ca_file)
+    else:
+        ctx.verify_mode = ssl.CERT_NONE
     return ctx
 
 
@@ -93,17 +147,17 @@ class OutboundTransport:
         self.ip_filter = ip_filter
         self.verify_tls = verify_tls
         self.target_health: TargetHealth = target_health or NoTargetHealth()
-        self._pools: OrderedDict[tuple[str, int, str], urllib3.HTTPSConnectionPool] = OrderedDict()
+        self._pools: OrderedDict[tuple[str, int, str], _PinnedPool] = OrderedDict()
 
     # -- pools -----------------------------------------------------------------------------
 
-    def _pool(self, ip: str, port: int, tls_server_name: str) -> urllib3.HTTPSConnectionPool:
+    def _pool(self, ip: str, port: int, tls_server_name: str) -> _PinnedPool:
         key = (ip, port, tls_server_name)
         pool = self._pools.get(key)
         if pool is not None:
             self._pools.move_to_end(key)
             return pool
-        pool = urllib3.HTTPSConnectionPool(
+        pool = _PinnedPool(
             ip, port, maxsize=CONNECTIONS_PER_POOL, block=False, retries=False,
             ssl_context=self.ssl_context, server_hostname=tls_server_name,
             assert_hostname=tls_server_name if self.verify_tls else False,

@@ -14,7 +14,8 @@ sign requests as its own server name, to act as a "fake origin" calling us.
     assert peer.requests[-1].sni == "peer.test"
 
 A handler gets a :class:`SeenRequest` and returns ``(status, body)`` or
-``(status, body, headers)``; a dict or list body is sent as JSON, bytes as they are.
+``(status, body, headers)``; a dict or list body is sent as JSON, bytes as they are (with a
+Content-Length), and any other iterable of bytes chunked.
 """
 
 from __future__ import annotations
@@ -202,4 +203,5 @@ class HonestPeer:
             payload = json.dumps(payload).encode()
             headers.setdefault("Content-Type", "application/json")
         start_response(f"{status} X", list(headers.items()))
-        return [payload]
+        # bytes go out with a Content-Length; an iterable of bytes goes out chunked.
+        return [payload] if isinstance(payload, bytes) else payload
