@@ -207,6 +207,7 @@ def test_key_resolution_rate_gives_429_with_retry_after(test_ca, dns, origin, re
 @pytest.fixture
 def app_runtime(test_ca, dns, tmp_path):
     config = parse_config({"server_name": "weir.test", "data_dir": str(tmp_path),
+                           "database": {"url": f"sqlite:///{tmp_path}/homeserver.db"},
                            "federation": federation_settings(test_ca, dns)})
     rt = HomeserverRuntime(config)
     yield rt
@@ -238,7 +239,7 @@ def test_signed_content_is_verified(app_runtime, origin):
     http = app.test_client()
     r = http.put(target, json=content, headers={"Authorization": auth},
                  environ_overrides={"REQUEST_URI": target})
-    assert r.status_code == 200 and r.json == {"txn": "t 1", "body": content}
+    assert r.status_code == 200 and r.json == {"txn": "t 1", "body": content}, r.json
     r = http.put(target, json={"pdus": []}, headers={"Authorization": auth},
                  environ_overrides={"REQUEST_URI": target})
     assert (r.status_code, r.json["errcode"]) == (401, "M_UNAUTHORIZED")
