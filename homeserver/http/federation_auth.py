@@ -21,6 +21,7 @@ from urllib.parse import quote
 from flask import g, request
 
 from ..errors import MatrixError, limit_exceeded
+from ..federation.discovery import split_server_name
 from ..federation.errors import InvalidSignature, KeyResolutionRefused
 from ..federation.signing import MalformedAuthHeader, parse_x_matrix, request_object
 from .context import client_key, runtime
@@ -60,6 +61,11 @@ def authenticate_request(max_body_bytes: int = FEDERATION_MAX_BODY_BYTES) -> str
     except MalformedAuthHeader:
         raise _unauthorized("Malformed Authorization header", 400) from None
     origin = auths[0].origin
+    try:
+        split_server_name(origin)
+    except ValueError:
+        # Not a server name: nothing to fetch keys from (and no budget spent finding out).
+        raise _unauthorized("Malformed Authorization header: bad origin", 400) from None
     for auth in auths:
         if auth.origin != origin:
             raise _unauthorized("Authorization headers name different origins")

@@ -131,6 +131,7 @@ def test_expired_key_is_refused(weir, test_ca, retired):
     (None, 401),
     ("Bearer sometoken", 401),
     ('X-Matrix origin="origin.test",key="ed25519:a_peer"', 400),
+    ('X-Matrix origin="not a/server",key="ed25519:a_peer",sig="abc"', 400),
 ])
 def test_missing_or_malformed_header_is_refused(weir, test_ca, authorization, status):
     r = fed_get(weir, test_ca, profile_target("@alice:weir.test"), authorization)

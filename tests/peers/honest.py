@@ -159,8 +159,10 @@ class HonestPeer:
         return self
 
     def stop(self) -> None:
+        """Closes the listener and every connection at once (clients keep idle keep-alive
+        connections open; waiting for them would only slow tests down)."""
         if self._server is not None:
-            self._server.stop(timeout=1)
+            self._server.stop(timeout=0)
             self._server = None
 
     def __enter__(self) -> HonestPeer:

@@ -117,13 +117,7 @@ class WeirProcess:
     def stop(self, timeout: float = 20) -> int:
         if self.proc is None:
             return 0
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc, timeout)
         self._stderr.close()
         return self.proc.returncode
 
@@ -138,6 +132,17 @@ class WeirProcess:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+def terminate(proc: subprocess.Popen, timeout: float = 20) -> None:
+    """SIGTERM, then SIGKILL if the process has not exited within ``timeout``."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def run_app(args: list[str], cwd: str, input: str | None = None,

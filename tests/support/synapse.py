@@ -21,14 +21,13 @@ import hmac
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 
 import gevent
 import requests
 
-from tests.support.server import REPO
+from tests.support.server import REPO, terminate
 
 SYNAPSE_PYTHON = os.path.join(REPO, ".venv-synapse", "bin", "python")
 SHARED_SECRET = "synapse-test-shared-secret"
@@ -168,12 +167,6 @@ class SynapseServer:
     def stop(self, timeout: float = 20) -> None:
         if self.proc is None:
             return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc, timeout)
         self._log.close()
         self.proc = None
