@@ -52,8 +52,10 @@ WELL_KNOWN_MAX_CACHE = 48 * 3600.0
 WELL_KNOWN_ERROR_CACHE = 3600.0
 # A well-known that does not answer gets at most this, and at most half of what the caller's
 # deadline has left, so that SRV and the 8448 fallback still have time. That it timed out is
-# remembered for a shorter while than other errors: our own deadline may have been the cause.
+# remembered for a shorter while than other errors, and only if it had a fair chance
+# (WELL_KNOWN_FAIR_WAIT): a caller's short deadline may have been the cause.
 WELL_KNOWN_TIMEOUT = 10.0
+WELL_KNOWN_FAIR_WAIT = 2.0
 WELL_KNOWN_TIMEOUT_CACHE = 120.0
 # DNS: a lookup never takes longer than this (nor than the deadline); negative answers
 # (NXDOMAIN, no records) are remembered this long.
@@ -337,14 +339,16 @@ class ServerDiscovery:
             result = _WellKnown(delegated)
         except DeadlineExceeded:
             deadline.check()  # the caller's deadline ran out: nothing learned, nothing cached
-            result, ttl = _WellKnown(None, "timed out"), WELL_KNOWN_TIMEOUT_CACHE
+            result = _WellKnown(None, f"timed out after {step.seconds:.1f}s")
+            ttl = WELL_KNOWN_TIMEOUT_CACHE if step.seconds >= WELL_KNOWN_FAIR_WAIT else 0.0
         except FederationError as e:
             result, ttl = _WellKnown(None, str(e)), WELL_KNOWN_ERROR_CACHE
         if result.delegated is None:
             log.info("well-known of %s: %s; using SRV or port %d", host, result.error,
                      DEFAULT_FEDERATION_PORT)
-        self._well_known.put(host, (result, self._clock() + ttl), ttl)
-        return result, ttl
+        if ttl > 0:
+            self._well_known.put(host, (result, self._clock() + ttl), ttl)
+        return result, ttl  # 0: nor is the server resolved without it cached
 
     def _fetch_well_known(self, host: str, deadline: OutboundDeadline) -> tuple[str, float]:
         response = self.transport.get_following_redirects(

@@ -47,7 +47,8 @@ class TargetHealth(Protocol):
     """Told the outcome of every connection attempt, per resolved address.
 
     ``check`` runs before connecting and may raise ``DestinationUnreachable`` to skip an
-    address known to be bad (an address cool-down); ``record`` is told whether the address
+    address known to be bad (an address cool-down; the next address, if any, is tried, and
+    the last such reason is what the caller sees); ``record`` is told whether the address
     answered (``ok``: an HTTP response came back) or not (connect failure, TLS failure,
     reset, or the deadline ran out while waiting on it).
     """
@@ -190,7 +191,11 @@ class OutboundTransport:
                 # Discovery filtered already; this guards every other way an address gets here.
                 reason = "denied address"
                 continue
-            self.target_health.check(ip, port)
+            try:
+                self.target_health.check(ip, port)
+            except DestinationUnreachable as e:
+                reason = e.reason  # refused without trying (a cool-down): the next one may do
+                continue
             pool = self._pool(ip, port, endpoint.tls_server_name)
             ok = False
             try:

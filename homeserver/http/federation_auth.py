@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from urllib.parse import quote
 
 from flask import g, request
@@ -32,6 +33,9 @@ FEDERATION_MAX_BODY_BYTES = 10 * 1024 * 1024
 
 # Routes under /_matrix/federation/ that the spec serves without authentication.
 UNAUTHENTICATED_ROUTES = frozenset({"/_matrix/federation/v1/version"})
+
+
+_SEPARATE_HEADERS = re.compile(r",\s*(?=x-matrix\s)", re.IGNORECASE)
 
 
 def _unauthorized(message: str, status: int = 401) -> MatrixError:
@@ -52,8 +56,9 @@ def request_target() -> str:
 def authenticate_request(max_body_bytes: int = FEDERATION_MAX_BODY_BYTES) -> str:
     """Verifies the X-Matrix signature of the current request; returns the origin."""
     rt = runtime()
-    headers = [h for h in request.headers.getlist("Authorization")
-               if h[:8].lower() == "x-matrix"]
+    # WSGI joins repeated headers with commas: split them again before each "X-Matrix".
+    headers = [h for value in request.headers.getlist("Authorization")
+               for h in _SEPARATE_HEADERS.split(value) if h[:8].lower() == "x-matrix"]
     if not headers:
         raise _unauthorized("Missing Authorization headers")
     try:

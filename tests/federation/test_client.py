@@ -158,12 +158,15 @@ def test_target_health_sees_every_outcome(test_ca, dns, start_peer):
             with pytest.raises(DeadlineExceeded):
                 client.get_json("127.24.3.3:8448", "/x", deadline=OutboundDeadline(0.3))
         assert health.outcomes[-1] == ("127.24.3.3", 8448, False)
-    # check() refuses fast: the address is not even tried.
-    health = RecordingHealth(refuse={("127.24.3.2", 8448)})
+    # check() refuses fast: the address is not even tried, and the next one is.
+    health = RecordingHealth(refuse={("127.24.3.1", 8448)})
     with make_client(test_ca, dns, target_health=health) as client:
-        with pytest.raises(DestinationUnreachable):
-            client.get_json("127.24.3.2:8448", "/_matrix/key/v2/server")
-    assert health.outcomes == []
+        client.get_json("health.test", "/_matrix/key/v2/server")
+        assert health.outcomes == [("127.24.3.2", 8448, True)]
+        with pytest.raises(DestinationUnreachable) as e:
+            client.get_json("127.24.3.1:8448", "/_matrix/key/v2/server")
+        assert e.value.reason == "cooling down"
+    assert health.outcomes == [("127.24.3.2", 8448, True)]
 
 
 def test_open_stream_reads_within_cap(client, liar):

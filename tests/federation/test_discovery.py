@@ -7,6 +7,7 @@ from budget import DeadlineExceeded, OutboundDeadline
 from homeserver.federation.discovery import split_server_name
 from homeserver.federation.errors import DestinationUnreachable
 from tests.peers.liar import LiarPeer
+from tests.peers.tarpit import Tarpit
 from tests.support.federation import FakeClock, make_client
 
 KEYS = "/_matrix/key/v2/server"
@@ -200,6 +201,30 @@ def test_well_known_errors_are_cached_for_an_hour(client, clock, start_peer, dns
     clock.advance(2)
     _rediscover(client, "wkerr.test")
     assert wk.hits(WELL_KNOWN) == 2
+
+
+def test_silent_well_known_gets_half_the_deadline_then_fallback(client, clock, start_peer, dns):
+    dns.add_a("wksilent.test", "127.21.7.1")
+    peer = start_peer("wksilent.test", "127.21.7.1", 8448)
+    with Tarpit("127.21.7.1", 443) as tarpit:
+        deadline = OutboundDeadline(4.4)
+        with deadline:
+            resolved = client.discovery.resolve("wksilent.test", deadline)
+        assert resolved.targets == (("127.21.7.1", 8448),)
+        assert 2.2 <= deadline.elapsed() < 4.4   # the well-known step had half, no more
+        fetch_keys(client, "wksilent.test")
+        assert peer.hits(KEYS) == 1
+        # The timeout is remembered (briefly): the next discovery does not wait again.
+        _rediscover(client, "wksilent.test")
+        assert tarpit.accepted == 1
+        # Two minutes later it is tried again (with a short deadline: half of it, uncached).
+        clock.advance(121)
+        client.discovery.forget("wksilent.test")
+        deadline = OutboundDeadline(1.0)
+        with deadline:
+            assert client.discovery.resolve("wksilent.test", deadline).targets == \
+                (("127.21.7.1", 8448),)
+        assert tarpit.accepted == 2
 
 
 def test_resolved_server_cached_with_dns_ttl(client, clock, start_peer, dns):

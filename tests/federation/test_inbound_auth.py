@@ -244,3 +244,15 @@ def test_signed_content_is_verified(app_runtime, origin):
     r = http.put(target, json={"pdus": []}, headers={"Authorization": auth},
                  environ_overrides={"REQUEST_URI": target})
     assert (r.status_code, r.json["errcode"]) == (401, "M_UNAUTHORIZED")
+
+
+def test_repeated_authorization_headers(app_runtime, origin):
+    # Two X-Matrix headers (WSGI joins them with a comma): one with a key we cannot find, one
+    # valid. The valid one authenticates the request.
+    app = create_flask_app(app_runtime)
+    target = profile_target("@nobody:weir.test")
+    unknown = sign_request(generate_signing_key("gone"), "origin.test", "weir.test", "GET", target)
+    valid = origin.sign_request("weir.test", "GET", target)
+    r = app.test_client().get(target, headers=[("Authorization", unknown), ("Authorization", valid)],
+                              environ_overrides={"REQUEST_URI": target})
+    assert (r.status_code, r.json["errcode"]) == (404, "M_NOT_FOUND")
