@@ -56,6 +56,8 @@ class FederationClient:
         """The client as the runtime builds it from ``[federation]``. ``clock`` drives the
         discovery caches (tests pass a fake one to cross TTLs without waiting)."""
         fed = config.federation
+        if not fed.verify_tls:
+            log.warning("federation.verify_tls is false: outbound TLS is NOT verified (tests only)")
         ip_filter = IpFilter(fed.ip_range_denylist, fed.ip_range_allowlist)
         transport = OutboundTransport(make_ssl_context(fed.verify_tls, fed.ca_file), ip_filter,
                                       verify_tls=fed.verify_tls, target_health=target_health)

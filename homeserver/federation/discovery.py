@@ -155,7 +155,8 @@ class DnsResolver:
     ``nameservers`` (``"host:port"``) replace the system resolver when given.
     """
 
-    def __init__(self, nameservers: tuple[str, ...] = (), clock: Callable[[], float] = time.monotonic):
+    def __init__(self, nameservers: tuple[str, ...] = (),
+                 clock: Callable[[], float] = time.monotonic):
         if nameservers:
             resolver = dns.resolver.Resolver(configure=False)
             resolver.nameservers = [dns.nameserver.Do53Nameserver(h.strip("[]"), int(p))
@@ -280,7 +281,8 @@ class ServerDiscovery:
         """(candidate targets, Host header, TLS name, ttl)."""
         literal = ip_literal(host)
         if literal is not None:                                      # step 1
-            return [(literal, port or DEFAULT_FEDERATION_PORT)], server_name, literal, WELL_KNOWN_MAX_CACHE
+            targets = [(literal, port or DEFAULT_FEDERATION_PORT)]
+            return targets, server_name, literal, WELL_KNOWN_MAX_CACHE
         if port is not None:                                         # step 2
             addrs, ttl = self.dns.addresses(host, deadline)
             return [(a, port) for a in addrs], server_name, host, ttl
@@ -368,7 +370,8 @@ class ServerDiscovery:
             raise MalformedResponse(host, f"invalid well-known: {e}") from None
         return delegated, _cache_period(cache_control)
 
-    def resolve_host(self, host: str, port: int, deadline: OutboundDeadline) -> list[tuple[str, int]]:
+    def resolve_host(self, host: str, port: int,
+                     deadline: OutboundDeadline) -> list[tuple[str, int]]:
         """Plain host resolution for URLs (well-known, media redirects), filtered.
         Raises ``DestinationUnreachable`` for no address or only denied ones."""
         literal = ip_literal(host)

@@ -232,7 +232,8 @@ class Keyring:
         # not leave the notaries none.
         direct = OutboundDeadline(deadline.remaining() / 2 if notaries else deadline.remaining(),
                                   what=f"keys of {server_name} from itself")
-        if self._fetch_direct(server_name, direct) and self._satisfied(server_name, key_ids, min_ts):
+        if self._fetch_direct(server_name, direct) \
+                and self._satisfied(server_name, key_ids, min_ts):
             return
         for notary in notaries:
             if deadline.expired:
@@ -273,7 +274,8 @@ class Keyring:
             for document in documents:
                 if isinstance(document, dict) and document.get("server_name") == server_name:
                     try:
-                        self._accept_document(server_name, document, notary.server_name, notary_keys)
+                        self._accept_document(server_name, document, notary.server_name,
+                                              notary_keys)
                         accepted = True
                     except (InvalidSignature, MalformedResponse) as e:
                         log.warning("keys of %s from notary %s: %s", server_name,

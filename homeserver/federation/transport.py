@@ -42,6 +42,9 @@ STREAM_CHUNK = 64 * 1024
 # Redirects followed by open_url and the well-known fetch (spec: "at most 5" for well-known).
 MAX_REDIRECTS = 5
 
+# resolve(host, port, deadline) -> [(ip, port), ...], already filtered
+Resolve = Callable[[str, int, OutboundDeadline], list]
+
 
 class TargetHealth(Protocol):
     """Told the outcome of every connection attempt, per resolved address.
@@ -109,7 +112,8 @@ class _PinnedHTTPSConnection(HTTPSConnection):
             sock.connect((self._dns_host, self.port))
         except socket.timeout as e:
             sock.close()
-            raise ConnectTimeoutError(self, f"connect to {self._dns_host}:{self.port} timed out") from e
+            raise ConnectTimeoutError(
+                self, f"connect to {self._dns_host}:{self.port} timed out") from e
         except OSError as e:
             sock.close()
             raise NewConnectionError(self, f"Failed to establish a new connection: {e}") from e
@@ -224,8 +228,8 @@ class OutboundTransport:
                 self.target_health.record(ip, port, ok)
         raise DestinationUnreachable(destination, reason)
 
-    def get_following_redirects(self, url: str, *, resolve: Callable[[str, int, OutboundDeadline], tuple],
-                                deadline: OutboundDeadline, max_redirects: int = MAX_REDIRECTS,
+    def get_following_redirects(self, url: str, *, resolve: Resolve, deadline: OutboundDeadline,
+                                max_redirects: int = MAX_REDIRECTS,
                                 headers: dict | None = None) -> urllib3.BaseHTTPResponse:
         """GET an https URL, following up to ``max_redirects`` redirects (never a loop), each
         hop resolved with ``resolve(host, port, deadline) -> targets`` and filtered like any

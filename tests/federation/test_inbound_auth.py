@@ -9,7 +9,7 @@ import pytest
 import requests
 from signedjson.key import decode_verify_key_bytes, encode_verify_key_base64, \
     generate_signing_key, get_verify_key
-from signedjson.sign import sign_json, verify_signed_json
+from signedjson.sign import verify_signed_json
 from unpaddedbase64 import decode_base64
 
 from homeserver.config import parse_config
