@@ -2,7 +2,10 @@
 
 import os
 
+import gevent
+import psutil
 import pytest
+from gevent.event import Event
 from signedjson.key import generate_signing_key, get_verify_key
 
 from budget import DeadlineExceeded, OutboundDeadline
@@ -185,6 +188,33 @@ def test_open_stream_reads_within_cap(client, liar):
             response.read()
     with pytest.raises(RemoteError):
         client.open_stream(liar.server_name, "/nothing", max_bytes=10)
+
+
+def test_stream_that_stalls_mid_body_ends_at_the_deadline(client, liar):
+    stalled = Event()
+
+    def drip():
+        yield b"first chunk"
+        stalled.set()
+        gevent.sleep(60)   # the peer goes silent mid-body
+        yield b"never"
+    liar.route("GET", "/drip", lambda req: (200, drip()))
+    deadline = OutboundDeadline(1.0, what="drip")
+    response = client.open_stream(liar.server_name, "/drip", deadline=deadline, max_bytes=1000)
+    with pytest.raises(DeadlineExceeded):
+        with response:
+            assert response.read(100) == b"first chunk"
+            assert stalled.wait(5)
+            response.read(100)
+    assert deadline.elapsed() < 3
+    assert response.read(100) == b""    # closed: nothing more, no error
+    # Our end of the connection is closed (the peer's end, in this process, still sleeps).
+    assert _connections_to(liar.host, liar.port) == []
+
+
+def _connections_to(ip, port):
+    return [c for c in psutil.Process().net_connections("tcp")
+            if c.raddr and (c.raddr.ip, c.raddr.port) == (ip, port)]
 
 
 def test_open_url_is_unsigned_and_follows_checked_redirects(client, liar):
