@@ -2,6 +2,7 @@
 with a TLS federation listener, real origin peers and a real DNS server."""
 
 import os
+import re
 import time
 from urllib.parse import quote
 
@@ -83,16 +84,14 @@ def test_signed_request_from_origin_is_accepted(weir, test_ca, origin):
     r = fed_get(weir, test_ca, target, origin.sign_request("weir.test", "GET", target))
     assert (r.status_code, r.json()["errcode"]) == (404, "M_NOT_FOUND")
     assert origin.hits(KEYS) == 1   # fetched once, then from the database
-    with open(weir.stderr_path) as f:
-        assert f"{PROFILE}?user_id=%40alice%3Aweir.test 200" in f.read()
+    weir.wait_for_log(re.escape(f"{PROFILE}?user_id=%40alice%3Aweir.test 200"))
 
 
 def test_access_log_names_the_verified_origin(weir, test_ca, origin):
     target = profile_target("@alice:weir.test") + "&field=displayname"
     r = fed_get(weir, test_ca, target, origin.sign_request("weir.test", "GET", target))
     assert r.status_code == 200
-    with open(weir.stderr_path) as f:
-        line = [l for l in f if "field=displayname" in l][-1]
+    line = weir.wait_for_log("field=displayname")
     assert line.rstrip().endswith("origin=origin.test")
 
 

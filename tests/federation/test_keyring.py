@@ -117,6 +117,7 @@ def test_tarpit_key_server_holds_at_most_the_in_flight_limit(make_keyring, dns):
         refused = [j for j in jobs if isinstance(j.exception, KeyResolutionRefused)]
         assert len(refused) == 4 and all(j.exception.retry_after_ms > 0 for j in refused)
         assert [j.value for j in jobs if j.successful()] == [{}, {}]
+        assert tarpit.wait_accepted(2, timeout=5)
         assert tarpit.max_concurrent <= 2 and tarpit.accepted == 2
         assert tarpit.wait_current(0, timeout=5)
         assert keyring.budget.in_flight == 0

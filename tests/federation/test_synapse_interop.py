@@ -34,11 +34,6 @@ def weir(test_ca, synapse, tmp_path_factory):
     proc.stop()
 
 
-def weir_log(weir) -> str:
-    with open(weir.stderr_path) as f:
-        return f.read()
-
-
 def test_synapse_accepts_a_request_we_sign(weir, synapse, test_ca):
     synapse.register("bob")
     with open(os.path.join(weir.directory, "data", "signing.key")) as f:
@@ -48,7 +43,7 @@ def test_synapse_accepts_a_request_we_sign(weir, synapse, test_ca):
                                   {"user_id": f"@bob:{synapse.server_name}"})
         assert profile.get("displayname") == "bob"
         # Synapse fetched our key from the Weir process to check that signature.
-        assert re.search(r"GET /_matrix/key/v2/server(/\S*)? 200", weir_log(weir))
+        weir.wait_for_log(r"GET /_matrix/key/v2/server(/\S*)? 200")
         # And it does check: the same request signed by a key that is not ours is refused.
     with make_client(test_ca, server_name=WEIR_NAME,
                      signing_key=generate_signing_key(key.version)) as impostor:
@@ -70,7 +65,6 @@ def test_we_accept_a_request_synapse_signs(weir, synapse):
     assert r.status_code == 404, r.text
     # Our guard verified both with the key it fetched from Synapse: the handler answered
     # (200, then 404 M_NOT_FOUND), and the access log names the verified origin.
-    log = weir_log(weir)
     for user, status in (("alice", 200), ("nobody", 404)):
-        assert re.search(rf"GET /_matrix/federation/v1/query/profile\?user_id=%40{user}\S* "
-                         rf"{status} .* origin={re.escape(synapse.server_name)}$", log, re.M), log
+        weir.wait_for_log(rf"GET /_matrix/federation/v1/query/profile\?user_id=%40{user}\S* "
+                          rf"{status} .* origin={re.escape(synapse.server_name)}$")

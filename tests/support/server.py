@@ -107,6 +107,21 @@ class WeirProcess:
         for _ in self.proc.stdout:
             pass
 
+    def wait_for_log(self, pattern: str, timeout: float = 10) -> str:
+        """The first stderr line matching ``pattern`` (a regex), waiting for it to be written.
+
+        The access log line of a request is written when its response is closed, which may
+        be just after the client has read the response: tests wait for the line itself.
+        """
+        regex = re.compile(pattern)
+        with gevent.Timeout(timeout, AssertionError(f"no log line matching {pattern!r}")):
+            while True:
+                with open(self.stderr_path, errors="replace") as f:
+                    for line in f:
+                        if regex.search(line):
+                            return line
+                gevent.sleep(0.05)  # the file grows; look again
+
     def stderr_tail(self, lines: int = 30) -> str:
         try:
             with open(self.stderr_path, errors="replace") as f:
