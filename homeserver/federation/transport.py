@@ -17,13 +17,14 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Protocol
 from urllib.parse import urljoin, urlsplit
 
+import gevent
 import urllib3
 from gevent import ssl as gevent_ssl
 from urllib3.connection import HTTPSConnection
 from urllib3.exceptions import (ConnectTimeoutError, HTTPError, NewConnectionError,
                                 ProtocolError, ReadTimeoutError, SSLError)
 
-from budget import OutboundDeadline
+from budget import DeadlineExceeded, OutboundDeadline
 
 from .. import __version__
 from .errors import DestinationUnreachable, MalformedResponse, ResponseTooLarge
@@ -51,14 +52,15 @@ class TargetHealth(Protocol):
 
     ``check`` runs before connecting and may raise ``DestinationUnreachable`` to skip an
     address known to be bad (an address cool-down; the next address, if any, is tried, and
-    the last such reason is what the caller sees); ``record`` is told whether the address
-    answered (``ok``: an HTTP response came back) or not (connect failure, TLS failure,
-    reset, or the deadline ran out while waiting on it).
+    the last such reason is what the caller sees). ``record`` is told how the attempt went:
+    ``ok`` when an HTTP response came back; otherwise ``timed_out`` says whether the address
+    stayed silent (connect or read timeout, or the deadline ran out while waiting on it)
+    rather than refusing (connection refused or reset, TLS failure).
     """
 
     def check(self, ip: str, port: int) -> None: ...
 
-    def record(self, ip: str, port: int, ok: bool) -> None: ...
+    def record(self, ip: str, port: int, ok: bool, timed_out: bool) -> None: ...
 
 
 class NoTargetHealth:
@@ -67,7 +69,7 @@ class NoTargetHealth:
     def check(self, ip: str, port: int) -> None:
         return None
 
-    def record(self, ip: str, port: int, ok: bool) -> None:
+    def record(self, ip: str, port: int, ok: bool, timed_out: bool) -> None:
         return None
 
 
@@ -201,7 +203,7 @@ class OutboundTransport:
                 reason = e.reason  # refused without trying (a cool-down): the next one may do
                 continue
             pool = self._pool(ip, port, endpoint.tls_server_name)
-            ok = False
+            ok = timed_out = False
             try:
                 timeout = urllib3.Timeout(connect=deadline.step_timeout(CONNECT_TIMEOUT_CAP),
                                           read=deadline.step_timeout())
@@ -211,21 +213,29 @@ class OutboundTransport:
                                         assert_same_host=False)
                 ok = True
                 return response
-            except (NewConnectionError, ConnectTimeoutError) as e:
+            except NewConnectionError as e:
                 reason = f"cannot connect to {ip}:{port}"
                 log.debug("%s: %s: %s", destination, reason, e)
+            except ConnectTimeoutError:
+                timed_out = True
+                reason = f"connecting to {ip}:{port} timed out"
             except SSLError as e:
                 reason = f"TLS failure with {ip}:{port}"
                 log.info("%s: %s: %s", destination, reason, e)
             except ReadTimeoutError:
+                timed_out = True
                 deadline.check()
                 raise DestinationUnreachable(destination, f"{ip}:{port} did not answer") from None
             except (ProtocolError, HTTPError, OSError) as e:
                 # The request may have been sent: not retried on another address.
                 raise DestinationUnreachable(destination,
                                              f"connection to {ip}:{port} failed: {e}") from None
+            except BaseException as e:
+                # The deadline's gevent.Timeout (or its DeadlineExceeded from step_timeout).
+                timed_out = isinstance(e, (gevent.Timeout, DeadlineExceeded))
+                raise
             finally:
-                self.target_health.record(ip, port, ok)
+                self.target_health.record(ip, port, ok, timed_out)
         raise DestinationUnreachable(destination, reason)
 
     def get_following_redirects(self, url: str, *, resolve: Resolve, deadline: OutboundDeadline,

@@ -144,8 +144,8 @@ class RecordingHealth:
         if (ip, port) in self.refuse:
             raise DestinationUnreachable(ip, "cooling down")
 
-    def record(self, ip, port, ok):
-        self.outcomes.append((ip, port, ok))
+    def record(self, ip, port, ok, timed_out):
+        self.outcomes.append((ip, port, ok, timed_out))
 
 
 def test_target_health_sees_every_outcome(test_ca, dns, start_peer):
@@ -156,20 +156,22 @@ def test_target_health_sees_every_outcome(test_ca, dns, start_peer):
     health = RecordingHealth()
     with make_client(test_ca, dns, target_health=health) as client:
         client.get_json("health.test", "/_matrix/key/v2/server")
-        assert health.outcomes == [("127.24.3.1", 8448, False), ("127.24.3.2", 8448, True)]
+        # A refused connection, then an answer.
+        assert health.outcomes == [("127.24.3.1", 8448, False, False),
+                                   ("127.24.3.2", 8448, True, False)]
         with Tarpit("127.24.3.3", 8448):
             with pytest.raises(DeadlineExceeded):
                 client.get_json("127.24.3.3:8448", "/x", deadline=OutboundDeadline(0.3))
-        assert health.outcomes[-1] == ("127.24.3.3", 8448, False)
+        assert health.outcomes[-1] == ("127.24.3.3", 8448, False, True)   # silent
     # check() refuses fast: the address is not even tried, and the next one is.
     health = RecordingHealth(refuse={("127.24.3.1", 8448)})
     with make_client(test_ca, dns, target_health=health) as client:
         client.get_json("health.test", "/_matrix/key/v2/server")
-        assert health.outcomes == [("127.24.3.2", 8448, True)]
+        assert health.outcomes == [("127.24.3.2", 8448, True, False)]
         with pytest.raises(DestinationUnreachable) as e:
             client.get_json("127.24.3.1:8448", "/_matrix/key/v2/server")
         assert e.value.reason == "cooling down"
-    assert health.outcomes == [("127.24.3.2", 8448, True)]
+    assert health.outcomes == [("127.24.3.2", 8448, True, False)]
 
 
 def test_open_stream_reads_within_cap(client, liar):
