@@ -438,6 +438,8 @@ class RoomService:
             limit = min(limit, event_filter.limit)
         limit = max(1, min(limit, MAX_MESSAGES_LIMIT))
         current = self.store.stream_position()
+        if view.current_membership != "join" and view.leave_position is not None:
+            current = view.leave_position  # a past member reads up to where they left
         if from_token is None:
             position = current if backwards else 0
         else:

@@ -60,6 +60,7 @@ class HistoryView:
     def can_see(self, stored: StoredEvent) -> bool:
         position, event = stored.stream_ordering, stored.event
         visibility = self.visibility_before(position)
+        departed_before = self.leave_position is not None and position > self.leave_position
         if event.type == "m.room.history_visibility" and event.state_key == "":
             # A change of visibility is judged by the more permissive of old and new.
             new = _visibility_of(stored)
@@ -67,6 +68,8 @@ class HistoryView:
                 visibility = new
         if visibility == WORLD_READABLE:
             return True
+        if departed_before:
+            return False  # nothing after you left, unless the world may read it
         if event.type == "m.room.member" and event.state_key == self.user_id:
             # Your own membership changes: joins and invites, and leaving after either.
             before = self.membership_after(position - 1)
@@ -75,6 +78,7 @@ class HistoryView:
         membership = self.membership_after(position)
         if membership == "join":
             return True
-        if visibility == SHARED and self.current_membership == "join":
-            return True
+        if visibility == SHARED and (self.current_membership == "join"
+                                     or self.leave_position is not None):
+            return True  # shared history is for members, past ones included
         return visibility == INVITED and membership == "invite"
