@@ -12,6 +12,7 @@ and `creators_have_infinite_power`. Neither is implemented yet, so 12 is not lis
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 
@@ -51,17 +52,9 @@ ROOM_V10 = RoomVersion(
     updated_redaction_rules=False,
 )
 
-ROOM_V11 = RoomVersion(
-    identifier="11",
-    event_id_is_reference_hash=True,
-    strict_canonical_json=True,
-    integer_power_levels=True,
-    knock_join_rule=True,
-    restricted_join_rule=True,
-    knock_restricted_join_rule=True,
-    implicit_room_creator=True,
-    updated_redaction_rules=True,
-)
+# Room version 11 is version 10 with the clarified redaction rules and no `creator`.
+ROOM_V11 = dataclasses.replace(ROOM_V10, identifier="11", implicit_room_creator=True,
+                               updated_redaction_rules=True)
 
 KNOWN_ROOM_VERSIONS: dict[str, RoomVersion] = {v.identifier: v for v in (ROOM_V10, ROOM_V11)}
 

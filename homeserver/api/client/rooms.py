@@ -132,39 +132,38 @@ def _membership_content(body: dict) -> dict:
     return {"reason": body["reason"]} if "reason" in body else {}
 
 
+def _own_membership(room_id: str, membership: str) -> None:
+    """Join or leave as oneself, with an optional reason."""
+    body = _reason()
+    user_id = current_requester().user_id
+    runtime().rooms.update_membership(user_id, room_id, user_id, membership,
+                                      _membership_content(body))
+
+
 @bp.post("/join/<path:room_id_or_alias>")
 @requires_auth
 def join_room_or_alias(room_id_or_alias: str):
-    body = _reason()
-    rt = runtime()
     if room_id_or_alias.startswith("#"):
-        room_id, _servers = rt.directory.resolve_alias(room_id_or_alias)
+        room_id, _servers = runtime().directory.resolve_alias(room_id_or_alias)
     elif room_id_or_alias.startswith("!"):
         room_id = room_id_or_alias
     else:
         raise invalid_param("Expected a room ID (!...) or a room alias (#...)")
-    user_id = current_requester().user_id
-    rt.rooms.update_membership(user_id, room_id, user_id, "join", _membership_content(body))
+    _own_membership(room_id, "join")
     return json_response({"room_id": room_id})
 
 
 @bp.post("/rooms/<room_id>/join")
 @requires_auth
 def join_room(room_id: str):
-    body = _reason()
-    user_id = current_requester().user_id
-    runtime().rooms.update_membership(user_id, room_id, user_id, "join",
-                                      _membership_content(body))
+    _own_membership(room_id, "join")
     return json_response({"room_id": room_id})
 
 
 @bp.post("/rooms/<room_id>/leave")
 @requires_auth
 def leave_room(room_id: str):
-    body = _reason()
-    user_id = current_requester().user_id
-    runtime().rooms.update_membership(user_id, room_id, user_id, "leave",
-                                      _membership_content(body))
+    _own_membership(room_id, "leave")
     return json_response({})
 
 
