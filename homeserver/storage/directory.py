@@ -121,12 +121,12 @@ class DirectoryStore:
 
     @staticmethod
     def publish_in(tx, room_id: str, now_ms: int) -> None:
-        """Within a transaction: lists the room (a no-op if it is listed already)."""
-        if tx.fetchone("SELECT 1 FROM published_rooms WHERE room_id = ?", (room_id,)):
-            return
+        """Within a transaction: lists the room. A room already listed keeps its place (the
+        position taken then goes unused: gaps in a stream are harmless)."""
         position = streams.advance(tx, DIRECTORY_STREAM)
         tx.execute("INSERT INTO published_rooms (room_id, published_at, published_ts)"
-                   " VALUES (?, ?, ?)", (room_id, position, now_ms))
+                   " VALUES (?, ?, ?) ON CONFLICT (room_id) DO NOTHING",
+                   (room_id, position, now_ms))
 
     def publish(self, room_id: str, now_ms: int) -> None:
         self.db.write(self.publish_in, room_id, now_ms)

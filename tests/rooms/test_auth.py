@@ -210,3 +210,29 @@ def test_unknown_membership_is_refused():
     room = Room()
     assert "unknown membership" in room.refused(ALICE, "m.room.member", member("dance"), ALICE)
     assert room.refused(ALICE, "m.room.member", {}, ALICE)
+
+
+def test_third_party_invite_needs_a_signature_from_the_invite_keys():
+    from signedjson.key import encode_verify_key_base64, get_verify_key
+    from signedjson.sign import sign_json
+
+    identity_key = generate_signing_key("0")
+    room = Room()
+    room.power_levels({ALICE: 100})
+    room.join_rule("invite")
+    room.send(ALICE, "m.room.third_party_invite", {
+        "display_name": "b...@example.org", "key_validity_url": "https://id.example/valid",
+        "public_key": encode_verify_key_base64(get_verify_key(identity_key))}, "tok")
+
+    def invite(signed_by, mxid=BOB, token="tok"):
+        signed = sign_json({"mxid": mxid, "token": token, "sender": ALICE}, "id.example",
+                           signed_by)
+        return member("invite", third_party_invite={"display_name": "b", "signed": signed})
+
+    assert "no valid signature" in room.refused(
+        ALICE, "m.room.member", invite(generate_signing_key("0")), BOB)
+    assert "another user" in room.refused(ALICE, "m.room.member", invite(identity_key, CAROL), BOB)
+    assert "no matching" in room.refused(ALICE, "m.room.member",
+                                         invite(identity_key, token="other"), BOB)
+    room.send(ALICE, "m.room.member", invite(identity_key), BOB)
+    room.send(BOB, "m.room.member", member("join"), BOB)
