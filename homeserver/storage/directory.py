@@ -150,16 +150,19 @@ class DirectoryStore:
         """Up to `limit` rooms after `cursor` in the session's order (before it, nearest
         first, when `backwards`)."""
         filter_sql, filter_params = _filter_sql(room_filter)
+        # MATERIALIZED: each room's count at the snapshot is looked up once, not again for
+        # every place the outer query uses it.
         sql = (
-            "SELECT room_id, ranked_members, joined_members, name, topic, canonical_alias,"
-            " avatar_url, join_rule, history_visibility, guest_access, room_type FROM ("
+            "WITH ranked AS MATERIALIZED ("
             " SELECT p.room_id, COALESCE((SELECT h.joined_members"
             "  FROM room_joined_count_history h WHERE h.room_id = p.room_id"
             "  AND h.stream_ordering <= ? ORDER BY h.stream_ordering DESC LIMIT 1), 0)"
             "  AS ranked_members, s.joined_members, s.name, s.topic, s.canonical_alias,"
             "  s.avatar_url, s.join_rule, s.history_visibility, s.guest_access, s.room_type"
             " FROM published_rooms p JOIN room_stats s ON s.room_id = p.room_id"
-            f" WHERE p.published_at <= ?{filter_sql}) ranked")
+            f" WHERE p.published_at <= ?{filter_sql})"
+            " SELECT room_id, ranked_members, joined_members, name, topic, canonical_alias,"
+            " avatar_url, join_rule, history_visibility, guest_access, room_type FROM ranked")
         params: list = [snapshot.events_position, snapshot.directory_position, *filter_params]
         if cursor is not None:
             if backwards:
