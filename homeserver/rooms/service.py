@@ -102,7 +102,9 @@ class RoomService:
     # --- hooks --------------------------------------------------------------------------
 
     def add_persist_listener(self, listener: PersistListener) -> None:
-        """`listener(events)` runs after every successful persist, in stream order."""
+        """`listener(events)` runs after every successful persist, in stream order. It is a
+        wake-up, not the record: a request killed while its write commits skips it, so
+        readers catch up from stream positions, never from what listeners were told."""
         self._listeners.append(listener)
 
     def add_state_validator(self, event_type: str, validator: StateValidator) -> None:
