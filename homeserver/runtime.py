@@ -20,10 +20,15 @@ from budget import RateLimiter, parse_networks
 from .accounts.registration import RegistrationSessions
 from .accounts.service import AccountService
 from .config import Config
+from .directory.service import DirectoryService
 from .federation.signing_key import key_id, load_or_create_signing_key
+from .rooms.creation import RoomCreator
+from .rooms.service import RoomService
 from .storage.accounts import AccountStore
 from .storage.database import Database, open_database
+from .storage.directory import DirectoryStore
 from .storage.migrations import migrate
+from .storage.rooms import RoomStore
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +59,13 @@ class HomeserverRuntime:
 
         self.accounts = AccountService(AccountStore(self.db), config.server_name)
         self.registration_sessions = RegistrationSessions()
+
+        # Rooms as signed events; `rooms.add_persist_listener` is where /sync will hook in.
+        self.rooms = RoomService(RoomStore(self.db), self.accounts, config.server_name,
+                                 self.signing_key)
+        self.directory = DirectoryService(DirectoryStore(self.db), self.rooms,
+                                          config.server_name)
+        self.room_creator = RoomCreator(self.rooms, self.directory, config.server_name)
 
     def close(self) -> None:
         self.db.close()

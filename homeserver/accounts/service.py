@@ -73,6 +73,9 @@ class AccountService:
             return localpart.lower()
         return user.lower()
 
+    def user_exists(self, user_id: str) -> bool:
+        return self.store.get_user(user_id) is not None
+
     def is_available(self, localpart: str) -> bool:
         self.validate_localpart(localpart)
         return self.store.get_user(self.user_id_for(localpart)) is None
