@@ -14,6 +14,7 @@ import logging
 import os
 
 from gevent.pool import Pool
+from gevent.threadpool import ThreadPool
 
 from budget import RateLimiter, parse_networks
 
@@ -21,8 +22,11 @@ from .accounts.registration import RegistrationSessions
 from .accounts.service import AccountService
 from .config import Config
 from .federation.signing_key import key_id, load_or_create_signing_key
+from .media.files import MediaFileStore
+from .media.service import MediaService
 from .storage.accounts import AccountStore
 from .storage.database import Database, open_database
+from .storage.media import MediaStore
 from .storage.migrations import migrate
 
 log = logging.getLogger(__name__)
@@ -51,11 +55,21 @@ class HomeserverRuntime:
         self.login_rate_limiter = RateLimiter(limits.login.max_requests, limits.login.per_seconds)
         self.registration_rate_limiter = RateLimiter(limits.registration.max_requests,
                                                      limits.registration.per_seconds)
+        self.media_create_rate_limiter = RateLimiter(limits.media_create.max_requests,
+                                                     limits.media_create.per_seconds)
 
         self.accounts = AccountService(AccountStore(self.db), config.server_name)
         self.registration_sessions = RegistrationSessions()
 
+        # Pillow decoding and encoding is CPU-bound and would block the hub: native threads.
+        self.thumbnail_pool = ThreadPool(config.media.thumbnail_threads)
+        self.media = MediaService(
+            config.media, config.server_name, MediaStore(self.db),
+            MediaFileStore(os.path.join(config.data_dir, "media"), config.server_name),
+            self.thumbnail_pool)
+
     def close(self) -> None:
+        self.thumbnail_pool.kill()
         self.db.close()
 
 
