@@ -59,13 +59,16 @@ class MediaFile:
     filename: str | None
 
 
-def is_safe_content_type(content_type: str) -> bool:
-    return bool(_SAFE_CONTENT_TYPE.match(content_type))
+def safe_content_type(content_type: str | None) -> str:
+    """The stored type if it can go out as a header, else application/octet-stream."""
+    if not content_type or not _SAFE_CONTENT_TYPE.match(content_type):
+        return DEFAULT_CONTENT_TYPE
+    return content_type
 
 
 def served_content_type(content_type: str | None) -> str:
-    if not content_type or not is_safe_content_type(content_type):
-        return DEFAULT_CONTENT_TYPE
+    """The type a client download carries: text without a charset is said to be UTF-8."""
+    content_type = safe_content_type(content_type)
     if base_type(content_type).startswith("text/") and "charset" not in content_type.lower():
         return f"{content_type}; charset=utf-8"
     return content_type
@@ -128,7 +131,7 @@ def multipart_response(media: MediaFile) -> Response:
         \\r\\n--B--\\r\\n
     """
     f, size = _open(media)
-    content_type = served_content_type(media.content_type)
+    content_type = safe_content_type(media.content_type)  # as stored: the peer stores it too
     # 128 random bits: the chance that the file contains the boundary is nil.
     boundary = uuid.uuid4().hex
     head = (f"\r\n--{boundary}\r\nContent-Type: application/json\r\n\r\n{{}}"

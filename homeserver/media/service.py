@@ -20,7 +20,7 @@ from ..config import MediaConfig
 from ..errors import MatrixError, limit_exceeded, not_found
 from ..storage.media import LocalMedia, MediaStore, StoredThumbnail, ThumbnailSource
 from .files import FileTooLarge, MediaFileStore, ThumbnailKey, is_valid_media_id, new_media_id
-from .responses import DEFAULT_CONTENT_TYPE, MediaFile, is_safe_content_type
+from .responses import MediaFile, safe_content_type
 from .thumbnails import (ImageTooLarge, NotAnImage, is_thumbnailable, key_for,
                          pregenerated_keys, probe, render, select_thumbnail)
 from .waiters import UploadWaiters
@@ -65,7 +65,7 @@ class MediaService:
                content_type: str | None, filename: str | None) -> str:
         """Stores new content; returns its mxc:// URI."""
         self._check_declared_length(declared_length)
-        content_type = _stored_content_type(content_type)
+        content_type = safe_content_type(content_type)
         media_id = new_media_id()
         now = now_ms()
 
@@ -110,7 +110,7 @@ class MediaService:
             if media.uploaded:
                 raise MatrixError(409, "M_CANNOT_OVERWRITE_MEDIA", "Media ID already has content")
             self._check_declared_length(declared_length)
-            content_type = _stored_content_type(content_type)
+            content_type = safe_content_type(content_type)
             # A file here is a leftover of an upload that died before its row was written:
             # a pending id is never served, so nobody reads it.
             self.files.remove(self.files.original_path(self.server_name, media_id))
@@ -271,13 +271,6 @@ class MediaService:
             log.info("no thumbnails for %s/%s: %s", origin, media_id, e.error)
         except Exception:
             log.exception("thumbnailing %s/%s failed", origin, media_id)
-
-
-def _stored_content_type(content_type: str | None) -> str:
-    # A type that could not be sent back as a header is "obviously wrong" (spec): octet-stream.
-    if content_type and is_safe_content_type(content_type):
-        return content_type
-    return DEFAULT_CONTENT_TYPE
 
 
 def _too_large(max_bytes: int) -> MatrixError:
