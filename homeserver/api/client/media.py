@@ -20,8 +20,9 @@ LEGACY_MEDIA = "/_matrix/media/v3"
 
 
 def _mxc_parts(location: str, with_filename: bool) -> tuple[str, str, str | None]:
-    """`server/media_id[/file name]` from the path. The path is decoded, so `%2F` is already a
-    slash here: an id that tried to smuggle one ends up with too many parts, and 404."""
+    """`server/media_id[/file name]` from the path. The path arrives decoded (`%2F` is a slash
+    here), so it is split at its first two slashes only; the media id is then held to the
+    spec's grammar by the service, and anything else in it is 404."""
     parts = location.split("/", 2)
     if len(parts) < 2 or (len(parts) == 3 and not with_filename):
         raise not_found("Media not found")
