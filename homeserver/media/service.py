@@ -140,7 +140,7 @@ class MediaService:
 
     # --- downloads -----------------------------------------------------------------------
 
-    def serve_remote_media(self, origin: str, media_id: str):
+    def serve_remote_media(self, origin: str, media_id: str) -> MediaFile:
         """Every download or thumbnail of another server's media ends here, for now: remote
         media is fetched and cached by the remote media repository (ADR-0121), which
         replaces this."""
