@@ -158,20 +158,10 @@ class MediaService:
         """Local media with its content, waiting up to `timeout_ms` for an async upload.
 
         Legacy (unauthenticated) requests get 404 for media stored after the freeze, as from
-        Synapse: the media exists, but not for them.
+        Synapse: the media exists, but not for them. They learn it at once, without waiting.
         """
         if not is_valid_media_id(media_id):
             raise not_found("Media not found")
-        media = self._wait_for_content(media_id, timeout_ms)
-        if legacy and self.config.enable_authenticated_media and media.authenticated:
-            raise not_found("Media not found: use the authenticated /_matrix/client/v1/media API")
-        return media
-
-    def _expired(self, media: LocalMedia) -> bool:
-        lifetime_ms = self.config.unused_expiration_time * 1000
-        return not media.uploaded and media.created_ts + lifetime_ms < now_ms()
-
-    def _wait_for_content(self, media_id: str, timeout_ms: int) -> LocalMedia:
         deadline = time.monotonic() + timeout_ms / 1000
         while True:
             # Watch before reading, so content that lands in between still wakes us.
@@ -179,11 +169,18 @@ class MediaService:
                 media = self.store.get_local_media(media_id)
                 if media is None or self._expired(media):
                     raise not_found("Media not found")
+                if legacy and self.config.enable_authenticated_media and media.authenticated:
+                    raise not_found("Media not found: use the authenticated "
+                                    "/_matrix/client/v1/media API")
                 if media.uploaded:
                     return media
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not uploaded.wait(remaining):
                     raise MatrixError(504, "M_NOT_YET_UPLOADED", "Media has not been uploaded yet")
+
+    def _expired(self, media: LocalMedia) -> bool:
+        lifetime_ms = self.config.unused_expiration_time * 1000
+        return not media.uploaded and media.created_ts + lifetime_ms < now_ms()
 
     # --- thumbnails ----------------------------------------------------------------------
 

@@ -136,6 +136,11 @@ def test_legacy_endpoints_refuse_media_stored_after_the_freeze(frozen, alice):
                                params={"width": 32, "height": 32})) == (404, "M_NOT_FOUND")
     # Authentication does not unlock the legacy endpoints: the media is frozen out of them.
     assert error(alice.get(f"{LEGACY}/download/{mxc}")) == (404, "M_NOT_FOUND")
+    # Not even pending media makes a legacy request wait (the client gives up well before
+    # the 60 s the server would otherwise wait).
+    pending = alice.post("/_matrix/media/v1/create").json()["content_uri"][len("mxc://"):]
+    r = anonymous.get(f"{LEGACY}/download/{pending}", params={"timeout_ms": 60000}, timeout=10)
+    assert error(r) == (404, "M_NOT_FOUND")
 
 
 def test_client_v1_media_needs_authentication(frozen, alice):
