@@ -83,8 +83,10 @@ class MediaFileStore:
             # The origin is a remote's word: it names a folder only through its hash.
             base = os.path.join(self.root, "remote",
                                 hashlib.sha256(origin.encode("utf-8")).hexdigest()[:32])
-        # Two levels of shards keep directories small: ab/cd/efgh...
-        return os.path.join(base, media_id[:2], media_id[2:4], media_id[4:] or "_")
+        # Two levels of shards from a hash of the id keep directories small and evenly filled,
+        # whatever the ids look like (a remote's may be short, or all alike).
+        shard = hashlib.sha256(media_id.encode("ascii")).hexdigest()
+        return os.path.join(base, shard[:2], shard[2:4], media_id)
 
     def original_path(self, origin: str, media_id: str) -> str:
         return os.path.join(self._media_dir(origin, media_id), "original")

@@ -31,11 +31,14 @@ def test_media_ids():
 
 def test_paths_come_from_the_id_only(files, tmp_path):
     root = str(tmp_path / "media")
-    assert files.original_path("weir.test", "abcdefgh") == \
-        f"{root}/local/ab/cd/efgh/original"
+    shard = hashlib.sha256(b"abcdefgh").hexdigest()
+    media_dir = f"{root}/local/{shard[:2]}/{shard[2:4]}/abcdefgh"
+    assert files.original_path("weir.test", "abcdefgh") == f"{media_dir}/original"
     key = ThumbnailKey(96, 96, "crop", "image/png", False)
     assert files.thumbnail_path("weir.test", "abcdefgh", key) == \
-        f"{root}/local/ab/cd/efgh/thumbnails/96x96-crop.png"
+        f"{media_dir}/thumbnails/96x96-crop.png"
+    # Short ids get directories of their own like any other.
+    assert files.original_path("weir.test", "a") != files.original_path("weir.test", "a_")
     # A remote origin names its folder only through a hash, even a hostile one.
     remote = files.original_path("../../etc", "abcdefgh")
     assert remote.startswith(f"{root}/remote/") and "etc" not in remote
