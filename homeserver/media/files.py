@@ -1,15 +1,15 @@
 """The media files on disk, under `data_dir/media`.
 
-Every path is derived from a validated media id (and, for remote media, a hash of the origin),
-never from a string a client chose, so no request can name a file outside the store. Files
-appear only whole: `store_file` writes a temp file, fsyncs it, and links it into place.
+Every path is built from a media id that matched the spec's grammar and from hashes (of the id,
+and of a remote origin), never from other request text, so no request can name a file outside
+the store. Files appear only whole: `store_file` writes a temp file, fsyncs it, and links it
+into place.
 """
 
 from __future__ import annotations
 
 import errno
 import hashlib
-import logging
 import os
 import re
 import secrets
@@ -20,8 +20,6 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import gevent
-
-log = logging.getLogger(__name__)
 
 # The spec's media-id grammar. Anything else is refused before a path is built.
 _MEDIA_ID = re.compile(r"^[A-Za-z0-9_-]{1,255}$")
