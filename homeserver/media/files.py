@@ -22,7 +22,7 @@ from typing import Callable, Iterable
 import gevent
 
 # The spec's media-id grammar. Anything else is refused before a path is built.
-_MEDIA_ID = re.compile(r"^[A-Za-z0-9_-]{1,255}$")
+_MEDIA_ID = re.compile(r"[A-Za-z0-9_-]{1,255}")
 _NEW_ID_ALPHABET = string.ascii_letters + string.digits
 NEW_MEDIA_ID_LENGTH = 24  # ~143 random bits, as long as Synapse's
 
@@ -33,7 +33,7 @@ THUMBNAIL_EXTENSIONS = {"image/jpeg": "jpg", "image/png": "png", "image/webp": "
 
 
 def is_valid_media_id(media_id: str) -> bool:
-    return bool(_MEDIA_ID.match(media_id))
+    return bool(_MEDIA_ID.fullmatch(media_id))  # fullmatch: `$` would allow a final \n
 
 
 def new_media_id() -> str:

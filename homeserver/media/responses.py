@@ -45,9 +45,9 @@ CHUNK_SIZE = 64 * 1024
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
 
 # A header-safe media type; anything else (control characters, non-ASCII) is not trusted.
-_SAFE_CONTENT_TYPE = re.compile(r"^[!-~][ -~]{0,254}$")
+_SAFE_CONTENT_TYPE = re.compile(r"[!-~][ -~]{0,254}")
 # RFC 2616 token characters: visible ASCII except separators.
-_TOKEN = re.compile(r"^[!#$%&'*+\-.0-9A-Z^_`a-z|~]+$")
+_TOKEN = re.compile(r"[!#$%&'*+\-.0-9A-Z^_`a-z|~]+")
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class MediaFile:
 
 def safe_content_type(content_type: str | None) -> str:
     """The stored type if it can go out as a header, else application/octet-stream."""
-    if not content_type or not _SAFE_CONTENT_TYPE.match(content_type):
+    if not content_type or not _SAFE_CONTENT_TYPE.fullmatch(content_type):
         return DEFAULT_CONTENT_TYPE
     return content_type
 
@@ -79,7 +79,7 @@ def content_disposition(content_type: str | None, filename: str | None) -> str:
     disposition = "inline" if base_type(content_type) in INLINE_CONTENT_TYPES else "attachment"
     if not filename:
         return disposition
-    if _TOKEN.match(filename):
+    if _TOKEN.fullmatch(filename):
         return f"{disposition}; filename={filename}"
     # RFC 5987 ext-value: UTF-8, percent-encoded; quote() leaves only attr-chars bare.
     return f"{disposition}; filename*=utf-8''{quote(filename, safe='')}"

@@ -25,7 +25,8 @@ def test_media_ids():
     ids = {new_media_id() for _ in range(200)}
     assert len(ids) == 200
     assert all(is_valid_media_id(i) and len(i) == 24 for i in ids)
-    for bad in ["", "..", "../x", "a/b", "a.b", "a%2Fb", "ä", "a b", "x" * 256, "a\x00"]:
+    for bad in ["", "..", "../x", "a/b", "a.b", "a%2Fb", "ä", "a b", "x" * 256, "a\x00",
+                "abc\n", "\nabc"]:
         assert not is_valid_media_id(bad), bad
 
 

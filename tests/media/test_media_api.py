@@ -354,7 +354,8 @@ def test_traversal_shaped_ids_are_refused_and_touch_no_file(frozen, alice):
         f.write("TOP SECRET")
     before = files_under(frozen.media_root)
     ids = ["..%2F..%2Fetc%2Fpasswd", "..%2Fsecret.txt", "..%2F..%2Fmedia%2Fsecret.txt",
-           "%2E%2E", "..", ".", "abc.def", "abc%00def", "%2Fetc%2Fpasswd", "ab%5C..%5Csecret"]
+           "%2E%2E", "..", ".", "abc.def", "abc%00def", "abc%0A", "%2Fetc%2Fpasswd",
+           "ab%5C..%5Csecret"]
     for media_id in ids:
         for path in [f"{CLIENT}/download/weir.test/{media_id}",
                      f"{CLIENT}/download/weir.test/{media_id}/x.txt",

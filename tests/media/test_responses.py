@@ -20,6 +20,7 @@ from homeserver.media.responses import (CACHE_CONTROL, CONTENT_SECURITY_POLICY, 
     ("application/pdf", "War and Peace.pdf", "attachment; filename*=utf-8''War%20and%20Peace.pdf"),
     ("text/plain", "naïve €.txt", "inline; filename*=utf-8''na%C3%AFve%20%E2%82%AC.txt"),
     ("text/plain", 'a"b;c\r\nd', "inline; filename*=utf-8''a%22b%3Bc%0D%0Ad"),
+    ("text/plain", "a.txt\n", "inline; filename*=utf-8''a.txt%0A"),
     (None, "x", "attachment; filename=x"),
 ])
 def test_content_disposition(content_type, filename, expected):
@@ -32,6 +33,7 @@ def test_content_disposition(content_type, filename, expected):
     ("image/png", "image/png"),
     (None, "application/octet-stream"),
     ("image/png\r\nSet-Cookie: x=1", "application/octet-stream"),
+    ("image/png\n", "application/octet-stream"),
     ("imäge/png", "application/octet-stream"),
 ])
 def test_served_content_type(stored, served):
