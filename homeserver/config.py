@@ -183,6 +183,12 @@ class DatabaseConfig:
 class MediaConfig:
     max_upload_size: int = setting(_int(1), 52428800)
     max_image_pixels: int = setting(_int(1), 32000000)
+    # The spec's freeze of unauthenticated media (Synapse's enable_authenticated_media): media
+    # stored while this is true is marked authenticated, and the legacy endpoints refuse it.
+    enable_authenticated_media: bool = setting(_bool(), True)
+    max_pending_uploads: int = setting(_int(1), 5)
+    unused_expiration_time: float = setting(_seconds(), 86400.0)
+    thumbnail_threads: int = setting(_int(1, 64), 2)
 
 
 @dataclass(frozen=True)
@@ -222,6 +228,7 @@ class RateLimitingConfig:
     # Per client key (DESIGN.md §4); a refusal is 429 M_LIMIT_EXCEEDED with retry_after_ms.
     login: RateConfig = section(RateConfig)
     registration: RateConfig = section(RateConfig)
+    media_create: RateConfig = section(RateConfig)
 
 
 @dataclass(frozen=True)

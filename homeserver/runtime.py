@@ -14,6 +14,7 @@ import logging
 import os
 
 from gevent.pool import Pool
+from gevent.threadpool import ThreadPool
 
 from budget import RateLimiter, parse_networks
 
@@ -22,11 +23,14 @@ from .accounts.service import AccountService
 from .config import Config
 from .directory.service import DirectoryService
 from .federation.signing_key import key_id, load_or_create_signing_key
+from .media.files import MediaFileStore
+from .media.service import MediaService
 from .rooms.creation import RoomCreator
 from .rooms.service import RoomService
 from .storage.accounts import AccountStore
 from .storage.database import Database, open_database
 from .storage.directory import DirectoryStore
+from .storage.media import MediaStore
 from .storage.migrations import migrate
 from .storage.rooms import RoomStore
 
@@ -56,6 +60,8 @@ class HomeserverRuntime:
         self.login_rate_limiter = RateLimiter(limits.login.max_requests, limits.login.per_seconds)
         self.registration_rate_limiter = RateLimiter(limits.registration.max_requests,
                                                      limits.registration.per_seconds)
+        self.media_create_rate_limiter = RateLimiter(limits.media_create.max_requests,
+                                                     limits.media_create.per_seconds)
 
         self.accounts = AccountService(AccountStore(self.db), config.server_name)
         self.registration_sessions = RegistrationSessions()
@@ -67,7 +73,15 @@ class HomeserverRuntime:
                                           config.server_name)
         self.room_creator = RoomCreator(self.rooms, self.directory, config.server_name)
 
+        # Pillow decoding and encoding is CPU-bound and would block the hub: native threads.
+        self.thumbnail_pool = ThreadPool(config.media.thumbnail_threads)
+        self.media = MediaService(
+            config.media, config.server_name, MediaStore(self.db),
+            MediaFileStore(os.path.join(config.data_dir, "media"), config.server_name),
+            self.thumbnail_pool)
+
     def close(self) -> None:
+        self.thumbnail_pool.kill()
         self.db.close()
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from flask import Flask, Response, request
 
-from ..api.client import accounts, admin, directory, rooms, versions
+from ..api.client import accounts, admin, directory, media, rooms, versions
 from ..api.federation import keys
 from .context import RUNTIME_EXTENSION
 from .middleware import RequestContextMiddleware
@@ -20,7 +20,7 @@ FEDERATION = "federation"
 
 
 def client_blueprints():
-    return [versions.bp, accounts.bp, admin.bp, rooms.bp, directory.bp]
+    return [versions.bp, accounts.bp, admin.bp, rooms.bp, directory.bp, media.bp]
 
 
 def federation_blueprints():
