@@ -7,6 +7,7 @@ cache hits) are counters the code increments where they happen.
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Callable
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
@@ -81,3 +82,12 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def scrape_allowed(client_key: str, networks) -> bool:
+    """Whether a client key (an IPv4 address or an IPv6 /64) lies in one of `networks`."""
+    try:
+        client = ipaddress.ip_network(client_key, strict=False)
+    except ValueError:
+        return False
+    return any(client.version == net.version and client.subnet_of(net) for net in networks)

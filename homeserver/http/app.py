@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from flask import Flask, Response, request
 
-from ..api.client import accounts, admin, versions
+from ..api.client import accounts, admin, metrics, versions
 from ..api.federation import keys
 from .context import RUNTIME_EXTENSION
 from .middleware import RequestContextMiddleware
@@ -20,7 +20,7 @@ FEDERATION = "federation"
 
 
 def client_blueprints():
-    return [versions.bp, accounts.bp, admin.bp]
+    return [versions.bp, accounts.bp, admin.bp, metrics.bp]
 
 
 def federation_blueprints():

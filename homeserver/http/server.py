@@ -109,6 +109,7 @@ class HomeserverServer:
             keepalive_timeout=http.keepalive_timeout)
 
         self.federation_pool = Pool(http.main_pool_size)
+        runtime.metrics.track_pool("federation", self.federation_pool, http.main_pool_size)
         ssl_args = {}
         if fed.tls_certificate:
             ssl_args = {"certfile": fed.tls_certificate, "keyfile": fed.tls_private_key}
