@@ -239,6 +239,14 @@ class LoggingConfig:
 
 
 @dataclass(frozen=True)
+class MetricsConfig:
+    enabled: bool = setting(_bool(), True)
+    # Matched against the client's address (after trusted_proxies), not the direct peer, so
+    # a load balancer in front does not open /metrics to everyone behind it.
+    allowed_networks: tuple = setting(_string_list(validate=_cidrs), ("127.0.0.0/8", "::1/128"))
+
+
+@dataclass(frozen=True)
 class Config:
     server_name: str = setting(fields.String(validate=validate.Length(min=1)), "localhost:8008")
     public_baseurl: str = setting(fields.String(), "http://localhost:8008/")
@@ -251,6 +259,7 @@ class Config:
     registration: RegistrationConfig = section(RegistrationConfig)
     ratelimiting: RateLimitingConfig = section(RateLimitingConfig)
     logging: LoggingConfig = section(LoggingConfig)
+    metrics: MetricsConfig = section(MetricsConfig)
 
 
 def _first_error(messages: Any, prefix: str = "") -> tuple[str, str]:

@@ -22,9 +22,12 @@ from .accounts.registration import RegistrationSessions
 from .accounts.service import AccountService
 from .config import Config
 from .directory.service import DirectoryService
+from .federation.cooldown import AddressCooldown
 from .federation.signing_key import key_id, load_or_create_signing_key
 from .media.files import MediaFileStore
 from .media.service import MediaService
+from .metrics import Metrics
+from .outbound import make_client_outbound_budget
 from .rooms.creation import RoomCreator
 from .rooms.service import RoomService
 from .storage.accounts import AccountStore
@@ -55,6 +58,18 @@ class HomeserverRuntime:
         self.trusted_proxies = parse_networks(http.trusted_proxies)
         # Main pool: every client connection holds one greenlet for its keep-alive life.
         self.main_pool: Pool | None = Pool(http.main_pool_size) if pools else None
+
+        # ADR-0079: the share of the main pool that may wait on remote peers.
+        self.client_outbound_budget = make_client_outbound_budget(http.main_pool_size)
+        self.address_cooldown = AddressCooldown()
+
+        self.metrics = Metrics()
+        self.metrics_allowed_networks = parse_networks(config.metrics.allowed_networks)
+        self.metrics.track_budget(self.client_outbound_budget)
+        if self.main_pool is not None:
+            self.metrics.track_pool("main", self.main_pool, http.main_pool_size)
+        self.metrics.track_gauge("weir_cooldown_addresses", "Resolved addresses cooling down",
+                                 self.address_cooldown.cooling_count)
 
         limits = config.ratelimiting
         self.login_rate_limiter = RateLimiter(limits.login.max_requests, limits.login.per_seconds)

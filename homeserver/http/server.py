@@ -71,6 +71,14 @@ class WeirHandler(WSGIHandler):
         environ["weir.socket"] = self.socket
         return environ
 
+    def handle_error(self, t, v, tb):
+        if issubclass(t, gevent.GreenletExit):
+            # The client hung up mid-request (ClientDisconnected) or we are shutting down:
+            # there is nobody to send a 500 to, and nothing went wrong on our side.
+            self.close_connection = True
+            return
+        super().handle_error(t, v, tb)
+
     def handle_one_request(self):
         result = super().handle_one_request()
         if result is True and self.server.closing:
@@ -131,6 +139,7 @@ class HomeserverServer:
             keepalive_timeout=http.keepalive_timeout)
 
         self.federation_pool = Pool(http.main_pool_size)
+        runtime.metrics.track_pool("federation", self.federation_pool, http.main_pool_size)
         ssl_args = {}
         if fed.tls_certificate:
             ssl_args = {"certfile": fed.tls_certificate, "keyfile": fed.tls_private_key}
