@@ -2,7 +2,8 @@
 
 Prints mean, p50 and p99 per operation in microseconds. Each operation is
 timed on its own with ``perf_counter_ns``; the cost of the timer itself
-(measured the same way around nothing) is subtracted. A benchmark that
+(measured the same way around nothing) is subtracted. Each case runs a
+short warm-up first. The garbage collector stays on, as in the server. A benchmark that
 prints figures, not a test: nothing here asserts a speed.
 """
 
@@ -95,9 +96,9 @@ def bench_budget_refusal(n: int) -> list[int]:
     return out
 
 
-def bench_ratelimit(n: int, keys: int) -> list[int]:
-    r = RateLimiter(30, 60)
-    names = [f"10.{i // 65536}.{(i // 256) % 256}.{i % 256}" for i in range(keys)]
+def bench_ratelimit(n: int, keys: int, max_requests: int = 30, per_seconds: float = 60) -> list[int]:
+    r = RateLimiter(max_requests, per_seconds)
+    names = [f"10.{(i // 65536) % 256}.{(i // 256) % 256}.{i % 256}:{i // 2**24}" for i in range(keys)]
     out = []
     for i in range(n):
         k = names[i % keys]
@@ -123,6 +124,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("-n", type=int, default=200_000, help="iterations per case")
     args = p.parse_args(argv)
     n = args.n
+    if n < 1:
+        p.error("-n must be at least 1")
 
     overhead = _timer_overhead(n)
     print(f"budget bench: {n} iterations per case; timer overhead {overhead:.0f} ns subtracted")
@@ -133,23 +136,26 @@ def main(argv: list[str] | None = None) -> None:
     v6_cold = [str(ipaddress.IPv6Address((0x20010DB8 << 96) + (i << 64) + 1)) for i in range(10_000)]
 
     cases = [
-        ("InFlightBudget acquire+release, one key", lambda: bench_budget_single_key(n)),
-        ("InFlightBudget acquire+release, 1,000 keys held", lambda: bench_budget_thousand_keys(n)),
-        ("InFlightBudget acquire+release, 1,000 keys fresh", lambda: bench_budget_thousand_keys_fresh(n)),
-        ("InFlightBudget refused acquire", lambda: bench_budget_refusal(n)),
-        ("RateLimiter.check, one key", lambda: bench_ratelimit(n, 1)),
-        ("RateLimiter.check, 10,000 keys", lambda: bench_ratelimit(n, 10_000)),
-        ("client_key IPv4, no proxy, cached", lambda: bench_client_key(n, ["203.0.113.7"], None, ())),
-        ("client_key IPv4, no proxy, 10k addrs (uncached)", lambda: bench_client_key(n, v4_cold, None, ())),
-        ("client_key IPv6 /64, 10k addrs (uncached)", lambda: bench_client_key(n, v6_cold, None, ())),
+        ("InFlightBudget acquire+release, one key", bench_budget_single_key),
+        ("InFlightBudget acquire+release, 1,000 keys held", bench_budget_thousand_keys),
+        ("InFlightBudget acquire+release, 1,000 keys fresh", bench_budget_thousand_keys_fresh),
+        ("InFlightBudget refused acquire", bench_budget_refusal),
+        ("RateLimiter.check allowed, one key", lambda n: bench_ratelimit(n, 1, 10**9, 1)),
+        ("RateLimiter.check refused, one key (30/60s)", lambda n: bench_ratelimit(n, 1)),
+        ("RateLimiter.check allowed, 10,000 keys (30/60s)", lambda n: bench_ratelimit(n, 10_000)),
+        ("RateLimiter.check, a new key every call", lambda n: bench_ratelimit(n, n)),
+        ("client_key IPv4, no proxy, cached", lambda n: bench_client_key(n, ["203.0.113.7"], None, ())),
+        ("client_key IPv4, no proxy, 10k addrs (uncached)", lambda n: bench_client_key(n, v4_cold, None, ())),
+        ("client_key IPv6 /64, 10k addrs (uncached)", lambda n: bench_client_key(n, v6_cold, None, ())),
         (
             "client_key via 2 trusted proxies, cached",
-            lambda: bench_client_key(n, ["10.0.0.1"], "203.0.113.7, 10.1.2.3", trusted),
+            lambda n: bench_client_key(n, ["10.0.0.1"], "203.0.113.7, 10.1.2.3", trusted),
         ),
     ]
     for label, run in cases:
+        run(max(1, n // 10))  # warm-up: caches, allocator, CPU frequency
         gc.collect()
-        _report(label, run(), overhead)
+        _report(label, run(n), overhead)
 
 
 if __name__ == "__main__":

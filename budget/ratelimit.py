@@ -47,18 +47,19 @@ class RateLimiter:
     again (a bucket that is full is the same as no entry at all, so it is
     dropped). The entries are kept in least-recently-used order.
 
-    Memory bound: at most ``max_keys`` entries, ever. Every call first drops
-    full buckets from the LRU end (amortised O(1)); any entry untouched for
-    ``per_seconds`` is full, so idle keys go away by themselves. If a new key
-    arrives while ``max_keys`` entries are all still refilling, the least
-    recently used one is evicted anyway. That errs toward allowing: the
-    evicted key starts again with a full bucket. Under a flood of distinct
-    keys this can only let an individual key through early, never refuse one.
+    Memory bound: at most ``max_keys`` entries, ever. Only a new key grows
+    the table, and before it is added, full buckets are dropped from the LRU
+    end (amortised O(1)); any entry untouched for ``per_seconds`` is full,
+    so idle keys make way for new ones. If a new key arrives while
+    ``max_keys`` entries are all still refilling, the least recently used
+    one is evicted anyway. That errs toward allowing: the evicted key starts
+    again with a full bucket. Under a flood of distinct keys this can only
+    let an individual key through early, never refuse one.
 
     Thread- and greenlet-safe: see :mod:`budget._lock`.
     """
 
-    __slots__ = ("_max_requests", "_per_seconds", "_interval", "_clock", "_max_keys", "_full_at", "_lock")
+    __slots__ = ("_max_requests", "_per_seconds", "_interval", "_slack", "_clock", "_max_keys", "_full_at", "_lock")
 
     def __init__(
         self,
@@ -83,6 +84,8 @@ class RateLimiter:
         self._per_seconds = per_seconds
         # Seconds to refill one token.
         self._interval = per_seconds / max_requests
+        # Debt a bucket may carry and still have a token: max_requests - 1 intervals.
+        self._slack = per_seconds - self._interval
         self._clock = clock
         self._max_keys = max_keys
         self._full_at: OrderedDict[str, float] = OrderedDict()
@@ -111,31 +114,35 @@ class RateLimiter:
         """Spend one token of ``key``'s bucket if there is one."""
         with self._lock:
             now = self._clock()
-            self._sweep(now)
-            full_at = self._full_at.get(key)
-            # Debt = seconds until the bucket is full; each token is one interval.
-            debt = 0.0 if full_at is None else max(0.0, full_at - now)
-            slack = self._per_seconds - self._interval  # room for max_requests - 1 tokens spent
-            if debt > slack + _EPSILON:
-                return self._refusal(debt - slack)
+            buckets = self._full_at
+            full_at = buckets.get(key)
             if full_at is None:
-                self._make_room()
-            else:
-                self._full_at.move_to_end(key)
-            self._full_at[key] = now + debt + self._interval
+                # A new (or forgotten) key has a full bucket. Only new keys
+                # grow the table, so this is where it is kept in bounds.
+                self._make_room(now)
+                buckets[key] = now + self._interval
+                return _ALLOWED
+            # Debt = seconds until the bucket is full; each token is one interval.
+            debt = full_at - now
+            # Touched even when refused: a key being hammered is the last
+            # one we want to forget (forgetting it errs toward allowing).
+            buckets.move_to_end(key)
+            if debt <= 0.0:
+                debt = 0.0
+            elif debt > self._slack + _EPSILON:
+                return self._refusal(debt - self._slack)
+            buckets[key] = now + debt + self._interval
             return _ALLOWED
 
     def peek(self, key: str) -> Decision:
         """What ``check`` would answer now, without spending a token."""
         with self._lock:
-            now = self._clock()
             full_at = self._full_at.get(key)
             if full_at is None:
                 return _ALLOWED
-            debt = max(0.0, full_at - now)
-            slack = self._per_seconds - self._interval
-            if debt > slack + _EPSILON:
-                return self._refusal(debt - slack)
+            debt = full_at - self._clock()
+            if debt > self._slack + _EPSILON:
+                return self._refusal(debt - self._slack)
             return _ALLOWED
 
     @staticmethod
@@ -147,22 +154,21 @@ class RateLimiter:
         ms = math.ceil(round(wait_seconds * 1000.0, 6))
         return Decision(False, max(1, ms))
 
-    def _sweep(self, now: float) -> None:
-        # Called with the lock held. Full buckets at the LRU end carry no
-        # information; drop them. Stops at the first one still refilling.
-        full_at = self._full_at
-        while full_at:
-            key, t = next(iter(full_at.items()))
-            if t > now:
-                return
-            del full_at[key]
-
-    def _make_room(self) -> None:
-        # Called with the lock held, before inserting a new key.
-        while len(self._full_at) >= self._max_keys:
-            # Every entry is still refilling (the sweep removed full ones at
-            # the front). Forget the least recently used: errs toward allowing.
-            self._full_at.popitem(last=False)
+    def _make_room(self, now: float) -> None:
+        # Called with the lock held, before inserting a new key. Full
+        # buckets at the LRU end carry no information: drop them (each
+        # entry is dropped once, so this is amortised O(1)). Stop at the
+        # first one still refilling.
+        buckets = self._full_at
+        while buckets:
+            oldest = next(iter(buckets))
+            if buckets[oldest] > now:
+                break
+            del buckets[oldest]
+        while len(buckets) >= self._max_keys:
+            # Everything left is still refilling. Forget the least recently
+            # used: errs toward allowing (it starts again with a full bucket).
+            buckets.popitem(last=False)
 
     def __repr__(self) -> str:
         return f"<RateLimiter {self._max_requests}/{self._per_seconds}s keys={len(self._full_at)}>"

@@ -183,6 +183,12 @@ class DatabaseConfig:
 class MediaConfig:
     max_upload_size: int = setting(_int(1), 52428800)
     max_image_pixels: int = setting(_int(1), 32000000)
+    # The spec's freeze of unauthenticated media (Synapse's enable_authenticated_media): media
+    # stored while this is true is marked authenticated, and the legacy endpoints refuse it.
+    enable_authenticated_media: bool = setting(_bool(), True)
+    max_pending_uploads: int = setting(_int(1), 5)
+    unused_expiration_time: float = setting(_seconds(), 86400.0)
+    thumbnail_threads: int = setting(_int(1, 64), 2)
 
 
 @dataclass(frozen=True)
@@ -222,6 +228,7 @@ class RateLimitingConfig:
     # Per client key (DESIGN.md §4); a refusal is 429 M_LIMIT_EXCEEDED with retry_after_ms.
     login: RateConfig = section(RateConfig)
     registration: RateConfig = section(RateConfig)
+    media_create: RateConfig = section(RateConfig)
 
 
 @dataclass(frozen=True)
@@ -229,6 +236,14 @@ class LoggingConfig:
     level: str = setting(fields.String(validate=validate.OneOf(
         ["DEBUG", "INFO", "WARNING", "ERROR"])), "INFO")
     format: str = setting(fields.String(validate=validate.OneOf(["text", "json"])), "text")
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    enabled: bool = setting(_bool(), True)
+    # Matched against the client's address (after trusted_proxies), not the direct peer, so
+    # a load balancer in front does not open /metrics to everyone behind it.
+    allowed_networks: tuple = setting(_string_list(validate=_cidrs), ("127.0.0.0/8", "::1/128"))
 
 
 @dataclass(frozen=True)
@@ -244,6 +259,7 @@ class Config:
     registration: RegistrationConfig = section(RegistrationConfig)
     ratelimiting: RateLimitingConfig = section(RateLimitingConfig)
     logging: LoggingConfig = section(LoggingConfig)
+    metrics: MetricsConfig = section(MetricsConfig)
 
 
 def _first_error(messages: Any, prefix: str = "") -> tuple[str, str]:

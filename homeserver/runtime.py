@@ -14,19 +14,31 @@ import logging
 import os
 
 from gevent.pool import Pool
+from gevent.threadpool import ThreadPool
 
 from budget import InFlightBudget, RateLimiter, parse_networks
 
 from .accounts.registration import RegistrationSessions
 from .accounts.service import AccountService
 from .config import Config
+from .directory.service import DirectoryService
 from .federation.client import FederationClient
+from .federation.cooldown import AddressCooldown
 from .federation.keyring import Keyring, shard_key_resolution_budget
 from .federation.signing_key import key_id, load_or_create_signing_key
+from .media.files import MediaFileStore
+from .media.service import MediaService
+from .metrics import Metrics
+from .outbound import make_client_outbound_budget
+from .rooms.creation import RoomCreator
+from .rooms.service import RoomService
 from .storage.accounts import AccountStore
 from .storage.database import Database, open_database
+from .storage.directory import DirectoryStore
 from .storage.keys import ServerKeyStore
+from .storage.media import MediaStore
 from .storage.migrations import migrate
+from .storage.rooms import RoomStore
 
 log = logging.getLogger(__name__)
 
@@ -50,13 +62,41 @@ class HomeserverRuntime:
         # Main pool: every client connection holds one greenlet for its keep-alive life.
         self.main_pool: Pool | None = Pool(http.main_pool_size) if pools else None
 
+        # ADR-0079: the share of the main pool that may wait on remote peers.
+        self.client_outbound_budget = make_client_outbound_budget(http.main_pool_size)
+        self.address_cooldown = AddressCooldown()
+
+        self.metrics = Metrics()
+        self.metrics_allowed_networks = parse_networks(config.metrics.allowed_networks)
+        self.metrics.track_budget(self.client_outbound_budget)
+        if self.main_pool is not None:
+            self.metrics.track_pool("main", self.main_pool, http.main_pool_size)
+        self.metrics.track_gauge("weir_cooldown_addresses", "Resolved addresses cooling down",
+                                 self.address_cooldown.cooling_count)
+
         limits = config.ratelimiting
         self.login_rate_limiter = RateLimiter(limits.login.max_requests, limits.login.per_seconds)
         self.registration_rate_limiter = RateLimiter(limits.registration.max_requests,
                                                      limits.registration.per_seconds)
+        self.media_create_rate_limiter = RateLimiter(limits.media_create.max_requests,
+                                                     limits.media_create.per_seconds)
 
         self.accounts = AccountService(AccountStore(self.db), config.server_name)
         self.registration_sessions = RegistrationSessions()
+
+        # Rooms as signed events; `rooms.add_persist_listener` is where /sync will hook in.
+        self.rooms = RoomService(RoomStore(self.db), self.accounts, config.server_name,
+                                 self.signing_key)
+        self.directory = DirectoryService(DirectoryStore(self.db), self.rooms,
+                                          config.server_name)
+        self.room_creator = RoomCreator(self.rooms, self.directory, config.server_name)
+
+        # Pillow decoding and encoding is CPU-bound and would block the hub: native threads.
+        self.thumbnail_pool = ThreadPool(config.media.thumbnail_threads)
+        self.media = MediaService(
+            config.media, config.server_name, MediaStore(self.db),
+            MediaFileStore(os.path.join(config.data_dir, "media"), config.server_name),
+            self.thumbnail_pool)
 
         # Federation: one outbound client, and the keyring behind inbound authentication.
         # A worker shard (key_resolution_shards = N) gets its share of the key-resolution
@@ -71,9 +111,11 @@ class HomeserverRuntime:
             config.server_name, self.signing_key, ServerKeyStore(self.db), self.federation_client,
             self.key_resolution_budget, self.key_resolution_rate, keys.trusted_key_servers,
             config.federation.remote_timeout)
+        self.metrics.track_budget(self.key_resolution_budget)
 
     def close(self) -> None:
         self.federation_client.close()
+        self.thumbnail_pool.kill()
         self.db.close()
 
 

@@ -74,9 +74,7 @@ class AccountService:
         return user.lower()
 
     def user_exists(self, user_id: str) -> bool:
-        """True for an active account on this server."""
-        row = self.store.get_user(user_id)
-        return row is not None and not row.deactivated
+        return self.store.get_user(user_id) is not None
 
     def is_available(self, localpart: str) -> bool:
         self.validate_localpart(localpart)

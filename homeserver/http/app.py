@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from flask import Flask, Response, request
 
-from ..api.client import accounts, admin, versions
+from ..api.client import accounts
+from ..api.client import admin
+from ..api.client import directory
+from ..api.client import media
+from ..api.client import metrics
+from ..api.client import rooms
+from ..api.client import versions
 from ..api.federation import keys, profile
 from .context import RUNTIME_EXTENSION
 from .middleware import RequestContextMiddleware
@@ -20,13 +26,25 @@ FEDERATION = "federation"
 
 
 def client_blueprints():
-    return [versions.bp, accounts.bp, admin.bp]
+    return [
+        versions.bp,
+        accounts.bp,
+        admin.bp,
+        rooms.bp,
+        directory.bp,
+        media.bp,
+        metrics.bp,
+    ]
 
 
 def federation_blueprints():
     # The well-known and health routes are served here too: a load balancer or a peer may
     # ask either listener.
-    return [keys.bp, profile.bp, versions.bp]
+    return [
+        keys.bp,
+        profile.bp,
+        versions.bp,
+    ]
 
 
 def create_flask_app(runtime, listeners: tuple[str, ...] = (CLIENT, FEDERATION)) -> Flask:

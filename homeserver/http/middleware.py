@@ -39,8 +39,24 @@ class RequestContextMiddleware:
             status_holder.append(status.split(" ", 1)[0])
             return start_response(status, headers, exc_info)
 
-        body = self.app(environ, recording_start_response)
+        try:
+            body = self.app(environ, recording_start_response)
+        except BaseException as e:
+            # Only BaseExceptions get here (Flask renders every Exception): a client that hung
+            # up mid-request, or a shutdown. Log the request all the same.
+            log_request(environ, type(e).__name__, started)
+            raise
         return _LoggedBody(body, environ, status_holder, started)
+
+
+def log_request(environ: dict, status: str, started: float) -> None:
+    # A federation request names the server it was verified to come from.
+    origin = environ.get("weir.origin")
+    access_log.info(
+        "%s %s %s %s %.1fms %s%s", environ["weir.request_id"], environ.get("REQUEST_METHOD"),
+        redacted_path(environ), status, (time.monotonic() - started) * 1000,
+        environ["weir.client_key"], f" origin={origin}" if origin else "",
+        extra={"request_id": environ["weir.request_id"]})
 
 
 class _LoggedBody:
@@ -61,12 +77,4 @@ class _LoggedBody:
             if close is not None:
                 close()
         finally:
-            env = self._environ
-            # A federation request names the server it was verified to come from.
-            origin = env.get("weir.origin")
-            access_log.info(
-                "%s %s %s %s %.1fms %s%s", env["weir.request_id"], env.get("REQUEST_METHOD"),
-                redacted_path(env), self._status[0] if self._status else "-",
-                (time.monotonic() - self._started) * 1000, env["weir.client_key"],
-                f" origin={origin}" if origin else "",
-                extra={"request_id": env["weir.request_id"]})
+            log_request(self._environ, self._status[0] if self._status else "-", self._started)

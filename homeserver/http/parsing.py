@@ -7,7 +7,7 @@ M_INVALID_PARAM or M_TOO_LARGE.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Iterator
 
 from flask import request
 from marshmallow import EXCLUDE, Schema, ValidationError
@@ -33,6 +33,14 @@ def read_body(max_bytes: int) -> bytes:
         raise MatrixError(413, "M_TOO_LARGE", f"Request body over {max_bytes} bytes")
     request.environ["weir.body"] = data
     return data
+
+
+def body_chunks(chunk_size: int = 64 * 1024) -> Iterator[bytes]:
+    """The request body as it arrives, chunk by chunk (Content-Length or chunked), so that a
+    large upload is never held in memory. The caller caps the total."""
+    stream = request.stream
+    while chunk := stream.read(chunk_size):
+        yield chunk
 
 
 def json_object(max_bytes: int = DEFAULT_MAX_JSON_BYTES, allow_empty: bool = False) -> dict:

@@ -23,6 +23,12 @@ log = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE_SECONDS = 10.0
 
+# pywsgi reads the rest of every request body after the response, to keep the connection in
+# step. A body the app refused (413 with Connection: close) is read only this far: enough that a
+# client which already sent it gets the response rather than a reset, never the whole of it.
+LINGER_BYTES = 1024 * 1024
+LINGER_SECONDS = 2.0
+
 
 class WeirHandler(WSGIHandler):
     """One client connection."""
@@ -68,11 +74,43 @@ class WeirHandler(WSGIHandler):
         environ["weir.raw_uri"] = self.path
         return environ
 
+    def handle_error(self, t, v, tb):
+        if issubclass(t, gevent.GreenletExit):
+            # The client hung up mid-request (ClientDisconnected) or we are shutting down:
+            # there is nobody to send a 500 to, and nothing went wrong on our side.
+            self.close_connection = True
+            return
+        super().handle_error(t, v, tb)
+
     def handle_one_request(self):
         result = super().handle_one_request()
         if result is True and self.server.closing:
             return None  # finish the response in hand, then close instead of keeping alive
         return result
+
+    def run_application(self):
+        try:
+            super().run_application()
+        finally:
+            if self.close_connection and self.wsgi_input is not None:
+                self.wsgi_input = _LingeringDiscard(self.wsgi_input)
+
+
+class _LingeringDiscard:
+    """Stands in for the request body once the connection is closing: pywsgi's discard of
+    the unread rest stops after LINGER_BYTES or LINGER_SECONDS."""
+
+    def __init__(self, body):
+        self._body = body
+
+    def _discard(self):
+        left = LINGER_BYTES
+        with gevent.Timeout(LINGER_SECONDS, False):
+            while left > 0:
+                data = self._body.read(min(16384, left))
+                if not data:
+                    return
+                left -= len(data)
 
 
 class WeirWSGIServer(WSGIServer):
@@ -104,6 +142,7 @@ class HomeserverServer:
             keepalive_timeout=http.keepalive_timeout)
 
         self.federation_pool = Pool(http.main_pool_size)
+        runtime.metrics.track_pool("federation", self.federation_pool, http.main_pool_size)
         ssl_args = {}
         if fed.tls_certificate:
             ssl_args = {"certfile": fed.tls_certificate, "keyfile": fed.tls_private_key}

@@ -1,0 +1,248 @@
+"""Rooms over the client-server API: createRoom, state, send, membership and history."""
+
+from __future__ import annotations
+
+import json
+
+from flask import Blueprint, request
+from marshmallow import Schema, ValidationError, fields, validate
+
+from ...errors import MatrixError, bad_json, invalid_param
+from ...http.auth import current_requester, requires_auth
+from ...http.context import runtime
+from ...http.parsing import json_object, query_int, validate as validate_body, validated_json
+from ...http.responses import json_response
+from ...rooms.creation import PRESETS, CreateRoomRequest
+from ...rooms.events import MAX_PDU_BYTES
+from ...rooms.service import MEMBERSHIPS, EventFilter
+
+bp = Blueprint("rooms", __name__, url_prefix="/_matrix/client/v3")
+
+
+class StateEventBody(Schema):
+    type = fields.String(required=True)
+    state_key = fields.String(load_default="")
+    content = fields.Dict(required=True)
+
+
+class CreateRoomBody(Schema):
+    visibility = fields.String(load_default="private",
+                               validate=validate.OneOf(["public", "private"]))
+    preset = fields.String(load_default=None, validate=validate.OneOf(list(PRESETS)))
+    room_alias_name = fields.String(load_default=None)
+    name = fields.String(load_default=None)
+    topic = fields.String(load_default=None)
+    invite = fields.List(fields.String(), load_default=list)
+    invite_3pid = fields.List(fields.Dict(), load_default=list)
+    is_direct = fields.Boolean(load_default=False)
+    room_version = fields.String(load_default=None)
+    creation_content = fields.Dict(load_default=dict)
+    initial_state = fields.List(fields.Nested(StateEventBody), load_default=list)
+    power_level_content_override = fields.Dict(load_default=None)
+
+
+class ReasonBody(Schema):
+    reason = fields.String()
+
+
+class TargetBody(Schema):
+    user_id = fields.String(required=True)
+    reason = fields.String()
+
+
+class _Strings(fields.List):
+    def __init__(self, **kw):
+        super().__init__(fields.String(), **kw)
+
+
+class RoomEventFilterBody(Schema):
+    types = _Strings()
+    not_types = _Strings()
+    senders = _Strings()
+    not_senders = _Strings()
+    limit = fields.Integer(validate=validate.Range(min=1))
+
+
+def _content_body() -> dict:
+    # An event is at most 64 KiB, so its content can be no larger.
+    return json_object(max_bytes=MAX_PDU_BYTES, allow_empty=False)
+
+
+@bp.post("/createRoom")
+@requires_auth
+def create_room():
+    body = validated_json(CreateRoomBody())
+    if body.pop("invite_3pid"):
+        raise MatrixError(400, "M_UNRECOGNIZED",
+                          "Third-party invites need an identity server; not supported")
+    body["invite"] = tuple(body["invite"])
+    body["initial_state"] = tuple(body["initial_state"])
+    room_id = runtime().room_creator.create(current_requester().user_id,
+                                            CreateRoomRequest(**body))
+    return json_response({"room_id": room_id})
+
+
+@bp.get("/rooms/<room_id>/state")
+@requires_auth
+def get_state(room_id: str):
+    return json_response(runtime().rooms.state(current_requester(), room_id))
+
+
+@bp.get("/rooms/<room_id>/state/<event_type>")
+@bp.get("/rooms/<room_id>/state/<event_type>/<path:state_key>")
+@requires_auth
+def get_state_event(room_id: str, event_type: str, state_key: str = ""):
+    event = runtime().rooms.state_event(current_requester(), room_id, event_type, state_key)
+    fmt = request.args.get("format", "content")
+    if fmt not in ("content", "event"):
+        raise invalid_param("format must be content or event")
+    return json_response(event if fmt == "event" else event["content"])
+
+
+@bp.put("/rooms/<room_id>/state/<event_type>")
+@bp.put("/rooms/<room_id>/state/<event_type>/<path:state_key>")
+@requires_auth
+def put_state_event(room_id: str, event_type: str, state_key: str = ""):
+    content = _content_body()
+    event_id = runtime().rooms.set_state(current_requester(), room_id, event_type, state_key,
+                                         content)
+    return json_response({"event_id": event_id})
+
+
+@bp.put("/rooms/<room_id>/send/<event_type>/<txn_id>")
+@requires_auth
+def send_event(room_id: str, event_type: str, txn_id: str):
+    content = _content_body()
+    event_id = runtime().rooms.send_message(current_requester(), room_id, event_type, content,
+                                            txn_id)
+    return json_response({"event_id": event_id})
+
+
+@bp.get("/rooms/<room_id>/event/<event_id>")
+@requires_auth
+def get_event(room_id: str, event_id: str):
+    return json_response(runtime().rooms.event(current_requester(), room_id, event_id))
+
+
+def _reason(schema=ReasonBody) -> dict:
+    return validate_body(schema(), json_object(allow_empty=True))
+
+
+def _membership_content(body: dict) -> dict:
+    return {"reason": body["reason"]} if "reason" in body else {}
+
+
+def _own_membership(room_id: str, membership: str) -> None:
+    """Join or leave as oneself, with an optional reason."""
+    body = _reason()
+    user_id = current_requester().user_id
+    runtime().rooms.update_membership(user_id, room_id, user_id, membership,
+                                      _membership_content(body))
+
+
+@bp.post("/join/<path:room_id_or_alias>")
+@requires_auth
+def join_room_or_alias(room_id_or_alias: str):
+    if room_id_or_alias.startswith("#"):
+        room_id, _servers = runtime().directory.resolve_alias(room_id_or_alias)
+    elif room_id_or_alias.startswith("!"):
+        room_id = room_id_or_alias
+    else:
+        raise invalid_param("Expected a room ID (!...) or a room alias (#...)")
+    _own_membership(room_id, "join")
+    return json_response({"room_id": room_id})
+
+
+@bp.post("/rooms/<room_id>/join")
+@requires_auth
+def join_room(room_id: str):
+    _own_membership(room_id, "join")
+    return json_response({"room_id": room_id})
+
+
+@bp.post("/rooms/<room_id>/leave")
+@requires_auth
+def leave_room(room_id: str):
+    _own_membership(room_id, "leave")
+    return json_response({})
+
+
+@bp.post("/rooms/<room_id>/invite")
+@requires_auth
+def invite(room_id: str):
+    raw = json_object()
+    if "user_id" not in raw and {"medium", "address"} & set(raw):
+        raise MatrixError(400, "M_UNRECOGNIZED",
+                          "Third-party invites need an identity server; not supported")
+    body = validate_body(TargetBody(), raw)
+    runtime().rooms.update_membership(current_requester().user_id, room_id, body["user_id"],
+                                      "invite", _membership_content(body))
+    return json_response({})
+
+
+@bp.post("/rooms/<room_id>/kick")
+@requires_auth
+def kick(room_id: str):
+    body = validated_json(TargetBody())
+    runtime().rooms.kick(current_requester(), room_id, body["user_id"], body.get("reason"))
+    return json_response({})
+
+
+@bp.get("/joined_rooms")
+@requires_auth
+def joined_rooms():
+    return json_response(
+        {"joined_rooms": runtime().rooms.joined_rooms(current_requester().user_id)})
+
+
+def _membership_arg(name: str) -> str | None:
+    value = request.args.get(name)
+    if value is not None and value not in MEMBERSHIPS:
+        raise invalid_param(f"{name} must be one of " + ", ".join(MEMBERSHIPS))
+    return value
+
+
+@bp.get("/rooms/<room_id>/members")
+@requires_auth
+def members(room_id: str):
+    chunk = runtime().rooms.members(current_requester(), room_id, request.args.get("at"),
+                                    _membership_arg("membership"),
+                                    _membership_arg("not_membership"))
+    return json_response({"chunk": chunk})
+
+
+def _event_filter() -> EventFilter:
+    raw = request.args.get("filter")
+    if not raw:
+        return EventFilter()
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        raise bad_json("filter is not JSON") from None
+    if not isinstance(data, dict):
+        raise bad_json("filter must be a JSON object")
+    try:
+        body = RoomEventFilterBody().load(data, unknown="exclude")
+    except ValidationError as e:
+        raise bad_json(f"filter: {e.messages}") from None
+    return EventFilter(
+        types=tuple(body["types"]) if "types" in body else None,
+        not_types=tuple(body.get("not_types", ())),
+        senders=tuple(body["senders"]) if "senders" in body else None,
+        not_senders=tuple(body.get("not_senders", ())),
+        limit=body.get("limit"))
+
+
+@bp.get("/rooms/<room_id>/messages")
+@requires_auth
+def messages(room_id: str):
+    direction = request.args.get("dir", "f")
+    if direction not in ("b", "f"):
+        raise invalid_param("dir must be b or f")
+    page = runtime().rooms.messages(
+        current_requester(), room_id, request.args.get("from"), request.args.get("to"),
+        direction == "b", query_int("limit", 10, minimum=0), _event_filter())
+    body = {"chunk": page.chunk, "start": page.start}
+    if page.end is not None:
+        body["end"] = page.end
+    return json_response(body)

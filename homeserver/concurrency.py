@@ -1,0 +1,60 @@
+"""SingleFlight: at most one call per key in flight; concurrent callers share its outcome.
+
+The call runs in the greenlet of the caller that started it (the leader), so it is bounded
+by that caller's deadline and admission slot, and nothing runs that nobody waits for. Other
+callers (waiters) wait within their own deadlines. If the leader fails with an Exception,
+every waiter gets that exception: a failure is shared, never cached. If the leader is
+stopped from outside (its client hung up, its deadline fired: a BaseException), the call's
+outcome is unknown, so each waiter tries again, and one of them leads the next attempt.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Hashable
+
+from gevent.event import AsyncResult
+
+
+class _LeaderGone(Exception):
+    pass
+
+
+class SingleFlight:
+    def __init__(self):
+        self._calls: dict[Hashable, AsyncResult] = {}
+
+    def in_flight(self, key: Hashable) -> bool:
+        return key in self._calls
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+    def run(self, key: Hashable, fn: Callable[[], Any], on_wait: Callable[[], None] | None = None):
+        """fn() once for all concurrent callers with this key; returns its result."""
+        while True:
+            pending = self._calls.get(key)
+            if pending is None:
+                return self._lead(key, fn)
+            if on_wait is not None:
+                on_wait()
+            try:
+                return pending.get()
+            except _LeaderGone:
+                continue
+
+    def _lead(self, key: Hashable, fn: Callable[[], Any]):
+        result = AsyncResult()
+        self._calls[key] = result
+        try:
+            value = fn()
+        except Exception as e:
+            result.set_exception(e)
+            raise
+        except BaseException:
+            result.set_exception(_LeaderGone())
+            raise
+        else:
+            result.set(value)
+            return value
+        finally:
+            del self._calls[key]

@@ -1,0 +1,71 @@
+"""Address cool-down: fail fast on a resolved address that just timed out or refused us.
+
+Keyed by (ip, port), not by server name, so a swarm of names that all point at one tarpit is
+caught after its first timeout. A failure cools the address for 30 s, doubling with each
+further failure up to 10 min; a success resets it. Only client-triggered calls feed and
+consult it (DESIGN.md §4): they are the ones an attacker can aim.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+BASE_COOLDOWN_SECONDS = 30.0
+MAX_COOLDOWN_SECONDS = 600.0
+# Bounded memory: past this many addresses the least recently failed are forgotten.
+MAX_TRACKED_ADDRESSES = 10_000
+
+
+@dataclass
+class _State:
+    failures: int
+    until: float
+    timed_out: bool  # the last failure was a timeout (504) rather than a refusal (502)
+
+
+@dataclass(frozen=True)
+class Cooling:
+    """An address that is cooling down: for how long, and after what kind of failure."""
+
+    ip: str
+    port: int
+    seconds_left: float
+    timed_out: bool
+
+
+class AddressCooldown:
+    """Greenlet-safe without a lock: no method yields to the hub."""
+
+    def __init__(self, clock=time.monotonic, max_tracked: int = MAX_TRACKED_ADDRESSES):
+        self._clock = clock
+        self._max = max_tracked
+        self._states: OrderedDict[tuple[str, int], _State] = OrderedDict()
+        self.cooldowns_started = 0  # a counter for metrics
+
+    def cooling(self, ip: str, port: int) -> Cooling | None:
+        state = self._states.get((ip, port))
+        if state is None:
+            return None
+        left = state.until - self._clock()
+        if left <= 0:
+            return None  # cooled down: the next call is the probe
+        return Cooling(ip, port, left, state.timed_out)
+
+    def record_failure(self, ip: str, port: int, timed_out: bool) -> None:
+        key = (ip, port)
+        state = self._states.pop(key, None)
+        failures = state.failures + 1 if state else 1
+        seconds = min(BASE_COOLDOWN_SECONDS * 2 ** (failures - 1), MAX_COOLDOWN_SECONDS)
+        self._states[key] = _State(failures, self._clock() + seconds, timed_out)
+        self.cooldowns_started += 1
+        while len(self._states) > self._max:
+            self._states.popitem(last=False)
+
+    def record_success(self, ip: str, port: int) -> None:
+        self._states.pop((ip, port), None)
+
+    def cooling_count(self) -> int:
+        now = self._clock()
+        return sum(1 for s in self._states.values() if s.until > now)

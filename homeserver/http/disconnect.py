@@ -1,0 +1,54 @@
+"""Noticing a client that hangs up while its request waits on a remote peer.
+
+pywsgi reads the client socket only between requests, so a client that gives up while its
+handler waits on an outbound call goes unnoticed until the call ends: its budget slot stays
+taken for the whole deadline. `stop_on_client_disconnect` watches the socket meanwhile and,
+on EOF, interrupts the request greenlet with `ClientDisconnected`, which unwinds every `with`
+on the way out, so the slot is released within moments of the hang-up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+
+import gevent
+
+
+class ClientDisconnected(gevent.GreenletExit):
+    """The client closed its connection while its request was waiting.
+
+    A GreenletExit, so no `except Exception` on the way out can swallow it, and gevent treats
+    it as a normal end of the greenlet rather than an error to report.
+    """
+
+
+def _wait_for_eof(fd: int, request_greenlet) -> None:
+    # Peek on a duplicate of the descriptor: it sees the raw TCP stream (TLS or not) without
+    # consuming anything, and closing it leaves the connection's own descriptor alone.
+    peeker = socket.socket(fileno=os.dup(fd))
+    try:
+        data = peeker.recv(1, socket.MSG_PEEK)
+    except OSError:
+        data = b""  # reset by peer: as gone as EOF
+    finally:
+        peeker.close()
+    if data == b"":
+        request_greenlet.kill(ClientDisconnected, block=False)
+    # Bytes instead of EOF: a pipelined next request or a TLS alert. The client is still
+    # there, so stop watching rather than guess.
+
+
+@contextlib.contextmanager
+def stop_on_client_disconnect(environ: dict):
+    """Runs the body; if the client hangs up meanwhile, raises ClientDisconnected inside it."""
+    sock = environ.get("weir.socket")
+    if sock is None:  # the dev server or a test client: nothing to watch
+        yield
+        return
+    watcher = gevent.spawn(_wait_for_eof, sock.fileno(), gevent.getcurrent())
+    try:
+        yield
+    finally:
+        watcher.kill(block=True)

@@ -1,0 +1,83 @@
+"""Matrix identifier grammar (spec appendices, "Identifier Grammar"): server names, user
+IDs, room IDs and room aliases. Pure functions; nothing here touches storage."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import secrets
+import string
+
+MAX_IDENTIFIER_BYTES = 255
+
+_DNS_NAME = re.compile(r"^[A-Za-z0-9.\-]{1,255}$")
+_IPV6_CHARS = re.compile(r"^[0-9A-Fa-f:.]{2,45}$")
+_ROOM_ID_ALPHABET = string.ascii_letters
+
+
+def is_valid_server_name(name: str) -> bool:
+    """server_name = hostname [":" port], hostname an IPv4 or [IPv6] literal or a DNS name."""
+    if name.startswith("["):
+        end = name.find("]")
+        if end < 0:
+            return False
+        host, rest = name[1:end], name[end + 1:]
+        if not _IPV6_CHARS.match(host):
+            return False
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            return False
+    else:
+        host, sep, port = name.partition(":")
+        rest = sep + port
+        if not _DNS_NAME.match(host):
+            return False
+    if rest:
+        port = rest[1:]
+        return rest[0] == ":" and port.isdigit() and 1 <= len(port) <= 5 and port.isascii()
+    return True
+
+
+def _split(identifier: str, sigil: str) -> tuple[str, str] | None:
+    """(localpart, server name) of `sigil localpart : server`, or None if malformed."""
+    if not identifier.startswith(sigil) or len(identifier.encode("utf-8")) > MAX_IDENTIFIER_BYTES:
+        return None
+    localpart, sep, server = identifier[1:].partition(":")
+    if not sep or "\x00" in localpart or not is_valid_server_name(server):
+        return None
+    return localpart, server
+
+
+def parse_user_id(user_id: str) -> tuple[str, str] | None:
+    """(localpart, server) of a user ID. Historical localparts (any code point but `:` and
+    NUL) are accepted, as the spec requires for IDs already in rooms."""
+    return _split(user_id, "@")
+
+
+def is_valid_user_id(user_id: str) -> bool:
+    return parse_user_id(user_id) is not None
+
+
+def parse_room_alias(alias: str) -> tuple[str, str] | None:
+    """(localpart, server) of `#localpart:server`; the localpart may not be empty."""
+    parts = _split(alias, "#")
+    if parts is None or not parts[0]:
+        return None
+    return parts
+
+
+def is_valid_room_id(room_id: str) -> bool:
+    parts = _split(room_id, "!")
+    return parts is not None and bool(parts[0])
+
+
+def server_of(identifier: str) -> str:
+    """The server part of `&localpart:server` ("" when there is none)."""
+    return identifier.partition(":")[2]
+
+
+def new_room_id(server_name: str) -> str:
+    # 18 letters: ~100 bits, as unguessable as Synapse's room IDs.
+    localpart = "".join(secrets.choice(_ROOM_ID_ALPHABET) for _ in range(18))
+    return f"!{localpart}:{server_name}"

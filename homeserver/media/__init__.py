@@ -1,0 +1,1 @@
+"""The media repository: file store, thumbnails, response builders and the media service."""

@@ -1,0 +1,93 @@
+"""Prometheus metrics, one registry per runtime (no process-global state).
+
+Gauges that mirror live objects (budgets, pools, cool-downs) are read at scrape time by a
+collector, so they can never drift from the thing they describe. Events (deadline expiries,
+cache hits) are counters the code increments where they happen.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Callable
+
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class _LiveCollector:
+    def __init__(self):
+        self.budgets: list = []
+        self.pools: list[tuple[str, Callable[[], int], int]] = []
+        self.gauges: list[tuple[str, str, Callable[[], float]]] = []
+
+    def collect(self):
+        in_flight = GaugeMetricFamily("weir_budget_in_flight", "Slots taken now", labels=["budget"])
+        capacity = GaugeMetricFamily("weir_budget_capacity", "Global cap of the budget",
+                                     labels=["budget"])
+        refusals = CounterMetricFamily("weir_budget_refusals", "Requests refused by the budget",
+                                       labels=["budget"])
+        for budget in self.budgets:
+            snap = budget.snapshot()
+            in_flight.add_metric([snap["name"]], snap["in_flight"])
+            capacity.add_metric([snap["name"]], snap["global_cap"])
+            refusals.add_metric([snap["name"]], snap["refusals"])
+        yield from (in_flight, capacity, refusals)
+
+        occupancy = GaugeMetricFamily("weir_pool_greenlets", "Greenlets running in the pool",
+                                      labels=["pool"])
+        size = GaugeMetricFamily("weir_pool_size", "Greenlets the pool may run", labels=["pool"])
+        for name, count, limit in self.pools:
+            occupancy.add_metric([name], count())
+            size.add_metric([name], limit)
+        yield from (occupancy, size)
+
+        for name, doc, read in self.gauges:
+            yield GaugeMetricFamily(name, doc, value=read())
+
+
+class Metrics:
+    def __init__(self):
+        self.registry = CollectorRegistry()
+        self._live = _LiveCollector()
+        self.registry.register(self._live)
+        self.deadline_expiries = Counter(
+            "weir_outbound_deadline_expiries", "Outbound calls that ran out of their deadline",
+            ["call"], registry=self.registry)
+        self.outbound_calls = Counter(
+            "weir_outbound_calls", "Client-triggered outbound calls by outcome",
+            ["call", "outcome"], registry=self.registry)
+        self.cache_hits = Counter(
+            "weir_cache_hits", "Answers served from a cache without an outbound call",
+            ["cache"], registry=self.registry)
+        self.cache_misses = Counter(
+            "weir_cache_misses", "Lookups a cache could not answer", ["cache"],
+            registry=self.registry)
+        self.coalesced = Counter(
+            "weir_coalesced_waits", "Requests that waited on an identical call in flight",
+            ["call"], registry=self.registry)
+        self.cooldown_refusals = Counter(
+            "weir_cooldown_refusals", "Calls refused at once because the address is cooling down",
+            registry=self.registry)
+
+    def track_budget(self, budget) -> None:
+        self._live.budgets.append(budget)
+
+    def track_pool(self, name: str, pool, size: int) -> None:
+        self._live.pools.append((name, pool.__len__, size))
+
+    def track_gauge(self, name: str, doc: str, read: Callable[[], float]) -> None:
+        self._live.gauges.append((name, doc, read))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def scrape_allowed(client_key: str, networks) -> bool:
+    """Whether a client key (an IPv4 address or an IPv6 /64) lies in one of `networks`."""
+    try:
+        client = ipaddress.ip_network(client_key, strict=False)
+    except ValueError:
+        return False
+    return any(client.version == net.version and client.subnet_of(net) for net in networks)

@@ -1,0 +1,63 @@
+"""Admission for client-triggered outbound calls (ADR-0079, DESIGN.md §4).
+
+Some client requests make us call another server before we can answer: a remote room
+directory, a remote alias, and remote media when there is no media pool. Each one holds a
+main-pool greenlet for the whole call, so a peer that never answers could otherwise pin the
+pool. This module is the one place that rule lives:
+
+- at most half the main pool, and one request per client key, may wait on remote peers;
+  over either cap the request is refused with 429 at once, before any discovery or byte;
+- every admitted call runs under one total deadline (discovery included);
+- the slot is released on every path, including a client that hangs up mid-call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from budget import InFlightBudget, OutboundDeadline
+
+from .errors import limit_exceeded
+from .http.disconnect import stop_on_client_disconnect
+
+# Total deadlines, discovery included; never more than federation.remote_timeout.
+DIRECTORY_DEADLINE_SECONDS = 10.0
+MEDIA_DEADLINE_SECONDS = 30.0
+
+# One request per client address at a time: a single client cannot take the budget alone.
+PER_CLIENT_CAP = 1
+REFUSAL_RETRY_AFTER_MS = 1000
+
+
+def client_outbound_caps(main_pool_size: int) -> tuple[int, int]:
+    """(global cap, per-client cap) of the client outbound budget.
+
+    Derived from the pool size in code, never configured: a setting would let an operator
+    raise the cap to the pool size, and then a peer that never answers pins the whole pool
+    again, which is the very bug the cap exists to prevent. Half the pool stays free for
+    requests that never leave this server, whatever remote peers do.
+    """
+    return max(1, main_pool_size // 2), PER_CLIENT_CAP
+
+
+def make_client_outbound_budget(main_pool_size: int) -> InFlightBudget:
+    global_cap, per_client = client_outbound_caps(main_pool_size)
+    return InFlightBudget(global_cap, per_client, name="client_outbound")
+
+
+def outbound_deadline(seconds: float, remote_timeout: float, what: str) -> OutboundDeadline:
+    return OutboundDeadline(min(seconds, remote_timeout), what)
+
+
+@contextlib.contextmanager
+def admitted(budget: InFlightBudget, client_key: str, environ: dict):
+    """Holds a slot of `budget` for the body, or refuses at once with 429.
+
+    The body also ends (and the slot is freed) if the client hangs up meanwhile.
+    """
+    slot = budget.try_acquire(client_key)
+    if slot is None:
+        raise limit_exceeded(REFUSAL_RETRY_AFTER_MS,
+                             "Too many concurrent requests to remote servers; try again shortly")
+    with slot, stop_on_client_disconnect(environ):
+        yield slot

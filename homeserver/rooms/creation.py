@@ -1,0 +1,180 @@
+"""POST /createRoom: the events a new room starts with, in the order the spec gives.
+
+`plan_room` is pure: request in, list of planned events out. `RoomCreator` checks what must
+be checked before anything is written (room version, alias, invitees), then has the room
+service build, authorise and store every event, the alias and the directory entry in one
+transaction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import MatrixError, invalid_param, not_found
+from ..identifiers import is_valid_user_id, new_room_id, server_of
+from .service import PlannedEvent, RoomService
+from .versions import DEFAULT_ROOM_VERSION, KNOWN_ROOM_VERSIONS, RoomVersion
+
+
+@dataclass(frozen=True)
+class Preset:
+    join_rule: str
+    history_visibility: str
+    guest_access: str
+    invitees_are_admins: bool
+    invite_level: int
+
+
+PRESETS = {
+    "private_chat": Preset("invite", "shared", "can_join", False, 0),
+    "trusted_private_chat": Preset("invite", "shared", "can_join", True, 0),
+    "public_chat": Preset("public", "shared", "forbidden", False, 50),
+}
+
+# Types a client may not put in initial_state: the server writes these itself.
+_RESERVED_INITIAL_STATE = ("m.room.create", "m.room.member")
+
+
+@dataclass(frozen=True)
+class CreateRoomRequest:
+    visibility: str = "private"
+    preset: str | None = None
+    room_alias_name: str | None = None
+    name: str | None = None
+    topic: str | None = None
+    invite: tuple = ()
+    is_direct: bool = False
+    room_version: str | None = None
+    creation_content: dict = field(default_factory=dict)
+    initial_state: tuple = ()  # ({type, state_key, content}, ...)
+    power_level_content_override: dict | None = None
+
+
+def default_power_levels(creator: str, preset: Preset, invitees: tuple) -> dict:
+    users = {creator: 100}
+    if preset.invitees_are_admins:
+        users.update({user: 100 for user in invitees})
+    return {
+        "users": users,
+        "users_default": 0,
+        "events": {
+            "m.room.name": 50,
+            "m.room.power_levels": 100,
+            "m.room.history_visibility": 100,
+            "m.room.canonical_alias": 50,
+            "m.room.avatar": 50,
+            "m.room.tombstone": 100,
+            "m.room.server_acl": 100,
+            "m.room.encryption": 100,
+        },
+        "events_default": 0,
+        "state_default": 50,
+        "ban": 50,
+        "kick": 50,
+        "redact": 50,
+        "invite": preset.invite_level,
+    }
+
+
+def plan_room(version: RoomVersion, creator: str, request: CreateRoomRequest,
+              alias: str | None) -> list[PlannedEvent]:
+    preset = PRESETS[request.preset or ("public_chat" if request.visibility == "public"
+                                        else "private_chat")]
+    initial: dict[tuple[str, str], dict] = {}
+    for item in request.initial_state:
+        initial[(item["type"], item.get("state_key", ""))] = item["content"]
+
+    def state(event_type: str, content: dict, state_key: str = "") -> PlannedEvent:
+        return PlannedEvent(creator, event_type, content, state_key)
+
+    create_content = dict(request.creation_content)
+    create_content["room_version"] = version.identifier
+    if version.implicit_room_creator:
+        create_content.pop("creator", None)
+    else:
+        create_content["creator"] = creator
+    planned = [state("m.room.create", create_content),
+               state("m.room.member", {"membership": "join"}, creator)]
+
+    power_levels = initial.pop(("m.room.power_levels", ""), None)
+    if power_levels is None:
+        power_levels = default_power_levels(creator, preset, request.invite)
+    power_levels = {**power_levels, **(request.power_level_content_override or {})}
+    planned.append(state("m.room.power_levels", power_levels))
+
+    if alias is not None:
+        planned.append(state("m.room.canonical_alias", {"alias": alias}))
+
+    # The preset's state, unless initial_state sets the same thing.
+    for event_type, content in (
+            ("m.room.join_rules", {"join_rule": preset.join_rule}),
+            ("m.room.history_visibility", {"history_visibility": preset.history_visibility}),
+            ("m.room.guest_access", {"guest_access": preset.guest_access})):
+        if (event_type, "") not in initial:
+            planned.append(state(event_type, content))
+
+    if request.name is not None:
+        initial.pop(("m.room.name", ""), None)
+    if request.topic is not None:
+        initial.pop(("m.room.topic", ""), None)
+    planned += [state(t, content, key) for (t, key), content in initial.items()]
+    if request.name is not None:
+        planned.append(state("m.room.name", {"name": request.name}))
+    if request.topic is not None:
+        planned.append(state("m.room.topic", {
+            "topic": request.topic,
+            "m.topic": [{"mimetype": "text/plain", "body": request.topic}]}))
+
+    for invitee in request.invite:
+        content = {"membership": "invite"}
+        if request.is_direct:
+            content["is_direct"] = True
+        planned.append(state("m.room.member", content, invitee))
+    return planned
+
+
+class RoomCreator:
+    def __init__(self, rooms: RoomService, directory, server_name: str):
+        self.rooms = rooms
+        self.directory = directory
+        self.server_name = server_name
+
+    def create(self, creator: str, request: CreateRoomRequest) -> str:
+        version = self._room_version(request.room_version)
+        for item in request.initial_state:
+            if item["type"] in _RESERVED_INITIAL_STATE:
+                raise invalid_param(f"initial_state may not contain {item['type']}")
+        invitees = tuple(dict.fromkeys(u for u in request.invite if u != creator))
+        for user_id in invitees:
+            if not is_valid_user_id(user_id):
+                raise invalid_param(f"Not a valid user ID: {user_id}")
+            if server_of(user_id) != self.server_name:
+                raise self.rooms.remote_membership_unavailable()
+            if not self.rooms.accounts.user_exists(user_id):
+                raise not_found(f"Unknown user {user_id}")
+        request = CreateRoomRequest(**{**request.__dict__, "invite": invitees})
+
+        alias = None
+        if request.room_alias_name is not None:
+            alias = self.directory.check_new_alias(
+                f"#{request.room_alias_name}:{self.server_name}", taken_errcode="M_ROOM_IN_USE")
+
+        room_id = new_room_id(self.server_name)
+        extra_writes = []
+        if alias is not None:
+            extra_writes.append(self.directory.alias_writer(alias, room_id, creator))
+        if request.visibility == "public":
+            extra_writes.append(self.directory.publish_writer(room_id))
+        self.rooms.create_room(room_id, version, creator,
+                               plan_room(version, creator, request, alias), extra_writes)
+        return room_id
+
+    @staticmethod
+    def _room_version(identifier: str | None) -> RoomVersion:
+        if identifier is None:
+            return DEFAULT_ROOM_VERSION
+        version = KNOWN_ROOM_VERSIONS.get(identifier)
+        if version is None:
+            raise MatrixError(400, "M_UNSUPPORTED_ROOM_VERSION",
+                              f"Room version {identifier!r} is not supported")
+        return version

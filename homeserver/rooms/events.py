@@ -1,0 +1,230 @@
+"""PDUs: building, hashing, signing, redaction and size limits (server-server spec,
+"Signing Events"; room versions pages, "Redactions" and "Event IDs").
+
+A PDU is kept as the dict that goes over federation. For room versions 4 and later it has no
+`event_id` field: the ID is derived from the reference hash, so an `Event` carries both.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from canonicaljson import encode_canonical_json
+from signedjson.sign import sign_json
+from unpaddedbase64 import encode_base64
+
+from .versions import RoomVersion
+
+MAX_PDU_BYTES = 65536
+MAX_KEY_BYTES = 255  # sender, room_id, state_key, type, event_id
+MAX_AUTH_EVENTS = 10
+MAX_PREV_EVENTS = 20
+MAX_DEPTH = 2**53 - 1
+CANONICAL_INT_RANGE = (-(2**53) + 1, 2**53 - 1)
+
+
+class InvalidEvent(ValueError):
+    """An event that breaks the format rules; `too_large` when it is only over the size limit."""
+
+    def __init__(self, reason: str, too_large: bool = False):
+        super().__init__(reason)
+        self.too_large = too_large
+
+
+@dataclass(frozen=True)
+class Event:
+    """An event: its ID and its PDU. Treat `pdu` as read-only."""
+
+    event_id: str
+    pdu: dict = field(repr=False)
+
+    @property
+    def room_id(self) -> str:
+        return self.pdu["room_id"]
+
+    @property
+    def type(self) -> str:
+        return self.pdu["type"]
+
+    @property
+    def state_key(self) -> str | None:
+        return self.pdu.get("state_key")
+
+    @property
+    def is_state(self) -> bool:
+        return "state_key" in self.pdu
+
+    @property
+    def sender(self) -> str:
+        return self.pdu["sender"]
+
+    @property
+    def content(self) -> dict:
+        return self.pdu["content"]
+
+    @property
+    def depth(self) -> int:
+        return self.pdu["depth"]
+
+    @property
+    def origin_server_ts(self) -> int:
+        return self.pdu["origin_server_ts"]
+
+    @property
+    def prev_event_ids(self) -> list[str]:
+        return self.pdu["prev_events"]
+
+    @property
+    def auth_event_ids(self) -> list[str]:
+        return self.pdu["auth_events"]
+
+    @property
+    def membership(self) -> str | None:
+        if self.type == "m.room.member":
+            value = self.content.get("membership")
+            return value if isinstance(value, str) else None
+        return None
+
+
+# --- redaction --------------------------------------------------------------------------
+
+_KEPT_TOP_LEVEL = frozenset({
+    "event_id", "type", "room_id", "sender", "state_key", "content", "hashes", "signatures",
+    "depth", "prev_events", "auth_events", "origin_server_ts",
+})
+# Kept before v11 only.
+_KEPT_TOP_LEVEL_OLD = frozenset({"prev_state", "origin", "membership"})
+
+_KEPT_CONTENT = {
+    "m.room.member": ("membership", "join_authorised_via_users_server"),
+    "m.room.create": ("creator",),
+    "m.room.join_rules": ("join_rule", "allow"),
+    "m.room.power_levels": ("ban", "events", "events_default", "kick", "redact",
+                            "state_default", "users", "users_default"),
+    "m.room.history_visibility": ("history_visibility",),
+}
+
+
+def redact(version: RoomVersion, pdu: dict) -> dict:
+    """The event with everything the redaction algorithm strips removed (a new dict)."""
+    kept = _KEPT_TOP_LEVEL if version.updated_redaction_rules else (
+        _KEPT_TOP_LEVEL | _KEPT_TOP_LEVEL_OLD)
+    out = {k: copy.deepcopy(v) for k, v in pdu.items() if k in kept}
+    content = pdu.get("content")
+    if not isinstance(content, dict):
+        return out
+    event_type = pdu.get("type")
+    if version.updated_redaction_rules and event_type == "m.room.create":
+        out["content"] = copy.deepcopy(content)
+        return out
+    keys = list(_KEPT_CONTENT.get(event_type, ()))
+    if version.updated_redaction_rules:
+        if event_type == "m.room.power_levels":
+            keys.append("invite")
+        elif event_type == "m.room.redaction":
+            keys.append("redacts")
+    new_content = {k: copy.deepcopy(content[k]) for k in keys if k in content}
+    if (version.updated_redaction_rules and event_type == "m.room.member"
+            and isinstance(content.get("third_party_invite"), dict)
+            and "signed" in content["third_party_invite"]):
+        new_content["third_party_invite"] = {
+            "signed": copy.deepcopy(content["third_party_invite"]["signed"])}
+    out["content"] = new_content
+    return out
+
+
+# --- hashes, IDs and signatures ---------------------------------------------------------
+
+def compute_content_hash(pdu: dict) -> bytes:
+    """sha256 of the canonical JSON of the whole event minus unsigned, signatures, hashes."""
+    stripped = {k: v for k, v in pdu.items() if k not in ("unsigned", "signatures", "hashes")}
+    return hashlib.sha256(encode_canonical_json(stripped)).digest()
+
+
+def compute_reference_hash(version: RoomVersion, pdu: dict) -> bytes:
+    """sha256 of the redacted event's canonical JSON, without signatures and unsigned."""
+    redacted = redact(version, pdu)
+    redacted.pop("signatures", None)
+    redacted.pop("unsigned", None)
+    return hashlib.sha256(encode_canonical_json(redacted)).digest()
+
+
+def event_id_for(version: RoomVersion, pdu: dict) -> str:
+    return "$" + encode_base64(compute_reference_hash(version, pdu), urlsafe=True)
+
+
+def add_hashes_and_signatures(version: RoomVersion, pdu: dict, server_name: str,
+                              signing_key) -> None:
+    """Sets `hashes.sha256` over the full event, then signs the redacted event with our key
+    and copies the signature back (so it stays valid if the event is later redacted)."""
+    pdu["hashes"] = {"sha256": encode_base64(compute_content_hash(pdu))}
+    signed = sign_json(redact(version, pdu), server_name, signing_key)
+    pdu.setdefault("signatures", {}).update(signed["signatures"])
+
+
+# --- format checks ----------------------------------------------------------------------
+
+def check_canonical_values(value: Any, path: str = "content") -> None:
+    """Room versions 6+ reject floats and integers outside the canonical JSON range."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return
+    if isinstance(value, int):
+        if not CANONICAL_INT_RANGE[0] <= value <= CANONICAL_INT_RANGE[1]:
+            raise InvalidEvent(f"{path}: integer out of the canonical JSON range")
+        return
+    if isinstance(value, float):
+        raise InvalidEvent(f"{path}: floats are not allowed in events")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            check_canonical_values(v, f"{path}.{k}")
+        return
+    if isinstance(value, list):
+        for i, v in enumerate(value):
+            check_canonical_values(v, f"{path}[{i}]")
+        return
+    raise InvalidEvent(f"{path}: not a JSON value")
+
+
+def check_size_limits(event: Event) -> None:
+    pdu = event.pdu
+    for key in ("sender", "room_id", "type", "state_key"):
+        value = pdu.get(key)
+        if value is not None and len(value.encode("utf-8")) > MAX_KEY_BYTES:
+            raise InvalidEvent(f"{key} is longer than {MAX_KEY_BYTES} bytes", too_large=True)
+    if len(event.event_id.encode("utf-8")) > MAX_KEY_BYTES:
+        raise InvalidEvent("event_id is too long", too_large=True)
+    if len(encode_canonical_json(pdu)) > MAX_PDU_BYTES:
+        raise InvalidEvent(f"event is larger than {MAX_PDU_BYTES} bytes", too_large=True)
+
+
+# --- building ---------------------------------------------------------------------------
+
+def build_event(version: RoomVersion, *, room_id: str, sender: str, event_type: str,
+                content: dict, state_key: str | None, prev_events: list[Event],
+                auth_event_ids: list[str], origin_server_ts: int, server_name: str,
+                signing_key) -> Event:
+    """A signed event of ours. `prev_events` are the room's forward extremities."""
+    if len(prev_events) > MAX_PREV_EVENTS or len(auth_event_ids) > MAX_AUTH_EVENTS:
+        raise InvalidEvent("too many prev_events or auth_events")
+    if version.strict_canonical_json:
+        check_canonical_values(content)
+    depth = min(max((e.depth for e in prev_events), default=0) + 1, MAX_DEPTH)
+    pdu = {
+        "room_id": room_id,
+        "sender": sender,
+        "type": event_type,
+        "content": copy.deepcopy(content),
+        "prev_events": [e.event_id for e in prev_events],
+        "auth_events": list(auth_event_ids),
+        "depth": depth,
+        "origin_server_ts": origin_server_ts,
+    }
+    if state_key is not None:
+        pdu["state_key"] = state_key
+    add_hashes_and_signatures(version, pdu, server_name, signing_key)
+    event = Event(event_id_for(version, pdu), pdu)
+    check_size_limits(event)
+    return event

@@ -1,0 +1,28 @@
+"""Events as clients see them (client-server spec, "ClientEvent")."""
+
+from __future__ import annotations
+
+from ..storage.rooms import StoredEvent
+
+
+def client_event(stored: StoredEvent, now_ms: int, txn_id: str | None = None,
+                 membership: str | None = None) -> dict:
+    """`membership`: the requesting user's membership just after this event, when known."""
+    pdu = stored.event.pdu
+    out = {
+        "event_id": stored.event.event_id,
+        "type": pdu["type"],
+        "content": pdu["content"],
+        "sender": pdu["sender"],
+        "origin_server_ts": pdu["origin_server_ts"],
+        "room_id": pdu["room_id"],
+    }
+    if "state_key" in pdu:
+        out["state_key"] = pdu["state_key"]
+    unsigned = {"age": max(0, now_ms - pdu["origin_server_ts"]), **stored.unsigned}
+    if txn_id is not None:
+        unsigned["transaction_id"] = txn_id  # only ever given to the device that sent it
+    if membership is not None:
+        unsigned["membership"] = membership
+    out["unsigned"] = unsigned
+    return out

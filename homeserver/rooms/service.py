@@ -1,0 +1,483 @@
+"""Rooms: sending events, state, membership, history and what a user may read.
+
+Every event of ours goes the same way: under the room's lock, read the room's extremities and
+the state the auth rules need, build and sign the event, check it with the auth rules, then
+persist it in one transaction (`_persist`), which also tells the registered listeners (the
+notifier that /sync will use). The lock keeps two sends to one room from taking the same
+prev_events and depth; the transaction re-checks the extremities, in case another process
+wrote to the room meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from signedjson.key import get_verify_key
+from signedjson.sign import SignatureVerifyException, verify_signed_json
+
+from ..accounts.service import Requester, now_ms
+from ..errors import MatrixError, bad_json, forbidden, invalid_param, not_found
+from ..identifiers import is_valid_room_id, is_valid_user_id, server_of
+from ..storage.rooms import NewRoom, RoomStore, StaleExtremities, StoredEvent, TxnKey
+from .auth import (AuthError, auth_types_for_event, check_auth_events, required_power_level,
+                   select_auth_events, user_power_level)
+from .events import Event, InvalidEvent, build_event, redact
+from .format import client_event
+from .locks import KeyedLocks
+from .versions import KNOWN_ROOM_VERSIONS, RoomVersion
+from .visibility import HistoryView
+
+log = logging.getLogger(__name__)
+
+# A room whose extremities keep moving under us (another process writing) is retried this
+# many times before the request gives up.
+_PERSIST_ATTEMPTS = 3
+# /messages: the most events one request returns, and how many batches it may read while
+# skipping events the user may not see, so hidden history cannot make a request unbounded.
+MAX_MESSAGES_LIMIT = 1000
+_MAX_SCAN_ROUNDS = 10
+_TOKEN = re.compile(r"^s(\d{1,18})$")
+
+MEMBERSHIPS = ("join", "invite", "knock", "leave", "ban")
+
+PersistListener = Callable[[list[StoredEvent]], None]
+# validate(room_id, new_content, old_content or None), raising a MatrixError.
+StateValidator = Callable[[str, dict, "dict | None"], None]
+
+
+@dataclass(frozen=True)
+class PlannedEvent:
+    """An event a room creation will send, before it has prev_events, auth or signatures."""
+
+    sender: str
+    event_type: str
+    content: dict
+    state_key: str | None = None
+
+
+@dataclass(frozen=True)
+class EventFilter:
+    """The RoomEventFilter fields /messages applies (`*` is a wildcard in types)."""
+
+    types: tuple | None = None
+    not_types: tuple = ()
+    senders: tuple | None = None
+    not_senders: tuple = ()
+    limit: int | None = None
+
+
+@dataclass(frozen=True)
+class MessagesPage:
+    chunk: list[dict]
+    start: str
+    end: str | None
+
+
+def stream_token(position: int) -> str:
+    """A /messages token: a stream position, stable across restarts."""
+    return f"s{position}"
+
+
+def parse_stream_token(token: str, name: str) -> int:
+    match = _TOKEN.match(token)
+    if match is None:
+        raise invalid_param(f"{name} is not a valid pagination token")
+    return int(match.group(1))
+
+
+class RoomService:
+    def __init__(self, store: RoomStore, accounts, server_name: str, signing_key):
+        self.store = store
+        self.accounts = accounts
+        self.server_name = server_name
+        self.signing_key = signing_key
+        self._verify_key = get_verify_key(signing_key)
+        self._locks = KeyedLocks()
+        self._listeners: list[PersistListener] = []
+        self._state_validators: dict[str, StateValidator] = {}
+
+    # --- hooks --------------------------------------------------------------------------
+
+    def add_persist_listener(self, listener: PersistListener) -> None:
+        """`listener(events)` runs after every successful persist, in stream order. It is a
+        wake-up, not the record: a request killed while its write commits skips it, so
+        readers catch up from stream positions, never from what listeners were told."""
+        self._listeners.append(listener)
+
+    def add_state_validator(self, event_type: str, validator: StateValidator) -> None:
+        """Checks the content of client-sent state events of one type before they are built."""
+        self._state_validators[event_type] = validator
+
+    # --- rooms --------------------------------------------------------------------------
+
+    def room_version(self, room_id: str) -> RoomVersion:
+        room = self.store.get_room(room_id) if is_valid_room_id(room_id) else None
+        if room is None:
+            raise not_found("Unknown room")
+        return KNOWN_ROOM_VERSIONS[room.room_version]
+
+    def room_exists(self, room_id: str) -> bool:
+        return is_valid_room_id(room_id) and self.store.get_room(room_id) is not None
+
+    def membership(self, room_id: str, user_id: str) -> str | None:
+        state = self.store.current_state(room_id, [("m.room.member", user_id)])
+        event = state.get(("m.room.member", user_id))
+        return event.event.membership if event else None
+
+    def can_peek(self, user_id: str, room_id: str) -> bool:
+        """Joined now, or the room's history is world_readable now."""
+        keys = [("m.room.member", user_id), ("m.room.history_visibility", "")]
+        state = self.store.current_state(room_id, keys)
+        member = state.get(("m.room.member", user_id))
+        if member is not None and member.event.membership == "join":
+            return True
+        visibility = state.get(("m.room.history_visibility", ""))
+        return visibility is not None and \
+            visibility.event.content.get("history_visibility") == "world_readable"
+
+    def joined_rooms(self, user_id: str) -> list[str]:
+        return self.store.rooms_for_user(user_id, "join")
+
+    def joined_servers(self, room_id: str) -> list[str]:
+        """The servers with joined members, ours first: where an alias's room can be joined."""
+        servers = {server_of(u) for u in self.store.joined_users(room_id)}
+        servers.discard(self.server_name)
+        return [self.server_name, *sorted(servers)]
+
+    def is_moderator(self, requester: Requester, room_id: str) -> bool:
+        """May this user manage the room's directory entry and aliases? Server admins may;
+        otherwise joined members who could change the room's canonical alias."""
+        if requester.is_admin:
+            return True
+        version = self.room_version(room_id)
+        keys = [("m.room.create", ""), ("m.room.power_levels", ""),
+                ("m.room.member", requester.user_id)]
+        state = {k: s.event for k, s in self.store.current_state(room_id, keys).items()}
+        member = state.get(("m.room.member", requester.user_id))
+        if member is None or member.membership != "join":
+            return False
+        needed = required_power_level("m.room.canonical_alias", True, state)
+        return user_power_level(version, requester.user_id, state) >= needed
+
+    # --- building, authorising and persisting -------------------------------------------
+
+    def _build(self, version: RoomVersion, planned: PlannedEvent, room_id: str,
+               prev_events: list[Event], state: dict, ts: int) -> Event:
+        """Builds, signs and auth-checks one event. Raises AuthError for the caller to map."""
+        auth_events = select_auth_events(version, planned.event_type, planned.sender,
+                                         planned.state_key, planned.content, state)
+        try:
+            event = build_event(
+                version, room_id=room_id, sender=planned.sender, event_type=planned.event_type,
+                content=planned.content, state_key=planned.state_key, prev_events=prev_events,
+                auth_event_ids=[e.event_id for e in auth_events], origin_server_ts=ts,
+                server_name=self.server_name, signing_key=self.signing_key)
+        except InvalidEvent as e:
+            if e.too_large:
+                raise MatrixError(413, "M_TOO_LARGE", str(e)) from None
+            raise bad_json(str(e)) from None
+        check_auth_events(version, event, auth_events,
+                          lambda ev, server: self._signed_by_us(version, ev, server))
+        return event
+
+    def _signed_by_us(self, version: RoomVersion, event: Event, server: str) -> bool:
+        """Signature check for restricted joins; other servers' keys come with the keyring."""
+        if server != self.server_name:
+            return False
+        try:
+            verify_signed_json(redact(version, event.pdu), server, self._verify_key)
+            return True
+        except SignatureVerifyException:
+            return False
+
+    def _persist(self, events: list[Event], **kwargs) -> list[StoredEvent]:
+        """The single point where our events are stored; listeners hear of them after."""
+        stored = self.store.persist_events(events, now_ms=now_ms(), **kwargs)
+        for listener in self._listeners:
+            try:
+                listener(stored)
+            except Exception:
+                log.exception("persist listener failed")
+        return stored
+
+    def _append(self, room_id: str, planned: PlannedEvent, txn: TxnKey | None = None,
+                skip_if_unchanged: bool = False) -> str:
+        """Adds one event to an existing room; returns its event ID."""
+        version = self.room_version(room_id)
+        with self._locks.hold(room_id):
+            if txn is not None:
+                existing = self.store.event_for_txn(txn)
+                if existing is not None:
+                    return existing
+            for _ in range(_PERSIST_ATTEMPTS):
+                keys = auth_types_for_event(version, planned.event_type, planned.sender,
+                                            planned.state_key, planned.content)
+                if planned.state_key is not None:
+                    keys.append((planned.event_type, planned.state_key))
+                state = {k: s.event for k, s in self.store.current_state(room_id, keys).items()}
+                if skip_if_unchanged and planned.state_key is not None:
+                    current = state.get((planned.event_type, planned.state_key))
+                    if current is not None and current.sender == planned.sender \
+                            and current.content == planned.content:
+                        return current.event_id  # nothing would change: no new event
+                prev_events = self.store.forward_extremities(room_id)
+                try:
+                    event = self._build(version, planned, room_id, prev_events, state, now_ms())
+                except AuthError as e:
+                    raise forbidden(str(e)) from None
+                try:
+                    return self._persist([event], txn=txn)[0].event.event_id
+                except StaleExtremities:
+                    continue
+                except Exception as e:
+                    if txn is not None and self.store.db.is_unique_violation(e):
+                        # The same transaction, sent at once through another process.
+                        return self.store.event_for_txn(txn)
+                    raise
+        raise MatrixError(503, "M_UNKNOWN", "The room is busy; try again")
+
+    def create_room(self, room_id: str, version: RoomVersion, creator: str,
+                    planned: list[PlannedEvent], extra_writes: Iterable[Callable] = ()) -> None:
+        """Builds every initial event of a new room and stores them all, with
+        `extra_writes`, in one transaction: a room is created whole or not at all."""
+        ts = now_ms()
+        state: dict = {}
+        events: list[Event] = []
+        for item in planned:
+            try:
+                event = self._build(version, item, room_id, events[-1:], state, ts)
+            except AuthError as e:
+                raise MatrixError(400, "M_INVALID_ROOM_STATE",
+                                  f"{item.event_type} would not be allowed: {e}") from None
+            events.append(event)
+            if event.is_state:
+                state[(event.type, event.state_key)] = event
+        self._persist(events, new_room=NewRoom(room_id, version.identifier, creator, ts),
+                      extra_writes=extra_writes)
+
+    # --- sending ------------------------------------------------------------------------
+
+    def send_message(self, requester: Requester, room_id: str, event_type: str, content: dict,
+                     txn_id: str) -> str:
+        if event_type == "m.room.redaction":
+            # Redacting needs the redact endpoint and applying redactions when serving.
+            raise MatrixError(400, "M_UNRECOGNIZED", "Redactions are not supported yet")
+        txn = TxnKey(requester.user_id, requester.device_id, room_id, event_type, txn_id)
+        return self._append(room_id, PlannedEvent(requester.user_id, event_type, content),
+                            txn=txn)
+
+    def set_state(self, requester: Requester, room_id: str, event_type: str, state_key: str,
+                  content: dict) -> str:
+        if event_type == "m.room.member":
+            membership = content.get("membership")
+            if membership not in MEMBERSHIPS:
+                raise bad_json("content.membership must be one of " + ", ".join(MEMBERSHIPS))
+            return self.update_membership(requester.user_id, room_id, state_key, membership,
+                                          content)
+        validator = self._state_validators.get(event_type)
+        if validator is not None:
+            self.room_version(room_id)
+            old = self.store.current_state(room_id, [(event_type, state_key)])
+            old_event = old.get((event_type, state_key))
+            validator(room_id, content, old_event.event.content if old_event else None)
+        return self._append(room_id, PlannedEvent(requester.user_id, event_type, content,
+                                                  state_key), skip_if_unchanged=True)
+
+    # --- membership ---------------------------------------------------------------------
+
+    def update_membership(self, sender: str, room_id: str, target: str, membership: str,
+                          content: dict | None = None) -> str:
+        """join, invite, leave, ban or knock, by `sender` for `target`. `content` may carry
+        reason, is_direct and profile fields; membership is set from the argument."""
+        if not is_valid_user_id(target):
+            raise invalid_param(f"Not a valid user ID: {target}")
+        content = dict(content or {})
+        content["membership"] = membership
+        if membership == "join" and not self.room_exists(room_id):
+            if is_valid_room_id(room_id) and server_of(room_id) != self.server_name:
+                raise self.remote_membership_unavailable()
+            raise not_found("Unknown room")
+        self.room_version(room_id)
+        if membership in ("invite", "join", "knock") and server_of(target) != self.server_name:
+            raise self.remote_membership_unavailable()
+        if membership == "invite" and not self.accounts.user_exists(target):
+            raise not_found(f"Unknown user {target}")
+        if membership == "join" and sender == target:
+            self._authorise_restricted_join(room_id, target, content)
+        if membership == "leave" and sender == target and \
+                self.membership(room_id, target) == "leave":
+            return self.store.current_state(
+                room_id, [("m.room.member", target)])[("m.room.member", target)].event.event_id
+        return self._append(room_id, PlannedEvent(sender, "m.room.member", content, target),
+                            skip_if_unchanged=True)
+
+    @staticmethod
+    def remote_membership_unavailable() -> MatrixError:
+        """Joining remote rooms and inviting remote users needs federation: not yet."""
+        return MatrixError(501, "M_UNRECOGNIZED",
+                           "Joins and invites across servers are not available yet")
+
+    def kick(self, requester: Requester, room_id: str, target: str, reason: str | None) -> str:
+        self.room_version(room_id)
+        if self.membership(room_id, target) not in ("join", "invite", "knock"):
+            raise forbidden(f"{target} is not in the room")
+        content = {"reason": reason} if reason is not None else {}
+        return self.update_membership(requester.user_id, room_id, target, "leave", content)
+
+    def _authorise_restricted_join(self, room_id: str, user_id: str, content: dict) -> None:
+        """For a restricted room, names a local member who may invite as the authoriser of a
+        join by someone who is in one of the allowed rooms (room version 8+ rules)."""
+        version = self.room_version(room_id)
+        keys = [("m.room.join_rules", ""), ("m.room.member", user_id),
+                ("m.room.power_levels", ""), ("m.room.create", "")]
+        state = {k: s.event for k, s in self.store.current_state(room_id, keys).items()}
+        rules = state.get(("m.room.join_rules", ""))
+        rule = rules.content.get("join_rule") if rules else None
+        if rule not in ("restricted", "knock_restricted"):
+            return
+        member = state.get(("m.room.member", user_id))
+        if member is not None and member.membership in ("join", "invite"):
+            return
+        allowed = {a.get("room_id") for a in rules.content.get("allow") or []
+                   if isinstance(a, dict) and a.get("type") == "m.room_membership"}
+        if not allowed & set(self.joined_rooms(user_id)):
+            raise forbidden("You are not in any of the rooms this room admits members of")
+        invite_level = (state[("m.room.power_levels", "")].content.get("invite", 0)
+                        if ("m.room.power_levels", "") in state else 0)
+        candidates = [u for u in self.store.joined_users(room_id)
+                      if server_of(u) == self.server_name]
+        powers = {u: user_power_level(version, u, state) for u in candidates}
+        able = [u for u in candidates if powers[u] >= invite_level]
+        if not able:
+            raise forbidden("No member of this server may admit you to the room")
+        content["join_authorised_via_users_server"] = max(able, key=lambda u: (powers[u], u))
+
+    # --- reading ------------------------------------------------------------------------
+
+    def _history_view(self, room_id: str, user_id: str) -> HistoryView:
+        return HistoryView(user_id,
+                           self.store.state_changes(room_id, "m.room.member", user_id),
+                           self.store.state_changes(room_id, "m.room.history_visibility", ""))
+
+    def _readable_state_position(self, room_id: str, user_id: str,
+                                 view: HistoryView) -> int | None:
+        """Where the state a user may read is taken: None for the current state, or the
+        position they left at. Raises 403 when they may read none."""
+        if view.current_membership == "join" or view.world_readable_now:
+            return None
+        if view.leave_position is not None:
+            return view.leave_position
+        raise forbidden("You aren't a member of the room and weren't previously a member")
+
+    def _readable_state(self, room_id: str, user_id: str,
+                        event_type: str | None = None) -> dict:
+        self.room_version(room_id)
+        position = self._readable_state_position(room_id, user_id,
+                                                 self._history_view(room_id, user_id))
+        if position is None:
+            return self.store.current_state(room_id, event_type=event_type)
+        return self.store.state_at(room_id, position, event_type)
+
+    def state(self, requester: Requester, room_id: str) -> list[dict]:
+        now = now_ms()
+        events = sorted(self._readable_state(room_id, requester.user_id).values(),
+                        key=lambda s: s.stream_ordering)
+        return [client_event(s, now) for s in events]
+
+    def state_event(self, requester: Requester, room_id: str, event_type: str,
+                    state_key: str) -> dict:
+        stored = self._readable_state(room_id, requester.user_id, event_type).get(
+            (event_type, state_key))
+        if stored is None:
+            raise not_found("Event not found")
+        return client_event(stored, now_ms())
+
+    def members(self, requester: Requester, room_id: str, at: str | None = None,
+                membership: str | None = None, not_membership: str | None = None) -> list[dict]:
+        self.room_version(room_id)
+        view = self._history_view(room_id, requester.user_id)
+        position = self._readable_state_position(room_id, requester.user_id, view)
+        if at is not None:
+            at_position = parse_stream_token(at, "at")
+            position = at_position if position is None else min(position, at_position)
+        if position is None:
+            state = self.store.current_state(room_id, event_type="m.room.member")
+        else:
+            state = self.store.state_at(room_id, position, "m.room.member")
+        now = now_ms()
+        out = []
+        for stored in sorted(state.values(), key=lambda s: s.event.state_key):
+            value = stored.event.membership
+            if membership is None and not_membership is None:
+                wanted = True
+            else:
+                wanted = (membership is not None and value == membership) or \
+                         (not_membership is not None and value != not_membership)
+            if wanted:
+                out.append(client_event(stored, now))
+        return out
+
+    def event(self, requester: Requester, room_id: str, event_id: str) -> dict:
+        self.room_version(room_id)
+        stored = self.store.get_event(event_id)
+        view = self._history_view(room_id, requester.user_id)
+        if stored is None or stored.event.room_id != room_id or not view.can_see(stored):
+            raise not_found("Event not found")
+        txn_ids = self.store.txn_ids_for(requester.user_id, requester.device_id, [event_id])
+        return client_event(stored, now_ms(), txn_ids.get(event_id),
+                            view.membership_after(stored.stream_ordering) or "leave")
+
+    def messages(self, requester: Requester, room_id: str, from_token: str | None,
+                 to_token: str | None, backwards: bool, limit: int,
+                 event_filter: EventFilter) -> MessagesPage:
+        self.room_version(room_id)
+        view = self._history_view(room_id, requester.user_id)
+        self._readable_state_position(room_id, requester.user_id, view)  # 403 if none
+        if event_filter.limit is not None:
+            limit = min(limit, event_filter.limit)
+        limit = max(1, min(limit, MAX_MESSAGES_LIMIT))
+        current = self.store.stream_position()
+        if view.current_membership != "join" and view.leave_position is not None:
+            current = view.leave_position  # a past member reads up to where they left
+        if from_token is None:
+            position = current if backwards else 0
+        else:
+            position = min(parse_stream_token(from_token, "from"), current)
+        start = stream_token(position)
+        bound = parse_stream_token(to_token, "to") if to_token is not None else None
+
+        visible: list[StoredEvent] = []
+        exhausted = False
+        for _ in range(_MAX_SCAN_ROUNDS):
+            after, up_to = ((bound or 0), position) if backwards else (
+                position, current if bound is None else min(bound, current))
+            if after >= up_to:
+                exhausted = True
+                break
+            wanted = limit - len(visible)
+            batch = self.store.room_events(
+                room_id, after, up_to, backwards, wanted, event_filter.types,
+                event_filter.not_types, event_filter.senders, event_filter.not_senders)
+            for stored in batch:
+                position = stored.stream_ordering - 1 if backwards else stored.stream_ordering
+                if view.can_see(stored):
+                    visible.append(stored)
+            if len(batch) < wanted:
+                exhausted = True
+                break
+            if len(visible) >= limit:
+                break
+
+        now = now_ms()
+        txn_ids = self.store.txn_ids_for(requester.user_id, requester.device_id,
+                                         [s.event.event_id for s in visible])
+        chunk = [client_event(s, now, txn_ids.get(s.event.event_id),
+                              view.membership_after(s.stream_ordering) or "leave")
+                 for s in visible]
+        # Going back, running out means the start of the room: no `end`. Going forward,
+        # more may come later, so a page with events always says where to resume.
+        end = None if (exhausted and (backwards or not chunk)) else stream_token(position)
+        return MessagesPage(chunk, start, end)

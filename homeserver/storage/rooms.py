@@ -1,0 +1,326 @@
+"""Rooms: events, current state, forward extremities, transaction IDs and room stats.
+
+Events are stored as the PDU JSON plus the columns queries need. Current state, memberships,
+room stats and the joined-count history are updated in the same transaction as the events
+they follow from, so a reader never sees one without the other.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from canonicaljson import encode_canonical_json
+
+from ..rooms.events import Event
+from . import streams
+from .database import Database
+
+EVENTS_STREAM = "events"
+
+StateKey = tuple[str, str]
+
+# The room_stats column each state event (with an empty state key) keeps, and how.
+_STATS_COLUMNS: dict[str, tuple[str, str]] = {
+    "m.room.name": ("name", "name"),
+    "m.room.topic": ("topic", "topic"),
+    "m.room.canonical_alias": ("canonical_alias", "alias"),
+    "m.room.avatar": ("avatar_url", "url"),
+    "m.room.join_rules": ("join_rule", "join_rule"),
+    "m.room.history_visibility": ("history_visibility", "history_visibility"),
+    "m.room.guest_access": ("guest_access", "guest_access"),
+    "m.room.create": ("room_type", "type"),
+}
+
+
+@dataclass(frozen=True)
+class StoredEvent:
+    event: Event
+    stream_ordering: int
+    # Server-side unsigned data of a state event that replaced another: prev_content,
+    # prev_sender, replaces_state.
+    unsigned: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RoomRow:
+    room_id: str
+    room_version: str
+    creator: str
+
+
+@dataclass(frozen=True)
+class NewRoom:
+    room_id: str
+    room_version: str
+    creator: str
+    created_ts: int
+
+
+@dataclass(frozen=True)
+class TxnKey:
+    """A client transaction: one device, one request path."""
+
+    user_id: str
+    device_id: str
+    room_id: str
+    event_type: str
+    txn_id: str
+
+
+class StaleExtremities(Exception):
+    """The room moved on between building an event and storing it."""
+
+
+_EVENT_COLUMNS = "e.stream_ordering, e.event_id, e.json, e.unsigned"
+
+
+def _stored(row) -> StoredEvent:
+    return StoredEvent(Event(row[1], json.loads(row[2])), row[0],
+                       json.loads(row[3]) if row[3] else {})
+
+
+def _glob_match(dialect: str, column: str, glob: str) -> tuple[str, str]:
+    """SQL matching `column` against a filter glob (`*` is the only wildcard), case
+    sensitively on both engines: SQLite's LIKE ignores ASCII case, its GLOB does not."""
+    if dialect == "sqlite":
+        escaped = glob.replace("[", "[[]").replace("?", "[?]")
+        return f"{column} GLOB ?", escaped
+    escaped = glob.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"{column} LIKE ? ESCAPE '\\'", escaped.replace("*", "%")
+
+
+class RoomStore:
+    def __init__(self, db: Database):
+        self.db = db
+
+    # --- writes -------------------------------------------------------------------------
+
+    def persist_events(self, events: list[Event], *, new_room: NewRoom | None = None,
+                       txn: TxnKey | None = None, now_ms: int = 0,
+                       extra_writes: Iterable[Callable] = ()) -> list[StoredEvent]:
+        """Stores `events` (in order, one room) in one transaction, with their effects on
+        current state, stats and extremities. `extra_writes` are `fn(tx)` run in the same
+        transaction (an alias and a directory entry for a new room). Raises
+        `StaleExtremities` if the room's extremities are no longer the first event's
+        prev_events, and the engine's unique violation if `txn` was already used."""
+        return self.db.write(self._persist, events, new_room, txn, now_ms, list(extra_writes))
+
+    def _persist(self, tx, events, new_room, txn, now_ms, extra_writes):
+        room_id = events[0].room_id
+        if new_room is not None:
+            tx.execute("INSERT INTO rooms (room_id, room_version, creator, created_ts)"
+                       " VALUES (?, ?, ?, ?)", (new_room.room_id, new_room.room_version,
+                                                new_room.creator, new_room.created_ts))
+            tx.execute("INSERT INTO room_stats (room_id) VALUES (?)", (room_id,))
+        else:
+            current = {r[0] for r in tx.fetchall(
+                "SELECT event_id FROM event_forward_extremities WHERE room_id = ?", (room_id,))}
+            if current != set(events[0].prev_event_ids):
+                raise StaleExtremities(room_id)
+
+        last = streams.advance(tx, EVENTS_STREAM, len(events))
+        stored = []
+        for position, event in enumerate(events, start=last - len(events) + 1):
+            stored.append(self._insert_event(tx, event, position))
+        if txn is not None:
+            tx.execute("INSERT INTO event_txn_ids (user_id, device_id, room_id, event_type,"
+                       " txn_id, event_id, created_ts) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                       (txn.user_id, txn.device_id, txn.room_id, txn.event_type, txn.txn_id,
+                        events[-1].event_id, now_ms))
+        for write in extra_writes:
+            write(tx)
+        return stored
+
+    def _insert_event(self, tx, event: Event, position: int) -> StoredEvent:
+        room_id = event.room_id
+        unsigned: dict = {}
+        previous_membership = None
+        if event.is_state:
+            prev = tx.fetchone(
+                "SELECT e.event_id, e.json, e.membership FROM current_state c"
+                " JOIN events e ON e.event_id = c.event_id"
+                " WHERE c.room_id = ? AND c.type = ? AND c.state_key = ?",
+                (room_id, event.type, event.state_key))
+            if prev is not None:
+                prev_pdu = json.loads(prev[1])
+                unsigned = {"replaces_state": prev[0], "prev_content": prev_pdu["content"],
+                            "prev_sender": prev_pdu["sender"]}
+                previous_membership = prev[2]
+        tx.execute(
+            "INSERT INTO events (stream_ordering, event_id, room_id, type, state_key, sender,"
+            " depth, origin_server_ts, membership, json, unsigned)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (position, event.event_id, room_id, event.type, event.state_key, event.sender,
+             event.depth, event.origin_server_ts, event.membership,
+             encode_canonical_json(event.pdu).decode("utf-8"),
+             json.dumps(unsigned) if unsigned else None))
+        for prev_id in event.prev_event_ids:
+            tx.execute("DELETE FROM event_forward_extremities WHERE room_id = ? AND event_id = ?",
+                       (room_id, prev_id))
+        tx.execute("INSERT INTO event_forward_extremities (room_id, event_id) VALUES (?, ?)",
+                   (room_id, event.event_id))
+        if event.is_state:
+            tx.execute(
+                "INSERT INTO current_state (room_id, type, state_key, event_id, membership)"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (room_id, type, state_key) DO UPDATE"
+                " SET event_id = excluded.event_id, membership = excluded.membership",
+                (room_id, event.type, event.state_key, event.event_id, event.membership))
+            self._update_stats(tx, event, previous_membership, position)
+        return StoredEvent(event, position, unsigned)
+
+    @staticmethod
+    def _update_stats(tx, event: Event, previous_membership: str | None, position: int) -> None:
+        room_id = event.room_id
+        if event.type == "m.room.member":
+            joined = (event.membership == "join") - (previous_membership == "join")
+            invited = (event.membership == "invite") - (previous_membership == "invite")
+            if joined or invited:
+                row = tx.fetchone(
+                    "UPDATE room_stats SET joined_members = joined_members + ?,"
+                    " invited_members = invited_members + ? WHERE room_id = ?"
+                    " RETURNING joined_members", (joined, invited, room_id))
+                if joined:
+                    tx.execute("INSERT INTO room_joined_count_history (room_id, stream_ordering,"
+                               " joined_members) VALUES (?, ?, ?)", (room_id, position, row[0]))
+            return
+        column = _STATS_COLUMNS.get(event.type)
+        if column is None or event.state_key != "":
+            return
+        value = event.content.get(column[1])
+        # The column names come from the fixed table above, never from input.
+        tx.execute(f"UPDATE room_stats SET {column[0]} = ? WHERE room_id = ?",
+                   (value if isinstance(value, str) else None, room_id))
+
+    # --- rooms --------------------------------------------------------------------------
+
+    def get_room(self, room_id: str) -> RoomRow | None:
+        row = self.db.read(lambda tx: tx.fetchone(
+            "SELECT room_id, room_version, creator FROM rooms WHERE room_id = ?", (room_id,)))
+        return RoomRow(*row) if row else None
+
+    def stream_position(self) -> int:
+        return self.db.read(streams.current, EVENTS_STREAM)
+
+    # --- events and state ---------------------------------------------------------------
+
+    def get_event(self, event_id: str) -> StoredEvent | None:
+        row = self.db.read(lambda tx: tx.fetchone(
+            f"SELECT {_EVENT_COLUMNS} FROM events e WHERE e.event_id = ?", (event_id,)))
+        return _stored(row) if row else None
+
+    def forward_extremities(self, room_id: str) -> list[Event]:
+        rows = self.db.read(lambda tx: tx.fetchall(
+            f"SELECT {_EVENT_COLUMNS} FROM event_forward_extremities x"
+            " JOIN events e ON e.event_id = x.event_id WHERE x.room_id = ?"
+            " ORDER BY e.stream_ordering", (room_id,)))
+        return [_stored(r).event for r in rows]
+
+    def current_state(self, room_id: str, keys: Iterable[StateKey] | None = None,
+                      event_type: str | None = None) -> dict[StateKey, StoredEvent]:
+        """The room's current state; only `keys`, or only `event_type`, when given."""
+        sql = (f"SELECT {_EVENT_COLUMNS} FROM current_state c"
+               " JOIN events e ON e.event_id = c.event_id WHERE c.room_id = ?")
+        params: list = [room_id]
+        if keys is not None:
+            keys = list(keys)
+            if not keys:
+                return {}
+            sql += " AND (" + " OR ".join("(c.type = ? AND c.state_key = ?)" for _ in keys) + ")"
+            for event_type_, state_key in keys:
+                params += [event_type_, state_key]
+        if event_type is not None:
+            sql += " AND c.type = ?"
+            params.append(event_type)
+        rows = self.db.read(lambda tx: tx.fetchall(sql, params))
+        return {(s.event.type, s.event.state_key): s for s in map(_stored, rows)}
+
+    def state_at(self, room_id: str, position: int,
+                 event_type: str | None = None) -> dict[StateKey, StoredEvent]:
+        """The room's state just after stream position `position`. Rooms are linear here
+        (local events only), so that is the latest state event per key at or before it."""
+        sql = (f"SELECT {_EVENT_COLUMNS} FROM events e WHERE e.room_id = ?"
+               " AND e.state_key IS NOT NULL AND e.stream_ordering <= ?"
+               " AND e.stream_ordering = (SELECT MAX(e2.stream_ordering) FROM events e2"
+               "  WHERE e2.room_id = e.room_id AND e2.type = e.type"
+               "  AND e2.state_key = e.state_key AND e2.stream_ordering <= ?)")
+        params: list = [room_id, position, position]
+        if event_type is not None:
+            sql += " AND e.type = ?"
+            params.append(event_type)
+        rows = self.db.read(lambda tx: tx.fetchall(sql, params))
+        return {(s.event.type, s.event.state_key): s for s in map(_stored, rows)}
+
+    def room_events(self, room_id: str, after: int, up_to: int, backwards: bool, limit: int,
+                    types=None, not_types=None, senders=None,
+                    not_senders=None) -> list[StoredEvent]:
+        """Events with `after < stream_ordering <= up_to`, oldest first or newest first."""
+        sql = (f"SELECT {_EVENT_COLUMNS} FROM events e WHERE e.room_id = ?"
+               " AND e.stream_ordering > ? AND e.stream_ordering <= ?")
+        params: list = [room_id, after, up_to]
+        dialect = self.db.dialect
+        if types is not None:
+            if not types:
+                return []
+            matches = [_glob_match(dialect, "e.type", t) for t in types]
+            sql += " AND (" + " OR ".join(m[0] for m in matches) + ")"
+            params += [m[1] for m in matches]
+        for pattern in not_types or ():
+            clause, param = _glob_match(dialect, "e.type", pattern)
+            sql += f" AND NOT {clause}"
+            params.append(param)
+        if senders is not None:
+            if not senders:
+                return []
+            sql += " AND e.sender IN (" + ", ".join("?" for _ in senders) + ")"
+            params += list(senders)
+        if not_senders:
+            sql += " AND e.sender NOT IN (" + ", ".join("?" for _ in not_senders) + ")"
+            params += list(not_senders)
+        sql += f" ORDER BY e.stream_ordering {'DESC' if backwards else 'ASC'} LIMIT ?"
+        params.append(limit)
+        rows = self.db.read(lambda tx: tx.fetchall(sql, params))
+        return [_stored(r) for r in rows]
+
+    def state_changes(self, room_id: str, event_type: str,
+                      state_key: str) -> list[tuple[int, StoredEvent]]:
+        """Every event ever set for one state key, oldest first: membership and history
+        visibility timelines for deciding what a user may see."""
+        rows = self.db.read(lambda tx: tx.fetchall(
+            f"SELECT {_EVENT_COLUMNS} FROM events e WHERE e.room_id = ? AND e.type = ?"
+            " AND e.state_key = ? ORDER BY e.stream_ordering", (room_id, event_type, state_key)))
+        return [(r[0], _stored(r)) for r in rows]
+
+    # --- memberships --------------------------------------------------------------------
+
+    def rooms_for_user(self, user_id: str, membership: str = "join") -> list[str]:
+        rows = self.db.read(lambda tx: tx.fetchall(
+            "SELECT room_id FROM current_state WHERE state_key = ? AND type = 'm.room.member'"
+            " AND membership = ? ORDER BY room_id", (user_id, membership)))
+        return [r[0] for r in rows]
+
+    def joined_users(self, room_id: str) -> list[str]:
+        rows = self.db.read(lambda tx: tx.fetchall(
+            "SELECT state_key FROM current_state WHERE room_id = ? AND type = 'm.room.member'"
+            " AND membership = 'join' ORDER BY state_key", (room_id,)))
+        return [r[0] for r in rows]
+
+    # --- transaction IDs ----------------------------------------------------------------
+
+    def event_for_txn(self, txn: TxnKey) -> str | None:
+        row = self.db.read(lambda tx: tx.fetchone(
+            "SELECT event_id FROM event_txn_ids WHERE user_id = ? AND device_id = ?"
+            " AND room_id = ? AND event_type = ? AND txn_id = ?",
+            (txn.user_id, txn.device_id, txn.room_id, txn.event_type, txn.txn_id)))
+        return row[0] if row else None
+
+    def txn_ids_for(self, user_id: str, device_id: str, event_ids: list[str]) -> dict[str, str]:
+        """{event_id: txn_id} for those of `event_ids` this device sent."""
+        if not event_ids:
+            return {}
+        marks = ", ".join("?" for _ in event_ids)
+        rows = self.db.read(lambda tx: tx.fetchall(
+            f"SELECT event_id, txn_id FROM event_txn_ids WHERE event_id IN ({marks})"
+            " AND user_id = ? AND device_id = ?", (*event_ids, user_id, device_id)))
+        return dict(rows)

@@ -1,0 +1,84 @@
+import gevent
+import pytest
+from gevent.event import Event
+
+from homeserver.concurrency import SingleFlight
+
+
+def test_concurrent_callers_share_one_call():
+    flight = SingleFlight()
+    release = Event()
+    calls = []
+
+    def fetch():
+        calls.append(1)
+        release.wait()
+        return "value"
+
+    callers = [gevent.spawn(flight.run, "k", fetch) for _ in range(20)]
+    gevent.sleep(0)  # every caller has reached run(); one leads, the rest wait
+    assert flight.in_flight("k")
+    release.set()
+    gevent.joinall(callers, raise_error=True)
+    assert [c.value for c in callers] == ["value"] * 20
+    assert calls == [1]
+    assert not flight.in_flight("k") and len(flight) == 0
+
+
+def test_failure_is_shared_and_not_cached():
+    flight = SingleFlight()
+    release = Event()
+
+    def failing():
+        release.wait()
+        raise ValueError("remote said no")
+
+    callers = [gevent.spawn(flight.run, "k", failing) for _ in range(5)]
+    gevent.sleep(0)
+    release.set()
+    gevent.joinall(callers)
+    assert all(isinstance(c.exception, ValueError) for c in callers)
+    assert flight.run("k", lambda: "fresh") == "fresh"
+
+
+def test_waiters_take_over_when_the_leader_is_killed():
+    flight = SingleFlight()
+    first_started = Event()
+    release = Event()
+    leaders = []
+
+    def fetch():
+        leaders.append(gevent.getcurrent())
+        first_started.set()
+        release.wait()
+        return len(leaders)
+
+    leader = gevent.spawn(flight.run, "k", fetch)
+    first_started.wait()
+    waiters = [gevent.spawn(flight.run, "k", fetch) for _ in range(3)]
+    gevent.sleep(0)
+    leader.kill()  # e.g. its client hung up
+    gevent.sleep(0)
+    release.set()
+    gevent.joinall(waiters, raise_error=True)
+    # One waiter led the second attempt; the others shared its result.
+    assert len(leaders) == 2 and leaders[1] in waiters
+    assert [w.value for w in waiters] == [2, 2, 2]
+    assert len(flight) == 0
+
+
+def test_a_waiter_times_out_on_its_own_deadline_without_disturbing_the_call():
+    flight = SingleFlight()
+    release = Event()
+
+    def fetch():
+        release.wait()
+        return "late"
+
+    leader = gevent.spawn(flight.run, "k", fetch)
+    gevent.sleep(0)
+    with pytest.raises(gevent.Timeout):
+        with gevent.Timeout(0.01):
+            flight.run("k", fetch)
+    release.set()
+    assert leader.get() == "late"
