@@ -23,6 +23,7 @@ from homeserver.runtime import HomeserverRuntime
 from tests.peers.honest import HonestPeer
 from tests.support.federation import federation_settings, tls_listener_settings
 from tests.support.server import MatrixClient, WeirProcess, base_settings, merge
+from tests.support.spec import assert_matches_spec
 
 WEIR_IP = "127.30.0.1"
 PROFILE = "/_matrix/federation/v1/query/profile"
@@ -80,6 +81,7 @@ def test_signed_request_from_origin_is_accepted(weir, test_ca, origin):
     target = profile_target("@alice:weir.test")
     r = fed_get(weir, test_ca, target, origin.sign_request("weir.test", "GET", target))
     assert (r.status_code, r.json()) == (200, {})
+    assert_matches_spec(r, "GET", PROFILE, api="server-server")
     target = profile_target("@nobody:weir.test")
     r = fed_get(weir, test_ca, target, origin.sign_request("weir.test", "GET", target))
     assert (r.status_code, r.json()["errcode"]) == (404, "M_NOT_FOUND")
@@ -140,6 +142,7 @@ def test_missing_or_malformed_header_is_refused(weir, test_ca, authorization, st
 def test_version_needs_no_auth(weir, test_ca):
     r = fed_get(weir, test_ca, "/_matrix/federation/v1/version")
     assert r.status_code == 200 and r.json()["server"]["name"] == "Weir"
+    assert_matches_spec(r, "GET", "/_matrix/federation/v1/version", api="server-server")
 
 
 # -- notary ------------------------------------------------------------------------------------
@@ -154,6 +157,8 @@ def weir_verify_key(weir, test_ca):
 def test_notary_serves_origin_keys_signed_by_both(weir, test_ca, origin):
     r = fed_get(weir, test_ca, "/_matrix/key/v2/query/origin.test")
     assert r.status_code == 200
+    assert_matches_spec(r, "GET", "/_matrix/key/v2/query/{serverName}", api="server-server")
+    assert_matches_spec(fed_get(weir, test_ca, KEYS), "GET", KEYS, api="server-server")
     (doc,), = r.json().values()
     assert doc["server_name"] == "origin.test" and origin.key_id in doc["verify_keys"]
     verify_signed_json(doc, "origin.test", get_verify_key(origin.signing_key))
@@ -164,6 +169,7 @@ def test_notary_post_honours_minimum_valid_until_ts(weir, test_ca, origin):
     fetches = origin.hits(KEYS)
     body = {"server_keys": {"origin.test": {origin.key_id: {}}, "weir.test": {}}}
     r = requests.post(weir.fed_url("/_matrix/key/v2/query"), json=body, verify=test_ca.ca_path)
+    assert_matches_spec(r, "POST", "/_matrix/key/v2/query", api="server-server")
     names = sorted(d["server_name"] for d in r.json()["server_keys"])
     assert names == ["origin.test", "weir.test"]
     assert origin.hits(KEYS) == fetches    # cached document is valid now: no fetch
