@@ -88,32 +88,40 @@ class FederationClient:
 
     def get_json(self, destination: str, path: str, query: dict | None = None, *,
                  deadline: OutboundDeadline | None = None, max_bytes: int = JSON_MAX_BYTES,
-                 signed: bool = True) -> Any:
+                 signed: bool = True, target_health: TargetHealth | None = None) -> Any:
         return self.request_json("GET", destination, path, query=query, deadline=deadline,
-                                 max_bytes=max_bytes, signed=signed)
+                                 max_bytes=max_bytes, signed=signed, target_health=target_health)
 
     def post_json(self, destination: str, path: str, content: Any, query: dict | None = None, *,
-                  deadline: OutboundDeadline | None = None, max_bytes: int = JSON_MAX_BYTES) -> Any:
+                  deadline: OutboundDeadline | None = None, max_bytes: int = JSON_MAX_BYTES,
+                  target_health: TargetHealth | None = None) -> Any:
         return self.request_json("POST", destination, path, query=query, content=content,
-                                 deadline=deadline, max_bytes=max_bytes)
+                                 deadline=deadline, max_bytes=max_bytes,
+                                 target_health=target_health)
 
     def put_json(self, destination: str, path: str, content: Any, query: dict | None = None, *,
-                 deadline: OutboundDeadline | None = None, max_bytes: int = JSON_MAX_BYTES) -> Any:
+                 deadline: OutboundDeadline | None = None, max_bytes: int = JSON_MAX_BYTES,
+                 target_health: TargetHealth | None = None) -> Any:
         return self.request_json("PUT", destination, path, query=query, content=content,
-                                 deadline=deadline, max_bytes=max_bytes)
+                                 deadline=deadline, max_bytes=max_bytes,
+                                 target_health=target_health)
 
     def request_json(self, method: str, destination: str, path: str, *, query: dict | None = None,
                      content: Any = None, deadline: OutboundDeadline | None = None,
-                     max_bytes: int = JSON_MAX_BYTES, signed: bool = True) -> Any:
+                     max_bytes: int = JSON_MAX_BYTES, signed: bool = True,
+                     target_health: TargetHealth | None = None) -> Any:
         """One signed request with a JSON body (``content``, optional) and a JSON answer.
 
-        ``path`` is already percent-encoded. Raises ``DeadlineExceeded``,
+        ``path`` is already percent-encoded. ``target_health`` (optional) is told this
+        call's per-address outcomes instead of the client's default, e.g. an address
+        cool-down that only client-triggered calls use. Raises ``DeadlineExceeded``,
         ``DestinationUnreachable``, ``RemoteError`` (non-2xx), ``MalformedResponse`` or
         ``ResponseTooLarge``.
         """
         deadline = deadline or self.deadline(what=f"{method} {destination}{path}")
         with deadline:
-            response = self._send(method, destination, path, query, content, deadline, signed)
+            response = self._send(method, destination, path, query, content, deadline, signed,
+                                  target_health)
             self._raise_for_status(destination, response)
             body = read_body(destination, response, max_bytes)
         try:
@@ -125,32 +133,37 @@ class FederationClient:
 
     def open_stream(self, destination: str, path: str, query: dict | None = None, *,
                     deadline: OutboundDeadline | None = None, max_bytes: int,
-                    signed: bool = True) -> StreamingResponse:
+                    signed: bool = True, target_health: TargetHealth | None = None
+                    ) -> StreamingResponse:
         """A signed GET whose 2xx body the caller reads (``read(n)``/``stream()``), at most
         ``max_bytes`` of it and within ``deadline``. The caller must close it (``with``).
         A non-2xx answer raises ``RemoteError`` here."""
         deadline = deadline or self.deadline(what=f"GET {destination}{path}")
         with deadline:
-            response = self._send("GET", destination, path, query, None, deadline, signed)
+            response = self._send("GET", destination, path, query, None, deadline, signed,
+                                  target_health)
             self._raise_for_status(destination, response)
         return StreamingResponse(destination, response, max_bytes, deadline)
 
     def open_url(self, url: str, *, deadline: OutboundDeadline | None = None, max_bytes: int,
-                 headers: dict | None = None) -> StreamingResponse:
+                 headers: dict | None = None, target_health: TargetHealth | None = None
+                 ) -> StreamingResponse:
         """An unsigned GET of an https URL (a media ``Location``): resolved with plain DNS,
         with the same IP filter, TLS verification and size cap, redirects followed up to 5
         times with the same checks. Same contract as :meth:`open_stream`."""
         deadline = deadline or self.deadline(what=f"GET {url[:100]}")
         with deadline:
             response = self.transport.get_following_redirects(
-                url, resolve=self.discovery.resolve_host, deadline=deadline, headers=headers)
+                url, resolve=self.discovery.resolve_host, deadline=deadline, headers=headers,
+                target_health=target_health)
             host = urlsplit(url).hostname or url
             self._raise_for_status(host, response)
         return StreamingResponse(host, response, max_bytes, deadline)
 
     # -- insides ---------------------------------------------------------------------------
 
-    def _send(self, method, destination, path, query, content, deadline, signed):
+    def _send(self, method, destination, path, query, content, deadline, signed,
+              target_health=None):
         if not path.startswith("/"):
             raise ValueError(f"path must start with /: {path!r}")
         uri = f"{path}?{urlencode(query, doseq=True)}" if query else path
@@ -165,7 +178,7 @@ class FederationClient:
         resolved = self.discovery.resolve(destination, deadline)
         log.debug("%s %s%s via %s", method, destination, uri, resolved.targets)
         return self.transport.send(destination, resolved.endpoint, method, uri, headers=headers,
-                                   body=body, deadline=deadline)
+                                   body=body, deadline=deadline, target_health=target_health)
 
     @staticmethod
     def _raise_for_status(destination: str, response) -> None:

@@ -182,13 +182,15 @@ class OutboundTransport:
     # -- requests --------------------------------------------------------------------------
 
     def send(self, destination: str, endpoint: Endpoint, method: str, uri: str, *,
-             headers: dict, body: bytes | None, deadline: OutboundDeadline
-             ) -> urllib3.BaseHTTPResponse:
+             headers: dict, body: bytes | None, deadline: OutboundDeadline,
+             target_health: TargetHealth | None = None) -> urllib3.BaseHTTPResponse:
         """Sends one request to the first target that accepts a connection, and returns the
         response with its body unread (read it with :func:`read_body` or wrap it in a
         :class:`StreamingResponse`). Raises ``DestinationUnreachable``; the deadline's own
-        timeout propagates to the caller's ``with deadline``.
+        timeout propagates to the caller's ``with deadline``. ``target_health`` replaces
+        the transport's own for this call.
         """
+        health = target_health or self.target_health
         headers = {"Host": endpoint.host_header, "User-Agent": USER_AGENT,
                    "Accept-Encoding": "identity", **headers}
         reason = "no address"
@@ -198,7 +200,7 @@ class OutboundTransport:
                 reason = "denied address"
                 continue
             try:
-                self.target_health.check(ip, port)
+                health.check(ip, port)
             except DestinationUnreachable as e:
                 reason = e.reason  # refused without trying (a cool-down): the next one may do
                 continue
@@ -235,12 +237,13 @@ class OutboundTransport:
                 timed_out = isinstance(e, (gevent.Timeout, DeadlineExceeded))
                 raise
             finally:
-                self.target_health.record(ip, port, ok, timed_out)
+                health.record(ip, port, ok, timed_out)
         raise DestinationUnreachable(destination, reason)
 
     def get_following_redirects(self, url: str, *, resolve: Resolve, deadline: OutboundDeadline,
-                                max_redirects: int = MAX_REDIRECTS,
-                                headers: dict | None = None) -> urllib3.BaseHTTPResponse:
+                                max_redirects: int = MAX_REDIRECTS, headers: dict | None = None,
+                                target_health: TargetHealth | None = None
+                                ) -> urllib3.BaseHTTPResponse:
         """GET an https URL, following up to ``max_redirects`` redirects (never a loop), each
         hop resolved with ``resolve(host, port, deadline) -> targets`` and filtered like any
         other address. Returns the final non-redirect response, body unread.
@@ -259,7 +262,7 @@ class OutboundTransport:
             endpoint = Endpoint(host_header, host, tuple(resolve(host, port, deadline)))
             target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
             response = self.send(host, endpoint, "GET", target, headers=headers or {},
-                                 body=None, deadline=deadline)
+                                 body=None, deadline=deadline, target_health=target_health)
             if response.status not in (301, 302, 303, 307, 308):
                 return response
             location = response.headers.get("Location")

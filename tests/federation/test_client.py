@@ -172,6 +172,13 @@ def test_target_health_sees_every_outcome(test_ca, dns, start_peer):
             client.get_json("127.24.3.1:8448", "/_matrix/key/v2/server")
         assert e.value.reason == "cooling down"
     assert health.outcomes == [("127.24.3.2", 8448, True, False)]
+    # A health object given for one call replaces the client's for that call only.
+    per_call = RecordingHealth()
+    with make_client(test_ca, dns, target_health=health) as client:
+        client.get_json("health.test", "/_matrix/key/v2/server", target_health=per_call)
+    assert per_call.outcomes == [("127.24.3.1", 8448, False, False),
+                                 ("127.24.3.2", 8448, True, False)]
+    assert health.outcomes == [("127.24.3.2", 8448, True, False)]
 
 
 def test_open_stream_reads_within_cap(client, liar):
