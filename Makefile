@@ -8,6 +8,7 @@ CONFIG ?= config.toml
 
 install: $(VENV)/.installed
 dev: $(VENV)/.dev-installed
+synapse: .venv-synapse/.installed
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -20,10 +21,16 @@ $(VENV)/.dev-installed: requirements-dev.txt $(VENV)/.installed
 	$(BIN)/pip install -q -r requirements-dev.txt
 	touch $@
 
+# Synapse for the federation interop tests, in a venv of its own (its dependencies are not ours).
+.venv-synapse/.installed: requirements-synapse.txt constraints-synapse.txt
+	$(PYTHON) -m venv .venv-synapse
+	.venv-synapse/bin/pip install -q -r requirements-synapse.txt -c constraints-synapse.txt
+	touch $@
+
 run: install
 	$(BIN)/python app.py --config $(CONFIG)
 
-test: dev
+test: dev synapse
 	$(BIN)/python -m pytest
 
 lint: dev
@@ -33,4 +40,4 @@ bench: dev
 	$(BIN)/python -m budget.bench
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .venv-synapse .pytest_cache .hypothesis

@@ -16,13 +16,15 @@ import os
 from gevent.pool import Pool
 from gevent.threadpool import ThreadPool
 
-from budget import RateLimiter, parse_networks
+from budget import InFlightBudget, RateLimiter, parse_networks
 
 from .accounts.registration import RegistrationSessions
 from .accounts.service import AccountService
 from .config import Config
 from .directory.service import DirectoryService
+from .federation.client import FederationClient
 from .federation.cooldown import AddressCooldown
+from .federation.keyring import Keyring, shard_key_resolution_budget
 from .federation.signing_key import key_id, load_or_create_signing_key
 from .media.files import MediaFileStore
 from .media.service import MediaService
@@ -33,6 +35,7 @@ from .rooms.service import RoomService
 from .storage.accounts import AccountStore
 from .storage.database import Database, open_database
 from .storage.directory import DirectoryStore
+from .storage.keys import ServerKeyStore
 from .storage.media import MediaStore
 from .storage.migrations import migrate
 from .storage.rooms import RoomStore
@@ -41,7 +44,7 @@ log = logging.getLogger(__name__)
 
 
 class HomeserverRuntime:
-    def __init__(self, config: Config, *, pools: bool = False):
+    def __init__(self, config: Config, *, pools: bool = False, key_resolution_shards: int = 1):
         self.config = config
         self.server_name = config.server_name
         # What /.well-known/matrix/server delegates to: our host, the federation port.
@@ -95,7 +98,23 @@ class HomeserverRuntime:
             MediaFileStore(os.path.join(config.data_dir, "media"), config.server_name),
             self.thumbnail_pool)
 
+        # Federation: one outbound client, and the keyring behind inbound authentication.
+        # A worker shard (key_resolution_shards = N) gets its share of the key-resolution
+        # budget; main keeps the whole of it (adr/key-resolution-shards.md).
+        self.federation_client = FederationClient.from_config(config, self.signing_key)
+        keys = shard_key_resolution_budget(config, key_resolution_shards)
+        self.key_resolution_budget = InFlightBudget(keys.key_resolution_max_in_flight, None,
+                                                    name="key_resolution")
+        self.key_resolution_rate = RateLimiter(keys.key_resolution_per_ip_rate.max_requests,
+                                               keys.key_resolution_per_ip_rate.per_seconds)
+        self.keyring = Keyring(
+            config.server_name, self.signing_key, ServerKeyStore(self.db), self.federation_client,
+            self.key_resolution_budget, self.key_resolution_rate, keys.trusted_key_servers,
+            config.federation.remote_timeout)
+        self.metrics.track_budget(self.key_resolution_budget)
+
     def close(self) -> None:
+        self.federation_client.close()
         self.thumbnail_pool.kill()
         self.db.close()
 

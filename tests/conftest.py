@@ -9,6 +9,14 @@ import pytest  # noqa: E402
 
 from tests.support.postgres import PostgresCluster, find_pg_bin  # noqa: E402
 from tests.support.server import MatrixClient, WeirProcess, base_settings, merge  # noqa: E402
+from tests.support.synapse import SynapseServer, synapse_available  # noqa: E402
+from tests.support.tls import TestCA  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def test_ca(tmp_path_factory):
+    """The session's test certificate authority (trustme); `test_ca.ca_path` is its PEM."""
+    return TestCA(str(tmp_path_factory.mktemp("ca")))
 
 
 @pytest.fixture(scope="session")
@@ -21,6 +29,19 @@ def pg_cluster():
     cluster = PostgresCluster(bindir).start()
     yield cluster
     cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def synapse(test_ca, tmp_path_factory):
+    """A real Synapse 1.163 on loopback (TLS federation on 127.31.100.1:8448), shared by the
+    session. Needs `make synapse`; under CI its absence is a failure, not a skip."""
+    if not synapse_available():
+        if os.environ.get("CI") == "true":
+            pytest.fail("Synapse venv missing: `make synapse` (make test depends on it)")
+        pytest.skip("Synapse venv missing: run `make synapse`")
+    server = SynapseServer(str(tmp_path_factory.mktemp("synapse")), test_ca).start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

@@ -16,7 +16,7 @@ from ..api.client import media
 from ..api.client import metrics
 from ..api.client import rooms
 from ..api.client import versions
-from ..api.federation import keys
+from ..api.federation import keys, profile
 from .context import RUNTIME_EXTENSION
 from .middleware import RequestContextMiddleware
 from .responses import CORS_HEADERS, register_error_handlers
@@ -42,6 +42,7 @@ def federation_blueprints():
     # ask either listener.
     return [
         keys.bp,
+        profile.bp,
         versions.bp,
     ]
 

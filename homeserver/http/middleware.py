@@ -50,10 +50,13 @@ class RequestContextMiddleware:
 
 
 def log_request(environ: dict, status: str, started: float) -> None:
+    # A federation request names the server it was verified to come from.
+    origin = environ.get("weir.origin")
     access_log.info(
-        "%s %s %s %s %.1fms %s", environ["weir.request_id"], environ.get("REQUEST_METHOD"),
+        "%s %s %s %s %.1fms %s%s", environ["weir.request_id"], environ.get("REQUEST_METHOD"),
         redacted_path(environ), status, (time.monotonic() - started) * 1000,
-        environ["weir.client_key"], extra={"request_id": environ["weir.request_id"]})
+        environ["weir.client_key"], f" origin={origin}" if origin else "",
+        extra={"request_id": environ["weir.request_id"]})
 
 
 class _LoggedBody:

@@ -19,13 +19,19 @@ _MISSING = "Missing data for required field."
 
 
 def read_body(max_bytes: int) -> bytes:
-    """The request body, refused with 413 past `max_bytes` before it is all read."""
-    length = request.content_length
-    if length is not None and length > max_bytes:
-        raise MatrixError(413, "M_TOO_LARGE", f"Request body over {max_bytes} bytes")
-    data = request.stream.read(max_bytes + 1)
+    """The request body, refused with 413 past `max_bytes` before it is all read.
+
+    Kept once read, so that a guard that needs the body (federation auth verifies it) and
+    the handler after it both see it."""
+    data = request.environ.get("weir.body")
+    if data is None:
+        length = request.content_length
+        if length is not None and length > max_bytes:
+            raise MatrixError(413, "M_TOO_LARGE", f"Request body over {max_bytes} bytes")
+        data = request.stream.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise MatrixError(413, "M_TOO_LARGE", f"Request body over {max_bytes} bytes")
+    request.environ["weir.body"] = data
     return data
 
 

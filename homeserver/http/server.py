@@ -69,6 +69,9 @@ class WeirHandler(WSGIHandler):
         environ = super().get_environ()
         # Handlers that wait on a remote peer watch this socket for the client hanging up.
         environ["weir.socket"] = self.socket
+        # The request target as sent (PATH_INFO is percent-decoded): federation signatures
+        # cover it byte for byte.
+        environ["weir.raw_uri"] = self.path
         return environ
 
     def handle_error(self, t, v, tb):

@@ -107,6 +107,21 @@ class WeirProcess:
         for _ in self.proc.stdout:
             pass
 
+    def wait_for_log(self, pattern: str, timeout: float = 10) -> str:
+        """The first stderr line matching ``pattern`` (a regex), waiting for it to be written.
+
+        The access log line of a request is written when its response is closed, which may
+        be just after the client has read the response: tests wait for the line itself.
+        """
+        regex = re.compile(pattern)
+        with gevent.Timeout(timeout, AssertionError(f"no log line matching {pattern!r}")):
+            while True:
+                with open(self.stderr_path, errors="replace") as f:
+                    for line in f:
+                        if regex.search(line):
+                            return line
+                gevent.sleep(0.05)  # the file grows; look again
+
     def stderr_tail(self, lines: int = 30) -> str:
         try:
             with open(self.stderr_path, errors="replace") as f:
@@ -117,13 +132,7 @@ class WeirProcess:
     def stop(self, timeout: float = 20) -> int:
         if self.proc is None:
             return 0
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc, timeout)
         self._stderr.close()
         return self.proc.returncode
 
@@ -138,6 +147,17 @@ class WeirProcess:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+def terminate(proc: subprocess.Popen, timeout: float = 20) -> None:
+    """SIGTERM, then SIGKILL if the process has not exited within ``timeout``."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def run_app(args: list[str], cwd: str, input: str | None = None,

@@ -1,0 +1,32 @@
+"""Profile queries from other servers (``GET /_matrix/federation/v1/query/profile``)."""
+
+from __future__ import annotations
+
+from flask import Blueprint, request
+
+from ...errors import invalid_param, missing_param, not_found
+from ...http.context import runtime
+from ...http.federation_auth import requires_server_auth
+from ...http.responses import json_response
+
+bp = Blueprint("federation_profile", __name__)
+
+PROFILE_FIELDS = ("displayname", "avatar_url")
+
+
+@bp.get("/_matrix/federation/v1/query/profile")
+@requires_server_auth
+def query_profile():
+    user_id = request.args.get("user_id")
+    if not user_id:
+        raise missing_param("Missing parameter: user_id")
+    field = request.args.get("field")
+    if field is not None and field not in PROFILE_FIELDS:
+        raise invalid_param(f"field must be one of {', '.join(PROFILE_FIELDS)}")
+    rt = runtime()
+    if not user_id.endswith(":" + rt.server_name):
+        raise invalid_param("User is not hosted on this homeserver")
+    if not rt.accounts.user_exists(user_id):
+        raise not_found("Profile was not found")
+    # Weir keeps no display names or avatars yet: an existing user's profile is empty.
+    return json_response({})

@@ -1,0 +1,101 @@
+"""What can go wrong when this server calls another one, and what a client then sees.
+
+Every outbound failure is one of a few types, so that a handler maps them all the same way
+(DESIGN.md §4) with :func:`to_client_error`. The deadline is ``budget.DeadlineExceeded``.
+"""
+
+from __future__ import annotations
+
+from budget import DeadlineExceeded
+
+from ..errors import MatrixError, limit_exceeded
+
+__all__ = [
+    "DeadlineExceeded",
+    "DestinationUnreachable",
+    "FederationError",
+    "InvalidSignature",
+    "KeyResolutionRefused",
+    "MalformedResponse",
+    "RemoteError",
+    "ResponseTooLarge",
+    "to_client_error",
+]
+
+
+class FederationError(Exception):
+    """An outbound call to ``destination`` (a server name, or a URL's host) failed."""
+
+    def __init__(self, destination: str, message: str = ""):
+        super().__init__(f"{destination}: {message}" if message else destination)
+        self.destination = destination
+
+
+class DestinationUnreachable(FederationError):
+    """No answer could be had: DNS failure, refused or reset connection, TLS failure, or every
+    address of the destination is denied by the IP filter. ``reason`` says which."""
+
+    def __init__(self, destination: str, reason: str):
+        super().__init__(destination, reason)
+        self.reason = reason
+
+
+class RemoteError(FederationError):
+    """The remote answered with an HTTP error (or a redirect, which API calls never follow)."""
+
+    def __init__(self, destination: str, status: int, errcode: str | None = None,
+                 body: object = None):
+        super().__init__(destination, f"HTTP {status} {errcode or ''}".rstrip())
+        self.status = status
+        self.errcode = errcode
+        self.body = body
+
+
+class MalformedResponse(FederationError):
+    """The remote answered, but not with what the protocol says: bad JSON, wrong shape."""
+
+
+class ResponseTooLarge(MalformedResponse):
+    """The response body was longer than the caller's cap; reading stopped at the cap."""
+
+    def __init__(self, destination: str, max_bytes: int):
+        super().__init__(destination, f"response over {max_bytes} bytes")
+        self.max_bytes = max_bytes
+
+
+class KeyResolutionRefused(FederationError):
+    """A network key fetch was refused by the key-resolution budget or the per-IP rate
+    (DESIGN.md §6). The inbound request that needed it gets 429 and is retried later."""
+
+    def __init__(self, destination: str, retry_after_ms: int, why: str):
+        super().__init__(destination, f"key resolution refused: {why}")
+        self.retry_after_ms = retry_after_ms
+
+
+class InvalidSignature(Exception):
+    """A signed object (a request, a key document) does not carry a valid signature."""
+
+
+def to_client_error(exc: Exception, destination: str | None = None) -> MatrixError:
+    """The client-facing error for an outbound failure, per the DESIGN.md §4 table.
+
+    ``destination`` names the server in the message when the exception does not.
+    """
+    server = getattr(exc, "destination", None) or destination or "the remote server"
+    if isinstance(exc, DeadlineExceeded):
+        return MatrixError(504, "M_UNKNOWN", f"Timed out waiting for {server}")
+    if isinstance(exc, KeyResolutionRefused):
+        return limit_exceeded(exc.retry_after_ms)
+    if isinstance(exc, DestinationUnreachable):
+        return MatrixError(502, "M_UNKNOWN", f"Could not reach {server}: {exc.reason}")
+    if isinstance(exc, RemoteError):
+        if exc.status == 404 or exc.errcode == "M_NOT_FOUND":
+            return MatrixError(404, "M_NOT_FOUND", f"{server} has no such resource")
+        if exc.status == 403:
+            return MatrixError(403, "M_FORBIDDEN", f"{server} refused the request")
+        return MatrixError(502, "M_UNKNOWN", f"{server} answered HTTP {exc.status}")
+    if isinstance(exc, ResponseTooLarge):
+        return MatrixError(502, "M_UNKNOWN", f"{server} sent a response that is too large")
+    if isinstance(exc, MalformedResponse):
+        return MatrixError(502, "M_UNKNOWN", f"{server} sent a malformed response")
+    return MatrixError(502, "M_UNKNOWN", f"Federation with {server} failed")

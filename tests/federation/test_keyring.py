@@ -1,0 +1,197 @@
+"""The keyring: cache, verification, coalescing and the key-resolution budget, against real
+peers and a real database."""
+
+import time
+
+import gevent
+import pytest
+from signedjson.key import encode_verify_key_base64, generate_signing_key, get_verify_key
+from signedjson.sign import sign_json
+
+from budget import InFlightBudget, RateLimiter
+from homeserver.config import TrustedKeyServer
+from homeserver.federation.errors import InvalidSignature, KeyResolutionRefused
+from homeserver.federation.keyring import Keyring
+from homeserver.storage.database import open_database
+from homeserver.storage.keys import ServerKeyStore, StoredKey
+from homeserver.storage.migrations import migrate
+from tests.peers.liar import LiarPeer
+from tests.peers.tarpit import Tarpit
+from tests.support.federation import make_client
+
+KEYS = "/_matrix/key/v2/server"
+OUR_KEY = generate_signing_key("ours")
+
+
+def now_ms():
+    return int(time.time() * 1000)
+
+
+@pytest.fixture
+def store(tmp_path):
+    db = open_database(f"sqlite:///{tmp_path}/keys.db")
+    migrate(db)
+    yield ServerKeyStore(db)
+    db.close()
+
+
+@pytest.fixture
+def make_keyring(test_ca, dns, store):
+    clients = []
+
+    def make(max_in_flight=16, rate=(30, 60), trusted=(), remote_timeout=10.0):
+        client = make_client(test_ca, dns, signing_key=OUR_KEY, remote_timeout=remote_timeout)
+        clients.append(client)
+        return Keyring("weir.test", OUR_KEY, store, client,
+                       InFlightBudget(max_in_flight, None, name="key_resolution"),
+                       RateLimiter(*rate), trusted, remote_timeout)
+
+    yield make
+    for client in clients:
+        client.close()
+
+
+def test_store_round_trip_on_both_engines(database_url):
+    db = open_database(database_url)
+    try:
+        migrate(db)
+        store = ServerKeyStore(db)
+        store.store_document("s.test", '{"v":1}', 2000, [
+            StoredKey("ed25519:a", "AAAA", 2000, None), StoredKey("ed25519:old", "BBBB", 500, 500)
+        ], now_ms=100)
+        # An older document does not replace the newer one; an expiry always counts.
+        store.store_document("s.test", '{"v":0}', 1000, [StoredKey("ed25519:a", "AAAA", 1000, None)], 200)
+        assert store.get_document("s.test").key_json == '{"v":1}'
+        assert store.get_keys("s.test")["ed25519:a"].valid_until_ts == 2000
+        store.store_document("s.test", '{"v":2}', 3000, [StoredKey("ed25519:a", "AAAA", 900, 900)], 300)
+        keys = store.get_keys("s.test")
+        assert keys["ed25519:a"].expired_ts == 900 and keys["ed25519:old"].expired_ts == 500
+        assert store.get_document("nobody.test") is None
+    finally:
+        db.close()
+
+
+def test_cache_hits_make_no_network_calls(make_keyring, start_peer):
+    peer = start_peer("127.25.1.1:8448", "127.25.1.1", 8448)
+    keyring = make_keyring()
+    found = keyring.resolve(peer.server_name, [peer.key_id], now_ms(), "192.0.2.1")
+    assert list(found) == [peer.key_id]
+    for _ in range(3):
+        assert list(keyring.resolve(peer.server_name, [peer.key_id], now_ms(), "192.0.2.1")) \
+            == [peer.key_id]
+    assert peer.hits(KEYS) == 1 and keyring.network_fetches == 1
+    # Our own keys never touch the network or the database.
+    assert list(keyring.resolve("weir.test", ["ed25519:ours"], now_ms(), None)) == ["ed25519:ours"]
+
+
+def test_verify_json_with_fetched_key(make_keyring, start_peer):
+    peer = start_peer("127.25.1.2:8448", "127.25.1.2", 8448)
+    keyring = make_keyring()
+    signed = sign_json({"a": 1}, peer.server_name, peer.signing_key)
+    assert keyring.verify_json(signed, peer.server_name, "192.0.2.1") == peer.key_id
+    with pytest.raises(InvalidSignature):
+        keyring.verify_json(dict(signed, a=2), peer.server_name, "192.0.2.1")
+    with pytest.raises(InvalidSignature):
+        keyring.verify_json({"a": 1}, peer.server_name, "192.0.2.1")
+
+
+def test_concurrent_resolutions_make_one_fetch(make_keyring, start_peer):
+    peer = start_peer("127.25.2.1:8448", "127.25.2.1", 8448, latency=0.3)
+    keyring = make_keyring()
+    jobs = [gevent.spawn(keyring.resolve, peer.server_name, [peer.key_id], now_ms(), f"192.0.2.{i}")
+            for i in range(20)]
+    gevent.joinall(jobs, raise_error=True)
+    assert all(list(job.value) == [peer.key_id] for job in jobs)
+    assert peer.hits(KEYS) == 1 and keyring.network_fetches == 1
+    assert keyring.budget.in_flight == 0
+
+
+def test_tarpit_key_server_holds_at_most_the_in_flight_limit(make_keyring, dns):
+    with Tarpit("127.25.3.1", 8448) as tarpit:
+        for i in range(6):
+            dns.add_a(f"tar{i}.test", "127.25.3.1")
+        keyring = make_keyring(max_in_flight=2, remote_timeout=1.0)
+        jobs = [gevent.spawn(keyring.resolve, f"tar{i}.test:8448", ["ed25519:x"], now_ms(),
+                             f"192.0.2.{i}") for i in range(6)]
+        gevent.joinall(jobs)
+        refused = [j for j in jobs if isinstance(j.exception, KeyResolutionRefused)]
+        assert len(refused) == 4 and all(j.exception.retry_after_ms > 0 for j in refused)
+        assert [j.value for j in jobs if j.successful()] == [{}, {}]
+        assert tarpit.wait_accepted(2, timeout=5)
+        assert tarpit.max_concurrent <= 2 and tarpit.accepted == 2
+        assert tarpit.wait_current(0, timeout=5)
+        assert keyring.budget.in_flight == 0
+
+
+def test_per_ip_rate_limit(make_keyring, start_peer):
+    peers = [start_peer(f"127.25.4.{i}:8448", f"127.25.4.{i}", 8448) for i in (1, 2, 3)]
+    keyring = make_keyring(rate=(2, 60))
+    for peer in peers[:2]:
+        keyring.resolve(peer.server_name, [peer.key_id], now_ms(), "198.51.100.7")
+    with pytest.raises(KeyResolutionRefused) as e:
+        keyring.resolve(peers[2].server_name, [peers[2].key_id], now_ms(), "198.51.100.7")
+    assert e.value.retry_after_ms > 0
+    assert peers[2].hits(KEYS) == 0
+    # Another source address has its own allowance; cached keys need none.
+    assert keyring.resolve(peers[2].server_name, [peers[2].key_id], now_ms(), "198.51.100.8")
+    assert keyring.resolve(peers[0].server_name, [peers[0].key_id], now_ms(), "198.51.100.7")
+
+
+def test_old_verify_keys_are_stored_with_expired_ts(make_keyring, start_peer, store):
+    peer = start_peer("127.25.5.1:8448", "127.25.5.1", 8448)
+    old = generate_signing_key("old")
+    expired = now_ms() - 1000
+    peer.old_verify_keys = {"ed25519:old": {"key": encode_verify_key_base64(get_verify_key(old)),
+                                            "expired_ts": expired}}
+    keyring = make_keyring()
+    assert keyring.resolve(peer.server_name, ["ed25519:old"], now_ms(), "192.0.2.1") == {}
+    assert store.get_keys(peer.server_name)["ed25519:old"].expired_ts == expired
+    # Valid for what it signed before it expired; not for now, and not fetched again.
+    assert keyring.resolve(peer.server_name, ["ed25519:old"], expired - 10, "192.0.2.1")
+    assert keyring.resolve(peer.server_name, ["ed25519:old"], now_ms(), "192.0.2.1") == {}
+    assert peer.hits(KEYS) == 1
+
+
+def test_wrong_self_signature_is_refused(make_keyring, start_peer, store):
+    liar = start_peer("127.25.6.1:8448", "127.25.6.1", 8448, cls=LiarPeer)
+    liar.wrong_key_signature()
+    keyring = make_keyring()
+    assert keyring.resolve(liar.server_name, [liar.key_id], now_ms(), "192.0.2.1") == {}
+    assert store.get_keys(liar.server_name) == {}
+
+
+def _notary(start_peer, ip, origin):
+    """A notary peer that answers /_matrix/key/v2/query with ``origin``'s document, signed
+    by itself too."""
+    notary = start_peer(f"{ip}:8448", ip, 8448)
+
+    def query(req):
+        doc = sign_json(origin.key_document(), notary.server_name, notary.signing_key)
+        return 200, {"server_keys": [doc]}
+    notary.route("POST", "/_matrix/key/v2/query", query)
+    return notary
+
+
+def test_notary_fallback_when_origin_is_unreachable(make_keyring, start_peer):
+    # The origin's listener is stopped: only the notary can vouch for its key.
+    origin = start_peer("127.25.7.1:8448", "127.25.7.1", 8448)
+    origin.stop()
+    notary = _notary(start_peer, "127.25.7.2", origin)
+    keyring = make_keyring(trusted=(TrustedKeyServer(notary.server_name, None),))
+    found = keyring.resolve(origin.server_name, [origin.key_id], now_ms(), "192.0.2.1")
+    assert list(found) == [origin.key_id]
+    query = notary.requests[-1].json()
+    assert list(query["server_keys"]) == [origin.server_name]
+    assert notary.hits(KEYS) == 1   # the notary's own key, fetched to check its signature
+
+
+def test_notary_signature_must_verify(make_keyring, start_peer):
+    origin = start_peer("127.25.8.1:8448", "127.25.8.1", 8448)
+    origin.stop()
+    notary = _notary(start_peer, "127.25.8.2", origin)
+    # The configured key has the notary's key id but other bytes: the signature fails.
+    impostor = generate_signing_key(notary.signing_key.version)
+    configured = TrustedKeyServer(notary.server_name, {
+        notary.key_id: encode_verify_key_base64(get_verify_key(impostor))})
+    keyring = make_keyring(trusted=(configured,))
+    assert keyring.resolve(origin.server_name, [origin.key_id], now_ms(), "192.0.2.1") == {}
