@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import contextlib
 
-from budget import InFlightBudget, OutboundDeadline
+from budget import InFlightBudget
 
 from .errors import limit_exceeded
 from .http.disconnect import stop_on_client_disconnect
 
-# Total deadlines, discovery included; never more than federation.remote_timeout.
+# Total deadlines, discovery included; FederationClient.deadline caps them at
+# federation.remote_timeout.
 DIRECTORY_DEADLINE_SECONDS = 10.0
 MEDIA_DEADLINE_SECONDS = 30.0
 
@@ -43,10 +44,6 @@ def client_outbound_caps(main_pool_size: int) -> tuple[int, int]:
 def make_client_outbound_budget(main_pool_size: int) -> InFlightBudget:
     global_cap, per_client = client_outbound_caps(main_pool_size)
     return InFlightBudget(global_cap, per_client, name="client_outbound")
-
-
-def outbound_deadline(seconds: float, remote_timeout: float, what: str) -> OutboundDeadline:
-    return OutboundDeadline(min(seconds, remote_timeout), what)
 
 
 @contextlib.contextmanager
