@@ -245,6 +245,21 @@ class ServerDiscovery:
     def cached(self, server_name: str) -> ResolvedServer | None:
         return self._servers.get(server_name)
 
+    def known_targets(self, server_name: str) -> tuple | None:
+        """The addresses of `server_name` if known without touching the network: from the
+        cache, or for an IP literal; None when discovery would have to run."""
+        hit = self.cached(server_name)
+        if hit is not None:
+            return hit.targets
+        try:
+            host, port = split_server_name(server_name)
+        except ValueError:
+            return None
+        literal = ip_literal(host)
+        if literal is None or not self.ip_filter.allows(literal):
+            return None
+        return ((literal, port or DEFAULT_FEDERATION_PORT),)
+
     def forget(self, server_name: str | None = None) -> None:
         """Drops cached answers (one server's, or all, with DNS and well-known)."""
         if server_name is None:

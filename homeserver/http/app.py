@@ -16,6 +16,7 @@ from ..api.client import media
 from ..api.client import metrics
 from ..api.client import rooms
 from ..api.client import versions
+from ..api.federation import directory as federation_directory
 from ..api.federation import keys, profile
 from .context import RUNTIME_EXTENSION
 from .middleware import RequestContextMiddleware
@@ -43,6 +44,7 @@ def federation_blueprints():
     return [
         keys.bp,
         profile.bp,
+        federation_directory.bp,
         versions.bp,
     ]
 
