@@ -15,12 +15,12 @@ beyond ADR-0079:
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from budget import DeadlineExceeded, InFlightBudget
 
+from ..caching import TtlCache
 from ..concurrency import SingleFlight
 from ..errors import MatrixError
 from ..federation.client import FederationClient
@@ -96,33 +96,6 @@ class PublicRoomsQuery:
         return True
 
 
-class _TtlCache:
-    """A small LRU cache whose entries expire; bounded, so distinct queries cannot grow it."""
-
-    def __init__(self, ttl: float, max_entries: int, clock: Callable[[], float]):
-        self._ttl = ttl
-        self._max = max_entries
-        self._clock = clock
-        self._entries: OrderedDict[Any, tuple[float, Any]] = OrderedDict()
-
-    def get(self, key):
-        entry = self._entries.get(key)
-        if entry is None:
-            return None
-        expires, value = entry
-        if expires <= self._clock():
-            del self._entries[key]
-            return None
-        self._entries.move_to_end(key)
-        return value
-
-    def put(self, key, value) -> None:
-        self._entries[key] = (self._clock() + self._ttl, value)
-        self._entries.move_to_end(key)
-        while len(self._entries) > self._max:
-            self._entries.popitem(last=False)
-
-
 def _public_rooms_body(server: str, body: Any) -> dict:
     """The remote's answer, checked for the spec's shape and trimmed to it."""
     if not isinstance(body, dict) or not isinstance(body.get("chunk"), list):
@@ -156,7 +129,7 @@ class RemoteDirectory:
         self._cooldown = cooldown
         self._metrics = metrics
         self._flight = SingleFlight()
-        self._cache = _TtlCache(PUBLIC_ROOMS_CACHE_SECONDS, PUBLIC_ROOMS_CACHE_ENTRIES, clock)
+        self._cache = TtlCache(clock, PUBLIC_ROOMS_CACHE_ENTRIES)
 
     # --- public room lists ------------------------------------------------------------------
 
@@ -174,7 +147,7 @@ class RemoteDirectory:
             # which would make each of them try the silent peer again.
             with deadline:
                 result = self._fetch_public_rooms(server, query, deadline)
-            self._cache.put(key, result)
+            self._cache.put(key, result, PUBLIC_ROOMS_CACHE_SECONDS)
             return result
 
         def shared_fetch(deadline):
