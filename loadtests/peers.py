@@ -4,8 +4,8 @@
                               [--drip-interval 2] [--honest-latency 0.2] [--counters PATH]
 
 Everything listens on one loopback address (``--ip``; ``auto`` picks a free one in
-127.60.0.0/16, which is ours on this machine), on free ports except the well-known hang,
-which must be on 443:
+127.60.0.0/16, which is ours on this machine, below 127.60.200.0), on free ports except the
+well-known hang, which must be on 443:
 
 - a TLS tarpit (tests/peers/tarpit.py): accepts and never answers, not even the TLS
   handshake. It listens on ``--tarpit-addresses`` ports: the address cool-down is per
@@ -50,7 +50,7 @@ from tests.peers.tarpit import Tarpit  # noqa: E402
 from tests.support.tls import TestCA  # noqa: E402
 
 # Loopback addresses of this machine that the load test may take (the others belong to
-# other test suites running beside it).
+# other test suites running beside it); 127.60.200.0 and up are left to fixed-address tests.
 OUR_RANGE = (60, 0, 0)  # 127.60.0.0/16
 HANG_PORT = 443  # where discovery looks for /.well-known/matrix/server
 DRIP_NAMES = 64
@@ -156,7 +156,7 @@ class LoadPeers:
 def pick_ip() -> str:
     """A free address in our range: one whose port 443 nobody holds."""
     for _ in range(100):
-        ip = f"127.{OUR_RANGE[0]}.{random.randint(1, 254)}.{random.randint(1, 254)}"
+        ip = f"127.{OUR_RANGE[0]}.{random.randint(1, 199)}.{random.randint(1, 254)}"
         probe = gevent.socket.socket()
         try:
             probe.bind((ip, HANG_PORT))
