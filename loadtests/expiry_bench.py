@@ -32,21 +32,15 @@ IP = "127.60.250.1"  # the load tests' range; every port here is a free one
 V3 = "/_matrix/client/v3"
 
 
-def cpu_seconds(server: WeirProcess) -> float:
-    with open(f"/proc/{server.proc.pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def report(what: str, n: int, cpu: float, wall: float) -> None:
     print(f"  {what:<44} {cpu * 1000:8.0f} ms CPU  {cpu * 1000 / n:6.2f} ms each"
           f"  ({wall:5.2f} s wall)")
 
 
 def measured(server, what: str, n: int, fn) -> None:
-    cpu, wall = cpu_seconds(server), time.monotonic()
+    cpu, wall = server.cpu_seconds(), time.monotonic()
     fn()
-    report(what, n, cpu_seconds(server) - cpu, time.monotonic() - wall)
+    report(what, n, server.cpu_seconds() - cpu, time.monotonic() - wall)
 
 
 def main() -> None:

@@ -106,8 +106,8 @@ def _probe_sync(environment, **_):
 @events.request.add_listener
 def _record(request_type, name, response_time, response_length, response=None, context=None,
             exception=None, start_time=None, **_):
-    plan = _plan_of(context)
-    if plan is None:
+    plan = (context or {}).get("plan")
+    if plan is None:  # not one of ours
         return
     status = getattr(response, "status_code", 0) or 0
     category = context.get("category", LOCAL)
@@ -125,10 +125,6 @@ def _close(environment, **_):
     plan = getattr(environment, "weir", None)
     if plan is not None:
         plan.close()
-
-
-def _plan_of(context):
-    return context.get("plan") if context else None
 
 
 def _text(response) -> str:

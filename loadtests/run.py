@@ -93,8 +93,10 @@ class Child:
             self.lines.append(line.rstrip("\n"))
             if stream is self.proc.stderr:
                 self.log.write(line)
-            changed, self._changed = self._changed, Event()
-            changed.set()
+            self._notify()
+        self._notify()  # the end of the stream: waiters look at the exit code
+
+    def _notify(self) -> None:
         changed, self._changed = self._changed, Event()
         changed.set()
 
@@ -121,6 +123,7 @@ class Child:
             raise RunFailed(f"{self.name} did not end within {timeout:.0f}s") from None
 
     def stop(self, timeout: float = 20) -> int:
+        """SIGTERM (then SIGKILL); idempotent."""
         terminate(self.proc, timeout)
         self._reader.join(timeout=5)
         self.log.close()
@@ -135,7 +138,10 @@ class Peers(Child):
             "--drip-interval", str(args.drip_interval),
             "--counters", os.path.join(directory, "counters.json")],
             os.path.join(directory, "peers.log"))
-        self.info = json.loads(self.wait_line(r"^peers ready ", 60).split(" ", 2)[2])
+
+    def wait_ready(self) -> dict:
+        """Where everything is: the DNS server, the CA, the attack targets."""
+        return json.loads(self.wait_line(r"^peers ready ", 60).split(" ", 2)[2])
 
     def counters(self) -> dict:
         """Asks the peers for their counters now (SIGUSR1) and waits for the answer."""
@@ -184,7 +190,10 @@ class LoadTest:
         self.args = args
         self.results = results
         self.children: list[Child] = []
+        self.peers: Peers | None = None
+        self.peer_info: dict = {}
         self.weir: WeirProcess | None = None
+        self.scraper: Scraper | None = None
         self.phases: dict[str, tuple[float, float]] = {}
         self.weir_cpu: dict[str, float] = {}
 
@@ -195,7 +204,7 @@ class LoadTest:
             os.makedirs(self.path(folder), exist_ok=True)
         self.peers = Peers(self.path("peers"), self.args)
         self.children.append(self.peers)
-        info = self.peers.info
+        info = self.peer_info = self.peers.wait_ready()
         settings = {
             "server_name": "weir.load",
             "public_baseurl": "http://127.0.0.1/",
@@ -210,7 +219,8 @@ class LoadTest:
             # The judge reads Weir's refusal times from its access log.
             "logging": {"format": "json"},
         }
-        self.weir = WeirProcess(self.path("weir"), settings).start()
+        self.weir = WeirProcess(self.path("weir"), settings)
+        self.weir.start()
         self.scraper = Scraper(self.weir.client_url)
 
     def path(self, *parts: str) -> str:
@@ -223,10 +233,13 @@ class LoadTest:
         users = [{"localpart": f"load{i}", "password": f"pw-{i}-{os.urandom(4).hex()}"}
                  for i in range(self.args.users)]
         clients = [MatrixClient(url) for _ in users]
-        for user, registered in zip(users, Pool(8).map(
-                lambda pair: pair[1].register(pair[0]["localpart"], pair[0]["password"]),
-                zip(users, clients))):
-            user["access_token"] = registered["access_token"]
+
+        def register(i: int) -> None:
+            user = users[i]
+            user["access_token"] = clients[i].register(user["localpart"],
+                                                       user["password"])["access_token"]
+
+        Pool(8).map(register, range(len(users)))
         for start in range(0, len(users), USERS_PER_ROOM):
             creator = clients[start]
             r = creator.post("/_matrix/client/v3/createRoom", json={
@@ -243,7 +256,7 @@ class LoadTest:
                             headers={"Content-Type": "application/octet-stream"})
         r.raise_for_status()
         plan = {"users": users, "media": r.json()["content_uri"][len("mxc://"):],
-                "honest": self.peers.info["honest"], "attack": self.peers.info["targets"],
+                "honest": self.peer_info["honest"], "attack": self.peer_info["targets"],
                 # Each user logs in once per phase, at a random moment within this.
                 "login_within_s": self.args.duration * 0.9}
         path = self.path("plan.json")
@@ -288,19 +301,14 @@ class LoadTest:
 
     @contextlib.contextmanager
     def phase(self, name: str):
-        started, cpu = time.time(), self.weir_cpu_seconds()
+        started, cpu = time.time(), self.weir.cpu_seconds()
         yield
         self.phases[name] = (started, time.time())
-        self.weir_cpu[name] = round(self.weir_cpu_seconds() - cpu, 2)
-
-    def weir_cpu_seconds(self) -> float:
-        """CPU time Weir has used so far (user and system), from /proc."""
-        with open(f"/proc/{self.weir.proc.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        self.weir_cpu[name] = round(self.weir.cpu_seconds() - cpu, 2)
 
     def drain(self) -> tuple[dict, float]:
-        """Budgets in flight once they are all back to zero, or after DRAIN_SECONDS."""
+        """Budgets in flight once they are all back to zero, or after DRAIN_SECONDS. (Weir
+        offers no event across processes: this re-reads /metrics.)"""
         started = time.monotonic()
         while True:
             row = self.scraper.read()
@@ -313,12 +321,9 @@ class LoadTest:
 
     def close(self) -> dict:
         """Stops everything; returns the exit codes."""
-        codes = {}
-        if getattr(self, "scraper", None) is not None:
+        if self.scraper is not None:
             self.scraper.stop()
-        for child in reversed(self.children):
-            if child.proc.poll() is None or not child.log.closed:
-                codes[child.name] = child.stop()
+        codes = {child.name: child.stop() for child in reversed(self.children)}
         if self.weir is not None:
             codes["weir"] = self.weir.stop()
             if not self.args.keep_data:
