@@ -46,6 +46,11 @@ def summary_table(summary: dict) -> str:
                  + ", ".join(f"{k} {v}" for k, v in sorted(caps.items())) + ")")
     lines.append("budgets in flight after: " + ", ".join(
         f"{k} {'n/a' if v is None else v}" for k, v in summary["budgets_after"].items()))
+    machine = summary["machine"]
+    lines.append("Weir CPU seconds: " + ", ".join(
+        f"{phase} {seconds:g}" for phase, seconds in summary["weir_cpu_s"].items())
+        + f"; {machine['before']['cpus']} CPUs, load average {machine['before']['loadavg'][0]}"
+          f" before, {machine['after']['loadavg'][0]} after")
     verdict = summary["verdict"]
     lines.append(f"verdict: {'PASSED' if verdict['passed'] else 'FAILED'}")
     for rule in verdict["rules"]:
@@ -205,7 +210,8 @@ pre {{ background: #f6f8fa; padding: 1em; overflow-x: auto; }}
 {summary['config']['duration_s']:g} s per phase, main pool {summary['config']['main_pool_size']};
 machine: {summary['machine']['before']['cpus']} CPUs, load average
 {summary['machine']['before']['loadavg']} before and {summary['machine']['after']['loadavg']}
-after. Weir, locust and the peers share these CPUs.</p>
+after. Weir, locust and the peers share these CPUs. Weir used
+{html.escape(", ".join(f"{k} {v:g} s" for k, v in summary['weir_cpu_s'].items()))} of CPU.</p>
 <h2>Verdict</h2>
 <div class="rules">{_table(["", "rule", "value", "limit"], rules)}</div>
 <h2>Figures</h2>

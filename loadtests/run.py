@@ -344,6 +344,8 @@ def run(args) -> int:
         test.start()
         plan = test.setup()
         test.baseline(plan)
+        # Nothing should have reached the silent peers yet: kept to show it.
+        peers_after_baseline = test.peers.counters()
         test.attack(plan)
         after, drained_in = test.drain()
         peers = test.peers.counters()
@@ -369,6 +371,7 @@ def run(args) -> int:
                 "attackers": args.attackers, "main_pool_size": args.main_pool_size,
                 "tarpit_addresses": args.tarpit_addresses},
         machine={"before": machine_before, "after": machine()},
+        peers_after_baseline=peers_after_baseline,
         drained_in_s=round(drained_in, 2), exit_codes=exit_codes,
         phase_times=test.phases, weir_cpu_s=test.weir_cpu)
     with open(os.path.join(results, "summary.json"), "w") as f:
