@@ -107,6 +107,7 @@ class HonestPeer:
         self.media: dict[str, tuple[bytes, str, str | None]] = {}
         # False: an older server, whose media is only at the client API's legacy download.
         self.federation_media = True
+        self.media_gate: Event | None = None  # set: media requests wait for it to be set
         self._routes: dict[tuple[str, str], Handler] = {}
         self._prefix_routes: list[tuple[str, str, Handler]] = []
         self._sni: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -157,6 +158,8 @@ class HonestPeer:
     def _media_download(self, req: SeenRequest) -> tuple:
         if not self.federation_media:
             return _UNRECOGNIZED
+        if self.media_gate is not None:
+            self.media_gate.wait()
         entry = self.media.get(req.path[len(FEDERATION_MEDIA_DOWNLOAD):])
         if entry is None:
             return 404, {"errcode": "M_NOT_FOUND", "error": "Not found"}
