@@ -17,6 +17,7 @@ from ..api.client import metrics
 from ..api.client import rooms
 from ..api.client import versions
 from ..api.federation import keys, profile
+from ..api.federation import media as federation_media
 from .context import RUNTIME_EXTENSION
 from .middleware import RequestContextMiddleware
 from .responses import CORS_HEADERS, register_error_handlers
@@ -44,6 +45,7 @@ def federation_blueprints():
         keys.bp,
         profile.bp,
         versions.bp,
+        federation_media.bp,
     ]
 
 
