@@ -21,6 +21,7 @@ from budget import InFlightBudget, RateLimiter, parse_networks
 from .accounts.registration import RegistrationSessions
 from .accounts.service import AccountService
 from .config import Config
+from .directory.remote import RemoteDirectory
 from .directory.service import DirectoryService
 from .federation.client import FederationClient
 from .federation.cooldown import AddressCooldown
@@ -75,6 +76,8 @@ class HomeserverRuntime:
             self.metrics.track_pool("main", self.main_pool, http.main_pool_size)
         self.metrics.track_gauge("weir_cooldown_addresses", "Resolved addresses cooling down",
                                  self.address_cooldown.cooling_count)
+        self.metrics.track_gauge("weir_cooldowns_started", "Cool-downs started since start",
+                                 lambda: self.address_cooldown.cooldowns_started)
 
         limits = config.ratelimiting
         self.login_rate_limiter = RateLimiter(limits.login.max_requests, limits.login.per_seconds)
@@ -87,13 +90,6 @@ class HomeserverRuntime:
 
         self.accounts = AccountService(AccountStore(self.db), config.server_name)
         self.registration_sessions = RegistrationSessions()
-
-        # Rooms as signed events; `rooms.add_persist_listener` is where /sync will hook in.
-        self.rooms = RoomService(RoomStore(self.db), self.accounts, config.server_name,
-                                 self.signing_key)
-        self.directory = DirectoryService(DirectoryStore(self.db), self.rooms,
-                                          config.server_name)
-        self.room_creator = RoomCreator(self.rooms, self.directory, config.server_name)
 
         # Federation: one outbound client, and the keyring behind inbound authentication.
         # A worker shard (key_resolution_shards = N) gets its share of the key-resolution
@@ -109,6 +105,16 @@ class HomeserverRuntime:
             self.key_resolution_budget, self.key_resolution_rate, keys.trusted_key_servers,
             config.federation.remote_timeout)
         self.metrics.track_budget(self.key_resolution_budget)
+
+        # Rooms as signed events; `rooms.add_persist_listener` is where /sync will hook in.
+        self.rooms = RoomService(RoomStore(self.db), self.accounts, config.server_name,
+                                 self.signing_key)
+        self.remote_directory = RemoteDirectory(self.federation_client,
+                                                self.client_outbound_budget,
+                                                self.address_cooldown, self.metrics)
+        self.directory = DirectoryService(DirectoryStore(self.db), self.rooms,
+                                          config.server_name, self.remote_directory)
+        self.room_creator = RoomCreator(self.rooms, self.directory, config.server_name)
 
         # ADR-0121: in pool mode remote media fetches leave the main pool for a media pool of
         # their own, under their own budget; inline, they fall under ADR-0079's budget.
@@ -140,7 +146,6 @@ class HomeserverRuntime:
         self.federation_client.close()
         self.thumbnail_pool.kill()
         self.db.close()
-
 
 def _host_of(server_name: str) -> str:
     """The host part of a server name: `[::1]:8008` -> `[::1]`, `a.b:80` -> `a.b`."""

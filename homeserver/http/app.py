@@ -16,6 +16,7 @@ from ..api.client import media
 from ..api.client import metrics
 from ..api.client import rooms
 from ..api.client import versions
+from ..api.federation import directory as federation_directory
 from ..api.federation import keys, profile
 from ..api.federation import media as federation_media
 from .context import RUNTIME_EXTENSION
@@ -44,6 +45,7 @@ def federation_blueprints():
     return [
         keys.bp,
         profile.bp,
+        federation_directory.bp,
         versions.bp,
         federation_media.bp,
     ]

@@ -9,7 +9,7 @@ from marshmallow import Schema, ValidationError, fields, validate
 
 from ...errors import MatrixError, bad_json, invalid_param
 from ...http.auth import current_requester, requires_auth
-from ...http.context import runtime
+from ...http.context import outbound_caller, runtime
 from ...http.parsing import json_object, query_int, validate as validate_body, validated_json
 from ...http.responses import json_response
 from ...rooms.creation import PRESETS, CreateRoomRequest
@@ -144,7 +144,7 @@ def _own_membership(room_id: str, membership: str) -> None:
 @requires_auth
 def join_room_or_alias(room_id_or_alias: str):
     if room_id_or_alias.startswith("#"):
-        room_id, _servers = runtime().directory.resolve_alias(room_id_or_alias)
+        room_id, _servers = runtime().directory.resolve_alias(room_id_or_alias, outbound_caller())
     elif room_id_or_alias.startswith("!"):
         room_id = room_id_or_alias
     else:
