@@ -136,7 +136,7 @@ class HomeserverRuntime:
             config.media, config.security.media, media_store, media_files,
             self.federation_client,
             self.media_handoff or InlineFetchAdmission(self.client_outbound_budget),
-            self.remote_media_rate_limiter, self.metrics)
+            self.remote_media_rate_limiter, self.address_cooldown, self.metrics)
         # Pillow decoding and encoding is CPU-bound and would block the hub: native threads.
         self.thumbnail_pool = ThreadPool(config.media.thumbnail_threads)
         self.media = MediaService(config.media, config.server_name, media_store, media_files,

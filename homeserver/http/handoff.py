@@ -33,7 +33,7 @@ from gevent.pool import Group, Pool, PoolFull
 from budget import InFlightBudget, OutboundDeadline, Slot
 
 from ..errors import MatrixError, limit_exceeded
-from ..outbound import REFUSAL_RETRY_AFTER_MS
+from ..outbound import REFUSAL_RETRY_AFTER_MS, Caller
 from .disconnect import stop_on_client_disconnect
 
 # Where a handed-off request leaves its HandedOff for the connection's handler.
@@ -55,13 +55,13 @@ class MediaFetchHandoff:
         self.stopped = False
 
     @contextlib.contextmanager
-    def admitted(self, client_key: str, environ: dict):
+    def admitted(self, caller: Caller):
         """Holds a media_fetch_budget slot, with the request out of the main pool, for the
         body and until its response is written; or refuses at once (429, or 503 once stopped).
         """
         if self.stopped:
             raise shutting_down()
-        slot = self.budget.try_acquire(client_key)
+        slot = self.budget.try_acquire(caller.client_key)
         if slot is None:
             raise limit_exceeded(REFUSAL_RETRY_AFTER_MS,
                                  "Too many remote media requests in flight; try again shortly")
@@ -70,10 +70,10 @@ class MediaFetchHandoff:
             slot.release()
             raise RuntimeError("a media handoff must start on a main-pool connection")
         # From here on the slot is the handler's to release, once the response is written.
-        environ[HANDED_OFF] = HandedOff(self, slot, current)
+        caller.environ[HANDED_OFF] = HandedOff(self, slot, current)
         self.main_pool.discard(current)
         self.away.add(current)
-        with stop_on_client_disconnect(environ):
+        with stop_on_client_disconnect(caller.environ):
             yield
 
     @contextlib.contextmanager

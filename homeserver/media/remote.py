@@ -43,10 +43,11 @@ from ..config import MediaConfig, MediaSecurityConfig
 from ..errors import MatrixError, limit_exceeded, not_found
 from ..federation.client import FederationClient
 from ..federation.discovery import split_server_name
-from ..federation.errors import (DestinationUnreachable, FederationError, RemoteError,
-                                 ResponseTooLarge, to_client_error)
+from ..federation.cooldown import AddressCooldown
+from ..federation.errors import (AddressCoolingDown, DestinationUnreachable, FederationError,
+                                 RemoteError, ResponseTooLarge, to_client_error)
 from ..metrics import Metrics
-from ..outbound import MEDIA_DEADLINE_SECONDS, admitted
+from ..outbound import MEDIA_DEADLINE_SECONDS, Caller, admitted
 from ..storage.media import MediaStore, RemoteMedia
 from .files import FileTooLarge, MediaFileStore, is_valid_media_id
 from .multipart import MultipartMediaReader, upload_name_from
@@ -69,8 +70,8 @@ class MediaRequest:
     legacy: bool  # /_matrix/media/v3 (unauthenticated), not /_matrix/client/v1
     timeout_ms: int  # how long to wait for an async upload's content
     allow_remote: bool = True  # the legacy API's allow_remote
-    client_key: str = ""  # the budget and rate-limit key (DESIGN.md §4)
-    environ: dict = field(default_factory=dict, compare=False)  # to watch for a hang-up
+    # Whom a remote fetch is for: its budget and rate-limit key, and the connection to watch.
+    caller: Caller = field(default_factory=lambda: Caller(""))
 
 
 class InlineFetchAdmission:
@@ -80,8 +81,8 @@ class InlineFetchAdmission:
     def __init__(self, client_outbound_budget: InFlightBudget):
         self.budget = client_outbound_budget
 
-    def admitted(self, client_key: str, environ: dict):
-        return admitted(self.budget, client_key, environ)
+    def admitted(self, caller: Caller):
+        return admitted(self.budget, caller.client_key, caller.environ)
 
     def fetch_place(self, deadline: OutboundDeadline):
         return contextlib.nullcontext()
@@ -118,7 +119,7 @@ class _RemoteFile:
 class RemoteMediaRepository:
     def __init__(self, config: MediaConfig, security: MediaSecurityConfig, store: MediaStore,
                  files: MediaFileStore, client: FederationClient, admission,
-                 rate_limiter: RateLimiter, metrics: Metrics):
+                 rate_limiter: RateLimiter, cooldown: AddressCooldown, metrics: Metrics):
         self.config = config
         self.security = security
         self.store = store
@@ -126,6 +127,7 @@ class RemoteMediaRepository:
         self.client = client
         self.admission = admission  # MediaFetchHandoff (pool mode) or InlineFetchAdmission
         self.rate_limiter = rate_limiter
+        self.cooldown = cooldown  # client-triggered calls feed and consult it (cooldown.py)
         self.metrics = metrics
         self.coalescer = RemoteMediaFetchCoalescer()
         self._blocked = {_server_key(name) for name in security.blocked_servers}
@@ -168,7 +170,12 @@ class RemoteMediaRepository:
 
     def _fetch_for(self, request: MediaRequest, origin: str, media_id: str) -> RemoteMedia:
         """The file, fetched under the rate limit, admission and the coalescer."""
-        decision = self.rate_limiter.check(request.client_key)
+        try:
+            self._refuse_if_cooling(origin)
+        except AddressCoolingDown as e:
+            self._count_failure(e)
+            raise to_client_error(e, origin) from None
+        decision = self.rate_limiter.check(request.caller.client_key)
         if not decision.allowed:
             raise limit_exceeded(decision.retry_after_ms, "Too many remote media requests")
         deadline = self.client.deadline(MEDIA_DEADLINE_SECONDS, what=f"media {origin}/{media_id}")
@@ -183,11 +190,18 @@ class RemoteMediaRepository:
                 return self._fetch_counted(origin, media_id, deadline, authenticated)
 
         try:
-            with self.admission.admitted(request.client_key, request.environ), deadline:
+            with self.admission.admitted(request.caller), deadline:
                 return self.coalescer.fetch(origin, media_id, fetch,
                                             on_wait=self.metrics.coalesced.labels(CALL).inc)
         except (FederationError, DeadlineExceeded, FileTooLarge) as e:
             raise self._client_error(e, origin) from None
+
+    def _refuse_if_cooling(self, origin: str) -> None:
+        """An origin whose every known address just timed out or refused us is refused before
+        anything is spent on it: no slot, no rate-limit token, no place."""
+        known = self.client.discovery.known_targets(origin)
+        if known:
+            self.cooldown.refuse_if_all_cooling(origin, known)
 
     def _client_error(self, e: Exception, origin: str) -> MatrixError:
         if isinstance(e, (FileTooLarge, ResponseTooLarge)):
@@ -206,14 +220,19 @@ class RemoteMediaRepository:
             with deadline:
                 media = self._fetch(origin, media_id, deadline, authenticated)
         except Exception as e:
-            outcome = _outcome(e)
-            if outcome == "deadline":
-                self.metrics.deadline_expiries.labels(CALL).inc()
-            self.metrics.outbound_calls.labels(CALL, outcome).inc()
+            self._count_failure(e)
             log.info("fetching %s/%s failed: %s", origin, media_id, e)
             raise
         self.metrics.outbound_calls.labels(CALL, "ok").inc()
         return media
+
+    def _count_failure(self, e: Exception) -> None:
+        outcome = _outcome(e)
+        if outcome == "deadline":
+            self.metrics.deadline_expiries.labels(CALL).inc()
+        elif outcome == "cooling_down":
+            self.metrics.cooldown_refusals.inc()
+        self.metrics.outbound_calls.labels(CALL, outcome).inc()
 
     def _fetch(self, origin: str, media_id: str, deadline: OutboundDeadline,
                authenticated: bool) -> RemoteMedia:
@@ -239,7 +258,7 @@ class RemoteMediaRepository:
         try:
             response = responses.enter_context(self.client.open_stream(
                 origin, FEDERATION_DOWNLOAD_PATH + media_id, _timeout_query(deadline),
-                deadline=deadline, max_bytes=max_bytes))
+                deadline=deadline, max_bytes=max_bytes, target_health=self.cooldown))
         except RemoteError as e:
             if e.status in (404, 405) and e.errcode == "M_UNRECOGNIZED":
                 return self._open_legacy(origin, media_id, deadline, responses)
@@ -260,7 +279,8 @@ class RemoteMediaRepository:
         try:
             response = responses.enter_context(self.client.open_stream(
                 origin, f"{LEGACY_DOWNLOAD_PATH}{quote(origin, safe=':')}/{media_id}", query,
-                deadline=deadline, max_bytes=self.config.max_upload_size))
+                deadline=deadline, max_bytes=self.config.max_upload_size,
+                target_health=self.cooldown))
         except RemoteError as e:
             if e.status in REDIRECT_STATUSES and e.location:
                 return self._open_url(e.location, deadline, responses)
@@ -271,7 +291,8 @@ class RemoteMediaRepository:
                   responses: contextlib.ExitStack) -> _RemoteFile:
         """Where a `Location` points: the same IP filter, TLS verification and size cap."""
         response = responses.enter_context(self.client.open_url(
-            url, deadline=deadline, max_bytes=self.config.max_upload_size))
+            url, deadline=deadline, max_bytes=self.config.max_upload_size,
+            target_health=self.cooldown))
         return _plain_file(response)
 
 
@@ -298,6 +319,8 @@ def _outcome(e: Exception) -> str:
         return "deadline"
     if isinstance(e, (FileTooLarge, ResponseTooLarge)):
         return "too_large"
+    if isinstance(e, AddressCoolingDown):
+        return "cooling_down"
     if isinstance(e, DestinationUnreachable):
         return "unreachable"
     if isinstance(e, RemoteError):

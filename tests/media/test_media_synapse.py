@@ -15,9 +15,9 @@ import requests
 from PIL import Image
 
 from tests.media.images import solid
-from tests.support.browser import metric
-from tests.support.federation import federation_settings, tls_listener_settings
-from tests.support.server import MatrixClient, WeirProcess, base_settings, merge
+from tests.support.federation import tls_weir
+from tests.support.metrics import metric
+from tests.support.server import MatrixClient
 
 pytestmark = pytest.mark.synapse
 
@@ -28,13 +28,8 @@ WEIR_NAME = f"{WEIR_IP}:8448"
 @pytest.fixture(scope="module")
 def weir(test_ca, synapse, tmp_path_factory):
     directory = str(tmp_path_factory.mktemp("weir-media-interop"))
-    fed = federation_settings(test_ca)
-    fed.update(tls_listener_settings(test_ca, WEIR_NAME, WEIR_IP))
-    settings = merge(base_settings(os.path.join(directory, "data")),
-                     {"server_name": WEIR_NAME, "federation": fed})
-    proc = WeirProcess(directory, settings).start()
-    yield proc
-    proc.stop()
+    with tls_weir(test_ca, directory, WEIR_IP, WEIR_NAME) as proc:
+        yield proc
 
 
 def test_synapse_downloads_our_media(weir, synapse):
@@ -45,7 +40,7 @@ def test_synapse_downloads_our_media(weir, synapse):
                    headers={"Content-Type": "application/octet-stream"})
     media_id = r.json()["content_uri"].rsplit("/", 1)[1]
 
-    token = synapse.register("bob")["access_token"]
+    token = synapse.register("media_bob")["access_token"]
     r = requests.get(f"{synapse.client_url}/_matrix/client/v1/media/download/{WEIR_NAME}/"
                      f"{media_id}", headers={"Authorization": f"Bearer {token}"}, timeout=60)
     assert r.status_code == 200, r.text
@@ -56,7 +51,7 @@ def test_synapse_downloads_our_media(weir, synapse):
 
 
 def test_we_download_synapse_media_and_thumbnail_it(weir, synapse):
-    token = synapse.register("carol")["access_token"]
+    token = synapse.register("media_carol")["access_token"]
     image = solid(640, 480, "PNG", color="green")
     r = requests.post(f"{synapse.client_url}/_matrix/media/v3/upload",
                       params={"filename": "green.png"}, data=image,
@@ -78,5 +73,5 @@ def test_we_download_synapse_media_and_thumbnail_it(weir, synapse):
     assert r.status_code == 200, r.text
     assert Image.open(io.BytesIO(r.content)).size == (320, 240)
     # One fetch from Synapse for both.
-    assert metric(weir.client_url, "weir_outbound_calls_total",
-                  {"call": "remote_media", "outcome": "ok"}) == 1
+    assert metric(weir.client_url, "weir_outbound_calls_total", call="remote_media",
+                  outcome="ok") == 1

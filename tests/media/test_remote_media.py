@@ -21,8 +21,9 @@ from tests.media.images import solid
 from tests.peers.honest import multipart_media
 from tests.peers.liar import MALFORMED_MEDIA, LiarPeer
 from tests.peers.tarpit import Tarpit
-from tests.support.browser import Connection, burst, metric, wait_for_metric
+from tests.support.browser import Connection, burst
 from tests.support.federation import DENIED_IP, federation_settings
+from tests.support.metrics import in_flight, metric, wait_for_metric
 from tests.support.server import MatrixClient, WeirProcess, base_settings, merge
 
 CLIENT = "/_matrix/client/v1/media"
@@ -74,8 +75,8 @@ def error(response) -> tuple[int, str]:
 
 def assert_budgets_back_to_zero(weir) -> None:
     for budget in ("media_fetch", "client_outbound"):
-        wait_for_metric(weir.client_url, "weir_budget_in_flight", {"budget": budget}, 0)
-    wait_for_metric(weir.client_url, "weir_pool_greenlets", {"pool": "media"}, 0)
+        wait_for_metric(weir.client_url, "weir_budget_in_flight", 0, budget=budget)
+    wait_for_metric(weir.client_url, "weir_pool_greenlets", 0, pool="media")
 
 
 def cached_files(weir) -> list[str]:
@@ -132,7 +133,7 @@ def test_caps_against_a_tarpit(weir, token):
     per client and 64 in all are admitted, the rest are refused at once; local requests are
     served meanwhile; every budget is back to zero after the deadline."""
     clients, files = 9, 10
-    per_client, in_flight = 8, 64
+    per_client, total_cap = 8, 64
     with Tarpit("127.44.2.1", 8448) as tarpit:
         origin = "127.44.2.1:8448"
         local_media = MatrixClient(weir.client_url, token).post(
@@ -150,15 +151,14 @@ def test_caps_against_a_tarpit(weir, token):
 
         greenlets = [gevent.spawn(one, c) for c in range(clients) for _ in range(files)]
         # Every refusal comes back while the admitted requests are still parked.
-        refused = clients * files - in_flight
+        refused = clients * files - total_cap
         deadline = time.monotonic() + REMOTE_TIMEOUT * 2
         while sum(1 for _, status, _ in arrivals if status == 429) < refused:
             assert time.monotonic() < deadline, arrivals
             gevent.sleep(0.05)
         assert all(status == 429 for _, status, _ in arrivals)
-        assert metric(weir.client_url, "weir_budget_in_flight", {"budget": "media_fetch"}) \
-            == in_flight
-        assert metric(weir.client_url, "weir_pool_greenlets", {"pool": "media"}) == 16
+        assert in_flight(weir.client_url, "media_fetch") == total_cap
+        assert metric(weir.client_url, "weir_pool_greenlets", pool="media") == 16
         assert tarpit.wait_accepted(16, timeout=10)
         # Requests that never leave the server are served meanwhile.
         assert requests.get(weir.url("/_matrix/client/versions"), timeout=10).status_code == 200
@@ -170,7 +170,7 @@ def test_caps_against_a_tarpit(weir, token):
         assert result.json()["errcode"] == "M_LIMIT_EXCEEDED"
         assert result.json()["retry_after_ms"] == 1000 and result.headers["retry-after"] == "1"
     admitted = [(c, result) for c, status, result in arrivals if status != 429]
-    assert len(admitted) == in_flight
+    assert len(admitted) == total_cap
     for client in range(clients):
         assert sum(1 for c, _ in admitted if c == client) <= per_client
     # Parked until the deadline, which covers the queue for a media-pool place too.
@@ -281,7 +281,7 @@ def test_a_failed_fetch_is_shared_by_its_waiters_and_not_cached(weir, alice, sta
     waiting = [gevent.spawn(alice.get, f"{CLIENT}/{kind}/{peer.server_name}/{media_id}"
                             "?width=8&height=8") for kind in ("download", "thumbnail") * 2]
     assert peer.wait_hits(path, 1)
-    wait_for_metric(weir.client_url, "weir_budget_in_flight", {"budget": "media_fetch"}, 4)
+    wait_for_metric(weir.client_url, "weir_budget_in_flight", 4, budget="media_fetch")
     release.set()
     gevent.joinall(waiting, raise_error=True)
     assert [error(g.value) for g in waiting] == [(502, "M_UNKNOWN")] * 4
@@ -434,7 +434,7 @@ def test_the_main_pool_stays_free(test_ca, start_weir):
         parked = [gevent.spawn(c.get, f"{CLIENT}/download/127.44.8.1:8448/{new_id()}", headers)
                   for c in parked_connections]
         assert tarpit.wait_accepted(16, timeout=10)
-        assert metric(weir.client_url, "weir_budget_in_flight", {"budget": "media_fetch"}) == 16
+        assert in_flight(weir.client_url, "media_fetch") == 16
         # Eight connections open at once, each served while all are open: the whole main pool
         # is free (a ninth would wait for a place).
         local = [Connection(weir.client_url, timeout=10) for _ in range(8)]
@@ -481,7 +481,7 @@ def test_the_rate_limiter_counts_each_request_once(test_ca, start_weir, start_pe
     assert peer.wait_hits(path, 1)
     waiters = [gevent.spawn(client.get, f"{CLIENT}/download/{peer.server_name}/{media_id}")
                for _ in range(2)]
-    wait_for_metric(weir.client_url, "weir_budget_in_flight", {"budget": "media_fetch"}, 3)
+    wait_for_metric(weir.client_url, "weir_budget_in_flight", 3, budget="media_fetch")
     leader_request.kill()
     leader.close()  # the leader's client hangs up: a waiter leads a second attempt
     assert peer.wait_hits(path, 2)

@@ -1,4 +1,4 @@
-"""Clients that behave like a browser, and a view of the server's /metrics, for load-shaped tests.
+"""Clients that behave like a browser, for load-shaped tests.
 
 A browser talks HTTP/1.1 over a few keep-alive connections (six per host), handing each
 request to the next free connection in page order. `burst` does the same from one source
@@ -7,7 +7,6 @@ are other clients.
 
     results = burst(weir.client_url, paths, connections=6, headers=auth)
     assert [r.status for r in results] == [200] * len(paths)
-    wait_for_metric(weir.client_url, "weir_budget_in_flight", {"budget": "media_fetch"}, 0)
 """
 
 from __future__ import annotations
@@ -20,8 +19,6 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import gevent
-import requests
-from prometheus_client.parser import text_string_to_metric_families
 
 
 @dataclass
@@ -74,25 +71,3 @@ def burst(base_url: str, paths: list[str], connections: int = 6, headers: dict |
 
     gevent.joinall([gevent.spawn(work) for _ in range(connections)], raise_error=True)
     return results
-
-
-def metrics(base_url: str) -> dict:
-    """{(name, ((label, value), ...)): value} from the server's /metrics."""
-    text = requests.get(base_url + "/metrics", timeout=30).text
-    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
-            for family in text_string_to_metric_families(text) for sample in family.samples}
-
-
-def metric(base_url: str, name: str, labels: dict | None = None) -> float:
-    return metrics(base_url).get((name, tuple(sorted((labels or {}).items()))), 0.0)
-
-
-def wait_for_metric(base_url: str, name: str, labels: dict | None, value: float,
-                    timeout: float = 30) -> None:
-    """Waits until a gauge reads `value`. A slot is freed just after its response is written,
-    so a client can see the response a moment before the gauge does."""
-    end = time.monotonic() + timeout
-    while (seen := metric(base_url, name, labels)) != value:
-        if time.monotonic() > end:
-            raise AssertionError(f"{name}{labels or ''} is {seen}, not {value}")
-        gevent.sleep(0.05)

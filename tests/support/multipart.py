@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 
@@ -37,3 +39,13 @@ def parse_multipart(content_type: str, body: bytes) -> list[tuple[dict, bytes]]:
     assert parser.write(body) == len(body)
     parser.finalize()
     return parts
+
+
+def media_file_part(content_type: str, body: bytes) -> tuple[dict, bytes]:
+    """(headers, data) of the file part of a federation media response, after checking the
+    spec's shape: exactly two parts, the first `{}` as application/json."""
+    assert content_type.startswith("multipart/mixed; boundary=")
+    (json_headers, json_data), (file_headers, file_data) = parse_multipart(content_type, body)
+    assert json_headers == {"content-type": "application/json"}
+    assert json.loads(json_data) == {}
+    return file_headers, file_data

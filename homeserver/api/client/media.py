@@ -7,7 +7,7 @@ from flask import Blueprint, request
 
 from ...errors import not_found
 from ...http.auth import current_requester, enforce_rate_limit, requires_auth
-from ...http.context import client_key, runtime
+from ...http.context import outbound_caller, runtime
 from ...http.parsing import body_chunks, query_bool
 from ...http.responses import json_response
 from ...media.remote import MediaRequest
@@ -34,7 +34,7 @@ def _media_request(legacy: bool) -> MediaRequest:
     # allow_remote is the legacy API's; /client/v1 has no such parameter.
     return MediaRequest(legacy=legacy, timeout_ms=timeout_ms(),
                         allow_remote=query_bool("allow_remote", True) if legacy else True,
-                        client_key=client_key(), environ=request.environ)
+                        caller=outbound_caller())
 
 
 @bp.get(f"{CLIENT_MEDIA}/config")
