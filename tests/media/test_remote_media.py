@@ -15,6 +15,7 @@ import gevent
 import pytest
 import requests
 from gevent.event import Event
+from gevent.server import StreamServer
 from PIL import Image
 
 from tests.media.images import solid
@@ -311,6 +312,31 @@ def test_remote_errors_are_mapped(weir, alice, start_peer, status, errcode, expe
 def test_an_unreachable_origin_is_502(weir, alice):
     # Nothing listens there: the connection is refused.
     assert error(alice.get(f"{CLIENT}/download/127.44.7.4:8448/{new_id()}")) == (502, "M_UNKNOWN")
+    assert_budgets_back_to_zero(weir)
+
+
+def test_an_origin_that_just_failed_is_refused_at_once(weir, alice):
+    """A remote media fetch is a client-triggered call: an address that refused us cools
+    down, and the next request for that origin is refused before anything is spent on it."""
+    accepted = []
+
+    def hang_up(sock, address):
+        accepted.append(address)
+        sock.close()
+
+    listener = StreamServer(("127.44.7.6", 8448), hang_up)
+    listener.start()
+    try:
+        refusals = metric(weir.client_url, "weir_cooldown_refusals_total")
+        assert error(alice.get(f"{CLIENT}/download/127.44.7.6:8448/{new_id()}")) \
+            == (502, "M_UNKNOWN")
+        assert len(accepted) == 1
+        r = alice.get(f"{CLIENT}/download/127.44.7.6:8448/{new_id()}")
+        assert error(r) == (502, "M_UNKNOWN") and "cooling down" in r.json()["error"]
+        assert len(accepted) == 1  # not even a connection
+        assert metric(weir.client_url, "weir_cooldown_refusals_total") == refusals + 1
+    finally:
+        listener.stop()
     assert_budgets_back_to_zero(weir)
 
 
