@@ -6,6 +6,7 @@
 - pool mode's shutdown and hang-up rules, on a HomeserverServer with one media-pool place.
 """
 
+import http.client
 import socket
 import time
 import uuid
@@ -122,19 +123,58 @@ def test_inline_mode_global_cap_is_half_the_main_pool(inline, start_peer):
     assert runtime.client_outbound_budget.in_flight == 0
 
 
-# --- pool mode: hang-ups and shutdown ---------------------------------------------------------
+# --- pool mode: after the response, hang-ups, shutdown ----------------------------------------
+
+def pooled_server(test_ca, tmp_path, **http):
+    runtime = HomeserverRuntime(make_config(test_ca, tmp_path, **http), pools=True)
+    server = HomeserverServer(runtime)
+    server.start()
+    client = MatrixClient(server.client_url)
+    client.register("kim")
+    client.session.close()  # its keep-alive connection would hold a main-pool place
+    server.headers = {"Authorization": f"Bearer {client.token}"}
+    return server, runtime
+
 
 @pytest.fixture
 def pooled(test_ca, tmp_path):
-    runtime = HomeserverRuntime(make_config(test_ca, tmp_path, media_fetch_threads=1),
-                                pools=True)
-    server = HomeserverServer(runtime)
-    server.start()
-    token = MatrixClient(server.client_url).register("kim")["access_token"]
-    server.headers = {"Authorization": f"Bearer {token}"}
+    server, runtime = pooled_server(test_ca, tmp_path, media_fetch_threads=1)
     yield server, runtime
     server.stop(grace=1)
     runtime.close()
+
+
+def test_a_connection_back_from_the_media_pool_is_closed_if_the_main_pool_is_full(
+        test_ca, tmp_path, start_peer):
+    """main_pool_size = 2. While a request is handed off, two other connections fill the main
+    pool; once its response is written, the handed-off connection is closed rather than made
+    to wait for a place (or to run outside the pool's bound)."""
+    server, runtime = pooled_server(test_ca, tmp_path, main_pool_size=2)
+    try:
+        peer = start_peer("127.46.7.1:8448", "127.46.7.1")
+        media_id = new_id()
+        peer.serve_media(media_id, b"the answer", "text/plain")
+        release = peer.media_gate = Event()
+        sock = raw_request(server.client_url, f"{CLIENT}/download/{peer.server_name}/{media_id}",
+                           server.headers)
+        wait_until(lambda: runtime.media_fetch_budget.in_flight == 1)
+        others = [Connection(server.client_url, timeout=10) for _ in range(2)]
+        assert [c.get("/_matrix/client/versions").status for c in others] == [200, 200]
+        assert len(runtime.main_pool) == 2  # full, with the handed-off request outside it
+        release.set()
+        response = http.client.HTTPResponse(sock)
+        response.begin()
+        assert (response.status, response.read()) == (200, b"the answer")
+        sock.settimeout(10)
+        assert sock.recv(1) == b""  # closed by the server
+        wait_until(lambda: runtime.media_fetch_budget.in_flight == 0)
+        assert len(runtime.main_pool) == 2
+        for c in others:
+            c.close()
+        sock.close()
+    finally:
+        server.stop(grace=1)
+        runtime.close()
 
 
 def raw_request(url: str, path: str, headers: dict) -> socket.socket:
