@@ -130,7 +130,7 @@ class RemoteMediaRepository:
         self.cooldown = cooldown  # client-triggered calls feed and consult it (cooldown.py)
         self.metrics = metrics
         self.coalescer = RemoteMediaFetchCoalescer()
-        self._blocked = {_server_key(name) for name in security.blocked_servers}
+        self._blocked = {name.lower() for name in security.blocked_servers}
 
     def original(self, origin: str, media_id: str, request: MediaRequest) -> RemoteMedia:
         """The cached copy of another server's file, fetched first if need be."""
@@ -151,10 +151,12 @@ class RemoteMediaRepository:
         if not request.allow_remote:
             raise not_found("Media not found: it is remote, and allow_remote is false")
         try:
-            host, port = _server_key(origin)
+            host, _ = split_server_name(origin)
         except ValueError:
             raise not_found("Media not found: not a server name") from None
-        if (host, port) in self._blocked or (host, None) in self._blocked:
+        # A blocked name without a port blocks that host on every port.
+        host = f"[{host}]" if ":" in host else host
+        if origin.lower() in self._blocked or host.lower() in self._blocked:
             raise not_found("Media from this server is not served here")
         if not is_valid_media_id(media_id):
             raise not_found("Media not found")
@@ -305,13 +307,6 @@ def _plain_file(response) -> _RemoteFile:
 def _timeout_query(deadline: OutboundDeadline) -> dict:
     # How long the remote may wait for an async upload's content: no longer than we wait.
     return {"timeout_ms": str(int(deadline.remaining() * 1000))}
-
-
-def _server_key(server_name: str) -> tuple[str, int | None]:
-    """(host, port) of a server name, for matching `blocked_servers`: a name without a port
-    there blocks the host on every port."""
-    host, port = split_server_name(server_name)
-    return host.lower(), port
 
 
 def _outcome(e: Exception) -> str:
