@@ -9,12 +9,17 @@ from __future__ import annotations
 
 from flask import Flask, Response, request
 
+from ..api.client import account_data
 from ..api.client import accounts
 from ..api.client import admin
+from ..api.client import capabilities
 from ..api.client import directory
 from ..api.client import media
 from ..api.client import metrics
+from ..api.client import profile
+from ..api.client import receipts
 from ..api.client import rooms
+from ..api.client import sync
 from ..api.client import versions
 from ..api.federation import keys
 from .context import RUNTIME_EXTENSION
@@ -34,6 +39,11 @@ def client_blueprints():
         directory.bp,
         media.bp,
         metrics.bp,
+        sync.bp,
+        account_data.bp,
+        profile.bp,
+        receipts.bp,
+        capabilities.bp,
     ]
 
 
