@@ -428,9 +428,9 @@ class RoomService:
     # --- reading ------------------------------------------------------------------------
 
     def history_view(self, room_id: str, user_id: str) -> HistoryView:
-        return HistoryView(user_id,
-                           self.store.state_changes(room_id, "m.room.member", user_id),
-                           self.store.state_changes(room_id, "m.room.history_visibility", ""))
+        member, visibility = ("m.room.member", user_id), ("m.room.history_visibility", "")
+        changes = self.store.state_changes(room_id, [member, visibility])
+        return HistoryView(user_id, changes[member], changes[visibility])
 
     def _readable_state_position(self, room_id: str, user_id: str,
                                  view: HistoryView) -> int | None:

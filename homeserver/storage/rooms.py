@@ -295,14 +295,18 @@ class RoomStore:
         rows = self.db.read(lambda tx: tx.fetchall(sql, params))
         return [_stored(r) for r in rows]
 
-    def state_changes(self, room_id: str, event_type: str,
-                      state_key: str) -> list[tuple[int, StoredEvent]]:
-        """Every event ever set for one state key, oldest first: membership and history
-        visibility timelines for deciding what a user may see."""
-        rows = self.db.read(lambda tx: tx.fetchall(
-            f"SELECT {_EVENT_COLUMNS} FROM events e WHERE e.room_id = ? AND e.type = ?"
-            " AND e.state_key = ? ORDER BY e.stream_ordering", (room_id, event_type, state_key)))
-        return [(r[0], _stored(r)) for r in rows]
+    def state_changes(self, room_id: str,
+                      keys: list[StateKey]) -> dict[StateKey, list[tuple[int, StoredEvent]]]:
+        """Every event ever set for each of `keys`, oldest first, read in one transaction:
+        membership and history visibility timelines for deciding what a user may see."""
+        sql = (f"SELECT {_EVENT_COLUMNS} FROM events e WHERE e.room_id = ? AND e.type = ?"
+               " AND e.state_key = ? ORDER BY e.stream_ordering")
+
+        def read(tx):
+            return {key: [(r[0], _stored(r)) for r in tx.fetchall(sql, (room_id, *key))]
+                    for key in keys}
+
+        return self.db.read(read)
 
     # --- memberships --------------------------------------------------------------------
 
@@ -312,24 +316,27 @@ class RoomStore:
             " AND membership = ? ORDER BY room_id", (user_id, membership)))
         return [r[0] for r in rows]
 
-    def memberships_of(self, user_id: str) -> list[tuple[str, str, int]]:
+    # Two reads for /sync, which runs them in one transaction with others (storage/sync.py).
+
+    @staticmethod
+    def memberships_in(tx, user_id: str) -> list[tuple[str, str, int]]:
         """(room_id, membership, stream position of that member event) for every room the
         user has a member event in, whatever it says now."""
-        return [tuple(r) for r in self.db.read(lambda tx: tx.fetchall(
+        return [tuple(r) for r in tx.fetchall(
             "SELECT c.room_id, c.membership, e.stream_ordering FROM current_state c"
             " JOIN events e ON e.event_id = c.event_id"
             " WHERE c.state_key = ? AND c.type = 'm.room.member' ORDER BY c.room_id",
-            (user_id,)))]
+            (user_id,))]
 
-    def rooms_with_events(self, room_ids: list[str], after: int, up_to: int) -> set[str]:
+    @staticmethod
+    def rooms_with_events_in(tx, room_ids: list[str], after: int, up_to: int) -> set[str]:
         """Which of `room_ids` have events with `after < stream_ordering <= up_to`: one index
         probe per room, however long the range."""
         found: set[str] = set()
         for chunk, marks in in_lists(room_ids):
-            rows = self.db.read(lambda tx: tx.fetchall(
+            found.update(r[0] for r in tx.fetchall(
                 f"SELECT DISTINCT room_id FROM events WHERE room_id IN ({marks})"
                 " AND stream_ordering > ? AND stream_ordering <= ?", (*chunk, after, up_to)))
-            found.update(r[0] for r in rows)
         return found
 
     def member_counts(self, room_id: str) -> RoomCounts:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from . import streams
 from .database import Database, in_lists
-from .rooms import EVENTS_STREAM
+from .rooms import EVENTS_STREAM, RoomStore
 
 ACCOUNT_DATA_STREAM = "account_data"
 RECEIPTS_STREAM = "receipts"
@@ -47,14 +47,39 @@ class Receipt:
     ts: int
 
 
+@dataclass(frozen=True)
+class SyncSnapshot:
+    """Where a sync reads up to, and the user's rooms there."""
+
+    positions: StreamPositions
+    # (room_id, membership, position of the member event) for every room the user has a
+    # membership in; a position past `positions.events` was written after they were read.
+    memberships: list[tuple[str, str, int]]
+    # Of the rooms joined at `positions.events` and kept by the filter, those with events
+    # after the token's position; None for an initial sync.
+    rooms_with_events: set[str] | None
+
+
 class SyncStore:
     def __init__(self, db: Database):
         self.db = db
 
-    def positions(self) -> StreamPositions:
+    def snapshot(self, user_id: str, events_after: int | None, keeps_room) -> SyncSnapshot:
+        """Everything a sync needs before it looks into rooms, in one read transaction: the
+        waking of a thousand syncs at once is bounded by database round trips."""
+
         def read(tx):
             rows = dict(tx.fetchall("SELECT stream_name, position FROM stream_positions"))
-            return StreamPositions(*(rows[name] for name in _STREAMS))
+            positions = StreamPositions(*(rows[name] for name in _STREAMS))
+            memberships = RoomStore.memberships_in(tx, user_id)
+            with_events = None
+            if events_after is not None:
+                joined = [room_id for room_id, membership, at in memberships
+                          if membership == "join" and at <= positions.events
+                          and keeps_room(room_id)]
+                with_events = RoomStore.rooms_with_events_in(tx, joined, events_after,
+                                                             positions.events)
+            return SyncSnapshot(positions, memberships, with_events)
 
         return self.db.read(read)
 

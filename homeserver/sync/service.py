@@ -25,7 +25,7 @@ from ..rooms.format import client_event
 from ..rooms.service import RoomService, stream_token
 from ..rooms.visibility import HistoryView
 from ..storage.rooms import StoredEvent
-from ..storage.sync import StreamPositions, SyncStore
+from ..storage.sync import StreamPositions, SyncSnapshot, SyncStore
 from .filters import Filters, RoomEventFilter, SyncFilter
 from .notifier import Notifier
 from .push_rules import default_ruleset
@@ -61,9 +61,9 @@ class SyncRequest:
 
 
 @dataclass
-class _Snapshot:
-    """What one computation reads up to, and what changed since the token outside rooms'
-    timelines (account data, receipts, typing), by room."""
+class _Batch:
+    """What one response covers: the positions it reads up to, and what changed since the
+    token outside rooms' timelines (account data, receipts, typing), by room."""
 
     positions: StreamPositions
     now: int
@@ -117,99 +117,99 @@ class SyncService:
 
     def _respond(self, request: SyncRequest) -> tuple[dict, bool]:
         since = request.since
-        snapshot = _Snapshot(self.store.positions(), now_ms())
-        memberships = self._memberships_at(request, snapshot.positions.events)
+        incremental = since is not None and not request.full_state
+        snapshot = self.store.snapshot(request.user_id, since.events if incremental else None,
+                                       request.filter.room.keeps_room)
+        batch = _Batch(snapshot.positions, now_ms())
+        memberships, raced = self._memberships_at(request, snapshot)
         joined = [room_id for room_id, (membership, _) in memberships.items()
                   if membership == "join"]
-        self._read_side_streams(request, snapshot, joined)
+        self._read_side_streams(request, batch, joined)
 
-        with_events = set(joined)
-        if since is not None and not request.full_state:
-            with_events = self.rooms.store.rooms_with_events(joined, since.events,
-                                                             snapshot.positions.events)
         rooms: dict = {"join": {}, "invite": {}, "knock": {}, "leave": {}}
         for room_id, (membership, changed_at) in memberships.items():
             changed = since is None or changed_at > since.events
             if membership == "join":
-                entry = self._joined_room(request, snapshot, room_id, changed,
-                                          room_id in with_events)
+                has_events = snapshot.rooms_with_events is None or room_id in raced or \
+                    room_id in snapshot.rooms_with_events
+                entry = self._joined_room(request, batch, room_id, changed, has_events)
                 section = "join"
             elif membership in ("invite", "knock"):
                 entry = self._stripped_room(request, room_id, membership) if changed else None
                 section = membership
             else:  # leave or ban
-                entry = self._left_room(request, snapshot, room_id, changed_at) \
-                    if changed else None
+                entry = self._left_room(request, batch, room_id, changed_at) if changed else None
                 section = "leave"
             if entry is not None:
                 rooms[section][room_id] = entry
 
-        account_data = self._global_account_data(request, snapshot)
+        account_data = self._global_account_data(request, batch)
         has_updates = bool(account_data or any(rooms.values()))
         next_batch = since
         if since is None or has_updates:
-            positions = snapshot.positions
+            positions = batch.positions
             next_batch = SyncToken(positions.events, positions.account_data,
-                                   positions.receipts, snapshot.typing_position,
-                                   self.typing.epoch)
+                                   positions.receipts, batch.typing_position, self.typing.epoch)
         body = {"next_batch": str(next_batch), "account_data": {"events": account_data},
                 "rooms": rooms}
         return body, has_updates
 
-    def _memberships_at(self, request: SyncRequest, position: int) -> dict:
-        """{room_id: (membership, where it was set)} as of stream `position`, for the rooms
-        the filter keeps."""
-        out = {}
-        room_filter = request.filter.room
-        for room_id, membership, changed_at in self.rooms.store.memberships_of(request.user_id):
-            if not room_filter.keeps_room(room_id):
+    def _memberships_at(self, request: SyncRequest,
+                        snapshot: SyncSnapshot) -> tuple[dict, set[str]]:
+        """{room_id: (membership, where it was set)} as of the snapshot's event position,
+        for the rooms the filter keeps; and the rooms whose membership changed after that
+        position was read (their other reads are not in the snapshot)."""
+        out, raced = {}, set()
+        position = snapshot.positions.events
+        for room_id, membership, changed_at in snapshot.memberships:
+            if not request.filter.room.keeps_room(room_id):
                 continue
             if changed_at > position:
-                # Changed since this sync read the positions: what was it then?
                 view = self.rooms.history_view(room_id, request.user_id)
                 membership = view.membership_after(position)
                 changed_at = view.last_membership_change(position)
                 if membership is None:
                     continue
+                raced.add(room_id)
             out[room_id] = (membership, changed_at)
-        return out
+        return out, raced
 
-    def _read_side_streams(self, request: SyncRequest, snapshot: _Snapshot,
+    def _read_side_streams(self, request: SyncRequest, batch: _Batch,
                            joined: list[str]) -> None:
         """Account data, receipts and typing changed since the token, by room."""
         since = request.since
-        positions = snapshot.positions
+        positions = batch.positions
         after = since.account_data if since else 0
         if positions.account_data > after:
             for item in self.store.account_data_changes(request.user_id, after,
                                                         positions.account_data):
-                snapshot.account_data[item.room_id].append(item)
+                batch.account_data[item.room_id].append(item)
         after = since.receipts if since else 0
         if positions.receipts > after and joined:
             for receipt in self.store.receipt_changes(joined, after, positions.receipts):
                 if receipt.receipt_type == "m.read.private" and \
                         receipt.user_id != request.user_id:
                     continue
-                snapshot.receipts[receipt.room_id].append(receipt)
+                batch.receipts[receipt.room_id].append(receipt)
         # No yield between these two lines: the position covers exactly these changes.
-        snapshot.typing = self.typing.changes(
+        batch.typing = self.typing.changes(
             joined, since.typing_since(self.typing.epoch) if since else 0)
-        snapshot.typing_position = self.typing.position
+        batch.typing_position = self.typing.position
 
     # --- rooms --------------------------------------------------------------------------
 
-    def _joined_room(self, request: SyncRequest, snapshot: _Snapshot, room_id: str,
+    def _joined_room(self, request: SyncRequest, batch: _Batch, room_id: str,
                      membership_changed: bool, has_events: bool) -> dict | None:
         since = request.since
-        up_to = snapshot.positions.events
+        up_to = batch.positions.events
         view = None
         newly_joined = since is None
         if membership_changed and since is not None:
             view = self.rooms.history_view(room_id, request.user_id)
             newly_joined = view.membership_after(since.events) != "join" or any(
                 m != "join" for m in view.memberships_between(since.events, up_to))
-        ephemeral = self._ephemeral(request, snapshot, room_id)
-        account_data = self._room_account_data(request, snapshot, room_id)
+        ephemeral = self._ephemeral(request, batch, room_id)
+        account_data = self._room_account_data(request, batch, room_id)
         if not (newly_joined or has_events or request.full_state or ephemeral
                 or account_data or membership_changed):
             return None
@@ -222,19 +222,19 @@ class SyncService:
                 or request.full_state):
             return None
         entry = {
-            "timeline": {"events": self._format(request, snapshot, view, timeline.events),
+            "timeline": {"events": self._format(request, batch, view, timeline.events),
                          "limited": timeline.limited, "prev_batch": timeline.prev_batch},
             "ephemeral": {"events": ephemeral},
             "account_data": {"events": account_data},
             "summary": {},
         }
-        self._put_state(request, snapshot, view, room_id, entry, state, timeline)
+        self._put_state(request, batch, view, room_id, entry, state, timeline)
         touched = [s.event.type for s in timeline.events] + [k[0] for k in state]
         if newly_joined or request.full_state or _SUMMARY_TYPES.intersection(touched):
             entry["summary"] = self._summary(request.user_id, room_id)
         return entry
 
-    def _left_room(self, request: SyncRequest, snapshot: _Snapshot, room_id: str,
+    def _left_room(self, request: SyncRequest, batch: _Batch, room_id: str,
                    left_at: int) -> dict | None:
         """A room the user left or was banned from: its events up to the leave. Rooms left
         before the token are not sent again; on an initial sync only with include_leave."""
@@ -254,11 +254,11 @@ class SyncService:
             state_after = after if view.membership_after(after) == "join" else 0
             state = self._state(request, room_id, timeline, state_after, left_at)
         entry = {
-            "timeline": {"events": self._format(request, snapshot, view, timeline.events),
+            "timeline": {"events": self._format(request, batch, view, timeline.events),
                          "limited": timeline.limited, "prev_batch": timeline.prev_batch},
-            "account_data": {"events": self._room_account_data(request, snapshot, room_id)},
+            "account_data": {"events": self._room_account_data(request, batch, room_id)},
         }
-        self._put_state(request, snapshot, view, room_id, entry, state, timeline)
+        self._put_state(request, batch, view, room_id, entry, state, timeline)
         return entry
 
     def _stripped_room(self, request: SyncRequest, room_id: str, membership: str) -> dict:
@@ -314,7 +314,7 @@ class SyncService:
             state.update({k: s for k, s in later.items() if k not in in_timeline})
         return state
 
-    def _put_state(self, request: SyncRequest, snapshot: _Snapshot, view: HistoryView,
+    def _put_state(self, request: SyncRequest, batch: _Batch, view: HistoryView,
                    room_id: str, entry: dict, state: dict, timeline: _Timeline) -> None:
         """Fills the entry's state section from `state`, as the state filter says. With
         lazy-loaded members, the member events are those of the timeline's senders (sent
@@ -343,7 +343,7 @@ class SyncService:
                 kept.append(stored)
         kept.sort(key=lambda s: s.stream_ordering)
         key = "state_after" if request.use_state_after else "state"
-        entry[key] = {"events": self._format(request, snapshot, view, kept)}
+        entry[key] = {"events": self._format(request, batch, view, kept)}
 
     def _summary(self, user_id: str, room_id: str) -> dict:
         counts = self.rooms.store.member_counts(room_id)
@@ -353,15 +353,15 @@ class SyncService:
             summary["m.heroes"] = self.rooms.store.heroes(room_id, user_id, HEROES)
         return summary
 
-    def _ephemeral(self, request: SyncRequest, snapshot: _Snapshot, room_id: str) -> list:
+    def _ephemeral(self, request: SyncRequest, batch: _Batch, room_id: str) -> list:
         ephemeral_filter = request.filter.room.ephemeral
         if not ephemeral_filter.keeps_room(room_id):
             return []
         events = []
-        if room_id in snapshot.typing and ephemeral_filter.keeps_type("m.typing"):
+        if room_id in batch.typing and ephemeral_filter.keeps_type("m.typing"):
             events.append({"type": "m.typing",
-                           "content": {"user_ids": snapshot.typing[room_id]}})
-        receipts = snapshot.receipts.get(room_id)
+                           "content": {"user_ids": batch.typing[room_id]}})
+        receipts = batch.receipts.get(room_id)
         if receipts and ephemeral_filter.keeps_type("m.receipt"):
             content: dict = {}
             for r in receipts:
@@ -371,15 +371,15 @@ class SyncService:
             events.append({"type": "m.receipt", "content": content})
         return events[:ephemeral_filter.limit] if ephemeral_filter.limit else events
 
-    def _room_account_data(self, request: SyncRequest, snapshot: _Snapshot,
+    def _room_account_data(self, request: SyncRequest, batch: _Batch,
                            room_id: str) -> list:
         data_filter = request.filter.room.account_data
         if not data_filter.keeps_room(room_id):
             return []
-        return _account_data_events(snapshot.account_data.get(room_id, ()), data_filter)
+        return _account_data_events(batch.account_data.get(room_id, ()), data_filter)
 
-    def _global_account_data(self, request: SyncRequest, snapshot: _Snapshot) -> list:
-        items = list(snapshot.account_data.get("", ()))
+    def _global_account_data(self, request: SyncRequest, batch: _Batch) -> list:
+        items = list(batch.account_data.get("", ()))
         events = _account_data_events(items, request.filter.account_data)
         if request.since is None and request.filter.account_data.keeps_type("m.push_rules"):
             # Push rules are the server defaults, which clients read from the first sync.
@@ -389,18 +389,19 @@ class SyncService:
 
     # --- formatting ---------------------------------------------------------------------
 
-    def _format(self, request: SyncRequest, snapshot: _Snapshot, view: HistoryView,
+    def _format(self, request: SyncRequest, batch: _Batch, view: HistoryView,
                 events: list[StoredEvent]) -> list[dict]:
         sync_filter = request.filter
         if sync_filter.event_format == "federation":
             out = [dict(s.event.pdu) for s in events]
         else:
             requester = request.requester
+            own = [s.event.event_id for s in events if s.event.sender == requester.user_id]
             txn_ids = self.rooms.store.txn_ids_for(requester.user_id, requester.device_id,
-                                                   [s.event.event_id for s in events])
+                                                   own) if own else {}
             out = []
             for stored in events:
-                event = client_event(stored, snapshot.now, txn_ids.get(stored.event.event_id),
+                event = client_event(stored, batch.now, txn_ids.get(stored.event.event_id),
                                      view.membership_after(stored.stream_ordering) or "leave")
                 del event["room_id"]  # implied by where the event is in the response
                 out.append(event)
