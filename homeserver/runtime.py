@@ -107,7 +107,7 @@ class HomeserverRuntime:
         self.metrics.track_gauge("weir_sync_waiters", "Syncs registered to be woken",
                                  self.notifier.waiting)
         sync_store = SyncStore(self.db)
-        self.filters = Filters(sync_store, config.server_name)
+        self.filters = Filters(sync_store)
         self.account_data = AccountDataService(sync_store, self.notifier)
         self.receipts = ReceiptService(self.rooms, sync_store, self.account_data,
                                        self.notifier)

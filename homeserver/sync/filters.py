@@ -25,6 +25,7 @@ MAX_TIMELINE_LIMIT = 250
 # A stored or inline filter is a small JSON object; this bounds what we parse and keep.
 MAX_FILTER_BYTES = 16 * 1024
 _FILTER_ID = re.compile(r"^[0-9]{1,18}$")
+_PARSED_FILTERS = 10_000
 
 
 class _Strings(fields.List):
@@ -118,6 +119,10 @@ class SyncFilter:
     room: RoomFilter = field(default_factory=RoomFilter)
 
 
+# Frozen, so one instance serves every sync without a filter.
+NO_FILTER = SyncFilter()
+
+
 def _tuple(body: dict, name: str) -> tuple | None:
     return tuple(body[name]) if name in body else None
 
@@ -177,9 +182,11 @@ def decode_filter_json(text: str):
 class Filters:
     """The filter API: stored filters belong to one user, who alone may read them."""
 
-    def __init__(self, store, server_name: str):
+    def __init__(self, store):
         self.store = store
-        self.server_name = server_name
+        # Parsed stored filters: clients name the same one at every sync, and a stored filter
+        # never changes. Oldest first, at most _PARSED_FILTERS.
+        self._parsed: dict[tuple[str, str], SyncFilter] = {}
 
     def _check_owner(self, requester, user_id: str) -> None:
         if requester.user_id != user_id:
@@ -206,10 +213,15 @@ class Filters:
     def resolve(self, user_id: str, param: str | None) -> SyncFilter:
         """/sync's `filter` parameter: inline JSON when it starts with `{`, else a filter ID."""
         if not param:
-            return SyncFilter()
+            return NO_FILTER
         if param.startswith("{"):
             return parse_filter(decode_filter_json(param))
-        text = self._stored(user_id, param)
-        if text is None:
-            raise invalid_param(f"Unknown filter {param!r}")
-        return parse_filter(json.loads(text))
+        parsed = self._parsed.get((user_id, param))
+        if parsed is None:
+            text = self._stored(user_id, param)
+            if text is None:
+                raise invalid_param(f"Unknown filter {param!r}")
+            parsed = self._parsed[(user_id, param)] = parse_filter(json.loads(text))
+            if len(self._parsed) > _PARSED_FILTERS:
+                del self._parsed[next(iter(self._parsed))]
+        return parsed
