@@ -1,7 +1,7 @@
 """Prints what waiting /syncs cost one server process, and how fast the right ones wake.
 
     .venv/bin/python -m loadtests.sync_bench [--parked 5000] [--members 100] [--few 10]
-                                             [--rounds 20]
+                                             [--rounds 20] [--database-url URL]
 
 Starts a real server process (`python app.py`, SQLite) whose users and rooms are written
 beforehand through the storage layer (registering thousands of users over HTTP would be
@@ -15,8 +15,11 @@ generator), and prints:
   - the same for a room of `--few` members while all `--parked` syncs wait (the other
     syncs must not be touched: waking is indexed by user, not a scan).
 
-Each woken client parks again at once with its new next_batch, as a real client does; a
-round starts when all syncs are parked again (the server's weir_sync_waiters gauge).
+Both latencies are measured twice: with the woken clients syncing again only once the whole
+round is woken (the wake-up alone), and with each syncing again at once with its new
+next_batch, as real clients do (so the round's later wake-ups share the server with the
+earlier clients' next syncs). A round starts when all syncs are parked again (the server's
+weir_sync_waiters gauge).
 """
 
 from gevent import monkey
@@ -112,6 +115,7 @@ class Client:
                 body = read_response(reader)
                 self.bench.woken(self, time.perf_counter())
                 self.since = json.loads(body)["next_batch"]
+                self.bench.may_park_again(self)
         finally:
             sock.close()
 
@@ -135,6 +139,14 @@ class Bench:
         self.times: dict = {}
         self.all_woken = Event()
         self.send_ms: list[float] = []
+        # True: a woken client syncs again at once, as real clients do, so the woken syncs
+        # compete with their successors. False: the round's clients sync again only once
+        # all of them are woken, which leaves the wake-up itself to be measured.
+        self.park_at_once = True
+
+    def may_park_again(self, client: Client) -> None:
+        if not self.park_at_once and client in self.expected:
+            self.all_woken.wait()
 
     def woken(self, client: Client, at: float) -> None:
         if client in self.expected and client not in self.times:
@@ -181,6 +193,8 @@ def main() -> int:
     parser.add_argument("--members", type=int, default=100)
     parser.add_argument("--few", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--database-url", default=None, help="an empty PostgreSQL database;"
+                        " default: SQLite in a temporary folder")
     args = parser.parse_args()
     if args.members + args.few > args.parked:
         parser.error("--members + --few must not exceed --parked")
@@ -192,15 +206,15 @@ def main() -> int:
     directory = tempfile.mkdtemp(prefix="weir-sync-bench-")
     settings = {
         "server_name": "bench.test", "data_dir": os.path.join(directory, "data"),
-        "database": {"url": f"sqlite:///{directory}/data/homeserver.db"},
+        "database": {"url": args.database_url or f"sqlite:///{directory}/data/homeserver.db"},
         "server": {"http": {"port": 0, "main_pool_size": args.parked + 200}},
         "federation": {"port": 0},
         "logging": {"level": "WARNING"},
     }
     started = time.perf_counter()
     tokens, (big_room, small_room) = populate(settings, args.parked, [args.members, args.few])
-    print(f"setup: {args.parked} users, rooms of {args.members} and {args.few} waiting members"
-          f" ({time.perf_counter() - started:.0f} s)")
+    print(f"setup: {args.parked} users, rooms of {args.members} and {args.few} waiting members,"
+          f" {settings['database']['url'].split(':')[0]} ({time.perf_counter() - started:.0f} s)")
 
     config_path = os.path.join(directory, "config.toml")
     write_config(config_path, settings)
@@ -232,30 +246,35 @@ def main() -> int:
         print(f"server RSS with {args.parked} waiting syncs: {rss / 1024:.0f} MB"
               f" ({rss / args.parked:.1f} KB per sync, process included)")
 
-        def sender_for(room_id):
-            counter = iter(range(10**9))
+        transaction_ids = iter(range(10**9))  # a repeated one would send nothing new
 
+        def sender_for(room_id):
             def send():
                 r = sender.put(f"{url}/_matrix/client/v3/rooms/{room_id}/send/m.room.message/"
-                               f"t{room_id}{next(counter)}", json={"body": "wake up"},
+                               f"t{next(transaction_ids)}", json={"body": "wake up"},
                                timeout=60)
                 r.raise_for_status()
             return send
 
-        for label, members, room_id in (
-                (f"{args.members} waiting members of the room", clients[:args.members],
-                 big_room),
-                (f"{args.few} concerned of {args.parked} parked",
-                 clients[args.members:args.members + args.few], small_room)):
-            samples, bench.send_ms = [], []
-            send = sender_for(room_id)
-            for _ in range(args.rounds):
-                bench.wait_parked(args.parked)
-                samples += bench.round(members, send)
-            print(f"send -> wake-up, {label}: p50 {percentile(samples, 50):.1f} ms,"
-                  f" p99 {percentile(samples, 99):.1f} ms, max {max(samples):.1f} ms"
-                  f" ({len(samples)} wake-ups over {args.rounds} sends; the send itself:"
-                  f" p50 {percentile(bench.send_ms, 50):.1f} ms)")
+        scenarios = [
+            (f"{args.members} waiting members of the room", clients[:args.members], big_room),
+            (f"{args.few} concerned of {args.parked} parked",
+             clients[args.members:args.members + args.few], small_room)]
+        for park_at_once in (False, True):
+            bench.park_at_once = park_at_once
+            print("woken clients sync again " + (
+                "at once, as real clients do:" if park_at_once else
+                "once the whole round is woken (the wake-up alone):"))
+            for label, members, room_id in scenarios:
+                samples, bench.send_ms = [], []
+                send = sender_for(room_id)
+                for _ in range(args.rounds):
+                    bench.wait_parked(args.parked)
+                    samples += bench.round(members, send)
+                print(f"  send -> wake-up, {label}: p50 {percentile(samples, 50):.1f} ms,"
+                      f" p99 {percentile(samples, 99):.1f} ms, max {max(samples):.1f} ms"
+                      f" ({len(samples)} wake-ups over {args.rounds} sends; the send itself:"
+                      f" p50 {percentile(bench.send_ms, 50):.1f} ms)")
         print(f"server RSS at the end: {rss_kb(server.pid) / 1024:.0f} MB")
         gevent.killall(greenlets, block=True, timeout=30)
     finally:
