@@ -18,6 +18,7 @@ from gevent.threadpool import ThreadPool
 
 from budget import InFlightBudget, RateLimiter, parse_networks
 
+from .accounts.profile import ProfileService
 from .accounts.registration import RegistrationSessions
 from .accounts.service import AccountService
 from .config import Config
@@ -41,7 +42,15 @@ from .storage.directory import DirectoryStore
 from .storage.keys import ServerKeyStore
 from .storage.media import MediaStore
 from .storage.migrations import migrate
+from .storage.profiles import ProfileStore
 from .storage.rooms import RoomStore
+from .storage.sync import SyncStore
+from .sync.account_data import AccountDataService
+from .sync.filters import Filters
+from .sync.notifier import Notifier
+from .sync.receipts import ReceiptService
+from .sync.service import SyncService
+from .sync.typing import TypingNotifications
 
 log = logging.getLogger(__name__)
 
@@ -106,15 +115,33 @@ class HomeserverRuntime:
             config.federation.remote_timeout)
         self.metrics.track_budget(self.key_resolution_budget)
 
-        # Rooms as signed events; `rooms.add_persist_listener` is where /sync will hook in.
+        # Rooms as signed events, member events carrying each local user's profile.
+        profile_store = ProfileStore(self.db)
         self.rooms = RoomService(RoomStore(self.db), self.accounts, config.server_name,
-                                 self.signing_key)
+                                 self.signing_key, profile_store)
+        self.profiles = ProfileService(profile_store, self.accounts, self.rooms,
+                                       config.server_name)
         self.remote_directory = RemoteDirectory(self.federation_client,
                                                 self.client_outbound_budget,
                                                 self.address_cooldown, self.metrics)
         self.directory = DirectoryService(DirectoryStore(self.db), self.rooms,
                                           config.server_name, self.remote_directory)
         self.room_creator = RoomCreator(self.rooms, self.directory, config.server_name)
+
+        # /sync: waiting syncs park on the notifier, which every stored event, account data
+        # change, receipt and typing change wakes for the users it concerns.
+        self.notifier = Notifier(self.rooms.store.joined_users)
+        self.rooms.add_persist_listener(self.notifier.on_events_persisted)
+        self.metrics.track_gauge("weir_sync_waiters", "Syncs registered to be woken",
+                                 self.notifier.waiting)
+        sync_store = SyncStore(self.db)
+        self.filters = Filters(sync_store)
+        self.account_data = AccountDataService(sync_store, self.notifier)
+        self.receipts = ReceiptService(self.rooms, sync_store, self.account_data,
+                                       self.notifier)
+        self.typing = TypingNotifications(self.rooms, self.notifier.notify_room)
+        self.sync = SyncService(self.rooms, sync_store, self.notifier, self.typing,
+                                self.filters)
 
         # ADR-0121: in pool mode remote media fetches leave the main pool for a media pool of
         # their own, under their own budget; inline, they fall under ADR-0079's budget.
@@ -144,6 +171,8 @@ class HomeserverRuntime:
 
     def close(self) -> None:
         self.federation_client.close()
+        self.notifier.close()
+        self.typing.close()
         self.thumbnail_pool.kill()
         self.db.close()
 

@@ -193,6 +193,8 @@ class HomeserverServer:
             server.close()  # stop accepting; the listening socket is closed
             for greenlet in list(server.idle_greenlets):
                 greenlet.kill(block=False)
+        # Waiting syncs answer now (empty) rather than hold the shutdown to their timeout.
+        self.runtime.notifier.close()
         # Connections handed off to the media pool are in none of the servers' pools.
         pools = [s.pool for s in self.servers] + [handoff.away]
         for pool in pools:
