@@ -177,6 +177,36 @@ def test_a_connection_back_from_the_media_pool_is_closed_if_the_main_pool_is_ful
         runtime.close()
 
 
+def test_waiters_on_a_fetch_take_no_media_pool_place(test_ca, tmp_path, start_peer):
+    """Two media-pool places. One slow file asked for six times is one fetch in one place;
+    the other place stays free for another file, which is fetched meanwhile."""
+    server, runtime = pooled_server(test_ca, tmp_path, media_fetch_threads=2)
+    try:
+        slow, other = start_peer("127.46.8.1:8448", "127.46.8.1"), \
+            start_peer("127.46.8.2:8448", "127.46.8.2")
+        slow_id, other_id = new_id(), new_id()
+        slow.serve_media(slow_id, solid(64, 64), "image/png")
+        other.serve_media(other_id, b"not held up", "text/plain")
+        release = slow.media_gate = Event()
+        kinds = ["download", "thumbnail"] * 3
+        waiting = [gevent.spawn(Connection(server.client_url).get,
+                                f"{CLIENT}/{kind}/{slow.server_name}/{slow_id}?width=8&height=8",
+                                server.headers) for kind in kinds]
+        wait_until(lambda: runtime.media_fetch_budget.in_flight == len(kinds))
+        assert len(runtime.media_pool) == 1  # the leader; its five waiters wait outside
+        r = Connection(server.client_url).get(f"{CLIENT}/download/{other.server_name}/{other_id}",
+                                              server.headers)
+        assert (r.status, r.body) == (200, b"not held up")
+        assert not any(g.ready() for g in waiting)
+        release.set()
+        assert [g.get().status for g in waiting] == [200] * len(kinds)
+        assert slow.media_fetches() == 1
+        wait_until(lambda: runtime.media_fetch_budget.in_flight == 0)
+    finally:
+        server.stop(grace=1)
+        runtime.close()
+
+
 def raw_request(url: str, path: str, headers: dict) -> socket.socket:
     """Sends a GET and returns the socket without reading the answer."""
     host, port = url.split("//")[1].split(":")
