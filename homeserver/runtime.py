@@ -164,6 +164,8 @@ class HomeserverRuntime:
             self.federation_client,
             self.media_handoff or InlineFetchAdmission(self.client_outbound_budget),
             self.remote_media_rate_limiter, self.address_cooldown, self.metrics)
+        self.metrics.track_gauge("weir_remote_media_fetches", "Remote files being fetched",
+                                 lambda: len(self.remote_media.coalescer))
         # Pillow decoding and encoding is CPU-bound and would block the hub: native threads.
         self.thumbnail_pool = ThreadPool(config.media.thumbnail_threads)
         self.media = MediaService(config.media, config.server_name, media_store, media_files,

@@ -6,8 +6,9 @@ thumbnails alike (a thumbnail is made here, from the cached original, by the loc
 1. Quick checks, before any discovery: remote fetching switched off, `allow_remote=false`, a
    blocked origin (even for a cached copy) or an id outside the grammar give 404.
 2. The cache: a stored copy is served at once, with no slot and no outbound call.
-3. On a miss: the rate limiter, consulted once per request (a waiter woken to retry a fetch
-   is not counted again); then admission, which differs by mode:
+3. On a miss: an origin whose every known address is cooling down (federation/cooldown.py)
+   is refused at once; then the rate limiter, consulted once per request (a waiter woken to
+   retry a fetch is not counted again); then admission, which differs by mode:
    - pool mode (`python app.py`): a `media_fetch_budget` slot and the handoff off the main
      pool (http/handoff.py); only the request that starts a fetch takes a media-pool place;
    - inline mode (no pools): a `client_outbound_budget` slot (ADR-0079), in the request's
@@ -42,8 +43,8 @@ from ..concurrency import SingleFlight
 from ..config import MediaConfig, MediaSecurityConfig
 from ..errors import MatrixError, limit_exceeded, not_found
 from ..federation.client import FederationClient
-from ..federation.discovery import split_server_name
 from ..federation.cooldown import AddressCooldown
+from ..federation.discovery import split_server_name
 from ..federation.errors import (AddressCoolingDown, DestinationUnreachable, FederationError,
                                  RemoteError, ResponseTooLarge, to_client_error)
 from ..metrics import Metrics
@@ -100,10 +101,8 @@ class RemoteMediaFetchCoalescer:
               on_wait: Callable[[], None] | None = None) -> RemoteMedia:
         return self._flight.run((origin, media_id), fetch, on_wait)
 
-    def in_flight(self, origin: str, media_id: str) -> bool:
-        return self._flight.in_flight((origin, media_id))
-
     def __len__(self) -> int:
+        """Fetches in flight."""
         return len(self._flight)
 
 
