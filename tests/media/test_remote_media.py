@@ -307,6 +307,7 @@ def test_remote_errors_are_mapped(weir, alice, start_peer, status, errcode, expe
                lambda req: (status, {"errcode": errcode, "error": "no"}))
     assert error(alice.get(f"{CLIENT}/download/{peer.server_name}/{media_id}")) == expected
     assert peer.media_fetches() == 1  # no fallback: only 404/405 M_UNRECOGNIZED mean that
+    assert_budgets_back_to_zero(weir)
 
 
 def test_an_unreachable_origin_is_502(weir, alice):
