@@ -28,7 +28,9 @@ from .federation.client import FederationClient
 from .federation.cooldown import AddressCooldown
 from .federation.keyring import Keyring, shard_key_resolution_budget
 from .federation.signing_key import key_id, load_or_create_signing_key
+from .http.handoff import MediaFetchHandoff
 from .media.files import MediaFileStore
+from .media.remote import InlineFetchAdmission, RemoteMediaRepository
 from .media.service import MediaService
 from .metrics import Metrics
 from .outbound import make_client_outbound_budget
@@ -92,6 +94,8 @@ class HomeserverRuntime:
                                                      limits.registration.per_seconds)
         self.media_create_rate_limiter = RateLimiter(limits.media_create.max_requests,
                                                      limits.media_create.per_seconds)
+        self.remote_media_rate_limiter = RateLimiter(limits.remote_media.max_requests,
+                                                     limits.remote_media.per_seconds)
 
         self.accounts = AccountService(AccountStore(self.db), config.server_name)
         self.registration_sessions = RegistrationSessions()
@@ -139,12 +143,33 @@ class HomeserverRuntime:
         self.sync = SyncService(self.rooms, sync_store, self.notifier, self.typing,
                                 self.filters)
 
+        # ADR-0121: in pool mode remote media fetches leave the main pool for a media pool of
+        # their own, under their own budget; inline, they fall under ADR-0079's budget.
+        self.media_pool: Pool | None = None
+        self.media_fetch_budget: InFlightBudget | None = None
+        self.media_handoff: MediaFetchHandoff | None = None
+        if pools:
+            self.media_pool = Pool(http.media_fetch_threads)
+            self.media_fetch_budget = InFlightBudget(
+                http.media_fetch_max_in_flight, http.media_fetch_max_per_client,
+                name="media_fetch")
+            self.media_handoff = MediaFetchHandoff(self.main_pool, self.media_pool,
+                                                   self.media_fetch_budget)
+            self.metrics.track_budget(self.media_fetch_budget)
+            self.metrics.track_pool("media", self.media_pool, http.media_fetch_threads)
+        media_store = MediaStore(self.db)
+        media_files = MediaFileStore(os.path.join(config.data_dir, "media"), config.server_name)
+        self.remote_media = RemoteMediaRepository(
+            config.media, config.security.media, media_store, media_files,
+            self.federation_client,
+            self.media_handoff or InlineFetchAdmission(self.client_outbound_budget),
+            self.remote_media_rate_limiter, self.address_cooldown, self.metrics)
+        self.metrics.track_gauge("weir_remote_media_fetches", "Remote files being fetched",
+                                 lambda: len(self.remote_media.coalescer))
         # Pillow decoding and encoding is CPU-bound and would block the hub: native threads.
         self.thumbnail_pool = ThreadPool(config.media.thumbnail_threads)
-        self.media = MediaService(
-            config.media, config.server_name, MediaStore(self.db),
-            MediaFileStore(os.path.join(config.data_dir, "media"), config.server_name),
-            self.thumbnail_pool)
+        self.media = MediaService(config.media, config.server_name, media_store, media_files,
+                                  self.thumbnail_pool, self.remote_media)
 
     def close(self) -> None:
         self.federation_client.close()

@@ -23,6 +23,7 @@ from ..api.client import sync
 from ..api.client import versions
 from ..api.federation import directory as federation_directory
 from ..api.federation import keys
+from ..api.federation import media as federation_media
 from ..api.federation import profile as federation_profile
 from .context import RUNTIME_EXTENSION
 from .middleware import RequestContextMiddleware
@@ -57,6 +58,7 @@ def federation_blueprints():
         federation_profile.bp,
         federation_directory.bp,
         versions.bp,
+        federation_media.bp,
     ]
 
 

@@ -18,6 +18,7 @@ from gevent.pool import Pool
 from gevent.pywsgi import WSGIHandler, WSGIServer
 
 from .app import CLIENT, FEDERATION, create_flask_app
+from .handoff import HANDED_OFF
 
 log = logging.getLogger(__name__)
 
@@ -83,10 +84,25 @@ class WeirHandler(WSGIHandler):
         super().handle_error(t, v, tb)
 
     def handle_one_request(self):
-        result = super().handle_one_request()
+        try:
+            result = super().handle_one_request()
+        except BaseException:
+            self._come_back_from_handoff(keep_alive=False)
+            raise
         if result is True and self.server.closing:
-            return None  # finish the response in hand, then close instead of keeping alive
+            result = None  # finish the response in hand, then close instead of keeping alive
+        if not self._come_back_from_handoff(keep_alive=result is True):
+            return None
         return result
+
+    def _come_back_from_handoff(self, keep_alive: bool) -> bool:
+        """After a response: a request that was handed off to the media pool frees its slot
+        and rejoins the main pool, or its connection is closed (http/handoff.py)."""
+        environ = getattr(self, "environ", None)
+        handed_off = environ.pop(HANDED_OFF, None) if environ else None
+        if handed_off is None:
+            return True
+        return handed_off.come_back(keep_alive)
 
     def run_application(self):
         try:
@@ -170,6 +186,8 @@ class HomeserverServer:
     def stop(self, grace: float = SHUTDOWN_GRACE_SECONDS) -> None:
         """Stops accepting, lets in-flight requests finish within `grace`, then kills the rest."""
         deadline = time.monotonic() + grace
+        handoff = self.runtime.media_handoff
+        handoff.stop()  # a remote media request handed off from now on answers 503
         for server in self.servers:
             server.closing = True
             server.close()  # stop accepting; the listening socket is closed
@@ -177,7 +195,8 @@ class HomeserverServer:
                 greenlet.kill(block=False)
         # Waiting syncs answer now (empty) rather than hold the shutdown to their timeout.
         self.runtime.notifier.close()
-        pools = [s.pool for s in self.servers]
+        # Connections handed off to the media pool are in none of the servers' pools.
+        pools = [s.pool for s in self.servers] + [handoff.away]
         for pool in pools:
             pool.join(timeout=max(0.0, deadline - time.monotonic()))
         for pool in pools:
