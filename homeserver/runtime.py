@@ -25,6 +25,8 @@ from .directory.service import DirectoryService
 from .federation.client import FederationClient
 from .federation.cooldown import AddressCooldown
 from .federation.keyring import Keyring, shard_key_resolution_budget
+from .federation.pdus import PduChecker
+from .federation.transactions import Relay, ShardTransactionReceiver, TransactionProcessor
 from .federation.signing_key import key_id, load_or_create_signing_key
 from .media.files import MediaFileStore
 from .media.service import MediaService
@@ -39,12 +41,14 @@ from .storage.keys import ServerKeyStore
 from .storage.media import MediaStore
 from .storage.migrations import migrate
 from .storage.rooms import RoomStore
+from .storage.transactions import ReceivedTransactionStore
 
 log = logging.getLogger(__name__)
 
 
 class HomeserverRuntime:
-    def __init__(self, config: Config, *, pools: bool = False, key_resolution_shards: int = 1):
+    def __init__(self, config: Config, *, pools: bool = False, key_resolution_shards: int = 1,
+                 transaction_relay: Relay | None = None):
         self.config = config
         self.server_name = config.server_name
         # What /.well-known/matrix/server delegates to: our host, the federation port.
@@ -112,6 +116,15 @@ class HomeserverRuntime:
             self.key_resolution_budget, self.key_resolution_rate, keys.trusted_key_servers,
             config.federation.remote_timeout)
         self.metrics.track_budget(self.key_resolution_budget)
+
+        # Inbound transactions (PUT /send): main checks, authorises and stores their PDUs; a
+        # worker shard (given the `transaction_relay` to main) checks them under its own
+        # budget and relays them (federation/transactions.py).
+        pdu_checker = PduChecker(self.keyring, self.rooms)
+        received = ReceivedTransactionStore(self.db)
+        self.inbound_transactions: TransactionProcessor | ShardTransactionReceiver = (
+            TransactionProcessor(pdu_checker, self.rooms, received) if transaction_relay is None
+            else ShardTransactionReceiver(pdu_checker, received, transaction_relay))
 
     def close(self) -> None:
         self.federation_client.close()

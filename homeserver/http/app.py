@@ -16,7 +16,7 @@ from ..api.client import media
 from ..api.client import metrics
 from ..api.client import rooms
 from ..api.client import versions
-from ..api.federation import keys, profile
+from ..api.federation import keys, profile, transactions
 from .context import RUNTIME_EXTENSION
 from .middleware import RequestContextMiddleware
 from .responses import CORS_HEADERS, register_error_handlers
@@ -43,6 +43,7 @@ def federation_blueprints():
     return [
         keys.bp,
         profile.bp,
+        transactions.bp,
         versions.bp,
     ]
 
