@@ -249,21 +249,24 @@ class FederationShards:
                 self._notify()
 
     def _relay(self, connection: FrameConnection, body: dict) -> dict:
-        """A relayed transaction: main checks its PDUs again under its own budget,
-        authorises and stores them (TransactionProcessor)."""
-        origin, txn_id = body.get("origin"), body.get("txn_id")
-        pdus, results = body.get("pdus"), body.get("results")
-        source_ip = body.get("source_ip")
-        if not (isinstance(origin, str) and isinstance(txn_id, str) and isinstance(pdus, list)
-                and all(isinstance(p, dict) for p in pdus) and isinstance(results, dict)
-                and (source_ip is None or isinstance(source_ip, str))):
-            raise ValueError("malformed relay")
-        try:
-            answer = self.runtime.inbound_transactions.receive(origin, txn_id, pdus, source_ip,
-                                                               results)
-        except KeyResolutionRefused as e:
-            return {"refused": {"server": e.destination, "retry_after_ms": e.retry_after_ms}}
-        return {"answer": answer}
+        return answer_relay(self.runtime.inbound_transactions, body)
+
+
+def answer_relay(processor, body: dict) -> dict:
+    """Main's answer to a RELAY frame: it checks the PDUs again under its own budget,
+    authorises and stores them (``TransactionProcessor.receive``)."""
+    origin, txn_id = body.get("origin"), body.get("txn_id")
+    pdus, results = body.get("pdus"), body.get("results")
+    source_ip = body.get("source_ip")
+    if not (isinstance(origin, str) and isinstance(txn_id, str) and isinstance(pdus, list)
+            and all(isinstance(p, dict) for p in pdus) and isinstance(results, dict)
+            and (source_ip is None or isinstance(source_ip, str))):
+        raise ValueError("malformed relay")
+    try:
+        answer = processor.receive(origin, txn_id, pdus, source_ip, results)
+    except KeyResolutionRefused as e:
+        return {"refused": {"server": e.destination, "retry_after_ms": e.retry_after_ms}}
+    return {"answer": answer}
 
 
 class MainLink:
