@@ -54,6 +54,8 @@ class TransactionProcessor:
         """The answer, ``{"pdus": {event_id: {} | {"error": ...}}}``. ``results`` are answers
         already decided for PDUs not passed in (a shard's). Raises ``KeyResolutionRefused``
         with nothing applied."""
+        if not pdus and not results:
+            return {"pdus": {}}  # EDUs only: nothing to apply, the same answer every time
         # One at a time per transaction: a retry arriving through another shard while the
         # first attempt runs waits for its answer.
         with self._locks.hold(json.dumps([origin, txn_id])):
@@ -87,6 +89,8 @@ class ShardTransactionReceiver:
 
     def receive(self, origin: str, txn_id: str, pdus: list[dict],
                 source_ip: str | None) -> dict:
+        if not pdus:
+            return {"pdus": {}}  # EDUs only: nothing for main to apply
         # A retry of an answered transaction costs no key resolution at all.
         answer = self.store.answer(origin, txn_id)
         if answer is not None:
