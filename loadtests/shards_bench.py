@@ -29,12 +29,11 @@ from urllib.parse import quote, urlsplit  # noqa: E402
 
 import gevent  # noqa: E402
 import psutil  # noqa: E402
-import requests  # noqa: E402
 from geventhttpclient import HTTPClient  # noqa: E402
 
 from tests.peers.dns import DnsServer  # noqa: E402
 from tests.peers.origins import OriginKeyServer, transaction_body  # noqa: E402
-from tests.support.remote_room import RemoteRoom  # noqa: E402
+from tests.support.remote_room import room_joined_by  # noqa: E402
 from tests.support.server import MatrixClient, WeirProcess, base_settings, merge  # noqa: E402
 from tests.support.tls import TestCA  # noqa: E402
 
@@ -101,15 +100,7 @@ def bench(shards: int, args, ca, dns, keys) -> tuple[tuple, tuple]:
         alice.register("alice")
         origins = [keys.add_origin(f"b{shards}-{i}") for i in range(args.senders)]
         # One room per sender, each joined by its sender's user: keys fetched, rooms linear.
-        rooms, tips = [], []
-        for origin in origins:
-            room = RemoteRoom.create(alice)
-            join_id, join = room.join_pdu(origin, "bob")
-            uri, body, headers = signed(origin, "join", [join])
-            assert requests.put(weir.federation_url + uri, data=body, headers=headers,
-                                timeout=60).status_code == 200
-            rooms.append(room)
-            tips.append(join_id)
+        rooms, tips = zip(*(room_joined_by(weir, ca, alice, origin) for origin in origins))
 
         per_lane = args.empty // args.senders
         empty = [[signed(o, f"e{i}", []) for i in range(per_lane)] for o in origins]

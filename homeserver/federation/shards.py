@@ -135,7 +135,10 @@ class FederationShards:
         self.ipc = IpcServer(ipc_socket_path(self.config),
                              {FrameType.HELLO: self._hello, FrameType.RELAY: self._relay},
                              on_close=self._disconnected).start()
-        self.listener = _bind_listener(fed.bind_address, fed.port)
+        try:
+            self.listener = _bind_listener(fed.bind_address, fed.port)
+        except OSError as e:
+            raise RuntimeError(f"cannot listen on {fed.bind_address}:{fed.port}: {e}") from None
         self._greenlets = [gevent.spawn(self._supervise, shard) for shard in self.shards]
         self._greenlets.append(gevent.spawn(self._check_health))
         end = time.monotonic() + ready_timeout
@@ -279,15 +282,14 @@ class MainLink:
 
     def _connect(self, path: str, stopped: Event) -> FrameConnection:
         # Main created the socket before starting us; a few tries cover a slow start.
-        for attempt in range(50):
+        for _ in range(50):
             try:
                 return connect(path, {FrameType.HEALTH: self._health},
                                on_close=lambda _conn: stopped.set())
             except OSError as e:
-                if attempt == 49:
-                    raise RuntimeError(f"cannot reach main at {path}: {e}") from None
+                error = e
                 gevent.sleep(0.1)
-        raise AssertionError("unreachable")
+        raise RuntimeError(f"cannot reach main at {path}: {error}")
 
     def hello(self) -> None:
         self.connection.request(FrameType.HELLO, {"shard": self.index, "pid": os.getpid()},
@@ -304,8 +306,8 @@ class MainLink:
         except IpcError as e:
             # Main may or may not have applied it: the retry gets main's recorded answer.
             log.warning("relaying transaction %s from %s: %s", txn_id, origin, e)
-            raise MatrixError(503, "M_UNKNOWN", "The server is restarting; retry the "
-                              "transaction", headers={"Retry-After": "1"}) from None
+            raise MatrixError(503, "M_UNKNOWN", "The transaction could not be finished "
+                              "now; retry it", headers={"Retry-After": "1"}) from None
         refused = reply.get("refused")
         if isinstance(refused, dict):
             raise KeyResolutionRefused(str(refused.get("server")),
@@ -346,7 +348,11 @@ def run_shard(config: Config, index: int, listen_fd: int, parent_pid: int) -> in
     stopped = Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         gevent.signal_handler(sig, stopped.set)
-    link = MainLink(index, ipc_socket_path(config), stopped)
+    try:
+        link = MainLink(index, ipc_socket_path(config), stopped)
+    except RuntimeError as e:
+        log.error("%s", e)
+        return 1
     runtime = HomeserverRuntime(config, pools=True,
                                 key_resolution_shards=config.federation.worker.shards,
                                 transaction_relay=link.relay)

@@ -15,7 +15,7 @@ import requests
 from homeserver.federation.ipc import HEADER, FrameConnection, FrameType, IpcError, encode_frame
 from tests.peers.origins import FakeOrigin, OriginKeyServer, send_transaction
 from tests.peers.tarpit import Tarpit
-from tests.support.remote_room import RemoteRoom
+from tests.support.remote_room import room_joined_by
 from tests.support.server import MatrixClient
 from tests.support.shards import (access_lines, metric, shard_holding_connection,
                                   shard_processes, sharded_settings, start_sharded,
@@ -55,6 +55,12 @@ def tarpit_origins(dns, tarpit, prefix, n):
     return origins
 
 
+def registered(weir, name):
+    client = MatrixClient(weir.client_url)
+    client.register(name)
+    return client
+
+
 def send(weir, test_ca, origin, txn_id, pdus=(), **kw):
     return send_transaction(weir.federation_url, origin, "weir.test", txn_id, list(pdus),
                             test_ca, **kw)
@@ -87,8 +93,7 @@ def test_shards_serve_federation_and_main_serves_clients(sharded, test_ca, keys)
     assert send(sharded, test_ca, origin, "t-empty").json() == {"pdus": {}}
     # Served by a shard (its log lines say which); the client API by main.
     assert access_lines(sharded, "/send/t-empty")[0][0] in ("shard 1", "shard 2")
-    alice = MatrixClient(sharded.client_url)
-    alice.register("alice")
+    registered(sharded, "alice")
     assert access_lines(sharded, "/register")[-1][0] == "main"
     # Main does not serve federation on the client listener.
     r = requests.get(sharded.url("/_matrix/federation/v1/version"))
@@ -167,12 +172,8 @@ def rogue_shard(weir) -> FrameConnection:
 def test_main_checks_relayed_pdus_under_its_own_budget(sharded, test_ca, dns, tarpit, keys):
     """A relay whose PDUs name six servers with unfetched keys: main fetches at most its
     own four at once (at the tarpit), and refuses the rest, so the shard would answer 429."""
-    alice = MatrixClient(sharded.client_url)
-    alice.register("relay-alice")
-    room = RemoteRoom.create(alice)
     origin = keys.add_origin("relayer")
-    join_id, join = room.join_pdu(origin, "bob")
-    assert send(sharded, test_ca, origin, "t-relay-join", [join]).status_code == 200
+    room, join_id = room_joined_by(sharded, test_ca, registered(sharded, "relay-alice"), origin)
     pdus = [room.join_pdu(server, "eve", prev=join_id)[1]
             for server in tarpit_origins(dns, tarpit, "main-", 6)]
     accepted_before = tarpit.accepted
@@ -210,13 +211,8 @@ def test_bad_frames_to_main_are_refused_and_main_carries_on(sharded, test_ca, ke
     sharded.wait_for_log("dropping a frame of 2147483648 bytes")
     sharded.wait_for_log("dropping a frame whose body is not a JSON object")
     # The real shards still relay to main.
-    origin = keys.add_origin("after-bad-frames")
-    alice = MatrixClient(sharded.client_url)
-    alice.register("frames-alice")
-    room = RemoteRoom.create(alice)
-    join_id, join = room.join_pdu(origin, "bob")
-    r = send(sharded, test_ca, origin, "t-after", [join])
-    assert r.json() == {"pdus": {join_id: {}}}
+    room_joined_by(sharded, test_ca, registered(sharded, "frames-alice"),
+                   keys.add_origin("after-bad-frames"))
     assert metric(sharded, "weir_federation_shards_alive") == 2
 
 
@@ -230,12 +226,8 @@ def test_kill_9_of_a_shard_mid_transaction(test_ca, dns, keys, slow_keys, tmp_pa
     weir = start_sharded(directory, sharded_settings(test_ca, dns, directory, WEIR_IP,
                                                      shards=2, remote_timeout=10))
     try:
-        alice = MatrixClient(weir.client_url)
-        alice.register("alice")
-        room = RemoteRoom.create(alice)
         origin = keys.add_origin("kill9")
-        join_id, join = room.join_pdu(origin, "bob")
-        assert send(weir, test_ca, origin, "t-join", [join]).status_code == 200
+        room, join_id = room_joined_by(weir, test_ca, registered(weir, "alice"), origin)
 
         sent: list[str] = []
         answered = Counter()

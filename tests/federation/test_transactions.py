@@ -8,8 +8,9 @@ import gevent
 import pytest
 
 from tests.peers.origins import FakeOrigin, OriginKeyServer, send_transaction
+from tests.rooms.conftest import stored_pdus
 from tests.support.federation import federation_settings, tls_listener_settings
-from tests.support.remote_room import RemoteRoom
+from tests.support.remote_room import room_joined_by
 from tests.support.server import MatrixClient, WeirProcess, base_settings, merge
 from tests.support.spec import assert_matches_spec
 
@@ -45,6 +46,8 @@ def weir(request, test_ca, dns, tmp_path_factory):
         settings["database"] = {"url": request.getfixturevalue("pg_cluster").new_database()}
     proc = WeirProcess(directory, settings).start()
     proc.shards = shards
+    proc.database_url = settings.get("database", {}).get(
+        "url", f"sqlite:///{directory}/data/homeserver.db")
     yield proc
     proc.stop()
 
@@ -65,16 +68,8 @@ def send(weir, test_ca, origin, txn_id, pdus, **kw):
     return send_transaction(weir.federation_url, origin, "weir.test", txn_id, pdus, test_ca, **kw)
 
 
-def joined_room(weir, test_ca, alice, origin, localpart="bob", txn_id=None):
-    room = RemoteRoom.create(alice)
-    join_id, join = room.join_pdu(origin, localpart)
-    r = send(weir, test_ca, origin, txn_id or f"join-{room.room_id}-{localpart}", [join])
-    assert (r.status_code, r.json()) == (200, {"pdus": {join_id: {}}}), r.text
-    return room, join_id
-
-
 def test_pdus_of_a_joined_remote_user_are_stored(weir, test_ca, alice, origin):
-    room, join_id = joined_room(weir, test_ca, alice, origin)
+    room, join_id = room_joined_by(weir, test_ca, alice, origin)
     ids, pdus = room.messages(origin, "bob", ["one", "two", "three"], prev=join_id)
     r = send(weir, test_ca, origin, "t-stored", pdus)
     assert r.status_code == 200, r.text
@@ -99,7 +94,7 @@ def test_pdus_of_a_joined_remote_user_are_stored(weir, test_ca, alice, origin):
 
 def test_a_retry_gets_the_same_answer_and_nothing_is_applied_twice(weir, test_ca, alice,
                                                                     origin):
-    room, join_id = joined_room(weir, test_ca, alice, origin)
+    room, join_id = room_joined_by(weir, test_ca, alice, origin)
     ids, pdus = room.messages(origin, "bob", ["once"], prev=join_id)
     first = send(weir, test_ca, origin, "t-retry", pdus)
     again = send(weir, test_ca, origin, "t-retry", pdus)
@@ -112,7 +107,7 @@ def test_a_retry_gets_the_same_answer_and_nothing_is_applied_twice(weir, test_ca
 
 
 def test_each_pdu_gets_its_own_answer(weir, test_ca, alice, origin):
-    room, join_id = joined_room(weir, test_ca, alice, origin)
+    room, join_id = room_joined_by(weir, test_ca, alice, origin)
     good_ids, good = room.messages(origin, "bob", ["fine"], prev=join_id)
     unknown_room_id, unknown_room = origin.pdu(
         "!nowhere:weir.test", origin.user("bob"), "m.room.message", {"body": "x"},
@@ -148,8 +143,42 @@ def test_each_pdu_gets_its_own_answer(weir, test_ca, alice, origin):
     assert not {forged_id, orphan_id, stranger_id, float_id} & set(stored)
 
 
+def test_soft_failed_and_rejected_pdus_are_not_stored(weir, test_ca, alice, origin):
+    """bob is banned while his server has not heard yet. His next message, built on the
+    event before the ban, passes the auth rules against the state before it but not against
+    the current state: soft-failed. One built on the ban itself is rejected outright."""
+    room, join_id = room_joined_by(weir, test_ca, alice, origin)
+    bob = origin.user("bob")
+    (said_id,), said = room.messages(origin, "bob", ["before the ban"], prev=join_id)
+    assert send(weir, test_ca, origin, "t-before-ban", said).json() == {"pdus": {said_id: {}}}
+    r = alice.put(f"/_matrix/client/v3/rooms/{room.room_id}/state/m.room.member/{bob}",
+                  json={"membership": "ban"})
+    assert r.status_code == 200, r.text
+    ban_id = r.json()["event_id"]
+    (late_id,), late = room.messages(origin, "bob", ["did not see the ban"], prev=said_id)
+    (after_id,), after = room.messages(origin, "bob", ["saw the ban"], prev=ban_id)
+    results = send(weir, test_ca, origin, "t-after-ban", [*late, *after]).json()["pdus"]
+    assert results[late_id]["error"].startswith("soft-failed against the current state")
+    assert results[after_id]["error"].startswith("rejected by the state before it")
+    assert room.latest_event_id() == ban_id
+
+
+def test_a_pdu_may_fork_the_room_and_our_next_event_joins_the_forks(weir, test_ca, alice,
+                                                                     origin):
+    room, join_id = room_joined_by(weir, test_ca, alice, origin)
+    r = alice.put(f"/_matrix/client/v3/rooms/{room.room_id}/send/m.room.message/fork1",
+                  json={"msgtype": "m.text", "body": "meanwhile"})
+    ours = r.json()["event_id"]
+    (fork_id,), fork = room.messages(origin, "bob", ["from the join"], prev=join_id)
+    assert send(weir, test_ca, origin, "t-fork", fork).json() == {"pdus": {fork_id: {}}}
+    r = alice.put(f"/_matrix/client/v3/rooms/{room.room_id}/send/m.room.message/fork2",
+                  json={"msgtype": "m.text", "body": "both"})
+    merged = dict(stored_pdus(weir, room.room_id))[r.json()["event_id"]]
+    assert sorted(merged["prev_events"]) == sorted([ours, fork_id])
+
+
 def test_a_pdu_whose_content_hash_fails_is_stored_redacted(weir, test_ca, alice, origin):
-    room, join_id = joined_room(weir, test_ca, alice, origin)
+    room, join_id = room_joined_by(weir, test_ca, alice, origin)
     ids, pdus = room.messages(origin, "bob", ["the original"], prev=join_id)
     pdus[0]["content"]["body"] = "tampered"  # the signature covers the redacted event only
     r = send(weir, test_ca, origin, "t-tampered", pdus)
@@ -194,7 +223,7 @@ def test_a_refused_key_fetch_refuses_the_whole_transaction(weir, test_ca, alice,
     (two in flight in all) lets one or two fetches start and refuses the rest, so the whole
     transaction is 429 and nothing is applied. The sender retries until it succeeds: every
     PDU is applied, once."""
-    room, join_id = joined_room(weir, test_ca, alice, origin)
+    room, join_id = room_joined_by(weir, test_ca, alice, origin)
     servers = [slow_keys.add_origin(f"s{i}-{weir.shards}") for i in range(3)]
     joins = [room.join_pdu(server, "dan", prev=join_id) for server in servers]
     ids, bob_says = room.messages(origin, "bob", ["before the joins"], prev=join_id)

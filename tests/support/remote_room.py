@@ -6,13 +6,15 @@ in the room would build them.
     join_id, join = room.join_pdu(origin, "bob")          # @bob:<origin> joins (public room)
     r = send_transaction(weir.federation_url, origin, "weir.test", "t1", [join], ca)
     ids, pdus = room.messages(origin, "bob", ["one", "two"], prev=join_id)
+
+    room, join_id = room_joined_by(weir, ca, alice, origin)   # the same, in one step
 """
 
 from __future__ import annotations
 
 from urllib.parse import quote
 
-from tests.peers.origins import FakeOrigin
+from tests.peers.origins import FakeOrigin, send_transaction
 
 V3 = "/_matrix/client/v3"
 
@@ -93,3 +95,15 @@ class RemoteRoom:
             pdus.append(pdu)
             prev = event_id
         return ids, pdus
+
+
+def room_joined_by(weir, ca, client, origin: FakeOrigin,
+                   localpart: str = "bob") -> tuple[RemoteRoom, str]:
+    """A new public room of ``client``'s that ``@localpart:origin`` joined through a
+    transaction to ``weir``; returns the room and the join's event ID."""
+    room = RemoteRoom.create(client)
+    join_id, join = room.join_pdu(origin, localpart)
+    r = send_transaction(weir.federation_url, origin, "weir.test",
+                         f"join-{room.room_id}-{localpart}", [join], ca)
+    assert (r.status_code, r.json()) == (200, {"pdus": {join_id: {}}}), r.text
+    return room, join_id
