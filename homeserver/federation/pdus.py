@@ -95,7 +95,7 @@ class PduChecker:
                 checked.append(_identify(pdu, room_versions))
             except Exception as e:  # not even an event ID: nothing to tell the sender
                 log.info("dropping a PDU without an event ID: %s", e)
-        jobs = [gevent.spawn(self._verify, item, source_ip) if item.error is None else None
+        jobs = [gevent.spawn(self.verify, item, source_ip) if item.error is None else None
                 for item in checked]
         running = [job for job in jobs if job is not None]
         try:
@@ -118,7 +118,7 @@ class PduChecker:
                 versions[room_id] = KNOWN_ROOM_VERSIONS[room.room_version]
         return versions
 
-    def _verify(self, item: CheckedPdu,
+    def verify(self, item: CheckedPdu,
                 source_ip: str | None) -> CheckedPdu | KeyResolutionRefused:
         """Steps 2 and 3 for one PDU. A refusal is returned, not raised: the caller raises
         it (a greenlet dying of it would only be logged as a crash)."""
