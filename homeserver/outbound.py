@@ -14,6 +14,7 @@ pool. This module is the one place that rule lives:
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass, field
 
 from budget import InFlightBudget
 
@@ -44,6 +45,16 @@ def client_outbound_caps(main_pool_size: int) -> tuple[int, int]:
 def make_client_outbound_budget(main_pool_size: int) -> InFlightBudget:
     global_cap, per_client = client_outbound_caps(main_pool_size)
     return InFlightBudget(global_cap, per_client, name="client_outbound")
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Whom a client-triggered outbound call is for: the key its admission is counted under,
+    and its WSGI environ, so the call can stop when that client hangs up ({} when there is
+    no connection to watch)."""
+
+    client_key: str
+    environ: dict = field(default_factory=dict, compare=False)
 
 
 @contextlib.contextmanager

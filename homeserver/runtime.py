@@ -18,16 +18,18 @@ from gevent.threadpool import ThreadPool
 
 from budget import InFlightBudget, RateLimiter, parse_networks
 
+from .accounts.profile import ProfileService
 from .accounts.registration import RegistrationSessions
 from .accounts.service import AccountService
 from .config import Config
+from .directory.remote import RemoteDirectory
 from .directory.service import DirectoryService
 from .federation.client import FederationClient
 from .federation.cooldown import AddressCooldown
 from .federation.keyring import Keyring, shard_key_resolution_budget
 from .federation.pdus import PduChecker
-from .federation.transactions import Relay, ShardTransactionReceiver, TransactionProcessor
 from .federation.signing_key import key_id, load_or_create_signing_key
+from .federation.transactions import Relay, ShardTransactionReceiver, TransactionProcessor
 from .media.files import MediaFileStore
 from .media.service import MediaService
 from .metrics import Metrics
@@ -40,8 +42,16 @@ from .storage.directory import DirectoryStore
 from .storage.keys import ServerKeyStore
 from .storage.media import MediaStore
 from .storage.migrations import migrate
+from .storage.profiles import ProfileStore
 from .storage.rooms import RoomStore
+from .storage.sync import SyncStore
 from .storage.transactions import ReceivedTransactionStore
+from .sync.account_data import AccountDataService
+from .sync.filters import Filters
+from .sync.notifier import Notifier
+from .sync.receipts import ReceiptService
+from .sync.service import SyncService
+from .sync.typing import TypingNotifications
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +87,8 @@ class HomeserverRuntime:
             self.metrics.track_pool("main", self.main_pool, http.main_pool_size)
         self.metrics.track_gauge("weir_cooldown_addresses", "Resolved addresses cooling down",
                                  self.address_cooldown.cooling_count)
+        self.metrics.track_gauge("weir_cooldowns_started", "Cool-downs started since start",
+                                 lambda: self.address_cooldown.cooldowns_started)
 
         limits = config.ratelimiting
         self.login_rate_limiter = RateLimiter(limits.login.max_requests, limits.login.per_seconds)
@@ -87,20 +99,6 @@ class HomeserverRuntime:
 
         self.accounts = AccountService(AccountStore(self.db), config.server_name)
         self.registration_sessions = RegistrationSessions()
-
-        # Rooms as signed events; `rooms.add_persist_listener` is where /sync will hook in.
-        self.rooms = RoomService(RoomStore(self.db), self.accounts, config.server_name,
-                                 self.signing_key)
-        self.directory = DirectoryService(DirectoryStore(self.db), self.rooms,
-                                          config.server_name)
-        self.room_creator = RoomCreator(self.rooms, self.directory, config.server_name)
-
-        # Pillow decoding and encoding is CPU-bound and would block the hub: native threads.
-        self.thumbnail_pool = ThreadPool(config.media.thumbnail_threads)
-        self.media = MediaService(
-            config.media, config.server_name, MediaStore(self.db),
-            MediaFileStore(os.path.join(config.data_dir, "media"), config.server_name),
-            self.thumbnail_pool)
 
         # Federation: one outbound client, and the keyring behind inbound authentication.
         # A worker shard (key_resolution_shards = N) gets its share of the key-resolution
@@ -117,6 +115,41 @@ class HomeserverRuntime:
             config.federation.remote_timeout)
         self.metrics.track_budget(self.key_resolution_budget)
 
+        # Rooms as signed events, member events carrying each local user's profile.
+        profile_store = ProfileStore(self.db)
+        self.rooms = RoomService(RoomStore(self.db), self.accounts, config.server_name,
+                                 self.signing_key, profile_store)
+        self.profiles = ProfileService(profile_store, self.accounts, self.rooms,
+                                       config.server_name)
+        self.remote_directory = RemoteDirectory(self.federation_client,
+                                                self.client_outbound_budget,
+                                                self.address_cooldown, self.metrics)
+        self.directory = DirectoryService(DirectoryStore(self.db), self.rooms,
+                                          config.server_name, self.remote_directory)
+        self.room_creator = RoomCreator(self.rooms, self.directory, config.server_name)
+
+        # /sync: waiting syncs park on the notifier, which every stored event, account data
+        # change, receipt and typing change wakes for the users it concerns.
+        self.notifier = Notifier(self.rooms.store.joined_users)
+        self.rooms.add_persist_listener(self.notifier.on_events_persisted)
+        self.metrics.track_gauge("weir_sync_waiters", "Syncs registered to be woken",
+                                 self.notifier.waiting)
+        sync_store = SyncStore(self.db)
+        self.filters = Filters(sync_store)
+        self.account_data = AccountDataService(sync_store, self.notifier)
+        self.receipts = ReceiptService(self.rooms, sync_store, self.account_data,
+                                       self.notifier)
+        self.typing = TypingNotifications(self.rooms, self.notifier.notify_room)
+        self.sync = SyncService(self.rooms, sync_store, self.notifier, self.typing,
+                                self.filters)
+
+        # Pillow decoding and encoding is CPU-bound and would block the hub: native threads.
+        self.thumbnail_pool = ThreadPool(config.media.thumbnail_threads)
+        self.media = MediaService(
+            config.media, config.server_name, MediaStore(self.db),
+            MediaFileStore(os.path.join(config.data_dir, "media"), config.server_name),
+            self.thumbnail_pool)
+
         # Inbound transactions (PUT /send): main checks, authorises and stores their PDUs; a
         # worker shard (given the `transaction_relay` to main) checks them under its own
         # budget and relays them (federation/transactions.py).
@@ -128,9 +161,10 @@ class HomeserverRuntime:
 
     def close(self) -> None:
         self.federation_client.close()
+        self.notifier.close()
+        self.typing.close()
         self.thumbnail_pool.kill()
         self.db.close()
-
 
 def _host_of(server_name: str) -> str:
     """The host part of a server name: `[::1]:8008` -> `[::1]`, `a.b:80` -> `a.b`."""

@@ -39,7 +39,9 @@ def synapse(test_ca, tmp_path_factory):
         if os.environ.get("CI") == "true":
             pytest.fail("Synapse venv missing: `make synapse` (make test depends on it)")
         pytest.skip("Synapse venv missing: run `make synapse`")
-    server = SynapseServer(str(tmp_path_factory.mktemp("synapse")), test_ca).start()
+    # WEIR_TEST_SYNAPSE_IP moves it, so that two test runs on one machine do not collide.
+    ip = os.environ.get("WEIR_TEST_SYNAPSE_IP", "127.31.100.1")
+    server = SynapseServer(str(tmp_path_factory.mktemp("synapse")), test_ca, ip=ip).start()
     yield server
     server.stop()
 

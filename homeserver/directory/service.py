@@ -1,9 +1,8 @@
 """Room aliases, directory visibility and the public room list.
 
-The federation endpoints (`/_matrix/federation/v1/publicRooms`, `/query/directory`) will be
-thin wrappers around `public_rooms` and `resolve_local_alias`. Lookups on other servers go
-through `remote_public_rooms` and `resolve_remote_alias`, the one place the remote directory
-work (budget, deadline, federation client) will plug in; until then they refuse clearly.
+The federation endpoints (`/_matrix/federation/v1/publicRooms`, `/query/directory`) are thin
+wrappers around `public_rooms` and `resolve_local_alias`. Lookups on other servers go to
+`RemoteDirectory` (directory/remote.py), under the client outbound budget.
 """
 
 from __future__ import annotations
@@ -16,7 +15,9 @@ from ..accounts.service import Requester, now_ms
 from ..errors import MatrixError, forbidden, invalid_param, not_found
 from ..identifiers import is_valid_server_name, parse_room_alias
 from ..rooms.service import RoomService
+from ..outbound import Caller
 from ..storage.directory import Cursor, DirectoryStore, PublishedRoom, RoomFilter, Snapshot
+from .remote import PublicRoomsQuery, RemoteDirectory
 
 __all__ = ["DirectoryService", "RoomFilter", "VISIBILITIES"]
 
@@ -63,10 +64,12 @@ def _chunk_entry(room: PublishedRoom) -> dict:
 
 
 class DirectoryService:
-    def __init__(self, store: DirectoryStore, rooms: RoomService, server_name: str):
+    def __init__(self, store: DirectoryStore, rooms: RoomService, server_name: str,
+                 remote: RemoteDirectory):
         self.store = store
         self.rooms = rooms
         self.server_name = server_name
+        self.remote = remote
         rooms.add_state_validator("m.room.canonical_alias", self._check_canonical_alias)
 
     # --- aliases ------------------------------------------------------------------------
@@ -103,11 +106,14 @@ class DirectoryService:
 
         return write
 
-    def resolve_alias(self, alias: str) -> tuple[str, list[str]]:
+    def resolve_alias(self, alias: str, caller: Caller) -> tuple[str, list[str]]:
         """(room_id, servers) for any alias: ours from the table, others' over federation."""
-        if self.is_local_alias(alias):
+        localpart, server = self.parse_alias(alias)
+        if server == self.server_name:
             return self.resolve_local_alias(alias)
-        return self.resolve_remote_alias(alias)
+        if not is_valid_server_name(server):
+            raise invalid_param("Room alias has an invalid server name")
+        return self.remote.resolve_alias(alias, server, caller)
 
     def resolve_local_alias(self, alias: str) -> tuple[str, list[str]]:
         found = self.store.get_alias(alias)
@@ -115,12 +121,6 @@ class DirectoryService:
             raise not_found(f"Room alias {alias} not found.")
         room_id = found[0]
         return room_id, self.rooms.joined_servers(room_id)
-
-    def resolve_remote_alias(self, alias: str) -> tuple[str, list[str]]:
-        """The single place another server's alias is looked up (next: the budgeted
-        federation query)."""
-        raise MatrixError(501, "M_UNRECOGNIZED",
-                          "Remote room directory lookups are not available yet")
 
     def create_alias(self, requester: Requester, alias: str, room_id: str) -> None:
         self.check_new_alias(alias)
@@ -163,7 +163,11 @@ class DirectoryService:
         old = old or {}
         existing = {old.get("alias"), *(old.get("alt_aliases") or [])}
         for new_alias in [a for a in [alias, *alt] if a is not None and a not in existing]:
-            pointed_at, _ = self.resolve_alias(new_alias)  # M_INVALID_PARAM if malformed
+            # Only our own aliases are checked: checking another server's would be an
+            # outbound call on the state-sending path, outside any admission budget.
+            if not self.is_local_alias(new_alias):  # M_INVALID_PARAM if malformed
+                continue
+            pointed_at, _ = self.resolve_local_alias(new_alias)
             if pointed_at != room_id:
                 raise MatrixError(400, "M_BAD_ALIAS", f"{new_alias} points to another room")
 
@@ -191,24 +195,17 @@ class DirectoryService:
     # --- the public room list -----------------------------------------------------------
 
     def list_public_rooms(self, server: str | None, limit: int | None, since: str | None,
-                          room_filter: RoomFilter, include_all_networks: bool = False,
-                          third_party_instance_id: str | None = None) -> dict:
-        """GET/POST /publicRooms: ours, or (later) another server's."""
+                          room_filter: RoomFilter, include_all_networks: bool,
+                          third_party_instance_id: str | None, caller: Caller) -> dict:
+        """GET/POST /publicRooms: ours, or another server's (under the outbound budget)."""
         if server is None or server == self.server_name:
             return self.public_rooms(limit, since, room_filter, include_all_networks,
                                      third_party_instance_id)
         if not is_valid_server_name(server):
             raise invalid_param("server is not a valid server name")
-        return self.remote_public_rooms(server, limit, since, room_filter,
-                                        include_all_networks, third_party_instance_id)
-
-    def remote_public_rooms(self, server: str, limit: int | None, since: str | None,
-                            room_filter: RoomFilter, include_all_networks: bool,
-                            third_party_instance_id: str | None) -> dict:
-        """The single place another server's room list is fetched (next: the budgeted
-        federation request)."""
-        raise MatrixError(501, "M_UNRECOGNIZED",
-                          "Remote room directory lookups are not available yet")
+        query = PublicRoomsQuery(limit, since, room_filter.search_term, room_filter.room_types,
+                                 include_all_networks, third_party_instance_id)
+        return self.remote.public_rooms(server, query, caller)
 
     def public_rooms(self, limit: int | None, since: str | None, room_filter: RoomFilter,
                      include_all_networks: bool = False,

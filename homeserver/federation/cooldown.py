@@ -12,6 +12,8 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from .errors import AddressCoolingDown
+
 BASE_COOLDOWN_SECONDS = 30.0
 MAX_COOLDOWN_SECONDS = 600.0
 # Bounded memory: past this many addresses the least recently failed are forgotten.
@@ -65,6 +67,28 @@ class AddressCooldown:
 
     def record_success(self, ip: str, port: int) -> None:
         self._states.pop((ip, port), None)
+
+    # -- the transport's TargetHealth protocol ---------------------------------------------
+
+    def check(self, ip: str, port: int) -> None:
+        cooling = self.cooling(ip, port)
+        if cooling is not None:
+            address = f"{ip}:{port}"
+            raise AddressCoolingDown(address, address, cooling.seconds_left, cooling.timed_out)
+
+    def record(self, ip: str, port: int, ok: bool, timed_out: bool) -> None:
+        if ok:
+            self.record_success(ip, port)
+        else:
+            self.record_failure(ip, port, timed_out)
+
+    def refuse_if_all_cooling(self, destination: str, targets) -> None:
+        """Raises AddressCoolingDown naming `destination` when every target is cooling down."""
+        coolings = [self.cooling(ip, port) for ip, port in targets]
+        if coolings and all(coolings):
+            first = min(coolings, key=lambda c: c.seconds_left)
+            raise AddressCoolingDown(destination, f"{first.ip}:{first.port}", first.seconds_left,
+                                     first.timed_out)
 
     def cooling_count(self) -> int:
         now = self._clock()

@@ -24,7 +24,6 @@ import logging
 import random
 import re
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
@@ -36,6 +35,7 @@ import dns.resolver
 
 from budget import DeadlineExceeded, OutboundDeadline
 
+from ..caching import TtlCache
 from .errors import DestinationUnreachable, FederationError, MalformedResponse
 from .ip_filter import IpFilter
 from .transport import Endpoint, OutboundTransport, discard, read_body
@@ -117,38 +117,6 @@ def _host_with_port(host: str, port: int | None) -> str:
     return shown if port is None else f"{shown}:{port}"
 
 
-class _TtlCache:
-    """A bounded LRU map whose entries expire on the given clock."""
-
-    def __init__(self, clock: Callable[[], float], size: int = CACHE_ENTRIES):
-        self._clock = clock
-        self._size = size
-        self._entries: OrderedDict = OrderedDict()
-
-    def get(self, key):
-        entry = self._entries.get(key)
-        if entry is None:
-            return None
-        value, expires_at = entry
-        if expires_at <= self._clock():
-            del self._entries[key]
-            return None
-        self._entries.move_to_end(key)
-        return value
-
-    def put(self, key, value, ttl: float) -> None:
-        self._entries[key] = (value, self._clock() + ttl)
-        self._entries.move_to_end(key)
-        while len(self._entries) > self._size:
-            self._entries.popitem(last=False)
-
-    def discard(self, key) -> None:
-        self._entries.pop(key, None)
-
-    def clear(self) -> None:
-        self._entries.clear()
-
-
 class DnsResolver:
     """A/AAAA and SRV look-ups through dnspython, bounded by the deadline, cached with TTLs.
 
@@ -166,7 +134,7 @@ class DnsResolver:
         resolver.cache = None  # cached here instead, on our clock, negative answers too
         self._resolver = resolver
         self._clock = clock
-        self._cache = _TtlCache(clock)
+        self._cache = TtlCache(clock, CACHE_ENTRIES)
 
     def _query(self, name: str, rdtype: str, deadline: OutboundDeadline) -> tuple[list, float]:
         """(records, ttl); no records for NXDOMAIN or an empty answer."""
@@ -239,11 +207,26 @@ class ServerDiscovery:
         self.ip_filter = ip_filter
         self.dns = dns_resolver
         self._clock = clock
-        self._servers = _TtlCache(clock)
-        self._well_known = _TtlCache(clock)
+        self._servers = TtlCache(clock, CACHE_ENTRIES)
+        self._well_known = TtlCache(clock, CACHE_ENTRIES)
 
     def cached(self, server_name: str) -> ResolvedServer | None:
         return self._servers.get(server_name)
+
+    def known_targets(self, server_name: str) -> tuple | None:
+        """The addresses of `server_name` if known without touching the network: from the
+        cache, or for an IP literal; None when discovery would have to run."""
+        hit = self.cached(server_name)
+        if hit is not None:
+            return hit.targets
+        try:
+            host, port = split_server_name(server_name)
+        except ValueError:
+            return None
+        literal = ip_literal(host)
+        if literal is None or not self.ip_filter.allows(literal):
+            return None
+        return ((literal, port or DEFAULT_FEDERATION_PORT),)
 
     def forget(self, server_name: str | None = None) -> None:
         """Drops cached answers (one server's, or all, with DNS and well-known)."""

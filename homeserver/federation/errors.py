@@ -12,6 +12,7 @@ from ..errors import MatrixError, limit_exceeded
 
 __all__ = [
     "DeadlineExceeded",
+    "AddressCoolingDown",
     "DestinationUnreachable",
     "FederationError",
     "InvalidSignature",
@@ -38,6 +39,18 @@ class DestinationUnreachable(FederationError):
     def __init__(self, destination: str, reason: str):
         super().__init__(destination, reason)
         self.reason = reason
+
+
+class AddressCoolingDown(DestinationUnreachable):
+    """Refused without trying: every address of the destination recently timed out or
+    refused a client-triggered call, and is cooling down (``federation.cooldown``)."""
+
+    def __init__(self, destination: str, address: str, seconds_left: float, timed_out: bool):
+        super().__init__(destination, f"{address} is cooling down for {seconds_left:.0f}s after"
+                                      f" {'a timeout' if timed_out else 'a connection failure'}")
+        self.address = address
+        self.seconds_left = seconds_left
+        self.timed_out = timed_out
 
 
 class RemoteError(FederationError):
@@ -86,6 +99,10 @@ def to_client_error(exc: Exception, destination: str | None = None) -> MatrixErr
         return MatrixError(504, "M_UNKNOWN", f"Timed out waiting for {server}")
     if isinstance(exc, KeyResolutionRefused):
         return limit_exceeded(exc.retry_after_ms)
+    if isinstance(exc, AddressCoolingDown):
+        # As the failure that started the cool-down would have been answered.
+        status = 504 if exc.timed_out else 502
+        return MatrixError(status, "M_UNKNOWN", f"Not trying {server} again yet: {exc.reason}")
     if isinstance(exc, DestinationUnreachable):
         return MatrixError(502, "M_UNKNOWN", f"Could not reach {server}: {exc.reason}")
     if isinstance(exc, RemoteError):

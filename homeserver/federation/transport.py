@@ -194,6 +194,7 @@ class OutboundTransport:
         headers = {"Host": endpoint.host_header, "User-Agent": USER_AGENT,
                    "Accept-Encoding": "identity", **headers}
         reason = "no address"
+        skipped: DestinationUnreachable | None = None
         for ip, port in endpoint.targets:
             if not self.ip_filter.allows(ip):
                 # Discovery filtered already; this guards every other way an address gets here.
@@ -202,10 +203,13 @@ class OutboundTransport:
             try:
                 health.check(ip, port)
             except DestinationUnreachable as e:
-                reason = e.reason  # refused without trying (a cool-down): the next one may do
+                skipped = e  # refused without trying (a cool-down): the next one may do
+                reason = e.reason
                 continue
+            skipped = None
             pool = self._pool(ip, port, endpoint.tls_server_name)
             ok = timed_out = False
+            outcome_known = True
             try:
                 timeout = urllib3.Timeout(connect=deadline.step_timeout(CONNECT_TIMEOUT_CAP),
                                           read=deadline.step_timeout())
@@ -233,11 +237,19 @@ class OutboundTransport:
                 raise DestinationUnreachable(destination,
                                              f"connection to {ip}:{port} failed: {e}") from None
             except BaseException as e:
-                # The deadline's gevent.Timeout (or its DeadlineExceeded from step_timeout).
+                # The deadline's gevent.Timeout (or its DeadlineExceeded from step_timeout)
+                # means the address stayed silent. Anything else (the client hung up: a
+                # GreenletExit) says nothing about the address, so it is not recorded.
                 timed_out = isinstance(e, (gevent.Timeout, DeadlineExceeded))
+                outcome_known = timed_out
                 raise
             finally:
-                health.record(ip, port, ok, timed_out)
+                if outcome_known:
+                    health.record(ip, port, ok, timed_out)
+        if skipped is not None:
+            # Every address left was refused by `check`: say so in the check's own terms.
+            skipped.destination = destination
+            raise skipped
         raise DestinationUnreachable(destination, reason)
 
     def get_following_redirects(self, url: str, *, resolve: Resolve, deadline: OutboundDeadline,

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 
 from flask import current_app, request
 
+from ..outbound import Caller
+
 if TYPE_CHECKING:
     from ..runtime import HomeserverRuntime
 
@@ -24,3 +26,8 @@ def client_key() -> str:
 
 def request_id() -> str:
     return request.environ["weir.request_id"]
+
+
+def outbound_caller() -> Caller:
+    """The caller of a client-triggered outbound call: its admission key and connection."""
+    return Caller(client_key(), request.environ)

@@ -182,6 +182,8 @@ class HomeserverServer:
             server.close()  # stop accepting; the listening socket is closed
             for greenlet in list(server.idle_greenlets):
                 greenlet.kill(block=False)
+        # Waiting syncs answer now (empty) rather than hold the shutdown to their timeout.
+        self.runtime.notifier.close()
         pools = [s.pool for s in self.servers]
         for pool in pools:
             pool.join(timeout=max(0.0, deadline - time.monotonic()))

@@ -10,6 +10,7 @@ wrote to the room meanwhile.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from signedjson.sign import SignatureVerifyException, verify_signed_json
 from ..accounts.service import Requester, now_ms
 from ..errors import MatrixError, bad_json, forbidden, invalid_param, not_found
 from ..identifiers import is_valid_room_id, is_valid_user_id, server_of
+from ..storage.profiles import ProfileStore
 from ..storage.rooms import NewRoom, RoomStore, StaleExtremities, StoredEvent, TxnKey
 from .auth import (CREATE, AuthError, auth_types_for_event, check_against_state,
                    check_auth_events, required_power_level, select_auth_events,
@@ -40,7 +42,9 @@ _PERSIST_ATTEMPTS = 3
 # skipping events the user may not see, so hidden history cannot make a request unbounded.
 MAX_MESSAGES_LIMIT = 1000
 _MAX_SCAN_ROUNDS = 10
-_TOKEN = re.compile(r"^s(\d{1,18})$")
+# `s<position>`, or a /sync token, which starts with the same event stream position: the spec
+# lets /messages start from a sync's next_batch.
+_TOKEN = re.compile(r"^s(\d{1,18})(?:_[0-9a-z_]{1,100})?$")
 
 MEMBERSHIPS = ("join", "invite", "knock", "leave", "ban")
 
@@ -66,13 +70,41 @@ class PlannedEvent:
 
 @dataclass(frozen=True)
 class EventFilter:
-    """The RoomEventFilter fields /messages applies (`*` is a wildcard in types)."""
+    """The spec's EventFilter, plus RoomEventFilter's contains_url: what /messages and /sync
+    apply to events (`*` is a wildcard in types). The store applies types and senders in SQL;
+    the `keeps_*` methods apply the same rules to events already in memory."""
 
     types: tuple | None = None
     not_types: tuple = ()
     senders: tuple | None = None
     not_senders: tuple = ()
     limit: int | None = None
+    contains_url: bool | None = None  # only events with (True) or without (False) content.url
+
+    def keeps_type(self, event_type: str) -> bool:
+        if self.types is not None and not any(_glob(t).fullmatch(event_type)
+                                              for t in self.types):
+            return False
+        return not any(_glob(t).fullmatch(event_type) for t in self.not_types)
+
+    def keeps_sender(self, sender: str) -> bool:
+        if self.senders is not None and sender not in self.senders:
+            return False
+        return sender not in self.not_senders
+
+    def keeps_content(self, content: dict) -> bool:
+        return self.contains_url is None or ("url" in content) == self.contains_url
+
+    def keeps(self, stored: StoredEvent) -> bool:
+        event = stored.event
+        return (self.keeps_type(event.type) and self.keeps_sender(event.sender)
+                and self.keeps_content(event.content))
+
+
+@functools.lru_cache(maxsize=1024)
+def _glob(pattern: str) -> re.Pattern:
+    """A filter's type pattern: `*` matches any run of characters, nothing else is special."""
+    return re.compile(".*".join(re.escape(part) for part in pattern.split("*")), re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -80,6 +112,16 @@ class MessagesPage:
     chunk: list[dict]
     start: str
     end: str | None
+
+
+@dataclass(frozen=True)
+class EventScan:
+    """What `visible_events` found: the events, where the scan stopped (the next position to
+    read from, in the scan's direction) and whether it reached the end of its range."""
+
+    events: list[StoredEvent]
+    position: int
+    exhausted: bool
 
 
 def stream_token(position: int) -> str:
@@ -95,9 +137,12 @@ def parse_stream_token(token: str, name: str) -> int:
 
 
 class RoomService:
-    def __init__(self, store: RoomStore, accounts, server_name: str, signing_key):
+    def __init__(self, store: RoomStore, accounts, server_name: str, signing_key,
+                 profiles: ProfileStore | None = None):
         self.store = store
         self.accounts = accounts
+        # Local users' displayname and avatar_url, copied into their member events.
+        self.profiles = profiles
         self.server_name = server_name
         self.signing_key = signing_key
         self._verify_key = get_verify_key(signing_key)
@@ -378,6 +423,11 @@ class RoomService:
             raise invalid_param(f"Not a valid user ID: {target}")
         content = dict(content or {})
         content["membership"] = membership
+        if membership in ("join", "invite", "knock") and self.profiles is not None \
+                and server_of(target) == self.server_name:
+            # The spec asks servers to put their users' profile in these member events.
+            for key, value in self.profiles.member_fields(target).items():
+                content.setdefault(key, value)
         if membership == "join" and not self.room_exists(room_id):
             if is_valid_room_id(room_id) and server_of(room_id) != self.server_name:
                 raise self.remote_membership_unavailable()
@@ -395,6 +445,26 @@ class RoomService:
                 room_id, [("m.room.member", target)])[("m.room.member", target)].event.event_id
         return self._append(room_id, PlannedEvent(sender, "m.room.member", content, target),
                             skip_if_unchanged=True)
+
+    def update_member_profile(self, user_id: str) -> None:
+        """After a profile change: a new join event with the user's current displayname and
+        avatar_url in every room they are joined to (a room that refuses it is logged and
+        skipped, so one room cannot stop the others from being updated)."""
+        profile = self.profiles.member_fields(user_id) if self.profiles is not None else {}
+        for room_id in self.joined_rooms(user_id):
+            member = self.store.current_state(room_id, [("m.room.member", user_id)]).get(
+                ("m.room.member", user_id))
+            if member is None or member.event.membership != "join":
+                continue
+            content = {k: v for k, v in member.event.content.items()
+                       if k not in ("displayname", "avatar_url",
+                                    "join_authorised_via_users_server")}
+            content.update(profile)
+            try:
+                self._append(room_id, PlannedEvent(user_id, "m.room.member", content, user_id),
+                             skip_if_unchanged=True)
+            except MatrixError as e:
+                log.warning("profile update not sent to %s: %s", room_id, e)
 
     @staticmethod
     def remote_membership_unavailable() -> MatrixError:
@@ -439,10 +509,10 @@ class RoomService:
 
     # --- reading ------------------------------------------------------------------------
 
-    def _history_view(self, room_id: str, user_id: str) -> HistoryView:
-        return HistoryView(user_id,
-                           self.store.state_changes(room_id, "m.room.member", user_id),
-                           self.store.state_changes(room_id, "m.room.history_visibility", ""))
+    def history_view(self, room_id: str, user_id: str) -> HistoryView:
+        member, visibility = ("m.room.member", user_id), ("m.room.history_visibility", "")
+        changes = self.store.state_changes(room_id, [member, visibility])
+        return HistoryView(user_id, changes[member], changes[visibility])
 
     def _readable_state_position(self, room_id: str, user_id: str,
                                  view: HistoryView) -> int | None:
@@ -458,7 +528,7 @@ class RoomService:
                         event_type: str | None = None) -> dict:
         self.room_version(room_id)
         position = self._readable_state_position(room_id, user_id,
-                                                 self._history_view(room_id, user_id))
+                                                 self.history_view(room_id, user_id))
         if position is None:
             return self.store.current_state(room_id, event_type=event_type)
         return self.store.state_at(room_id, position, event_type)
@@ -480,7 +550,7 @@ class RoomService:
     def members(self, requester: Requester, room_id: str, at: str | None = None,
                 membership: str | None = None, not_membership: str | None = None) -> list[dict]:
         self.room_version(room_id)
-        view = self._history_view(room_id, requester.user_id)
+        view = self.history_view(room_id, requester.user_id)
         position = self._readable_state_position(room_id, requester.user_id, view)
         if at is not None:
             at_position = parse_stream_token(at, "at")
@@ -505,18 +575,43 @@ class RoomService:
     def event(self, requester: Requester, room_id: str, event_id: str) -> dict:
         self.room_version(room_id)
         stored = self.store.get_event(event_id)
-        view = self._history_view(room_id, requester.user_id)
+        view = self.history_view(room_id, requester.user_id)
         if stored is None or stored.event.room_id != room_id or not view.can_see(stored):
             raise not_found("Event not found")
         txn_ids = self.store.txn_ids_for(requester.user_id, requester.device_id, [event_id])
         return client_event(stored, now_ms(), txn_ids.get(event_id),
                             view.membership_after(stored.stream_ordering) or "leave")
 
+    def visible_events(self, room_id: str, view: HistoryView, after: int, up_to: int,
+                       backwards: bool, limit: int, event_filter: EventFilter) -> EventScan:
+        """Up to `limit` events with `after < position <= up_to` that `view` may see and the
+        filter keeps, newest first when `backwards`. It reads at most _MAX_SCAN_ROUNDS
+        batches, so history hidden from the user cannot make one call unbounded."""
+        position = up_to if backwards else after
+        found: list[StoredEvent] = []
+        for _ in range(_MAX_SCAN_ROUNDS):
+            low, high = (after, position) if backwards else (position, up_to)
+            if low >= high:
+                return EventScan(found, position, True)
+            wanted = limit - len(found)
+            batch = self.store.room_events(
+                room_id, low, high, backwards, wanted, event_filter.types,
+                event_filter.not_types, event_filter.senders, event_filter.not_senders)
+            for stored in batch:
+                position = stored.stream_ordering - 1 if backwards else stored.stream_ordering
+                if view.can_see(stored) and event_filter.keeps_content(stored.event.content):
+                    found.append(stored)
+            if len(batch) < wanted:
+                return EventScan(found, position, True)
+            if len(found) >= limit:
+                break
+        return EventScan(found, position, False)
+
     def messages(self, requester: Requester, room_id: str, from_token: str | None,
                  to_token: str | None, backwards: bool, limit: int,
                  event_filter: EventFilter) -> MessagesPage:
         self.room_version(room_id)
-        view = self._history_view(room_id, requester.user_id)
+        view = self.history_view(room_id, requester.user_id)
         self._readable_state_position(room_id, requester.user_id, view)  # 403 if none
         if event_filter.limit is not None:
             limit = min(limit, event_filter.limit)
@@ -531,27 +626,14 @@ class RoomService:
         start = stream_token(position)
         bound = parse_stream_token(to_token, "to") if to_token is not None else None
 
-        visible: list[StoredEvent] = []
-        exhausted = False
-        for _ in range(_MAX_SCAN_ROUNDS):
-            after, up_to = ((bound or 0), position) if backwards else (
-                position, current if bound is None else min(bound, current))
-            if after >= up_to:
-                exhausted = True
-                break
-            wanted = limit - len(visible)
-            batch = self.store.room_events(
-                room_id, after, up_to, backwards, wanted, event_filter.types,
-                event_filter.not_types, event_filter.senders, event_filter.not_senders)
-            for stored in batch:
-                position = stored.stream_ordering - 1 if backwards else stored.stream_ordering
-                if view.can_see(stored):
-                    visible.append(stored)
-            if len(batch) < wanted:
-                exhausted = True
-                break
-            if len(visible) >= limit:
-                break
+        if backwards:
+            scan = self.visible_events(room_id, view, bound or 0, position, True, limit,
+                                       event_filter)
+        else:
+            scan = self.visible_events(room_id, view, position,
+                                       current if bound is None else min(bound, current),
+                                       False, limit, event_filter)
+        visible, position, exhausted = scan.events, scan.position, scan.exhausted
 
         now = now_ms()
         txn_ids = self.store.txn_ids_for(requester.user_id, requester.device_id,

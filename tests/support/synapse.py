@@ -106,6 +106,9 @@ class SynapseServer:
             "macaroon_secret_key": "synapse-test-macaroon",
             "form_secret": "synapse-test-form",
             "enable_metrics": False,
+            # The room directory over federation, for the directory interop tests.
+            "allow_public_rooms_over_federation": True,
+            "room_list_publication_rules": [{"action": "allow"}],
             "rc_federation": {"window_size": 1000, "sleep_limit": 1000, "sleep_delay": 0,
                               "reject_limit": 1000, "concurrent": 100},
             "rc_registration": {"per_second": 100, "burst_count": 100},

@@ -7,8 +7,9 @@ from marshmallow import Schema, fields, validate
 
 from ...directory.service import VISIBILITIES, RoomFilter
 from ...http.auth import current_requester, requires_auth
-from ...http.context import runtime
-from ...http.parsing import json_object, query_int, validate as validate_body, validated_json
+from ...http.context import outbound_caller, runtime
+from ...http.parsing import (json_object, query_bool, query_int, validate as validate_body,
+                             validated_json)
 from ...http.responses import json_response
 
 bp = Blueprint("directory", __name__, url_prefix="/_matrix/client/v3")
@@ -37,8 +38,8 @@ class PublicRoomsBody(Schema):
 
 @bp.get("/directory/room/<path:room_alias>")
 def get_alias(room_alias: str):
-    # No auth: the spec lets anyone resolve an alias.
-    room_id, servers = runtime().directory.resolve_alias(room_alias)
+    # No auth: the spec lets anyone resolve an alias (another server's under the budget).
+    room_id, servers = runtime().directory.resolve_alias(room_alias, outbound_caller())
     return json_response({"room_id": room_id, "servers": servers})
 
 
@@ -79,21 +80,27 @@ def put_visibility(room_id: str):
 
 @bp.get("/publicRooms")
 def public_rooms_get():
+    # No auth: anyone may list rooms, ours or (under the budget) another server's.
     result = runtime().directory.list_public_rooms(
         request.args.get("server"), query_int("limit", None, minimum=0),
-        request.args.get("since"), RoomFilter())
+        request.args.get("since"), RoomFilter(), query_bool("include_all_networks", False),
+        request.args.get("third_party_instance_id"), outbound_caller())
     return json_response(result)
+
+
+def room_filter_of(body: dict) -> RoomFilter:
+    """The RoomFilter of a validated PublicRoomsBody (shared with the federation API)."""
+    search = body["filter"].get("generic_search_term")
+    room_types = body["filter"].get("room_types")
+    return RoomFilter(search.strip() if search else None,
+                      tuple(room_types) if room_types is not None else None)
 
 
 @bp.post("/publicRooms")
 @requires_auth
 def public_rooms_post():
     body = validated_json(PublicRoomsBody())
-    search = body["filter"].get("generic_search_term")
-    room_types = body["filter"].get("room_types")
     result = runtime().directory.list_public_rooms(
-        request.args.get("server"), body.get("limit"), body.get("since"),
-        RoomFilter(search.strip() if search else None,
-                   tuple(room_types) if room_types is not None else None),
-        body["include_all_networks"], body.get("third_party_instance_id"))
+        request.args.get("server"), body.get("limit"), body.get("since"), room_filter_of(body),
+        body["include_all_networks"], body.get("third_party_instance_id"), outbound_caller())
     return json_response(result)
