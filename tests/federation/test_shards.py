@@ -17,9 +17,9 @@ from tests.peers.origins import FakeOrigin, OriginKeyServer, send_transaction
 from tests.peers.tarpit import Tarpit
 from tests.support.remote_room import room_joined_by
 from tests.support.server import MatrixClient
-from tests.support.shards import (access_lines, metric, shard_holding_connection,
-                                  shard_processes, sharded_settings, start_sharded,
-                                  wait_for_metric)
+from tests.support.metrics import metric, wait_for_metric
+from tests.support.shards import (access_lines, shard_holding_connection, shard_processes,
+                                  sharded_settings, start_sharded)
 
 WEIR_IP = "127.61.0.1"
 KEYS_IP = "127.61.0.2"
@@ -98,7 +98,7 @@ def test_shards_serve_federation_and_main_serves_clients(sharded, test_ca, keys)
     # Main does not serve federation on the client listener.
     r = requests.get(sharded.url("/_matrix/federation/v1/version"))
     assert (r.status_code, r.json()["errcode"]) == (404, "M_UNRECOGNIZED")
-    assert metric(sharded, "weir_federation_shards_alive") == 2
+    assert metric(sharded.client_url, "weir_federation_shards_alive") == 2
 
 
 # -- budgets -----------------------------------------------------------------------------------
@@ -213,7 +213,7 @@ def test_bad_frames_to_main_are_refused_and_main_carries_on(sharded, test_ca, ke
     # The real shards still relay to main.
     room_joined_by(sharded, test_ca, registered(sharded, "frames-alice"),
                    keys.add_origin("after-bad-frames"))
-    assert metric(sharded, "weir_federation_shards_alive") == 2
+    assert metric(sharded.client_url, "weir_federation_shards_alive") == 2
 
 
 # -- supervision -------------------------------------------------------------------------------
@@ -277,8 +277,8 @@ def test_kill_9_of_a_shard_mid_transaction(test_ca, dns, keys, slow_keys, tmp_pa
         assert held_job.get(timeout=60) == {"pdus": {held_id: {}}}
         gevent.joinall(lanes, raise_error=True, timeout=120)
         assert failures["t-held"] >= 1  # it was in flight when the shard died
-        wait_for_metric(weir, "weir_federation_shards_alive", 2)
-        assert metric(weir, "weir_federation_shard_restarts") == 1
+        wait_for_metric(weir.client_url, "weir_federation_shards_alive", 2, timeout=30)
+        assert metric(weir.client_url, "weir_federation_shard_restarts") == 1
         assert shard_processes(weir)[victim].pid != pid
 
         stored = Counter(e["event_id"] for e in room.timeline())

@@ -9,10 +9,12 @@ import pytest
 
 from tests.peers.origins import FakeOrigin, OriginKeyServer, send_transaction
 from tests.rooms.conftest import stored_pdus
+from tests.support.metrics import metric, wait_for_metric
 from tests.support.federation import federation_settings, tls_listener_settings
 from tests.support.remote_room import room_joined_by
 from tests.support.server import MatrixClient, WeirProcess, base_settings, merge
 from tests.support.spec import assert_matches_spec
+from tests.sync.conftest import sync, timeline
 
 SEND = "/_matrix/federation/v1/send/{txnId}"
 
@@ -90,6 +92,18 @@ def test_pdus_of_a_joined_remote_user_are_stored(weir, test_ca, alice, origin):
                   json={"msgtype": "m.text", "body": "hello bob"})
     assert r.status_code == 200, r.text
     assert room.timeline()[-1]["event_id"] == r.json()["event_id"]
+
+
+def test_a_received_pdu_wakes_a_waiting_sync(weir, test_ca, alice, origin):
+    room, join_id = room_joined_by(weir, test_ca, alice, origin)
+    since = sync(alice)["next_batch"]
+    waiters = metric(weir.client_url, "weir_sync_waiters")
+    waiting = gevent.spawn(sync, alice, since, timeout=60_000)
+    wait_for_metric(weir.client_url, "weir_sync_waiters", waiters + 1)
+    ids, pdus = room.messages(origin, "bob", ["wake up"], prev=join_id)
+    assert send(weir, test_ca, origin, "t-sync", pdus).json() == {"pdus": {ids[0]: {}}}
+    events = timeline(waiting.get(timeout=30), room.room_id)
+    assert [(e["event_id"], e["sender"]) for e in events] == [(ids[0], origin.user("bob"))]
 
 
 def test_a_retry_gets_the_same_answer_and_nothing_is_applied_twice(weir, test_ca, alice,

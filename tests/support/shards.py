@@ -1,15 +1,12 @@
 """Running Weir with federation worker shards in tests: settings, the shard processes, and
-main's metrics."""
+which process logged what."""
 
 from __future__ import annotations
 
 import os
 import re
-import time
 
-import gevent
 import psutil
-import requests
 
 from tests.support.federation import federation_settings, tls_listener_settings
 from tests.support.server import WeirProcess, base_settings, merge
@@ -53,21 +50,6 @@ def shard_holding_connection(weir: WeirProcess, local_port: int) -> int | None:
                for c in process.net_connections(kind="tcp")):
             return index
     return None
-
-
-def metric(weir: WeirProcess, name: str) -> float:
-    text = requests.get(weir.url("/metrics"), timeout=10).text
-    match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
-    assert match, f"no metric {name}"
-    return float(match.group(1))
-
-
-def wait_for_metric(weir: WeirProcess, name: str, value: float, timeout: float = 30) -> None:
-    """Waits until main reports ``value`` (the metric moves when shards say hello)."""
-    end = time.monotonic() + timeout
-    while metric(weir, name) != value:
-        assert time.monotonic() < end, f"{name} is {metric(weir, name)}, not {value}"
-        gevent.sleep(0.1)
 
 
 def access_lines(weir: WeirProcess, path_part: str) -> list[tuple[str, str]]:
