@@ -5,9 +5,10 @@ the federation listener once and starts N shard processes (``app.py federation-s
 all accept on that one socket, inherited through ``pass_fds``. We chose an inherited socket
 over ``SO_REUSEPORT``: there is one accept queue, so a connection waiting in it is taken by
 whichever shard is free, and one that a shard has not accepted yet survives that shard's
-death (with SO_REUSEPORT each shard has its own queue, and the kernel resets the
-connections queued on a socket that closes); the port is bound once, so a restarted shard
-never races a bind, and no other process can join the port. Each shard accepts one
+death (with SO_REUSEPORT each shard has its own queue, and Linux resets the connections
+queued on a socket that closes unless net.ipv4.tcp_migrate_req is set); the port is bound
+once, so a restarted shard never races a bind, and no other process of the same user can
+bind it too and take a share of the connections. Each shard accepts one
 connection per wake-up, so a burst spreads over the shards instead of going to the first
 one awake.
 
@@ -46,6 +47,9 @@ from gevent.event import Event
 
 from ..config import Config
 from ..errors import MatrixError
+from ..http.app import FEDERATION
+from ..http.server import SHUTDOWN_GRACE_SECONDS, HomeserverServer
+from ..runtime import HomeserverRuntime
 from .errors import KeyResolutionRefused
 from .ipc import FrameConnection, FrameType, IpcError, IpcServer, connect
 
@@ -62,7 +66,6 @@ READY_TIMEOUT_SECONDS = 60.0
 # A shard waits this long for main's answer to a relayed transaction: main may first fetch
 # keys (at most the keyring's 10 s) and then store up to 50 events.
 RELAY_TIMEOUT_SECONDS = 60.0
-STOP_GRACE_SECONDS = 10.0
 LISTEN_BACKLOG = 1024
 # sockaddr_un.sun_path holds 108 bytes, the final NUL included.
 _MAX_SOCKET_PATH = 107
@@ -153,7 +156,7 @@ class FederationShards:
         host = f"[{host}]" if ":" in host else host
         return f"{'https' if fed.tls_certificate else 'http'}://{host}:{port}"
 
-    def stop(self, grace: float = STOP_GRACE_SECONDS) -> None:
+    def stop(self, grace: float = SHUTDOWN_GRACE_SECONDS) -> None:
         """SIGTERM to every shard; they drain within ``grace`` (their relays still answered),
         and one still running a little after that is killed."""
         self._stopping.set()
@@ -338,10 +341,6 @@ def die_with_parent() -> None:
 
 def run_shard(config: Config, index: int, listen_fd: int, parent_pid: int) -> int:
     """A shard process: federation only, on the listening socket inherited from main."""
-    from ..http.app import FEDERATION
-    from ..http.server import HomeserverServer
-    from ..runtime import HomeserverRuntime
-
     die_with_parent()
     if os.getppid() != parent_pid:
         return 0  # main died before we could ask to follow it
