@@ -63,7 +63,9 @@ class TransactionProcessor:
             if answer is not None:
                 return answer
             results = dict(results or {})
-            for item in self.checker.check(pdus, source_ip):
+            checked = self.checker.check(pdus, source_ip)
+            # Parents before children (a child is deeper), whatever order they were sent in.
+            for item in sorted(checked, key=lambda c: c.pdu["depth"] if c.error is None else 0):
                 if item.error is not None:
                     results[item.event_id] = {"error": item.error}
                     continue

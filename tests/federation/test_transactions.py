@@ -73,7 +73,7 @@ def send(weir, test_ca, origin, txn_id, pdus, **kw):
 def test_pdus_of_a_joined_remote_user_are_stored(weir, test_ca, alice, origin):
     room, join_id = room_joined_by(weir, test_ca, alice, origin)
     ids, pdus = room.messages(origin, "bob", ["one", "two", "three"], prev=join_id)
-    r = send(weir, test_ca, origin, "t-stored", pdus)
+    r = send(weir, test_ca, origin, "t-stored", pdus[::-1])  # children first: sorted by depth
     assert r.status_code == 200, r.text
     assert r.json() == {"pdus": {i: {} for i in ids}}
     assert_matches_spec(r, "PUT", SEND, api="server-server")
