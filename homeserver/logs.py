@@ -9,6 +9,10 @@ import time
 
 
 class JsonFormatter(logging.Formatter):
+    def __init__(self, process: str = ""):
+        super().__init__()
+        self.process = process
+
     def format(self, record: logging.LogRecord) -> str:
         entry = {
             "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
@@ -17,6 +21,8 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
+        if self.process:
+            entry["process"] = self.process
         request_id = getattr(record, "request_id", None)
         if request_id:
             entry["request_id"] = request_id
@@ -25,13 +31,15 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False)
 
 
-def configure_logging(config) -> None:
+def configure_logging(config, process: str = "") -> None:
+    """`process` names a worker process ("shard 2") in every line it logs."""
     handler = logging.StreamHandler(sys.stderr)
     if config.format == "json":
-        handler.setFormatter(JsonFormatter())
+        handler.setFormatter(JsonFormatter(process))
     else:
+        label = f"[{process}] " if process else ""
         handler.setFormatter(logging.Formatter(
-            "%(asctime)s %(levelname)s %(name)s: %(message)s"))
+            f"%(asctime)s %(levelname)s {label}%(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(config.level)

@@ -27,7 +27,9 @@ from .directory.service import DirectoryService
 from .federation.client import FederationClient
 from .federation.cooldown import AddressCooldown
 from .federation.keyring import Keyring, shard_key_resolution_budget
+from .federation.pdus import PduChecker
 from .federation.signing_key import key_id, load_or_create_signing_key
+from .federation.transactions import Relay, ShardTransactionReceiver, TransactionProcessor
 from .http.handoff import MediaFetchHandoff
 from .media.files import MediaFileStore
 from .media.remote import InlineFetchAdmission, RemoteMediaRepository
@@ -45,6 +47,7 @@ from .storage.migrations import migrate
 from .storage.profiles import ProfileStore
 from .storage.rooms import RoomStore
 from .storage.sync import SyncStore
+from .storage.transactions import ReceivedTransactionStore
 from .sync.account_data import AccountDataService
 from .sync.filters import Filters
 from .sync.notifier import Notifier
@@ -56,7 +59,8 @@ log = logging.getLogger(__name__)
 
 
 class HomeserverRuntime:
-    def __init__(self, config: Config, *, pools: bool = False, key_resolution_shards: int = 1):
+    def __init__(self, config: Config, *, pools: bool = False, key_resolution_shards: int = 1,
+                 transaction_relay: Relay | None = None):
         self.config = config
         self.server_name = config.server_name
         # What /.well-known/matrix/server delegates to: our host, the federation port.
@@ -170,6 +174,15 @@ class HomeserverRuntime:
         self.thumbnail_pool = ThreadPool(config.media.thumbnail_threads)
         self.media = MediaService(config.media, config.server_name, media_store, media_files,
                                   self.thumbnail_pool, self.remote_media)
+
+        # Inbound transactions (PUT /send): main checks, authorises and stores their PDUs; a
+        # worker shard (given the `transaction_relay` to main) checks them under its own
+        # budget and relays them (federation/transactions.py).
+        pdu_checker = PduChecker(self.keyring, self.rooms)
+        received = ReceivedTransactionStore(self.db)
+        self.inbound_transactions: TransactionProcessor | ShardTransactionReceiver = (
+            TransactionProcessor(pdu_checker, self.rooms, received) if transaction_relay is None
+            else ShardTransactionReceiver(pdu_checker, received, transaction_relay))
 
     def close(self) -> None:
         self.federation_client.close()

@@ -25,6 +25,7 @@ from ..api.federation import directory as federation_directory
 from ..api.federation import keys
 from ..api.federation import media as federation_media
 from ..api.federation import profile as federation_profile
+from ..api.federation import transactions
 from .context import RUNTIME_EXTENSION
 from .middleware import RequestContextMiddleware
 from .responses import CORS_HEADERS, register_error_handlers
@@ -57,6 +58,7 @@ def federation_blueprints():
         keys.bp,
         federation_profile.bp,
         federation_directory.bp,
+        transactions.bp,
         versions.bp,
         federation_media.bp,
     ]

@@ -144,29 +144,36 @@ class WeirWSGIServer(WSGIServer):
 
 
 class HomeserverServer:
-    """Both listeners of one process, started and stopped together."""
+    """The listeners of one process, started and stopped together: both, or only the client
+    one (main, when worker shards serve federation), or only the federation one (a shard,
+    on the listening socket main bound and handed down as `federation_listener`)."""
 
-    def __init__(self, runtime, federation_listener=None):
+    def __init__(self, runtime, federation_listener=None,
+                 listeners: tuple[str, ...] = (CLIENT, FEDERATION)):
         self.runtime = runtime
         config = runtime.config
         http = config.server.http
         fed = config.federation
+        self.servers = []
 
-        self.client_app = create_flask_app(runtime, (CLIENT,))
-        self.client_server = WeirWSGIServer(
-            (http.bind_address, http.port), self.client_app, pool=runtime.main_pool,
-            keepalive_timeout=http.keepalive_timeout)
+        if CLIENT in listeners:
+            self.client_app = create_flask_app(runtime, (CLIENT,))
+            self.client_server = WeirWSGIServer(
+                (http.bind_address, http.port), self.client_app, pool=runtime.main_pool,
+                keepalive_timeout=http.keepalive_timeout)
+            self.servers.append(self.client_server)
 
-        self.federation_pool = Pool(http.main_pool_size)
-        runtime.metrics.track_pool("federation", self.federation_pool, http.main_pool_size)
-        ssl_args = {}
-        if fed.tls_certificate:
-            ssl_args = {"certfile": fed.tls_certificate, "keyfile": fed.tls_private_key}
-        self.federation_app = create_flask_app(runtime, (FEDERATION,))
-        self.federation_server = WeirWSGIServer(
-            federation_listener or (fed.bind_address, fed.port), self.federation_app,
-            pool=self.federation_pool, keepalive_timeout=http.keepalive_timeout, **ssl_args)
-        self.servers = [self.client_server, self.federation_server]
+        if FEDERATION in listeners:
+            self.federation_pool = Pool(http.main_pool_size)
+            runtime.metrics.track_pool("federation", self.federation_pool, http.main_pool_size)
+            ssl_args = {}
+            if fed.tls_certificate:
+                ssl_args = {"certfile": fed.tls_certificate, "keyfile": fed.tls_private_key}
+            self.federation_app = create_flask_app(runtime, (FEDERATION,))
+            self.federation_server = WeirWSGIServer(
+                federation_listener or (fed.bind_address, fed.port), self.federation_app,
+                pool=self.federation_pool, keepalive_timeout=http.keepalive_timeout, **ssl_args)
+            self.servers.append(self.federation_server)
 
     @property
     def client_url(self) -> str:
@@ -186,8 +193,9 @@ class HomeserverServer:
     def stop(self, grace: float = SHUTDOWN_GRACE_SECONDS) -> None:
         """Stops accepting, lets in-flight requests finish within `grace`, then kills the rest."""
         deadline = time.monotonic() + grace
-        handoff = self.runtime.media_handoff
-        handoff.stop()  # a remote media request handed off from now on answers 503
+        handoff = self.runtime.media_handoff  # None in a shard, which serves no media
+        if handoff is not None:
+            handoff.stop()  # a remote media request handed off from now on answers 503
         for server in self.servers:
             server.closing = True
             server.close()  # stop accepting; the listening socket is closed
@@ -196,7 +204,7 @@ class HomeserverServer:
         # Waiting syncs answer now (empty) rather than hold the shutdown to their timeout.
         self.runtime.notifier.close()
         # Connections handed off to the media pool are in none of the servers' pools.
-        pools = [s.pool for s in self.servers] + [handoff.away]
+        pools = [s.pool for s in self.servers] + ([handoff.away] if handoff is not None else [])
         for pool in pools:
             pool.join(timeout=max(0.0, deadline - time.monotonic()))
         for pool in pools:

@@ -24,9 +24,10 @@ from ..errors import MatrixError, bad_json, forbidden, invalid_param, not_found
 from ..identifiers import is_valid_room_id, is_valid_user_id, server_of
 from ..storage.profiles import ProfileStore
 from ..storage.rooms import NewRoom, RoomStore, StaleExtremities, StoredEvent, TxnKey
-from .auth import (AuthError, auth_types_for_event, check_auth_events, required_power_level,
-                   select_auth_events, user_power_level)
-from .events import Event, InvalidEvent, build_event, redact
+from .auth import (CREATE, AuthError, auth_types_for_event, check_against_state,
+                   check_auth_events, required_power_level, select_auth_events,
+                   user_power_level)
+from .events import MAX_PREV_EVENTS, Event, InvalidEvent, build_event, redact
 from .format import client_event
 from .locks import KeyedLocks
 from .versions import KNOWN_ROOM_VERSIONS, RoomVersion
@@ -50,6 +51,11 @@ MEMBERSHIPS = ("join", "invite", "knock", "leave", "ban")
 PersistListener = Callable[[list[StoredEvent]], None]
 # validate(room_id, new_content, old_content or None), raising a MatrixError.
 StateValidator = Callable[[str, dict, "dict | None"], None]
+
+
+class ReceivedEventRefused(Exception):
+    """A PDU received over federation that was not stored; the message says why, and is
+    what the sender is told for it."""
 
 
 @dataclass(frozen=True)
@@ -268,7 +274,9 @@ class RoomService:
                     if current is not None and current.sender == planned.sender \
                             and current.content == planned.content:
                         return current.event_id  # nothing would change: no new event
-                prev_events = self.store.forward_extremities(room_id)
+                # Events received over federation may fork the room: the newest
+                # extremities, as many as an event may name.
+                prev_events = self.store.forward_extremities(room_id)[-MAX_PREV_EVENTS:]
                 try:
                     event = self._build(version, planned, room_id, prev_events, state, now_ms())
                 except AuthError as e:
@@ -302,6 +310,80 @@ class RoomService:
                 state[(event.type, event.state_key)] = event
         self._persist(events, new_room=NewRoom(room_id, version.identifier, creator, ts),
                       extra_writes=extra_writes)
+
+    # --- events received over federation -------------------------------------------------
+
+    def is_joined_here(self, room_id: str) -> bool:
+        """Is one of our users joined to the room? Only then are its events taken in."""
+        return any(server_of(u) == self.server_name for u in self.store.joined_users(room_id))
+
+    def receive_event(self, version: RoomVersion, event: Event,
+                      signed_by: frozenset[str]) -> bool:
+        """Authorises a PDU received over federation and stores it, through the same persist
+        point as our own events (so listeners, and /sync, see it). The caller has checked
+        its format, signatures and hashes (spec "Checks performed on receipt of a PDU",
+        steps 1 to 3); `signed_by` are the servers whose signatures it verified.
+
+        Steps 4 to 6, kept minimal: the event must pass the auth rules against its
+        auth_events, against the state before it, and against the current state. Any
+        failure raises `ReceivedEventRefused` and nothing is stored: a rejected or
+        soft-failed event is not kept at all, so a later event naming it as a prev_event
+        is refused as having unknown prev_events. Missing prev_events or auth_events are
+        not fetched from other servers (no backfill): such an event is refused. There is
+        no state resolution: the state before an event is the current state when its
+        prev_events are the room's forward extremities (the linear case), else the state
+        at the newest of them in stream order. Returns False if the event was already
+        stored (nothing is applied twice), True if it was stored now."""
+        if event.type == CREATE:
+            raise ReceivedEventRefused("m.room.create of a room that already exists")
+        room_id = event.room_id
+        with self._locks.hold(room_id):
+            known = self.store.events_in_room(
+                room_id, [event.event_id, *event.prev_event_ids, *event.auth_event_ids])
+            if event.event_id in known:
+                return False
+            missing = [e for e in event.prev_event_ids + event.auth_event_ids
+                       if e not in known]
+            if missing:
+                raise ReceivedEventRefused(
+                    f"unknown prev_events or auth_events ({', '.join(missing[:3])}); "
+                    "missing events are not fetched")
+
+            def signed(ev: Event, server: str) -> bool:
+                return server in signed_by
+
+            try:
+                check_auth_events(version, event,
+                                  [known[e].event for e in event.auth_event_ids], signed)
+            except AuthError as e:
+                raise ReceivedEventRefused(f"rejected by its auth events: {e}") from None
+            keys = auth_types_for_event(version, event.type, event.sender, event.state_key,
+                                        event.content)
+            extremities = {e.event_id for e in self.store.forward_extremities(room_id)}
+            linear = set(event.prev_event_ids) == extremities
+            if not linear:
+                position = max(known[e].stream_ordering for e in event.prev_event_ids)
+                before = {k: s.event for k, s in self.store.state_at(room_id, position).items()}
+                try:
+                    check_against_state(version, event, before, signed)
+                except AuthError as e:
+                    raise ReceivedEventRefused(
+                        f"rejected by the state before it: {e}") from None
+            current = {k: s.event for k, s in self.store.current_state(room_id, keys).items()}
+            try:
+                check_against_state(version, event, current, signed)
+            except AuthError as e:
+                # In the linear case the current state is the state before the event.
+                raise ReceivedEventRefused(
+                    f"rejected by the state before it: {e}" if linear
+                    else f"soft-failed against the current state: {e}") from None
+            try:
+                self._persist([event], received=True)
+            except Exception as e:
+                if self.store.db.is_unique_violation(e):
+                    return False  # stored meanwhile by another process
+                raise
+            return True
 
     # --- sending ------------------------------------------------------------------------
 

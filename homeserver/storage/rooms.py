@@ -109,25 +109,30 @@ class RoomStore:
 
     def persist_events(self, events: list[Event], *, new_room: NewRoom | None = None,
                        txn: TxnKey | None = None, now_ms: int = 0,
-                       extra_writes: Iterable[Callable] = ()) -> list[StoredEvent]:
+                       extra_writes: Iterable[Callable] = (),
+                       received: bool = False) -> list[StoredEvent]:
         """Stores `events` (in order, one room) in one transaction, with their effects on
         current state, stats and extremities. `extra_writes` are `fn(tx)` run in the same
         transaction (an alias and a directory entry for a new room). Raises
-        `StaleExtremities` if the room's extremities are no longer the first event's
-        prev_events, and the engine's unique violation if `txn` was already used."""
-        return self.db.write(self._persist, events, new_room, txn, now_ms, list(extra_writes))
+        `StaleExtremities` if one of the first event's prev_events is no longer a forward
+        extremity of the room, and the engine's unique violation if `txn` was already used
+        (or, for a `received` event, if the event is already stored). A `received` event
+        (over federation) may extend any part of the room's graph: its prev_events were
+        checked to be stored, and it becomes an extremity beside the others."""
+        return self.db.write(self._persist, events, new_room, txn, now_ms, list(extra_writes),
+                             received)
 
-    def _persist(self, tx, events, new_room, txn, now_ms, extra_writes):
+    def _persist(self, tx, events, new_room, txn, now_ms, extra_writes, received):
         room_id = events[0].room_id
         if new_room is not None:
             tx.execute("INSERT INTO rooms (room_id, room_version, creator, created_ts)"
                        " VALUES (?, ?, ?, ?)", (new_room.room_id, new_room.room_version,
                                                 new_room.creator, new_room.created_ts))
             tx.execute("INSERT INTO room_stats (room_id) VALUES (?)", (room_id,))
-        else:
+        elif not received:
             current = {r[0] for r in tx.fetchall(
                 "SELECT event_id FROM event_forward_extremities WHERE room_id = ?", (room_id,))}
-            if current != set(events[0].prev_event_ids):
+            if not set(events[0].prev_event_ids) <= current:
                 raise StaleExtremities(room_id)
 
         last = streams.advance(tx, EVENTS_STREAM, len(events))
@@ -219,6 +224,17 @@ class RoomStore:
         row = self.db.read(lambda tx: tx.fetchone(
             f"SELECT {_EVENT_COLUMNS} FROM events e WHERE e.event_id = ?", (event_id,)))
         return _stored(row) if row else None
+
+    def events_in_room(self, room_id: str, event_ids: Iterable[str]) -> dict[str, StoredEvent]:
+        """Those of `event_ids` that are stored events of `room_id`, by ID."""
+        event_ids = list(dict.fromkeys(event_ids))
+        if not event_ids:
+            return {}
+        marks = ", ".join("?" for _ in event_ids)
+        rows = self.db.read(lambda tx: tx.fetchall(
+            f"SELECT {_EVENT_COLUMNS} FROM events e WHERE e.room_id = ?"
+            f" AND e.event_id IN ({marks})", (room_id, *event_ids)))
+        return {s.event.event_id: s for s in map(_stored, rows)}
 
     def forward_extremities(self, room_id: str) -> list[Event]:
         rows = self.db.read(lambda tx: tx.fetchall(

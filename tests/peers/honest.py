@@ -71,6 +71,7 @@ class SeenRequest:
     sni: str | None      # the TLS server name the client sent (None: no SNI)
     headers: dict = field(default_factory=dict)
     body: bytes = b""
+    client: tuple = ()   # (address, port) the request came from
 
     def json(self):
         return json.loads(self.body) if self.body else None
@@ -254,7 +255,8 @@ class HonestPeer:
             host=environ.get("HTTP_HOST"), sni=environ.get("peer.sni"),
             headers={k[5:].replace("_", "-").title(): v for k, v in environ.items()
                      if k.startswith("HTTP_")},
-            body=body)
+            body=body,
+            client=(environ.get("REMOTE_ADDR"), int(environ.get("REMOTE_PORT") or 0)))
         self.requests.append(seen)
         changed, self._changed = self._changed, Event()
         changed.set()
