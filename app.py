@@ -5,9 +5,11 @@ monkey.patch_all()  # first: every later import must see cooperative sockets and
 # Weir's entry point.
 #   python app.py [--config config.toml]                 production: gevent servers and pools
 #   python app.py register-user NAME [--password P] [--admin] [--config PATH]
+#   python app.py federation-shard ...                   a worker shard (main starts these)
 #   flask --app app run                                  development: one app, inline mode
 
 import argparse  # noqa: E402
+import gc  # noqa: E402
 import getpass  # noqa: E402
 import logging  # noqa: E402
 import os  # noqa: E402
@@ -22,6 +24,10 @@ from homeserver.errors import MatrixError  # noqa: E402
 from homeserver.logs import configure_logging  # noqa: E402
 
 log = logging.getLogger("weir")
+
+# Every open connection, a waiting /sync included, is a greenlet; recording each one's
+# spawning stack costs about a dozen objects per greenlet that the garbage collector walks.
+gevent.config.track_greenlet_tree = False
 
 DEFAULT_CONFIG = os.environ.get("WEIR_CONFIG", "config.toml")
 
@@ -45,29 +51,52 @@ def create_app(config_path: str | None = None):
 
 
 def serve(config_path: str) -> int:
+    from homeserver.federation.shards import FederationShards
+    from homeserver.http.app import CLIENT, FEDERATION
     from homeserver.http.server import HomeserverServer
     from homeserver.runtime import HomeserverRuntime
 
     config = _load_config_or_exit(config_path)
     configure_logging(config.logging)
     runtime = HomeserverRuntime(config, pools=True)
-    server = HomeserverServer(runtime)
+    # With worker shards, they serve federation and main the client API (DESIGN.md §6).
+    shards = FederationShards(runtime, config_path) if config.federation.worker.shards else None
+    server = HomeserverServer(runtime, listeners=(CLIENT,) if shards else (CLIENT, FEDERATION))
+    # What exists now (modules, the apps, the runtime) lives as long as the process: keep it
+    # out of the collector's full passes, whose cost grows with every waiting connection.
+    gc.freeze()
     server.start()
-
     stop = Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         gevent.signal_handler(sig, stop.set)
-    # One parseable line: tests and scripts wait for it instead of polling.
-    print(f"weir ready client={server.client_url} federation={server.federation_url}",
-          flush=True)
-    log.info("serving %s: client %s, federation %s", config.server_name, server.client_url,
-             server.federation_url)
+    try:
+        federation_url = shards.start(stop) if shards else server.federation_url
+    except RuntimeError as e:
+        log.error("%s", e)
+        stop.set()
+        federation_url = None
+
+    if federation_url:
+        # One parseable line: tests and scripts wait for it instead of polling.
+        print(f"weir ready client={server.client_url} federation={federation_url}", flush=True)
+        log.info("serving %s: client %s, federation %s", config.server_name, server.client_url,
+                 federation_url)
     stop.wait()
     log.info("stopping: draining in-flight requests")
+    if shards:
+        shards.stop()
     server.stop()
     runtime.close()
     log.info("stopped")
-    return 0
+    return 0 if federation_url else 1
+
+
+def federation_shard(args) -> int:
+    from homeserver.federation.shards import run_shard
+
+    config = _load_config_or_exit(args.config)
+    configure_logging(config.logging, process=f"shard {args.index}")
+    return run_shard(config, args.index, args.listen_fd, args.parent_pid)
 
 
 def register_user(args) -> int:
@@ -106,9 +135,17 @@ def main(argv=None) -> int:
     reg.add_argument("--password", help="the password (asked for when absent)")
     reg.add_argument("--admin", action="store_true", help="make the user a server admin")
     reg.add_argument("--config", default=argparse.SUPPRESS, help="path to config.toml")
+    shard = sub.add_parser("federation-shard",
+                           help="(internal) a federation worker shard, started by the server")
+    shard.add_argument("--index", type=int, required=True)
+    shard.add_argument("--listen-fd", type=int, required=True)
+    shard.add_argument("--parent-pid", type=int, required=True)
+    shard.add_argument("--config", default=argparse.SUPPRESS, help="path to config.toml")
     args = parser.parse_args(argv)
     if args.command == "register-user":
         return register_user(args)
+    if args.command == "federation-shard":
+        return federation_shard(args)
     return serve(args.config)
 
 

@@ -16,6 +16,8 @@ from typing import Any
 
 from marshmallow import RAISE, Schema, ValidationError, fields, post_load, validate
 
+from .identifiers import is_valid_server_name
+
 DEFAULT_IP_RANGE_DENYLIST = (
     # IPv4: "this network", private, CGNAT, loopback, link-local, IETF, documentation,
     # benchmarking, multicast, reserved and broadcast.
@@ -119,6 +121,12 @@ def _cidrs(value: tuple) -> None:
             raise ValidationError(f"Not a valid CIDR: {item!r}.")
 
 
+def _server_names(value: tuple) -> None:
+    for item in value:
+        if not is_valid_server_name(item):
+            raise ValidationError(f"Not a server name: {item!r}.")
+
+
 def _host_ports(value: tuple) -> None:
     for item in value:
         host, sep, port = item.rpartition(":")
@@ -194,7 +202,8 @@ class MediaConfig:
 @dataclass(frozen=True)
 class MediaSecurityConfig:
     remote_fetch_enabled: bool = setting(_bool(), True)
-    blocked_servers: tuple = setting(_string_list(), ())
+    # A name without a port blocks that host on every port.
+    blocked_servers: tuple = setting(_string_list(validate=_server_names), ())
 
 
 @dataclass(frozen=True)
@@ -229,6 +238,10 @@ class RateLimitingConfig:
     login: RateConfig = section(RateConfig)
     registration: RateConfig = section(RateConfig)
     media_create: RateConfig = section(RateConfig)
+    # Remote media requests that miss the cache and so may make us fetch from another server.
+    # Generous: one room's first view asks for every image and thumbnail on screen at once.
+    remote_media: RateConfig = setting(fields.Nested(schema_for(RateConfig)),
+                                       RateConfig(max_requests=300, per_seconds=60.0))
 
 
 @dataclass(frozen=True)

@@ -38,8 +38,10 @@ class RequestIdFilter(logging.Filter):
 
 
 class TextFormatter(logging.Formatter):
-    def __init__(self):
-        super().__init__("%(asctime)s %(levelname)s %(name)s%(request_tag)s: %(message)s")
+    def __init__(self, process: str = ""):
+        label = f"[{process}] " if process else ""
+        super().__init__(
+            f"%(asctime)s %(levelname)s {label}%(name)s%(request_tag)s: %(message)s")
 
     def format(self, record: logging.LogRecord) -> str:
         request_id = getattr(record, "request_id", None)
@@ -48,6 +50,10 @@ class TextFormatter(logging.Formatter):
 
 
 class JsonFormatter(logging.Formatter):
+    def __init__(self, process: str = ""):
+        super().__init__()
+        self.process = process
+
     def format(self, record: logging.LogRecord) -> str:
         entry = {
             "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
@@ -56,6 +62,8 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
+        if self.process:
+            entry["process"] = self.process
         request_id = getattr(record, "request_id", None)
         if request_id:
             entry["request_id"] = request_id
@@ -64,9 +72,11 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False)
 
 
-def configure_logging(config) -> None:
+def configure_logging(config, process: str = "") -> None:
+    """`process` names a worker process ("shard 2") in every line it logs."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if config.format == "json" else TextFormatter())
+    handler.setFormatter(JsonFormatter(process) if config.format == "json"
+                         else TextFormatter(process))
     handler.addFilter(RequestIdFilter())
     root = logging.getLogger()
     root.handlers[:] = [handler]

@@ -18,6 +18,7 @@ from gevent.threadpool import ThreadPool
 
 from budget import InFlightBudget, RateLimiter, parse_networks
 
+from .accounts.profile import ProfileService
 from .accounts.registration import RegistrationSessions
 from .accounts.service import AccountService
 from .config import Config
@@ -26,8 +27,12 @@ from .directory.service import DirectoryService
 from .federation.client import FederationClient
 from .federation.cooldown import AddressCooldown
 from .federation.keyring import Keyring, shard_key_resolution_budget
+from .federation.pdus import PduChecker
 from .federation.signing_key import key_id, load_or_create_signing_key
+from .federation.transactions import Relay, ShardTransactionReceiver, TransactionProcessor
+from .http.handoff import MediaFetchHandoff
 from .media.files import MediaFileStore
+from .media.remote import InlineFetchAdmission, RemoteMediaRepository
 from .media.service import MediaService
 from .metrics import Metrics
 from .outbound import make_client_outbound_budget
@@ -39,13 +44,23 @@ from .storage.directory import DirectoryStore
 from .storage.keys import ServerKeyStore
 from .storage.media import MediaStore
 from .storage.migrations import migrate
+from .storage.profiles import ProfileStore
 from .storage.rooms import RoomStore
+from .storage.sync import SyncStore
+from .storage.transactions import ReceivedTransactionStore
+from .sync.account_data import AccountDataService
+from .sync.filters import Filters
+from .sync.notifier import Notifier
+from .sync.receipts import ReceiptService
+from .sync.service import SyncService
+from .sync.typing import TypingNotifications
 
 log = logging.getLogger(__name__)
 
 
 class HomeserverRuntime:
-    def __init__(self, config: Config, *, pools: bool = False, key_resolution_shards: int = 1):
+    def __init__(self, config: Config, *, pools: bool = False, key_resolution_shards: int = 1,
+                 transaction_relay: Relay | None = None):
         self.config = config
         self.server_name = config.server_name
         # What /.well-known/matrix/server delegates to: our host, the federation port.
@@ -83,6 +98,8 @@ class HomeserverRuntime:
                                                      limits.registration.per_seconds)
         self.media_create_rate_limiter = RateLimiter(limits.media_create.max_requests,
                                                      limits.media_create.per_seconds)
+        self.remote_media_rate_limiter = RateLimiter(limits.remote_media.max_requests,
+                                                     limits.remote_media.per_seconds)
 
         self.accounts = AccountService(AccountStore(self.db), config.server_name)
         self.registration_sessions = RegistrationSessions()
@@ -102,9 +119,12 @@ class HomeserverRuntime:
             config.federation.remote_timeout, metrics=self.metrics)
         self.metrics.track_budget(self.key_resolution_budget)
 
-        # Rooms as signed events; `rooms.add_persist_listener` is where /sync will hook in.
+        # Rooms as signed events, member events carrying each local user's profile.
+        profile_store = ProfileStore(self.db)
         self.rooms = RoomService(RoomStore(self.db), self.accounts, config.server_name,
-                                 self.signing_key)
+                                 self.signing_key, profile_store)
+        self.profiles = ProfileService(profile_store, self.accounts, self.rooms,
+                                       config.server_name)
         self.remote_directory = RemoteDirectory(self.federation_client,
                                                 self.client_outbound_budget,
                                                 self.address_cooldown, self.metrics)
@@ -112,15 +132,62 @@ class HomeserverRuntime:
                                           config.server_name, self.remote_directory)
         self.room_creator = RoomCreator(self.rooms, self.directory, config.server_name)
 
+        # /sync: waiting syncs park on the notifier, which every stored event, account data
+        # change, receipt and typing change wakes for the users it concerns.
+        self.notifier = Notifier(self.rooms.store.joined_users)
+        self.rooms.add_persist_listener(self.notifier.on_events_persisted)
+        self.metrics.track_gauge("weir_sync_waiters", "Syncs registered to be woken",
+                                 self.notifier.waiting)
+        sync_store = SyncStore(self.db)
+        self.filters = Filters(sync_store)
+        self.account_data = AccountDataService(sync_store, self.notifier)
+        self.receipts = ReceiptService(self.rooms, sync_store, self.account_data,
+                                       self.notifier)
+        self.typing = TypingNotifications(self.rooms, self.notifier.notify_room)
+        self.sync = SyncService(self.rooms, sync_store, self.notifier, self.typing,
+                                self.filters)
+
+        # ADR-0121: in pool mode remote media fetches leave the main pool for a media pool of
+        # their own, under their own budget; inline, they fall under ADR-0079's budget.
+        self.media_pool: Pool | None = None
+        self.media_fetch_budget: InFlightBudget | None = None
+        self.media_handoff: MediaFetchHandoff | None = None
+        if pools:
+            self.media_pool = Pool(http.media_fetch_threads)
+            self.media_fetch_budget = InFlightBudget(
+                http.media_fetch_max_in_flight, http.media_fetch_max_per_client,
+                name="media_fetch")
+            self.media_handoff = MediaFetchHandoff(self.main_pool, self.media_pool,
+                                                   self.media_fetch_budget)
+            self.metrics.track_budget(self.media_fetch_budget)
+            self.metrics.track_pool("media", self.media_pool, http.media_fetch_threads)
+        media_store = MediaStore(self.db)
+        media_files = MediaFileStore(os.path.join(config.data_dir, "media"), config.server_name)
+        self.remote_media = RemoteMediaRepository(
+            config.media, config.security.media, media_store, media_files,
+            self.federation_client,
+            self.media_handoff or InlineFetchAdmission(self.client_outbound_budget),
+            self.remote_media_rate_limiter, self.address_cooldown, self.metrics)
+        self.metrics.track_gauge("weir_remote_media_fetches", "Remote files being fetched",
+                                 lambda: len(self.remote_media.coalescer))
         # Pillow decoding and encoding is CPU-bound and would block the hub: native threads.
         self.thumbnail_pool = ThreadPool(config.media.thumbnail_threads)
-        self.media = MediaService(
-            config.media, config.server_name, MediaStore(self.db),
-            MediaFileStore(os.path.join(config.data_dir, "media"), config.server_name),
-            self.thumbnail_pool)
+        self.media = MediaService(config.media, config.server_name, media_store, media_files,
+                                  self.thumbnail_pool, self.remote_media)
+
+        # Inbound transactions (PUT /send): main checks, authorises and stores their PDUs; a
+        # worker shard (given the `transaction_relay` to main) checks them under its own
+        # budget and relays them (federation/transactions.py).
+        pdu_checker = PduChecker(self.keyring, self.rooms)
+        received = ReceivedTransactionStore(self.db)
+        self.inbound_transactions: TransactionProcessor | ShardTransactionReceiver = (
+            TransactionProcessor(pdu_checker, self.rooms, received) if transaction_relay is None
+            else ShardTransactionReceiver(pdu_checker, received, transaction_relay))
 
     def close(self) -> None:
         self.federation_client.close()
+        self.notifier.close()
+        self.typing.close()
         self.thumbnail_pool.kill()
         self.db.close()
 

@@ -194,4 +194,5 @@ class FederationClient:
             pass
         finally:
             discard(response)
-        raise RemoteError(destination, response.status, errcode, body)
+        raise RemoteError(destination, response.status, errcode, body,
+                          response.headers.get("Location"))

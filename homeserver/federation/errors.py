@@ -54,14 +54,16 @@ class AddressCoolingDown(DestinationUnreachable):
 
 
 class RemoteError(FederationError):
-    """The remote answered with an HTTP error (or a redirect, which API calls never follow)."""
+    """The remote answered with an HTTP error (or a redirect, which API calls never follow;
+    ``location`` then says where it pointed, for a caller that follows one itself)."""
 
     def __init__(self, destination: str, status: int, errcode: str | None = None,
-                 body: object = None):
+                 body: object = None, location: str | None = None):
         super().__init__(destination, f"HTTP {status} {errcode or ''}".rstrip())
         self.status = status
         self.errcode = errcode
         self.body = body
+        self.location = location
 
 
 class MalformedResponse(FederationError):

@@ -52,6 +52,12 @@ MAX_KEY_VALIDITY_MS = 7 * 24 * 3600 * 1000
 BUDGET_REFUSAL_RETRY_MS = 1000
 # Servers one notary query may ask about: each may cost a network fetch.
 MAX_NOTARY_QUERY_SERVERS = 100
+# A server none of whose key documents could be fetched is not asked again for this long.
+# Without it, a transaction naming more unreachable servers than a shard's share of the
+# budget would be refused on every retry (each fetch holds a slot until it times out, and
+# finds nothing to cache); with it, the retry completes and drops their PDUs.
+UNREACHABLE_RETRY_SECONDS = 30.0
+_UNREACHABLE_MAX_ENTRIES = 10_000
 
 
 def shard_key_resolution_budget(config: Config, shards: int) -> FederationSecurityConfig:
@@ -86,6 +92,8 @@ class Keyring:
         self._own_key_id = own_key_id(signing_key)
         self._own_verify_key = get_verify_key(signing_key)
         self._fetches: dict[str, AsyncResult] = {}
+        self._budgeted_fetchers: set = set()  # greenlets fetching under a budget slot
+        self._unreachable: dict[str, float] = {}  # server -> monotonic time to ask again
         self.network_fetches = 0  # fetches started (a counter for tests and metrics)
         self._metrics = metrics or Metrics()
 
@@ -200,6 +208,8 @@ class Keyring:
         (within ``deadline``, or the fetch's own time)."""
         pending = self._fetches.get(server_name)
         if pending is None:
+            if self._unreachable.get(server_name, 0.0) > time.monotonic():
+                return  # failed a moment ago: the caller finds no key, at no cost
             slot = self.budget.try_acquire(server_name)
             if slot is None:
                 raise KeyResolutionRefused(server_name, BUDGET_REFUSAL_RETRY_MS,
@@ -224,10 +234,20 @@ class Keyring:
         if deadline is not None:
             deadline.check()
 
+    def in_budgeted_fetch(self) -> bool:
+        """Is the calling greenlet a network fetch holding a key-resolution slot? (FED-10:
+        tests check every outbound key request is made from one.)"""
+        return gevent.getcurrent() in self._budgeted_fetchers
+
     def _run_fetch(self, server_name, key_ids, min_ts, slot, pending: AsyncResult) -> None:
+        current = gevent.getcurrent()
         try:
             with slot:
-                self._fetch(server_name, key_ids, min_ts)
+                self._budgeted_fetchers.add(current)
+                try:
+                    self._fetch(server_name, key_ids, min_ts)
+                finally:
+                    self._budgeted_fetchers.discard(current)
         except Exception:
             log.exception("fetching the keys of %s failed", server_name)
         finally:
@@ -242,15 +262,26 @@ class Keyring:
         # not leave the notaries none.
         direct = OutboundDeadline(deadline.remaining() / 2 if notaries else deadline.remaining(),
                                   what=f"keys of {server_name} from itself")
-        if self._fetch_direct(server_name, direct) \
-                and self._satisfied(server_name, key_ids, min_ts):
+        fetched = self._fetch_direct(server_name, direct)
+        if fetched and self._satisfied(server_name, key_ids, min_ts):
             return
         for notary in notaries:
             if deadline.expired:
                 break
-            if self._fetch_from_notary(notary, server_name, key_ids, min_ts, deadline) \
-                    and self._satisfied(server_name, key_ids, min_ts):
-                return
+            if self._fetch_from_notary(notary, server_name, key_ids, min_ts, deadline):
+                fetched = True
+                if self._satisfied(server_name, key_ids, min_ts):
+                    return
+        if not fetched:
+            self._remember_unreachable(server_name)
+
+    def _remember_unreachable(self, server_name: str) -> None:
+        now = time.monotonic()
+        if len(self._unreachable) >= _UNREACHABLE_MAX_ENTRIES:
+            self._unreachable = {s: t for s, t in self._unreachable.items() if t > now}
+            if len(self._unreachable) >= _UNREACHABLE_MAX_ENTRIES:
+                return  # all recent: forgetting none errs toward asking again
+        self._unreachable[server_name] = now + UNREACHABLE_RETRY_SECONDS
 
     def _satisfied(self, server_name: str, key_ids: list[str], min_ts: int) -> bool:
         _, missing = self._usable(self.store.get_keys(server_name),

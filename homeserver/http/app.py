@@ -9,15 +9,23 @@ from __future__ import annotations
 
 from flask import Flask, Response, request
 
+from ..api.client import account_data
 from ..api.client import accounts
 from ..api.client import admin
+from ..api.client import capabilities
 from ..api.client import directory
 from ..api.client import media
 from ..api.client import metrics
+from ..api.client import profile
+from ..api.client import receipts
 from ..api.client import rooms
+from ..api.client import sync
 from ..api.client import versions
 from ..api.federation import directory as federation_directory
-from ..api.federation import keys, profile
+from ..api.federation import keys
+from ..api.federation import media as federation_media
+from ..api.federation import profile as federation_profile
+from ..api.federation import transactions
 from .context import RUNTIME_EXTENSION
 from .middleware import RequestContextMiddleware
 from .responses import CORS_HEADERS, register_error_handlers
@@ -35,6 +43,11 @@ def client_blueprints():
         directory.bp,
         media.bp,
         metrics.bp,
+        sync.bp,
+        account_data.bp,
+        profile.bp,
+        receipts.bp,
+        capabilities.bp,
     ]
 
 
@@ -43,9 +56,11 @@ def federation_blueprints():
     # ask either listener.
     return [
         keys.bp,
-        profile.bp,
+        federation_profile.bp,
         federation_directory.bp,
+        transactions.bp,
         versions.bp,
+        federation_media.bp,
     ]
 
 

@@ -18,6 +18,7 @@ from gevent.pool import Pool
 from gevent.pywsgi import WSGIHandler, WSGIServer
 
 from .app import CLIENT, FEDERATION, create_flask_app
+from .handoff import HANDED_OFF
 
 log = logging.getLogger(__name__)
 
@@ -83,10 +84,25 @@ class WeirHandler(WSGIHandler):
         super().handle_error(t, v, tb)
 
     def handle_one_request(self):
-        result = super().handle_one_request()
+        try:
+            result = super().handle_one_request()
+        except BaseException:
+            self._come_back_from_handoff(keep_alive=False)
+            raise
         if result is True and self.server.closing:
-            return None  # finish the response in hand, then close instead of keeping alive
+            result = None  # finish the response in hand, then close instead of keeping alive
+        if not self._come_back_from_handoff(keep_alive=result is True):
+            return None
         return result
+
+    def _come_back_from_handoff(self, keep_alive: bool) -> bool:
+        """After a response: a request that was handed off to the media pool frees its slot
+        and rejoins the main pool, or its connection is closed (http/handoff.py)."""
+        environ = getattr(self, "environ", None)
+        handed_off = environ.pop(HANDED_OFF, None) if environ else None
+        if handed_off is None:
+            return True
+        return handed_off.come_back(keep_alive)
 
     def run_application(self):
         try:
@@ -128,29 +144,36 @@ class WeirWSGIServer(WSGIServer):
 
 
 class HomeserverServer:
-    """Both listeners of one process, started and stopped together."""
+    """The listeners of one process, started and stopped together: both, or only the client
+    one (main, when worker shards serve federation), or only the federation one (a shard,
+    on the listening socket main bound and handed down as `federation_listener`)."""
 
-    def __init__(self, runtime, federation_listener=None):
+    def __init__(self, runtime, federation_listener=None,
+                 listeners: tuple[str, ...] = (CLIENT, FEDERATION)):
         self.runtime = runtime
         config = runtime.config
         http = config.server.http
         fed = config.federation
+        self.servers = []
 
-        self.client_app = create_flask_app(runtime, (CLIENT,))
-        self.client_server = WeirWSGIServer(
-            (http.bind_address, http.port), self.client_app, pool=runtime.main_pool,
-            keepalive_timeout=http.keepalive_timeout)
+        if CLIENT in listeners:
+            self.client_app = create_flask_app(runtime, (CLIENT,))
+            self.client_server = WeirWSGIServer(
+                (http.bind_address, http.port), self.client_app, pool=runtime.main_pool,
+                keepalive_timeout=http.keepalive_timeout)
+            self.servers.append(self.client_server)
 
-        self.federation_pool = Pool(http.main_pool_size)
-        runtime.metrics.track_pool("federation", self.federation_pool, http.main_pool_size)
-        ssl_args = {}
-        if fed.tls_certificate:
-            ssl_args = {"certfile": fed.tls_certificate, "keyfile": fed.tls_private_key}
-        self.federation_app = create_flask_app(runtime, (FEDERATION,))
-        self.federation_server = WeirWSGIServer(
-            federation_listener or (fed.bind_address, fed.port), self.federation_app,
-            pool=self.federation_pool, keepalive_timeout=http.keepalive_timeout, **ssl_args)
-        self.servers = [self.client_server, self.federation_server]
+        if FEDERATION in listeners:
+            self.federation_pool = Pool(http.main_pool_size)
+            runtime.metrics.track_pool("federation", self.federation_pool, http.main_pool_size)
+            ssl_args = {}
+            if fed.tls_certificate:
+                ssl_args = {"certfile": fed.tls_certificate, "keyfile": fed.tls_private_key}
+            self.federation_app = create_flask_app(runtime, (FEDERATION,))
+            self.federation_server = WeirWSGIServer(
+                federation_listener or (fed.bind_address, fed.port), self.federation_app,
+                pool=self.federation_pool, keepalive_timeout=http.keepalive_timeout, **ssl_args)
+            self.servers.append(self.federation_server)
 
     @property
     def client_url(self) -> str:
@@ -170,12 +193,18 @@ class HomeserverServer:
     def stop(self, grace: float = SHUTDOWN_GRACE_SECONDS) -> None:
         """Stops accepting, lets in-flight requests finish within `grace`, then kills the rest."""
         deadline = time.monotonic() + grace
+        handoff = self.runtime.media_handoff  # None in a shard, which serves no media
+        if handoff is not None:
+            handoff.stop()  # a remote media request handed off from now on answers 503
         for server in self.servers:
             server.closing = True
             server.close()  # stop accepting; the listening socket is closed
             for greenlet in list(server.idle_greenlets):
                 greenlet.kill(block=False)
-        pools = [s.pool for s in self.servers]
+        # Waiting syncs answer now (empty) rather than hold the shutdown to their timeout.
+        self.runtime.notifier.close()
+        # Connections handed off to the media pool are in none of the servers' pools.
+        pools = [s.pool for s in self.servers] + ([handoff.away] if handoff is not None else [])
         for pool in pools:
             pool.join(timeout=max(0.0, deadline - time.monotonic()))
         for pool in pools:

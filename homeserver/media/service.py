@@ -1,9 +1,8 @@
-"""The media repository: uploads, async uploads, downloads and thumbnails of local media.
+"""The media repository: uploads, async uploads, downloads and thumbnails.
 
-Remote media (another server's mxc:// URIs) is not served yet: `serve_remote_media` is the one
-place that answers for it, and the remote media cache replaces it (ADR-0121). What it will need
-is here already: thumbnails are made from an original's path whatever its origin, and files are
-stored through `MediaFileStore.store_file`, whole or not at all.
+Local media is ours; another server's media (remote) comes from `RemoteMediaRepository`, which
+fetches and caches the original (media/remote.py). Either way a download serves the stored
+original, and a thumbnail is made from it by the same code, whatever its origin.
 """
 
 from __future__ import annotations
@@ -18,8 +17,10 @@ from gevent.threadpool import ThreadPool
 from ..accounts.service import now_ms
 from ..config import MediaConfig
 from ..errors import MatrixError, limit_exceeded, not_found
-from ..storage.media import LocalMedia, MediaStore, StoredThumbnail, ThumbnailSource
+from ..storage.media import (LocalMedia, MediaStore, RemoteMedia, StoredThumbnail,
+                             ThumbnailSource)
 from .files import FileTooLarge, MediaFileStore, ThumbnailKey, is_valid_media_id, new_media_id
+from .remote import MediaRequest, RemoteMediaRepository
 from .responses import MediaFile, safe_content_type
 from .thumbnails import (ImageTooLarge, NotAnImage, is_thumbnailable, key_for,
                          pregenerated_keys, probe, render, select_thumbnail)
@@ -44,12 +45,14 @@ def _cannot_thumbnail() -> MatrixError:
 
 class MediaService:
     def __init__(self, config: MediaConfig, server_name: str, store: MediaStore,
-                 files: MediaFileStore, thumbnail_pool: ThreadPool):
+                 files: MediaFileStore, thumbnail_pool: ThreadPool,
+                 remote: RemoteMediaRepository):
         self.config = config
         self.server_name = server_name
         self.store = store
         self.files = files
         self.thumbnail_pool = thumbnail_pool
+        self.remote = remote
         self.waiters = UploadWaiters()
         self._uploading: set[str] = set()  # async uploads in progress, by media id
 
@@ -140,18 +143,17 @@ class MediaService:
 
     # --- downloads -----------------------------------------------------------------------
 
-    def serve_remote_media(self, origin: str, media_id: str) -> MediaFile:
-        """Every download or thumbnail of another server's media ends here, for now: remote
-        media is fetched and cached by the remote media repository (ADR-0121), which
-        replaces this."""
-        raise not_found(f"Remote media from {origin} is not available on this server")
-
-    def download(self, server_name: str, media_id: str, filename: str | None, *, legacy: bool,
-                 timeout_ms: int) -> MediaFile:
+    def original(self, server_name: str, media_id: str,
+                 request: MediaRequest) -> LocalMedia | RemoteMedia:
+        """The stored original of an mxc:// URI: ours, or another server's fetched and cached."""
         if server_name != self.server_name:
-            return self.serve_remote_media(server_name, media_id)
-        media = self.local_media(media_id, legacy=legacy, timeout_ms=timeout_ms)
-        return MediaFile(self.files.original_path(self.server_name, media_id),
+            return self.remote.original(server_name, media_id, request)
+        return self.local_media(media_id, legacy=request.legacy, timeout_ms=request.timeout_ms)
+
+    def download(self, server_name: str, media_id: str, filename: str | None,
+                 request: MediaRequest) -> MediaFile:
+        media = self.original(server_name, media_id, request)
+        return MediaFile(self.files.original_path(server_name, media_id),
                          media.content_type, filename or media.upload_name)
 
     def local_media(self, media_id: str, *, legacy: bool, timeout_ms: int) -> LocalMedia:
@@ -185,10 +187,8 @@ class MediaService:
     # --- thumbnails ----------------------------------------------------------------------
 
     def thumbnail(self, server_name: str, media_id: str, width: int, height: int, method: str,
-                  animated: bool, *, legacy: bool, timeout_ms: int) -> MediaFile:
-        if server_name != self.server_name:
-            return self.serve_remote_media(server_name, media_id)
-        media = self.local_media(media_id, legacy=legacy, timeout_ms=timeout_ms)
+                  animated: bool, request: MediaRequest) -> MediaFile:
+        media = self.original(server_name, media_id, request)
         return self.thumbnail_of(server_name, media_id, media.content_type, width, height,
                                  method, animated)
 

@@ -16,6 +16,7 @@ from canonicaljson import encode_canonical_json
 from signedjson.sign import sign_json
 from unpaddedbase64 import encode_base64
 
+from ..identifiers import is_valid_room_id, is_valid_user_id
 from .versions import RoomVersion
 
 MAX_PDU_BYTES = 65536
@@ -228,3 +229,38 @@ def build_event(version: RoomVersion, *, room_id: str, sender: str, event_type: 
     event = Event(event_id_for(version, pdu), pdu)
     check_size_limits(event)
     return event
+
+
+# --- received PDUs ----------------------------------------------------------------------
+
+_PDU_FIELDS = {"auth_events": list, "content": dict, "depth": int, "hashes": dict,
+               "origin_server_ts": int, "prev_events": list, "room_id": str, "sender": str,
+               "signatures": dict, "type": str}
+
+
+def check_pdu_format(version: RoomVersion, event: Event) -> None:
+    """A PDU received over federation has the event format of its room version (v4 and
+    later: no `event_id`, events named by reference hash), within the size limits.
+    Raises `InvalidEvent`."""
+    pdu = event.pdu
+    for name, kind in _PDU_FIELDS.items():
+        value = pdu.get(name)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise InvalidEvent(f"{name} is missing or not a {kind.__name__}")
+    if not is_valid_user_id(pdu["sender"]) or not is_valid_room_id(pdu["room_id"]):
+        raise InvalidEvent("sender or room_id is not a valid identifier")
+    if "state_key" in pdu and not isinstance(pdu["state_key"], str):
+        raise InvalidEvent("state_key is not a string")
+    if not isinstance(pdu["hashes"].get("sha256"), str):
+        raise InvalidEvent("hashes.sha256 is missing")
+    if not 0 <= pdu["depth"] <= MAX_DEPTH:
+        raise InvalidEvent("depth is out of range")
+    for name, limit in (("prev_events", MAX_PREV_EVENTS), ("auth_events", MAX_AUTH_EVENTS)):
+        ids = pdu[name]
+        if len(ids) > limit or not all(isinstance(i, str) and i.startswith("$") for i in ids):
+            raise InvalidEvent(f"{name} must be at most {limit} event IDs")
+    if not pdu["prev_events"] and pdu["type"] != "m.room.create":
+        raise InvalidEvent("prev_events is empty")
+    if version.strict_canonical_json:
+        check_canonical_values(pdu, "event")
+    check_size_limits(event)

@@ -10,6 +10,7 @@ wrote to the room meanwhile.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from dataclasses import dataclass
@@ -21,10 +22,12 @@ from signedjson.sign import SignatureVerifyException, verify_signed_json
 from ..accounts.service import Requester, now_ms
 from ..errors import MatrixError, bad_json, forbidden, invalid_param, not_found
 from ..identifiers import is_valid_room_id, is_valid_user_id, server_of
+from ..storage.profiles import ProfileStore
 from ..storage.rooms import NewRoom, RoomStore, StaleExtremities, StoredEvent, TxnKey
-from .auth import (AuthError, auth_types_for_event, check_auth_events, required_power_level,
-                   select_auth_events, user_power_level)
-from .events import Event, InvalidEvent, build_event, redact
+from .auth import (CREATE, AuthError, auth_types_for_event, check_against_state,
+                   check_auth_events, required_power_level, select_auth_events,
+                   user_power_level)
+from .events import MAX_PREV_EVENTS, Event, InvalidEvent, build_event, redact
 from .format import client_event
 from .locks import KeyedLocks
 from .versions import KNOWN_ROOM_VERSIONS, RoomVersion
@@ -39,13 +42,20 @@ _PERSIST_ATTEMPTS = 3
 # skipping events the user may not see, so hidden history cannot make a request unbounded.
 MAX_MESSAGES_LIMIT = 1000
 _MAX_SCAN_ROUNDS = 10
-_TOKEN = re.compile(r"^s(\d{1,18})$")
+# `s<position>`, or a /sync token, which starts with the same event stream position: the spec
+# lets /messages start from a sync's next_batch.
+_TOKEN = re.compile(r"^s(\d{1,18})(?:_[0-9a-z_]{1,100})?$")
 
 MEMBERSHIPS = ("join", "invite", "knock", "leave", "ban")
 
 PersistListener = Callable[[list[StoredEvent]], None]
 # validate(room_id, new_content, old_content or None), raising a MatrixError.
 StateValidator = Callable[[str, dict, "dict | None"], None]
+
+
+class ReceivedEventRefused(Exception):
+    """A PDU received over federation that was not stored; the message says why, and is
+    what the sender is told for it."""
 
 
 @dataclass(frozen=True)
@@ -60,13 +70,41 @@ class PlannedEvent:
 
 @dataclass(frozen=True)
 class EventFilter:
-    """The RoomEventFilter fields /messages applies (`*` is a wildcard in types)."""
+    """The spec's EventFilter, plus RoomEventFilter's contains_url: what /messages and /sync
+    apply to events (`*` is a wildcard in types). The store applies types and senders in SQL;
+    the `keeps_*` methods apply the same rules to events already in memory."""
 
     types: tuple | None = None
     not_types: tuple = ()
     senders: tuple | None = None
     not_senders: tuple = ()
     limit: int | None = None
+    contains_url: bool | None = None  # only events with (True) or without (False) content.url
+
+    def keeps_type(self, event_type: str) -> bool:
+        if self.types is not None and not any(_glob(t).fullmatch(event_type)
+                                              for t in self.types):
+            return False
+        return not any(_glob(t).fullmatch(event_type) for t in self.not_types)
+
+    def keeps_sender(self, sender: str) -> bool:
+        if self.senders is not None and sender not in self.senders:
+            return False
+        return sender not in self.not_senders
+
+    def keeps_content(self, content: dict) -> bool:
+        return self.contains_url is None or ("url" in content) == self.contains_url
+
+    def keeps(self, stored: StoredEvent) -> bool:
+        event = stored.event
+        return (self.keeps_type(event.type) and self.keeps_sender(event.sender)
+                and self.keeps_content(event.content))
+
+
+@functools.lru_cache(maxsize=1024)
+def _glob(pattern: str) -> re.Pattern:
+    """A filter's type pattern: `*` matches any run of characters, nothing else is special."""
+    return re.compile(".*".join(re.escape(part) for part in pattern.split("*")), re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -74,6 +112,16 @@ class MessagesPage:
     chunk: list[dict]
     start: str
     end: str | None
+
+
+@dataclass(frozen=True)
+class EventScan:
+    """What `visible_events` found: the events, where the scan stopped (the next position to
+    read from, in the scan's direction) and whether it reached the end of its range."""
+
+    events: list[StoredEvent]
+    position: int
+    exhausted: bool
 
 
 def stream_token(position: int) -> str:
@@ -89,9 +137,12 @@ def parse_stream_token(token: str, name: str) -> int:
 
 
 class RoomService:
-    def __init__(self, store: RoomStore, accounts, server_name: str, signing_key):
+    def __init__(self, store: RoomStore, accounts, server_name: str, signing_key,
+                 profiles: ProfileStore | None = None):
         self.store = store
         self.accounts = accounts
+        # Local users' displayname and avatar_url, copied into their member events.
+        self.profiles = profiles
         self.server_name = server_name
         self.signing_key = signing_key
         self._verify_key = get_verify_key(signing_key)
@@ -223,7 +274,9 @@ class RoomService:
                     if current is not None and current.sender == planned.sender \
                             and current.content == planned.content:
                         return current.event_id  # nothing would change: no new event
-                prev_events = self.store.forward_extremities(room_id)
+                # Events received over federation may fork the room: the newest
+                # extremities, as many as an event may name.
+                prev_events = self.store.forward_extremities(room_id)[-MAX_PREV_EVENTS:]
                 try:
                     event = self._build(version, planned, room_id, prev_events, state, now_ms())
                 except AuthError as e:
@@ -257,6 +310,80 @@ class RoomService:
                 state[(event.type, event.state_key)] = event
         self._persist(events, new_room=NewRoom(room_id, version.identifier, creator, ts),
                       extra_writes=extra_writes)
+
+    # --- events received over federation -------------------------------------------------
+
+    def is_joined_here(self, room_id: str) -> bool:
+        """Is one of our users joined to the room? Only then are its events taken in."""
+        return any(server_of(u) == self.server_name for u in self.store.joined_users(room_id))
+
+    def receive_event(self, version: RoomVersion, event: Event,
+                      signed_by: frozenset[str]) -> bool:
+        """Authorises a PDU received over federation and stores it, through the same persist
+        point as our own events (so listeners, and /sync, see it). The caller has checked
+        its format, signatures and hashes (spec "Checks performed on receipt of a PDU",
+        steps 1 to 3); `signed_by` are the servers whose signatures it verified.
+
+        Steps 4 to 6, kept minimal: the event must pass the auth rules against its
+        auth_events, against the state before it, and against the current state. Any
+        failure raises `ReceivedEventRefused` and nothing is stored: a rejected or
+        soft-failed event is not kept at all, so a later event naming it as a prev_event
+        is refused as having unknown prev_events. Missing prev_events or auth_events are
+        not fetched from other servers (no backfill): such an event is refused. There is
+        no state resolution: the state before an event is the current state when its
+        prev_events are the room's forward extremities (the linear case), else the state
+        at the newest of them in stream order. Returns False if the event was already
+        stored (nothing is applied twice), True if it was stored now."""
+        if event.type == CREATE:
+            raise ReceivedEventRefused("m.room.create of a room that already exists")
+        room_id = event.room_id
+        with self._locks.hold(room_id):
+            known = self.store.events_in_room(
+                room_id, [event.event_id, *event.prev_event_ids, *event.auth_event_ids])
+            if event.event_id in known:
+                return False
+            missing = [e for e in event.prev_event_ids + event.auth_event_ids
+                       if e not in known]
+            if missing:
+                raise ReceivedEventRefused(
+                    f"unknown prev_events or auth_events ({', '.join(missing[:3])}); "
+                    "missing events are not fetched")
+
+            def signed(ev: Event, server: str) -> bool:
+                return server in signed_by
+
+            try:
+                check_auth_events(version, event,
+                                  [known[e].event for e in event.auth_event_ids], signed)
+            except AuthError as e:
+                raise ReceivedEventRefused(f"rejected by its auth events: {e}") from None
+            keys = auth_types_for_event(version, event.type, event.sender, event.state_key,
+                                        event.content)
+            extremities = {e.event_id for e in self.store.forward_extremities(room_id)}
+            linear = set(event.prev_event_ids) == extremities
+            if not linear:
+                position = max(known[e].stream_ordering for e in event.prev_event_ids)
+                before = {k: s.event for k, s in self.store.state_at(room_id, position).items()}
+                try:
+                    check_against_state(version, event, before, signed)
+                except AuthError as e:
+                    raise ReceivedEventRefused(
+                        f"rejected by the state before it: {e}") from None
+            current = {k: s.event for k, s in self.store.current_state(room_id, keys).items()}
+            try:
+                check_against_state(version, event, current, signed)
+            except AuthError as e:
+                # In the linear case the current state is the state before the event.
+                raise ReceivedEventRefused(
+                    f"rejected by the state before it: {e}" if linear
+                    else f"soft-failed against the current state: {e}") from None
+            try:
+                self._persist([event], received=True)
+            except Exception as e:
+                if self.store.db.is_unique_violation(e):
+                    return False  # stored meanwhile by another process
+                raise
+            return True
 
     # --- sending ------------------------------------------------------------------------
 
@@ -296,6 +423,11 @@ class RoomService:
             raise invalid_param(f"Not a valid user ID: {target}")
         content = dict(content or {})
         content["membership"] = membership
+        if membership in ("join", "invite", "knock") and self.profiles is not None \
+                and server_of(target) == self.server_name:
+            # The spec asks servers to put their users' profile in these member events.
+            for key, value in self.profiles.member_fields(target).items():
+                content.setdefault(key, value)
         if membership == "join" and not self.room_exists(room_id):
             if is_valid_room_id(room_id) and server_of(room_id) != self.server_name:
                 raise self.remote_membership_unavailable()
@@ -313,6 +445,26 @@ class RoomService:
                 room_id, [("m.room.member", target)])[("m.room.member", target)].event.event_id
         return self._append(room_id, PlannedEvent(sender, "m.room.member", content, target),
                             skip_if_unchanged=True)
+
+    def update_member_profile(self, user_id: str) -> None:
+        """After a profile change: a new join event with the user's current displayname and
+        avatar_url in every room they are joined to (a room that refuses it is logged and
+        skipped, so one room cannot stop the others from being updated)."""
+        profile = self.profiles.member_fields(user_id) if self.profiles is not None else {}
+        for room_id in self.joined_rooms(user_id):
+            member = self.store.current_state(room_id, [("m.room.member", user_id)]).get(
+                ("m.room.member", user_id))
+            if member is None or member.event.membership != "join":
+                continue
+            content = {k: v for k, v in member.event.content.items()
+                       if k not in ("displayname", "avatar_url",
+                                    "join_authorised_via_users_server")}
+            content.update(profile)
+            try:
+                self._append(room_id, PlannedEvent(user_id, "m.room.member", content, user_id),
+                             skip_if_unchanged=True)
+            except MatrixError as e:
+                log.warning("profile update not sent to %s: %s", room_id, e)
 
     @staticmethod
     def remote_membership_unavailable() -> MatrixError:
@@ -357,10 +509,10 @@ class RoomService:
 
     # --- reading ------------------------------------------------------------------------
 
-    def _history_view(self, room_id: str, user_id: str) -> HistoryView:
-        return HistoryView(user_id,
-                           self.store.state_changes(room_id, "m.room.member", user_id),
-                           self.store.state_changes(room_id, "m.room.history_visibility", ""))
+    def history_view(self, room_id: str, user_id: str) -> HistoryView:
+        member, visibility = ("m.room.member", user_id), ("m.room.history_visibility", "")
+        changes = self.store.state_changes(room_id, [member, visibility])
+        return HistoryView(user_id, changes[member], changes[visibility])
 
     def _readable_state_position(self, room_id: str, user_id: str,
                                  view: HistoryView) -> int | None:
@@ -376,7 +528,7 @@ class RoomService:
                         event_type: str | None = None) -> dict:
         self.room_version(room_id)
         position = self._readable_state_position(room_id, user_id,
-                                                 self._history_view(room_id, user_id))
+                                                 self.history_view(room_id, user_id))
         if position is None:
             return self.store.current_state(room_id, event_type=event_type)
         return self.store.state_at(room_id, position, event_type)
@@ -398,7 +550,7 @@ class RoomService:
     def members(self, requester: Requester, room_id: str, at: str | None = None,
                 membership: str | None = None, not_membership: str | None = None) -> list[dict]:
         self.room_version(room_id)
-        view = self._history_view(room_id, requester.user_id)
+        view = self.history_view(room_id, requester.user_id)
         position = self._readable_state_position(room_id, requester.user_id, view)
         if at is not None:
             at_position = parse_stream_token(at, "at")
@@ -423,18 +575,43 @@ class RoomService:
     def event(self, requester: Requester, room_id: str, event_id: str) -> dict:
         self.room_version(room_id)
         stored = self.store.get_event(event_id)
-        view = self._history_view(room_id, requester.user_id)
+        view = self.history_view(room_id, requester.user_id)
         if stored is None or stored.event.room_id != room_id or not view.can_see(stored):
             raise not_found("Event not found")
         txn_ids = self.store.txn_ids_for(requester.user_id, requester.device_id, [event_id])
         return client_event(stored, now_ms(), txn_ids.get(event_id),
                             view.membership_after(stored.stream_ordering) or "leave")
 
+    def visible_events(self, room_id: str, view: HistoryView, after: int, up_to: int,
+                       backwards: bool, limit: int, event_filter: EventFilter) -> EventScan:
+        """Up to `limit` events with `after < position <= up_to` that `view` may see and the
+        filter keeps, newest first when `backwards`. It reads at most _MAX_SCAN_ROUNDS
+        batches, so history hidden from the user cannot make one call unbounded."""
+        position = up_to if backwards else after
+        found: list[StoredEvent] = []
+        for _ in range(_MAX_SCAN_ROUNDS):
+            low, high = (after, position) if backwards else (position, up_to)
+            if low >= high:
+                return EventScan(found, position, True)
+            wanted = limit - len(found)
+            batch = self.store.room_events(
+                room_id, low, high, backwards, wanted, event_filter.types,
+                event_filter.not_types, event_filter.senders, event_filter.not_senders)
+            for stored in batch:
+                position = stored.stream_ordering - 1 if backwards else stored.stream_ordering
+                if view.can_see(stored) and event_filter.keeps_content(stored.event.content):
+                    found.append(stored)
+            if len(batch) < wanted:
+                return EventScan(found, position, True)
+            if len(found) >= limit:
+                break
+        return EventScan(found, position, False)
+
     def messages(self, requester: Requester, room_id: str, from_token: str | None,
                  to_token: str | None, backwards: bool, limit: int,
                  event_filter: EventFilter) -> MessagesPage:
         self.room_version(room_id)
-        view = self._history_view(room_id, requester.user_id)
+        view = self.history_view(room_id, requester.user_id)
         self._readable_state_position(room_id, requester.user_id, view)  # 403 if none
         if event_filter.limit is not None:
             limit = min(limit, event_filter.limit)
@@ -449,27 +626,14 @@ class RoomService:
         start = stream_token(position)
         bound = parse_stream_token(to_token, "to") if to_token is not None else None
 
-        visible: list[StoredEvent] = []
-        exhausted = False
-        for _ in range(_MAX_SCAN_ROUNDS):
-            after, up_to = ((bound or 0), position) if backwards else (
-                position, current if bound is None else min(bound, current))
-            if after >= up_to:
-                exhausted = True
-                break
-            wanted = limit - len(visible)
-            batch = self.store.room_events(
-                room_id, after, up_to, backwards, wanted, event_filter.types,
-                event_filter.not_types, event_filter.senders, event_filter.not_senders)
-            for stored in batch:
-                position = stored.stream_ordering - 1 if backwards else stored.stream_ordering
-                if view.can_see(stored):
-                    visible.append(stored)
-            if len(batch) < wanted:
-                exhausted = True
-                break
-            if len(visible) >= limit:
-                break
+        if backwards:
+            scan = self.visible_events(room_id, view, bound or 0, position, True, limit,
+                                       event_filter)
+        else:
+            scan = self.visible_events(room_id, view, position,
+                                       current if bound is None else min(bound, current),
+                                       False, limit, event_filter)
+        visible, position, exhausted = scan.events, scan.position, scan.exhausted
 
         now = now_ms()
         txn_ids = self.store.txn_ids_for(requester.user_id, requester.device_id,

@@ -45,6 +45,17 @@ class HistoryView:
             return self._member_positions[-1]
         return None
 
+    def memberships_between(self, after: int, up_to: int) -> list[str]:
+        """The memberships the user was given with `after < position <= up_to`, in order."""
+        low = bisect.bisect_right(self._member_positions, after)
+        high = bisect.bisect_right(self._member_positions, up_to)
+        return self._memberships[low:high]
+
+    def last_membership_change(self, position: int) -> int | None:
+        """Where the user's membership was last set, at or before `position`."""
+        i = bisect.bisect_right(self._member_positions, position)
+        return self._member_positions[i - 1] if i else None
+
     def membership_after(self, position: int) -> str | None:
         i = bisect.bisect_right(self._member_positions, position)
         return self._memberships[i - 1] if i else None

@@ -16,7 +16,7 @@ import logging
 import os
 import re
 import sqlite3
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import gevent
 from gevent.lock import BoundedSemaphore
@@ -24,6 +24,17 @@ from gevent.queue import Queue
 from gevent.threadpool import ThreadPool
 
 log = logging.getLogger(__name__)
+
+# Values per `IN (...)` list: well under SQLite's limit on bound parameters.
+IN_LIST_CHUNK = 500
+
+
+def in_lists(values: list) -> Iterator[tuple[list, str]]:
+    """`values` in chunks for `IN (...)` lists, each with its `?, ?, ...` placeholders."""
+    for start in range(0, len(values), IN_LIST_CHUNK):
+        chunk = values[start:start + IN_LIST_CHUNK]
+        yield chunk, ", ".join("?" for _ in chunk)
+
 
 class Tx:
     """One transaction on one connection; `?` placeholders on both engines."""

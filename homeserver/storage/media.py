@@ -1,7 +1,8 @@
-"""Media metadata: local uploads, thumbnail sources and stored thumbnails.
+"""Media metadata: local uploads, the remote media cache, thumbnail sources and thumbnails.
 
 Rows are keyed by the mxc:// URI's parts: `media_id` for local media, `(origin, media_id)`
-for what the thumbnailer keeps, so that remote media (cached originals) shares those tables.
+for cached remote media and for what the thumbnailer keeps, so that thumbnails of local and
+remote originals share those tables.
 """
 
 from __future__ import annotations
@@ -25,6 +26,20 @@ class LocalMedia:
     @property
     def uploaded(self) -> bool:
         return self.media_length is not None
+
+
+@dataclass(frozen=True)
+class RemoteMedia:
+    """A cached copy of another server's media."""
+
+    origin: str
+    media_id: str
+    content_type: str
+    upload_name: str | None
+    media_length: int
+    sha256: str
+    fetched_ts: int
+    authenticated: bool
 
 
 @dataclass(frozen=True)
@@ -53,6 +68,10 @@ _LOCAL_COLUMNS = ("media_id, user_id, content_type, upload_name, media_length, s
 
 def _local_media(row) -> LocalMedia:
     return LocalMedia(row[0], row[1], row[2], row[3], row[4], row[5], row[6], bool(row[7]))
+
+
+_REMOTE_COLUMNS = ("origin, media_id, content_type, upload_name, media_length, sha256,"
+                   " fetched_ts, authenticated")
 
 
 class MediaStore:
@@ -112,6 +131,30 @@ class MediaStore:
                 "UPDATE local_media SET content_type = ?, upload_name = ?, media_length = ?,"
                 " sha256 = ?, uploaded_ts = ? WHERE media_id = ? AND media_length IS NULL",
                 (content_type, upload_name, media_length, sha256, now_ms, media_id))
+            return cur.rowcount == 1
+
+        return self.db.write(tx)
+
+    # --- remote media cache --------------------------------------------------------------
+
+    def get_remote_media(self, origin: str, media_id: str) -> RemoteMedia | None:
+        row = self.db.read(lambda tx: tx.fetchone(
+            f"SELECT {_REMOTE_COLUMNS} FROM remote_media_cache WHERE origin = ? AND media_id = ?",
+            (origin, media_id)))
+        if row is None:
+            return None
+        return RemoteMedia(row[0], row[1], row[2], row[3], row[4], row[5], row[6], bool(row[7]))
+
+    def insert_remote_media(self, media: RemoteMedia) -> bool:
+        """Records a fetched copy if there is no row yet; False (and the earlier row stays)
+        if there is one."""
+
+        def tx(tx):
+            cur = tx.execute(
+                f"INSERT INTO remote_media_cache ({_REMOTE_COLUMNS})"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (origin, media_id) DO NOTHING",
+                (media.origin, media.media_id, media.content_type, media.upload_name,
+                 media.media_length, media.sha256, media.fetched_ts, int(media.authenticated)))
             return cur.rowcount == 1
 
         return self.db.write(tx)

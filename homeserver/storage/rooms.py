@@ -15,7 +15,7 @@ from canonicaljson import encode_canonical_json
 
 from ..rooms.events import Event
 from . import streams
-from .database import Database
+from .database import Database, in_lists
 
 EVENTS_STREAM = "events"
 
@@ -48,6 +48,16 @@ class RoomRow:
     room_id: str
     room_version: str
     creator: str
+
+
+@dataclass(frozen=True)
+class RoomCounts:
+    """What a /sync room summary is made from."""
+
+    joined_members: int
+    invited_members: int
+    name: str | None
+    canonical_alias: str | None
 
 
 @dataclass(frozen=True)
@@ -99,25 +109,30 @@ class RoomStore:
 
     def persist_events(self, events: list[Event], *, new_room: NewRoom | None = None,
                        txn: TxnKey | None = None, now_ms: int = 0,
-                       extra_writes: Iterable[Callable] = ()) -> list[StoredEvent]:
+                       extra_writes: Iterable[Callable] = (),
+                       received: bool = False) -> list[StoredEvent]:
         """Stores `events` (in order, one room) in one transaction, with their effects on
         current state, stats and extremities. `extra_writes` are `fn(tx)` run in the same
         transaction (an alias and a directory entry for a new room). Raises
-        `StaleExtremities` if the room's extremities are no longer the first event's
-        prev_events, and the engine's unique violation if `txn` was already used."""
-        return self.db.write(self._persist, events, new_room, txn, now_ms, list(extra_writes))
+        `StaleExtremities` if one of the first event's prev_events is no longer a forward
+        extremity of the room, and the engine's unique violation if `txn` was already used
+        (or, for a `received` event, if the event is already stored). A `received` event
+        (over federation) may extend any part of the room's graph: its prev_events were
+        checked to be stored, and it becomes an extremity beside the others."""
+        return self.db.write(self._persist, events, new_room, txn, now_ms, list(extra_writes),
+                             received)
 
-    def _persist(self, tx, events, new_room, txn, now_ms, extra_writes):
+    def _persist(self, tx, events, new_room, txn, now_ms, extra_writes, received):
         room_id = events[0].room_id
         if new_room is not None:
             tx.execute("INSERT INTO rooms (room_id, room_version, creator, created_ts)"
                        " VALUES (?, ?, ?, ?)", (new_room.room_id, new_room.room_version,
                                                 new_room.creator, new_room.created_ts))
             tx.execute("INSERT INTO room_stats (room_id) VALUES (?)", (room_id,))
-        else:
+        elif not received:
             current = {r[0] for r in tx.fetchall(
                 "SELECT event_id FROM event_forward_extremities WHERE room_id = ?", (room_id,))}
-            if current != set(events[0].prev_event_ids):
+            if not set(events[0].prev_event_ids) <= current:
                 raise StaleExtremities(room_id)
 
         last = streams.advance(tx, EVENTS_STREAM, len(events))
@@ -210,6 +225,17 @@ class RoomStore:
             f"SELECT {_EVENT_COLUMNS} FROM events e WHERE e.event_id = ?", (event_id,)))
         return _stored(row) if row else None
 
+    def events_in_room(self, room_id: str, event_ids: Iterable[str]) -> dict[str, StoredEvent]:
+        """Those of `event_ids` that are stored events of `room_id`, by ID."""
+        event_ids = list(dict.fromkeys(event_ids))
+        if not event_ids:
+            return {}
+        marks = ", ".join("?" for _ in event_ids)
+        rows = self.db.read(lambda tx: tx.fetchall(
+            f"SELECT {_EVENT_COLUMNS} FROM events e WHERE e.room_id = ?"
+            f" AND e.event_id IN ({marks})", (room_id, *event_ids)))
+        return {s.event.event_id: s for s in map(_stored, rows)}
+
     def forward_extremities(self, room_id: str) -> list[Event]:
         rows = self.db.read(lambda tx: tx.fetchall(
             f"SELECT {_EVENT_COLUMNS} FROM event_forward_extremities x"
@@ -236,16 +262,18 @@ class RoomStore:
         rows = self.db.read(lambda tx: tx.fetchall(sql, params))
         return {(s.event.type, s.event.state_key): s for s in map(_stored, rows)}
 
-    def state_at(self, room_id: str, position: int,
-                 event_type: str | None = None) -> dict[StateKey, StoredEvent]:
+    def state_at(self, room_id: str, position: int, event_type: str | None = None,
+                 changed_after: int = 0) -> dict[StateKey, StoredEvent]:
         """The room's state just after stream position `position`. Rooms are linear here
-        (local events only), so that is the latest state event per key at or before it."""
+        (local events only), so that is the latest state event per key at or before it.
+        With `changed_after`, only the keys set after that position (a state delta)."""
         sql = (f"SELECT {_EVENT_COLUMNS} FROM events e WHERE e.room_id = ?"
                " AND e.state_key IS NOT NULL AND e.stream_ordering <= ?"
+               " AND e.stream_ordering > ?"
                " AND e.stream_ordering = (SELECT MAX(e2.stream_ordering) FROM events e2"
                "  WHERE e2.room_id = e.room_id AND e2.type = e.type"
                "  AND e2.state_key = e.state_key AND e2.stream_ordering <= ?)")
-        params: list = [room_id, position, position]
+        params: list = [room_id, position, changed_after, position]
         if event_type is not None:
             sql += " AND e.type = ?"
             params.append(event_type)
@@ -283,14 +311,18 @@ class RoomStore:
         rows = self.db.read(lambda tx: tx.fetchall(sql, params))
         return [_stored(r) for r in rows]
 
-    def state_changes(self, room_id: str, event_type: str,
-                      state_key: str) -> list[tuple[int, StoredEvent]]:
-        """Every event ever set for one state key, oldest first: membership and history
-        visibility timelines for deciding what a user may see."""
-        rows = self.db.read(lambda tx: tx.fetchall(
-            f"SELECT {_EVENT_COLUMNS} FROM events e WHERE e.room_id = ? AND e.type = ?"
-            " AND e.state_key = ? ORDER BY e.stream_ordering", (room_id, event_type, state_key)))
-        return [(r[0], _stored(r)) for r in rows]
+    def state_changes(self, room_id: str,
+                      keys: list[StateKey]) -> dict[StateKey, list[tuple[int, StoredEvent]]]:
+        """Every event ever set for each of `keys`, oldest first, read in one transaction:
+        membership and history visibility timelines for deciding what a user may see."""
+        sql = (f"SELECT {_EVENT_COLUMNS} FROM events e WHERE e.room_id = ? AND e.type = ?"
+               " AND e.state_key = ? ORDER BY e.stream_ordering")
+
+        def read(tx):
+            return {key: [(r[0], _stored(r)) for r in tx.fetchall(sql, (room_id, *key))]
+                    for key in keys}
+
+        return self.db.read(read)
 
     # --- memberships --------------------------------------------------------------------
 
@@ -299,6 +331,48 @@ class RoomStore:
             "SELECT room_id FROM current_state WHERE state_key = ? AND type = 'm.room.member'"
             " AND membership = ? ORDER BY room_id", (user_id, membership)))
         return [r[0] for r in rows]
+
+    # Two reads for /sync, which runs them in one transaction with others (storage/sync.py).
+
+    @staticmethod
+    def memberships_in(tx, user_id: str) -> list[tuple[str, str, int]]:
+        """(room_id, membership, stream position of that member event) for every room the
+        user has a member event in, whatever it says now."""
+        return [tuple(r) for r in tx.fetchall(
+            "SELECT c.room_id, c.membership, e.stream_ordering FROM current_state c"
+            " JOIN events e ON e.event_id = c.event_id"
+            " WHERE c.state_key = ? AND c.type = 'm.room.member' ORDER BY c.room_id",
+            (user_id,))]
+
+    @staticmethod
+    def rooms_with_events_in(tx, room_ids: list[str], after: int, up_to: int) -> set[str]:
+        """Which of `room_ids` have events with `after < stream_ordering <= up_to`: one index
+        probe per room, however long the range."""
+        found: set[str] = set()
+        for chunk, marks in in_lists(room_ids):
+            found.update(r[0] for r in tx.fetchall(
+                f"SELECT DISTINCT room_id FROM events WHERE room_id IN ({marks})"
+                " AND stream_ordering > ? AND stream_ordering <= ?", (*chunk, after, up_to)))
+        return found
+
+    def member_counts(self, room_id: str) -> RoomCounts:
+        row = self.db.read(lambda tx: tx.fetchone(
+            "SELECT joined_members, invited_members, name, canonical_alias FROM room_stats"
+            " WHERE room_id = ?", (room_id,)))
+        return RoomCounts(*row) if row else RoomCounts(0, 0, None, None)
+
+    def heroes(self, room_id: str, exclude: str, limit: int) -> list[str]:
+        """What a client names a room without a name after: the first members other than
+        `exclude` to have joined or been invited, in stream order; only if there are none,
+        those who left or were banned."""
+        rows = self.db.read(lambda tx: tx.fetchall(
+            "SELECT c.state_key, CASE WHEN c.membership IN ('join', 'invite') THEN 0 ELSE 1 END"
+            " AS departed FROM current_state c JOIN events e ON e.event_id = c.event_id"
+            " WHERE c.room_id = ? AND c.type = 'm.room.member'"
+            " AND c.membership IN ('join', 'invite', 'leave', 'ban') AND c.state_key <> ?"
+            " ORDER BY departed, e.stream_ordering LIMIT ?", (room_id, exclude, limit)))
+        present = [r[0] for r in rows if r[1] == 0]
+        return present or [r[0] for r in rows]
 
     def joined_users(self, room_id: str) -> list[str]:
         rows = self.db.read(lambda tx: tx.fetchall(
@@ -317,10 +391,9 @@ class RoomStore:
 
     def txn_ids_for(self, user_id: str, device_id: str, event_ids: list[str]) -> dict[str, str]:
         """{event_id: txn_id} for those of `event_ids` this device sent."""
-        if not event_ids:
-            return {}
-        marks = ", ".join("?" for _ in event_ids)
-        rows = self.db.read(lambda tx: tx.fetchall(
-            f"SELECT event_id, txn_id FROM event_txn_ids WHERE event_id IN ({marks})"
-            " AND user_id = ? AND device_id = ?", (*event_ids, user_id, device_id)))
-        return dict(rows)
+        found: dict[str, str] = {}
+        for chunk, marks in in_lists(event_ids):
+            found.update(self.db.read(lambda tx: tx.fetchall(
+                f"SELECT event_id, txn_id FROM event_txn_ids WHERE event_id IN ({marks})"
+                " AND user_id = ? AND device_id = ?", (*chunk, user_id, device_id))))
+        return found

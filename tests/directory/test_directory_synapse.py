@@ -1,14 +1,13 @@
 """Room directory interop with a real Synapse 1.163 on loopback, TLS on both sides:
 each side resolves the other's alias and lists the other's public rooms over federation."""
 
-import os
 from urllib.parse import quote
 
 import pytest
 import requests
 
-from tests.support.federation import federation_settings, tls_listener_settings
-from tests.support.server import MatrixClient, WeirProcess, base_settings, merge
+from tests.support.federation import tls_weir
+from tests.support.server import MatrixClient
 
 pytestmark = pytest.mark.synapse
 
@@ -20,13 +19,8 @@ V3 = "/_matrix/client/v3"
 @pytest.fixture(scope="module")
 def weir(test_ca, synapse, tmp_path_factory):
     directory = str(tmp_path_factory.mktemp("weir-dir-interop"))
-    fed = federation_settings(test_ca)
-    fed.update(tls_listener_settings(test_ca, WEIR_NAME, WEIR_IP))
-    settings = merge(base_settings(os.path.join(directory, "data")),
-                     {"server_name": WEIR_NAME, "federation": fed})
-    proc = WeirProcess(directory, settings).start()
-    yield proc
-    proc.stop()
+    with tls_weir(test_ca, directory, WEIR_IP, WEIR_NAME) as proc:
+        yield proc
 
 
 @pytest.fixture(scope="module")

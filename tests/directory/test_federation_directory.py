@@ -2,15 +2,14 @@
 by a fake origin, against the real server process with a TLS federation listener."""
 
 import json
-import os
 from urllib.parse import quote
 
 import pytest
 import requests
 
 from tests.peers.honest import HonestPeer
-from tests.support.federation import federation_settings, tls_listener_settings
-from tests.support.server import MatrixClient, WeirProcess, base_settings, merge
+from tests.support.federation import tls_weir
+from tests.support.server import MatrixClient
 from tests.support.spec import assert_matches_spec
 
 V3 = "/_matrix/client/v3"
@@ -28,12 +27,8 @@ def origin(test_ca, dns):
 @pytest.fixture(scope="module")
 def weir(test_ca, dns, tmp_path_factory):
     directory = str(tmp_path_factory.mktemp("weir-fed-dir"))
-    fed = federation_settings(test_ca, dns)
-    fed.update(tls_listener_settings(test_ca, "weir.test", "127.40.2.1"))
-    proc = WeirProcess(directory, merge(base_settings(os.path.join(directory, "data")),
-                                        {"federation": fed})).start()
-    yield proc
-    proc.stop()
+    with tls_weir(test_ca, directory, "127.40.2.1", dns=dns) as proc:
+        yield proc
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,8 @@ import requests
 from signedjson.key import generate_signing_key, read_signing_keys
 
 from homeserver.federation.errors import RemoteError
-from tests.support.federation import federation_settings, make_client, tls_listener_settings
-from tests.support.server import MatrixClient, WeirProcess, base_settings, merge
+from tests.support.federation import make_client, tls_weir
+from tests.support.server import MatrixClient
 
 pytestmark = pytest.mark.synapse
 
@@ -25,13 +25,8 @@ WEIR_NAME = f"{WEIR_IP}:8448"
 @pytest.fixture(scope="module")
 def weir(test_ca, synapse, tmp_path_factory):
     directory = str(tmp_path_factory.mktemp("weir-interop"))
-    fed = federation_settings(test_ca)
-    fed.update(tls_listener_settings(test_ca, WEIR_NAME, WEIR_IP))
-    settings = merge(base_settings(os.path.join(directory, "data")),
-                     {"server_name": WEIR_NAME, "federation": fed})
-    proc = WeirProcess(directory, settings).start()
-    yield proc
-    proc.stop()
+    with tls_weir(test_ca, directory, WEIR_IP, WEIR_NAME) as proc:
+        yield proc
 
 
 def test_synapse_accepts_a_request_we_sign(weir, synapse, test_ca):

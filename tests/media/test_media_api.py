@@ -162,12 +162,6 @@ def test_config(frozen, legacy, alice):
     assert new_user(legacy).get(f"{CLIENT}/config").json() == {"m.upload.size": LEGACY_CAP}
 
 
-def test_remote_media_is_not_found(alice):
-    for path in [f"{CLIENT}/download/other.example/abcdef",
-                 f"{CLIENT}/thumbnail/other.example/abcdef?width=32&height=32"]:
-        assert error(alice.get(path)) == (404, "M_NOT_FOUND")
-
-
 def test_range_requests(alice):
     data = os.urandom(1000)
     mxc = upload(alice, data, "video/mp4", "clip.mp4")

@@ -1,14 +1,13 @@
 """The response builders: header rules, and the federation multipart body read back by
 python-multipart, the parser Synapse uses."""
 
-import json
 
 import pytest
-from python_multipart.multipart import MultipartParser, parse_options_header
 
 from homeserver.media.responses import (CACHE_CONTROL, CONTENT_SECURITY_POLICY, MediaFile,
                                         content_disposition, multipart_response,
                                         served_content_type)
+from tests.support.multipart import media_file_part
 
 
 @pytest.mark.parametrize("content_type, filename, expected", [
@@ -38,40 +37,6 @@ def test_content_disposition(content_type, filename, expected):
 ])
 def test_served_content_type(stored, served):
     assert served_content_type(stored) == served
-
-
-def parse_multipart(content_type: str, body: bytes) -> list[tuple[dict, bytes]]:
-    """Parts as (headers, data), by python-multipart's streaming parser."""
-    _, params = parse_options_header(content_type)
-    parts: list[tuple[dict, bytes]] = []
-    state = {"field": b"", "value": b"", "headers": {}, "data": b""}
-
-    def on_part_begin():
-        state.update(headers={}, data=b"")
-
-    def on_header_field(data, start, end):
-        state["field"] += data[start:end]
-
-    def on_header_value(data, start, end):
-        state["value"] += data[start:end]
-
-    def on_header_end():
-        state["headers"][state["field"].decode().lower()] = state["value"].decode()
-        state.update(field=b"", value=b"")
-
-    def on_part_data(data, start, end):
-        state["data"] += data[start:end]
-
-    def on_part_end():
-        parts.append((state["headers"], state["data"]))
-
-    parser = MultipartParser(params[b"boundary"], {
-        "on_part_begin": on_part_begin, "on_header_field": on_header_field,
-        "on_header_value": on_header_value, "on_header_end": on_header_end,
-        "on_part_data": on_part_data, "on_part_end": on_part_end})
-    assert parser.write(body) == len(body)
-    parser.finalize()
-    return parts
 
 
 def body_of(response) -> bytes:
@@ -106,10 +71,7 @@ def test_multipart_parses_with_python_multipart(tmp_path):
     assert int(response.headers["Content-Length"]) == len(body)
     assert response.headers["Content-Security-Policy"] == CONTENT_SECURITY_POLICY
     assert response.headers["Cache-Control"] == CACHE_CONTROL
-    (json_headers, json_data), (file_headers, file_data) = parse_multipart(
-        response.headers["Content-Type"], body)
-    assert json_headers == {"content-type": "application/json"}
-    assert json.loads(json_data) == {}
+    file_headers, file_data = media_file_part(response.headers["Content-Type"], body)
     assert file_headers == {
         "content-type": "application/pdf",
         "content-disposition": "attachment; filename*=utf-8''R%C3%A9sum%C3%A9%20final.pdf"}

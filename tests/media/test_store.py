@@ -4,7 +4,8 @@ import gevent
 import pytest
 
 from homeserver.storage.database import open_database
-from homeserver.storage.media import LocalMedia, MediaStore, StoredThumbnail, ThumbnailSource
+from homeserver.storage.media import (LocalMedia, MediaStore, RemoteMedia, StoredThumbnail,
+                                     ThumbnailSource)
 from homeserver.storage.migrations import migrate
 
 
@@ -72,3 +73,18 @@ def test_thumbnail_rows(store):
     store.add_thumbnail("weir.test", "abc", thumb, 2000)  # a concurrent twin: no error
     store.add_thumbnail("other.server", "abc", thumb, 1000)
     assert store.get_thumbnails("weir.test", "abc") == [thumb]
+
+
+def test_remote_media_cache_rows(store):
+    assert store.get_remote_media("remote.test", "abc") is None
+    first = RemoteMedia("remote.test", "abc", "image/png", "cat.png", 10, "f00", 1000, True)
+    assert store.insert_remote_media(first)
+    # A second copy's row never displaces the first: its file was dropped, the first's kept.
+    assert not store.insert_remote_media(
+        RemoteMedia("remote.test", "abc", "text/plain", None, 11, "bad", 2000, False))
+    assert store.get_remote_media("remote.test", "abc") == first
+    # Keyed by origin and id: the same id on another server is another file.
+    other = RemoteMedia("other.test", "abc", "text/plain", None, 3, "c0de", 3000, False)
+    assert store.insert_remote_media(other)
+    assert store.get_remote_media("other.test", "abc") == other
+    assert store.get_local_media("abc") is None

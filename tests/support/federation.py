@@ -9,8 +9,11 @@ from __future__ import annotations
 
 from signedjson.key import generate_signing_key
 
+import os
+
 from homeserver.config import parse_config
 from homeserver.federation.client import FederationClient
+from tests.support.server import WeirProcess, base_settings, merge
 
 ALLOWED_RANGE = "127.0.0.0/9"
 DENIED_IP = "127.200.0.1"
@@ -31,6 +34,18 @@ def tls_listener_settings(test_ca, server_name: str, ip: str, port: int = 8448) 
     cert = test_ca.issue(host.strip("[]"), ip)
     return {"bind_address": ip, "port": port, "tls_certificate": cert.cert_path,
             "tls_private_key": cert.key_path}
+
+
+def tls_weir(test_ca, directory: str, ip: str, server_name: str = "weir.test", dns=None,
+             **overrides) -> WeirProcess:
+    """A Weir process (not started) in ``directory`` that talks to test peers and serves
+    federation over TLS on ``ip:8448`` as ``server_name``; ``overrides`` are merged over its
+    settings."""
+    fed = federation_settings(test_ca, dns)
+    fed.update(tls_listener_settings(test_ca, server_name, ip))
+    settings = merge(base_settings(os.path.join(directory, "data")),
+                     {"server_name": server_name, "federation": fed})
+    return WeirProcess(directory, merge(settings, overrides))
 
 
 def make_client(test_ca, dns=None, server_name: str = "weir.test", signing_key=None, *,

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from flask import Blueprint, request
 
-from ...errors import invalid_param, missing_param, not_found
+from ...errors import not_found
 from ...http.auth import current_requester, enforce_rate_limit, requires_auth
-from ...http.context import runtime
-from ...http.parsing import body_chunks, query_bool, query_int
+from ...http.context import outbound_caller, runtime
+from ...http.parsing import body_chunks, query_bool
 from ...http.responses import json_response
+from ...media.remote import MediaRequest
 from ...media.responses import file_response
-from ...media.service import DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS, THUMBNAIL_METHODS
+from ..media_query import thumbnail_query, timeout_ms
 
 bp = Blueprint("media", __name__)
 
@@ -29,8 +30,11 @@ def _mxc_parts(location: str, with_filename: bool) -> tuple[str, str, str | None
     return parts[0], parts[1], parts[2] if len(parts) == 3 else None
 
 
-def _timeout_ms() -> int:
-    return query_int("timeout_ms", DEFAULT_TIMEOUT_MS, minimum=0, maximum=MAX_TIMEOUT_MS)
+def _media_request(legacy: bool) -> MediaRequest:
+    # allow_remote is the legacy API's; /client/v1 has no such parameter.
+    return MediaRequest(legacy=legacy, timeout_ms=timeout_ms(),
+                        allow_remote=query_bool("allow_remote", True) if legacy else True,
+                        caller=outbound_caller())
 
 
 @bp.get(f"{CLIENT_MEDIA}/config")
@@ -70,8 +74,8 @@ def upload_to(location: str):
 
 def _download(location: str, legacy: bool):
     server_name, media_id, filename = _mxc_parts(location, with_filename=True)
-    media_file = runtime().media.download(server_name, media_id, filename, legacy=legacy,
-                                          timeout_ms=_timeout_ms())
+    media_file = runtime().media.download(server_name, media_id, filename,
+                                          _media_request(legacy))
     return file_response(media_file, request.environ)
 
 
@@ -88,16 +92,9 @@ def legacy_download(location: str):
 
 def _thumbnail(location: str, legacy: bool):
     server_name, media_id, _ = _mxc_parts(location, with_filename=False)
-    width = query_int("width", minimum=1)
-    height = query_int("height", minimum=1)
-    if width is None or height is None:
-        raise missing_param("width and height are required")
-    method = request.args.get("method", "scale")
-    if method not in THUMBNAIL_METHODS:
-        raise invalid_param("method must be crop or scale")
-    media_file = runtime().media.thumbnail(
-        server_name, media_id, width, height, method, query_bool("animated", False),
-        legacy=legacy, timeout_ms=_timeout_ms())
+    query = thumbnail_query()
+    media_file = runtime().media.thumbnail(server_name, media_id, query.width, query.height,
+                                           query.method, query.animated, _media_request(legacy))
     return file_response(media_file, request.environ)
 
 

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
-
 from flask import Blueprint, request
-from marshmallow import Schema, ValidationError, fields, validate
+from marshmallow import Schema, fields, validate
 
-from ...errors import MatrixError, bad_json, invalid_param
+from ...errors import MatrixError, invalid_param
 from ...http.auth import current_requester, requires_auth
 from ...http.context import outbound_caller, runtime
 from ...http.parsing import json_object, query_int, validate as validate_body, validated_json
@@ -15,6 +13,7 @@ from ...http.responses import json_response
 from ...rooms.creation import PRESETS, CreateRoomRequest
 from ...rooms.events import MAX_PDU_BYTES
 from ...rooms.service import MEMBERSHIPS, EventFilter
+from ...sync.filters import decode_filter_json, parse_room_event_filter
 
 bp = Blueprint("rooms", __name__, url_prefix="/_matrix/client/v3")
 
@@ -48,19 +47,6 @@ class ReasonBody(Schema):
 class TargetBody(Schema):
     user_id = fields.String(required=True)
     reason = fields.String()
-
-
-class _Strings(fields.List):
-    def __init__(self, **kw):
-        super().__init__(fields.String(), **kw)
-
-
-class RoomEventFilterBody(Schema):
-    types = _Strings()
-    not_types = _Strings()
-    senders = _Strings()
-    not_senders = _Strings()
-    limit = fields.Integer(validate=validate.Range(min=1))
 
 
 def _content_body() -> dict:
@@ -213,24 +199,7 @@ def members(room_id: str):
 
 def _event_filter() -> EventFilter:
     raw = request.args.get("filter")
-    if not raw:
-        return EventFilter()
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        raise bad_json("filter is not JSON") from None
-    if not isinstance(data, dict):
-        raise bad_json("filter must be a JSON object")
-    try:
-        body = RoomEventFilterBody().load(data, unknown="exclude")
-    except ValidationError as e:
-        raise bad_json(f"filter: {e.messages}") from None
-    return EventFilter(
-        types=tuple(body["types"]) if "types" in body else None,
-        not_types=tuple(body.get("not_types", ())),
-        senders=tuple(body["senders"]) if "senders" in body else None,
-        not_senders=tuple(body.get("not_senders", ())),
-        limit=body.get("limit"))
+    return parse_room_event_filter(decode_filter_json(raw)) if raw else EventFilter()
 
 
 @bp.get("/rooms/<room_id>/messages")

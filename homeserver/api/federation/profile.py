@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flask import Blueprint, request
 
-from ...errors import invalid_param, missing_param, not_found
+from ...errors import invalid_param, missing_param
 from ...http.context import runtime
 from ...http.federation_auth import requires_server_auth
 from ...http.responses import json_response
@@ -26,7 +26,7 @@ def query_profile():
     rt = runtime()
     if not user_id.endswith(":" + rt.server_name):
         raise invalid_param("User is not hosted on this homeserver")
-    if not rt.accounts.user_exists(user_id):
-        raise not_found("Profile was not found")
-    # Weir keeps no display names or avatars yet: an existing user's profile is empty.
-    return json_response({})
+    profile = rt.profiles.profile(user_id)  # 404 M_NOT_FOUND for an unknown user
+    wanted = (field,) if field is not None else PROFILE_FIELDS
+    # A field the user has not set is left out, not an error (the spec's "if set").
+    return json_response({k: profile[k] for k in wanted if k in profile})

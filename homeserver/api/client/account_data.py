@@ -1,0 +1,45 @@
+"""Account data, global and per room (client-server spec, "Client Config")."""
+
+from __future__ import annotations
+
+from flask import Blueprint
+
+from ...http.auth import current_requester, requires_auth
+from ...http.context import runtime
+from ...http.parsing import json_object
+from ...http.responses import json_response
+
+bp = Blueprint("account_data", __name__, url_prefix="/_matrix/client/v3")
+
+# Account data is small client configuration; this bounds what one type may hold.
+MAX_ACCOUNT_DATA_BYTES = 64 * 1024
+
+
+@bp.get("/user/<user_id>/account_data/<data_type>")
+@requires_auth
+def get_global(user_id: str, data_type: str):
+    return json_response(runtime().account_data.get(current_requester(), user_id, "",
+                                                    data_type))
+
+
+@bp.put("/user/<user_id>/account_data/<data_type>")
+@requires_auth
+def put_global(user_id: str, data_type: str):
+    content = json_object(max_bytes=MAX_ACCOUNT_DATA_BYTES, allow_empty=False)
+    runtime().account_data.put(current_requester(), user_id, "", data_type, content)
+    return json_response({})
+
+
+@bp.get("/user/<user_id>/rooms/<room_id>/account_data/<data_type>")
+@requires_auth
+def get_room(user_id: str, room_id: str, data_type: str):
+    return json_response(runtime().account_data.get(current_requester(), user_id, room_id,
+                                                    data_type))
+
+
+@bp.put("/user/<user_id>/rooms/<room_id>/account_data/<data_type>")
+@requires_auth
+def put_room(user_id: str, room_id: str, data_type: str):
+    content = json_object(max_bytes=MAX_ACCOUNT_DATA_BYTES, allow_empty=False)
+    runtime().account_data.put(current_requester(), user_id, room_id, data_type, content)
+    return json_response({})

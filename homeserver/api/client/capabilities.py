@@ -1,0 +1,51 @@
+"""Capabilities and push rules: what clients read right after their first sync."""
+
+from __future__ import annotations
+
+from flask import Blueprint
+
+from ...http.auth import current_requester, requires_auth
+from ...http.responses import json_response
+from ...rooms.versions import DEFAULT_ROOM_VERSION, KNOWN_ROOM_VERSIONS
+from ...sync.push_rules import default_ruleset, find_rule
+
+bp = Blueprint("capabilities", __name__, url_prefix="/_matrix/client/v3")
+
+
+@bp.get("/capabilities")
+@requires_auth
+def capabilities():
+    return json_response({"capabilities": {
+        "m.room_versions": {"default": DEFAULT_ROOM_VERSION.identifier,
+                            "available": {v: "stable" for v in KNOWN_ROOM_VERSIONS}},
+        # No password change, third-party identifiers or login tokens yet.
+        "m.change_password": {"enabled": False},
+        "m.3pid_changes": {"enabled": False},
+        "m.get_login_token": {"enabled": False},
+        "m.profile_fields": {"enabled": True},
+        "m.set_displayname": {"enabled": True},
+        "m.set_avatar_url": {"enabled": True},
+    }})
+
+
+@bp.get("/pushrules/")
+@requires_auth
+def push_rules():
+    return json_response({"global": default_ruleset(current_requester().user_id)})
+
+
+@bp.get("/pushrules/global/")
+@requires_auth
+def global_push_rules():
+    return json_response(default_ruleset(current_requester().user_id))
+
+
+@bp.get("/pushrules/<scope>/<kind>/<path:rule_id>")
+@requires_auth
+def push_rule(scope: str, kind: str, rule_id: str):
+    for attribute in ("enabled", "actions"):
+        if rule_id.endswith("/" + attribute):
+            rule = find_rule(current_requester().user_id, scope, kind,
+                             rule_id[:-len(attribute) - 1])
+            return json_response({attribute: rule[attribute]})
+    return json_response(find_rule(current_requester().user_id, scope, kind, rule_id))

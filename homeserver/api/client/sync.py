@@ -1,0 +1,48 @@
+"""/sync and the filter API (client-server spec, "Syncing" and "Filtering")."""
+
+from __future__ import annotations
+
+import functools
+
+from flask import Blueprint, request
+
+from ...errors import invalid_param
+from ...http.auth import current_requester, requires_auth
+from ...http.context import runtime
+from ...http.disconnect import stop_on_client_disconnect
+from ...http.parsing import json_object, query_bool, query_int
+from ...http.responses import json_response
+from ...sync.filters import MAX_FILTER_BYTES
+
+bp = Blueprint("sync", __name__, url_prefix="/_matrix/client/v3")
+
+PRESENCE_STATES = ("offline", "online", "unavailable")
+
+
+@bp.get("/sync")
+@requires_auth
+def sync():
+    # Accepted as the spec allows; presence itself is not tracked yet.
+    if request.args.get("set_presence", "online") not in PRESENCE_STATES:
+        raise invalid_param("set_presence must be one of " + ", ".join(PRESENCE_STATES))
+    body = runtime().sync.sync(
+        current_requester(), request.args.get("since") or None,
+        query_int("timeout", 0, minimum=0), query_bool("full_state", False),
+        request.args.get("filter"), query_bool("use_state_after", False),
+        # A client that hangs up while its sync waits frees the greenlet and registration.
+        while_waiting=functools.partial(stop_on_client_disconnect, request.environ))
+    return json_response(body)
+
+
+@bp.post("/user/<user_id>/filter")
+@requires_auth
+def create_filter(user_id: str):
+    body = json_object(max_bytes=MAX_FILTER_BYTES)
+    filter_id = runtime().filters.create(current_requester(), user_id, body)
+    return json_response({"filter_id": filter_id})
+
+
+@bp.get("/user/<user_id>/filter/<filter_id>")
+@requires_auth
+def get_filter(user_id: str, filter_id: str):
+    return json_response(runtime().filters.get(current_requester(), user_id, filter_id))

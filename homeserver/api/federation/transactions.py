@@ -1,0 +1,43 @@
+"""Inbound transactions: ``PUT /_matrix/federation/v1/send/{txnId}``."""
+
+from __future__ import annotations
+
+from flask import Blueprint
+
+from ...errors import bad_json, limit_exceeded
+from ...federation.errors import KeyResolutionRefused
+from ...federation.transactions import MAX_EDUS, MAX_PDUS
+from ...http.context import client_key, runtime
+from ...http.federation_auth import FEDERATION_MAX_BODY_BYTES, current_origin, \
+    requires_server_auth
+from ...http.parsing import json_object
+from ...http.responses import json_response
+
+bp = Blueprint("federation_transactions", __name__)
+
+
+def _objects(body: dict, name: str, limit: int, required: bool) -> list:
+    value = body.get(name)
+    if value is None and not required:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise bad_json(f"{name} must be a list of objects")
+    # Synapse answers 400 to a transaction over the spec's counts; so do we, as M_BAD_JSON.
+    if len(value) > limit:
+        raise bad_json(f"A transaction may carry at most {limit} {name}")
+    return value
+
+
+@bp.put("/_matrix/federation/v1/send/<txn_id>")
+@requires_server_auth
+def send_transaction(txn_id: str):
+    body = json_object(FEDERATION_MAX_BODY_BYTES)
+    pdus = _objects(body, "pdus", MAX_PDUS, required=True)
+    _objects(body, "edus", MAX_EDUS, required=False)  # accepted, not processed yet
+    try:
+        answer = runtime().inbound_transactions.receive(current_origin(), txn_id, pdus,
+                                                        client_key())
+    except KeyResolutionRefused as e:
+        raise limit_exceeded(e.retry_after_ms,
+                             f"Cannot fetch the keys of {e.destination} now") from None
+    return json_response(answer)

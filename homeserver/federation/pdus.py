@@ -1,0 +1,149 @@
+"""Checks on the PDUs of an inbound transaction before they are authorised: spec v1.16,
+"Checks performed on receipt of a PDU", steps 1 to 3.
+
+1. A valid event of its room's version, for a room this server is in; else dropped.
+2. Signed by the sender's server (and, for a restricted join, by the server of the user who
+   authorised it), with keys valid at its ``origin_server_ts``; else dropped.
+3. A content hash that matches; else it is replaced by its redacted copy.
+
+A worker shard runs these under its share of the key-resolution budget, and main runs them
+again under its own for every relayed PDU (FED-10): keys are resolved through the keyring
+and nowhere else, with the source IP of the inbound request. A refused key resolution
+refuses the whole transaction (``KeyResolutionRefused``), before anything is applied.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import gevent
+from unpaddedbase64 import decode_base64
+
+from ..identifiers import server_of
+from ..rooms.events import (Event, InvalidEvent, check_pdu_format, compute_content_hash,
+                            event_id_for, redact)
+from ..rooms.service import RoomService
+from ..rooms.versions import DEFAULT_ROOM_VERSION, KNOWN_ROOM_VERSIONS, RoomVersion
+from .errors import InvalidSignature, KeyResolutionRefused
+from .keyring import Keyring
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CheckedPdu:
+    """One PDU after the checks. ``error`` set: it is dropped, and the sender is told why.
+    Otherwise ``event`` is what is to be authorised (the redacted copy if the hash did not
+    match) and ``signed_by`` the servers whose signatures were verified."""
+
+    event_id: str
+    pdu: dict
+    version: RoomVersion
+    event: Event | None = None
+    signed_by: frozenset = frozenset()
+    error: str | None = None
+
+
+def _identify(pdu: dict, rooms: dict) -> CheckedPdu:
+    """The PDU's room version and event ID, and the checks that need no key (step 1)."""
+    room_id = pdu.get("room_id")
+    version = rooms.get(room_id) if isinstance(room_id, str) else None
+    # A room we do not know has no known version; its event ID is computed the way our
+    # default version would, so the sender is still told something about it.
+    event_id = event_id_for(version or DEFAULT_ROOM_VERSION, pdu)
+    checked = CheckedPdu(event_id, pdu, version or DEFAULT_ROOM_VERSION)
+    if version is None:
+        return _failed(checked, "this server is not in the room")
+    try:
+        check_pdu_format(version, Event(event_id, pdu))
+    except InvalidEvent as e:
+        return _failed(checked, f"invalid event: {e}")
+    return checked
+
+
+def _failed(checked: CheckedPdu, error: str) -> CheckedPdu:
+    return CheckedPdu(checked.event_id, checked.pdu, checked.version, error=error)
+
+
+def signing_servers(pdu: dict, version: RoomVersion) -> list[str]:
+    """The servers that must have signed the event: the sender's, and for a restricted join
+    the server of the user named as authorising it."""
+    servers = [server_of(pdu["sender"])]
+    content = pdu["content"]
+    authoriser = content.get("join_authorised_via_users_server")
+    if (version.restricted_join_rule and pdu["type"] == "m.room.member"
+            and content.get("membership") == "join" and isinstance(authoriser, str)
+            and server_of(authoriser) not in servers and server_of(authoriser)):
+        servers.append(server_of(authoriser))
+    return servers
+
+
+class PduChecker:
+    def __init__(self, keyring: Keyring, rooms: RoomService):
+        self.keyring = keyring
+        self.rooms = rooms
+
+    def check(self, pdus: list[dict], source_ip: str | None) -> list[CheckedPdu]:
+        """The checked PDUs, in order; a PDU too broken to have an event ID is left out.
+        Signatures of all PDUs are verified at once, each server's keys fetched once.
+        Raises ``KeyResolutionRefused`` as soon as one key fetch is refused."""
+        room_versions = self._room_versions(pdus)
+        checked: list[CheckedPdu] = []
+        for pdu in pdus:
+            try:
+                checked.append(_identify(pdu, room_versions))
+            except Exception as e:  # not even an event ID: nothing to tell the sender
+                log.info("dropping a PDU without an event ID: %s", e)
+        jobs = [gevent.spawn(self.verify, item, source_ip) if item.error is None else None
+                for item in checked]
+        running = [job for job in jobs if job is not None]
+        try:
+            for job in gevent.iwait(running):
+                if job.exception is not None:
+                    raise job.exception
+                if isinstance(job.value, KeyResolutionRefused):
+                    raise job.value
+        finally:
+            # Waiters only: a fetch in flight runs on in its own greenlet and fills the cache.
+            gevent.killall([job for job in running if not job.ready()])
+        return [job.value if job is not None else item for item, job in zip(checked, jobs)]
+
+    def _room_versions(self, pdus: list[dict]) -> dict[str, RoomVersion]:
+        """The version of each room the PDUs name that this server is in (joined)."""
+        versions = {}
+        for room_id in {p.get("room_id") for p in pdus if isinstance(p.get("room_id"), str)}:
+            room = self.rooms.store.get_room(room_id)
+            if room is not None and self.rooms.is_joined_here(room_id):
+                versions[room_id] = KNOWN_ROOM_VERSIONS[room.room_version]
+        return versions
+
+    def verify(self, item: CheckedPdu,
+                source_ip: str | None) -> CheckedPdu | KeyResolutionRefused:
+        """Steps 2 and 3 for one PDU. A refusal is returned, not raised: the caller raises
+        it (a greenlet dying of it would only be logged as a crash)."""
+        pdu, version = item.pdu, item.version
+        redacted = redact(version, pdu)
+        servers = signing_servers(pdu, version)
+        for server in servers:
+            try:
+                self.keyring.verify_json(redacted, server, source_ip,
+                                         at_ts=pdu["origin_server_ts"])
+            except InvalidSignature as e:
+                return _failed(item, f"signature of {server} not valid: {e}")
+            except KeyResolutionRefused as e:
+                return e
+        stored = {k: v for k, v in pdu.items() if k != "unsigned"}
+        if compute_content_hash(pdu) != _decoded_hash(pdu):
+            log.warning("event %s does not match its content hash: keeping it redacted",
+                        item.event_id)
+            stored = redacted
+        return CheckedPdu(item.event_id, pdu, version, Event(item.event_id, stored),
+                          frozenset(servers))
+
+
+def _decoded_hash(pdu: dict) -> bytes | None:
+    try:
+        return decode_base64(pdu["hashes"]["sha256"])
+    except Exception:
+        return None

@@ -1,0 +1,183 @@
+"""What /sync reads besides room events: stream positions, stored filters, account data and
+read receipts.
+
+Account data and receipts each have a stream (0008_sync.sql). A write takes the next position
+of its stream in the same transaction (storage/streams.py), so positions commit in order and
+"changed after position N" is a range query on `stream_position`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+from . import streams
+from .database import Database, in_lists
+from .rooms import EVENTS_STREAM, RoomStore
+
+ACCOUNT_DATA_STREAM = "account_data"
+RECEIPTS_STREAM = "receipts"
+_STREAMS = (EVENTS_STREAM, ACCOUNT_DATA_STREAM, RECEIPTS_STREAM)
+
+
+@dataclass(frozen=True)
+class StreamPositions:
+    """The persisted streams' positions, read together in one transaction."""
+
+    events: int
+    account_data: int
+    receipts: int
+
+
+@dataclass(frozen=True)
+class AccountData:
+    room_id: str  # "" for global account data
+    type: str
+    content: dict
+
+
+@dataclass(frozen=True)
+class Receipt:
+    room_id: str
+    receipt_type: str
+    user_id: str
+    thread_id: str  # "" for an unthreaded receipt
+    event_id: str
+    ts: int
+
+
+@dataclass(frozen=True)
+class SyncSnapshot:
+    """Where a sync reads up to, and the user's rooms there."""
+
+    positions: StreamPositions
+    # (room_id, membership, position of the member event) for every room the user has a
+    # membership in; a position past `positions.events` was written after they were read.
+    memberships: list[tuple[str, str, int]]
+    # Of the rooms joined at `positions.events` and kept by the filter, those with events
+    # after the token's position; None for an initial sync.
+    rooms_with_events: set[str] | None
+
+
+class SyncStore:
+    def __init__(self, db: Database):
+        self.db = db
+
+    def snapshot(self, user_id: str, events_after: int | None, keeps_room) -> SyncSnapshot:
+        """Everything a sync needs before it looks into rooms, in one read transaction: the
+        waking of a thousand syncs at once is bounded by database round trips."""
+
+        def read(tx):
+            rows = dict(tx.fetchall("SELECT stream_name, position FROM stream_positions"))
+            positions = StreamPositions(*(rows[name] for name in _STREAMS))
+            memberships = RoomStore.memberships_in(tx, user_id)
+            with_events = None
+            if events_after is not None:
+                joined = [room_id for room_id, membership, at in memberships
+                          if membership == "join" and at <= positions.events
+                          and keeps_room(room_id)]
+                with_events = RoomStore.rooms_with_events_in(tx, joined, events_after,
+                                                             positions.events)
+            return SyncSnapshot(positions, memberships, with_events)
+
+        return self.db.read(read)
+
+    # --- filters ------------------------------------------------------------------------
+
+    def add_filter(self, user_id: str, filter_json: str, now_ms: int) -> str:
+        """Stores a filter (canonical JSON) and returns its ID; the same filter uploaded
+        again by the same user gets the same ID."""
+        digest = hashlib.sha256(filter_json.encode("utf-8")).hexdigest()
+
+        def write(tx):
+            tx.execute("INSERT INTO user_filters (user_id, filter_hash, filter_json, created_ts)"
+                       " VALUES (?, ?, ?, ?) ON CONFLICT (user_id, filter_hash) DO NOTHING",
+                       (user_id, digest, filter_json, now_ms))
+            return tx.fetchone("SELECT filter_id FROM user_filters WHERE user_id = ?"
+                               " AND filter_hash = ?", (user_id, digest))[0]
+
+        return str(self.db.write(write))
+
+    def get_filter(self, user_id: str, filter_id: int) -> str | None:
+        row = self.db.read(lambda tx: tx.fetchone(
+            "SELECT filter_json FROM user_filters WHERE filter_id = ? AND user_id = ?",
+            (filter_id, user_id)))
+        return row[0] if row else None
+
+    # --- account data -------------------------------------------------------------------
+
+    def put_account_data(self, user_id: str, room_id: str, data_type: str,
+                         content: dict) -> int:
+        """Sets one account data type (room_id "" for global); returns its stream position."""
+        text = json.dumps(content, separators=(",", ":"))
+
+        def write(tx):
+            position = streams.advance(tx, ACCOUNT_DATA_STREAM)
+            tx.execute(
+                "INSERT INTO account_data (user_id, room_id, type, content, stream_position)"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (user_id, room_id, type) DO UPDATE"
+                " SET content = excluded.content, stream_position = excluded.stream_position",
+                (user_id, room_id, data_type, text, position))
+            return position
+
+        return self.db.write(write)
+
+    def get_account_data(self, user_id: str, room_id: str, data_type: str) -> dict | None:
+        row = self.db.read(lambda tx: tx.fetchone(
+            "SELECT content FROM account_data WHERE user_id = ? AND room_id = ? AND type = ?",
+            (user_id, room_id, data_type)))
+        return json.loads(row[0]) if row else None
+
+    def account_data_changes(self, user_id: str, after: int, up_to: int) -> list[AccountData]:
+        """The user's account data set with `after < position <= up_to`, global and per
+        room, in the order it was set."""
+        rows = self.db.read(lambda tx: tx.fetchall(
+            "SELECT room_id, type, content FROM account_data WHERE user_id = ?"
+            " AND stream_position > ? AND stream_position <= ? ORDER BY stream_position",
+            (user_id, after, up_to)))
+        return [AccountData(r[0], r[1], json.loads(r[2])) for r in rows]
+
+    # --- receipts -----------------------------------------------------------------------
+
+    def put_receipt(self, receipt: Receipt) -> int | None:
+        """Moves the user's receipt forward to `receipt.event_id`; returns the new stream
+        position, or None when the receipt already points at that event or a later one."""
+
+        def write(tx):
+            row = tx.fetchone("SELECT stream_ordering FROM events WHERE event_id = ?",
+                              (receipt.event_id,))
+            if row is None:
+                return None
+            ordering = row[0]
+            current = tx.fetchone(
+                "SELECT event_stream_ordering FROM receipts WHERE room_id = ?"
+                " AND receipt_type = ? AND user_id = ? AND thread_id = ?",
+                (receipt.room_id, receipt.receipt_type, receipt.user_id, receipt.thread_id))
+            if current is not None and current[0] >= ordering:
+                return None
+            position = streams.advance(tx, RECEIPTS_STREAM)
+            tx.execute(
+                "INSERT INTO receipts (room_id, receipt_type, user_id, thread_id, event_id,"
+                " event_stream_ordering, ts, stream_position) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (room_id, receipt_type, user_id, thread_id) DO UPDATE"
+                " SET event_id = excluded.event_id,"
+                " event_stream_ordering = excluded.event_stream_ordering,"
+                " ts = excluded.ts, stream_position = excluded.stream_position",
+                (receipt.room_id, receipt.receipt_type, receipt.user_id, receipt.thread_id,
+                 receipt.event_id, ordering, receipt.ts, position))
+            return position
+
+        return self.db.write(write)
+
+    def receipt_changes(self, room_ids: list[str], after: int, up_to: int) -> list[Receipt]:
+        """Receipts in `room_ids` set with `after < position <= up_to`."""
+        found: list[Receipt] = []
+        for chunk, marks in in_lists(room_ids):
+            rows = self.db.read(lambda tx: tx.fetchall(
+                "SELECT room_id, receipt_type, user_id, thread_id, event_id, ts FROM receipts"
+                f" WHERE room_id IN ({marks}) AND stream_position > ? AND stream_position <= ?"
+                " ORDER BY stream_position", (*chunk, after, up_to)))
+            found += [Receipt(*r) for r in rows]
+        return found
+

@@ -1,0 +1,1 @@
+"""Long-poll /sync: the notifier, tokens, filters, account data, receipts and typing."""

@@ -1,0 +1,88 @@
+"""Wakes waiting /sync requests when something they would return has happened.
+
+A waiting sync registers under its user and parks on its own gevent Event: no polling, and no
+timer but its own timeout. It registers *before* it computes its response, so anything stored
+while it computes sets the Event and the sync computes again instead of parking: there is no
+window in which a wake-up can be lost.
+
+Whom to wake comes from an index user_id -> registrations. A room event concerns the room's
+joined members (read once per stored batch, and only while anyone is waiting at all) and the
+target of a membership event, who may have just left or been invited; account data concerns
+its owner; receipts and typing the room's members. Waking costs O(users concerned), never
+O(waiting syncs).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from contextlib import contextmanager
+from typing import Callable, Iterable, Iterator
+
+from gevent.event import Event
+
+from ..storage.rooms import StoredEvent
+
+log = logging.getLogger(__name__)
+
+
+class Notifier:
+    def __init__(self, joined_users: Callable[[str], Iterable[str]]):
+        """`joined_users(room_id)`: the room's joined members now (a database read)."""
+        self._joined_users = joined_users
+        self._waiting: dict[str, set[Event]] = {}
+        self._count = 0
+        self.closed = False
+
+    @contextmanager
+    def registered(self, user_id: str) -> Iterator[Event]:
+        """Registers a sync of `user_id` for as long as the block runs; the Event is set
+        whenever something concerning the user happens. The registration is removed on every
+        way out, a client hang-up (GreenletExit) included."""
+        woken = Event()
+        if self.closed:
+            woken.set()
+        waiters = self._waiting.setdefault(user_id, set())
+        waiters.add(woken)
+        self._count += 1
+        try:
+            yield woken
+        finally:
+            waiters.discard(woken)
+            self._count -= 1
+            if not waiters:
+                del self._waiting[user_id]
+
+    def waiting(self) -> int:
+        """Syncs registered now (the weir_sync_waiters gauge)."""
+        return self._count
+
+    def notify_users(self, user_ids: Iterable[str]) -> None:
+        for user_id in user_ids:
+            for woken in self._waiting.get(user_id, ()):
+                woken.set()
+
+    def notify_room(self, room_id: str, also: Iterable[str] = ()) -> None:
+        """Wakes the room's joined members, and `also`. Nobody waiting: no database read."""
+        if not self._waiting:
+            return
+        try:
+            members = self._joined_users(room_id)
+        except Exception:
+            # A wake-up, not the record: a sync that misses it still catches up from stream
+            # positions at its next wake-up or timeout.
+            log.exception("could not read the members of %s to wake their syncs", room_id)
+            members = ()
+        self.notify_users(itertools.chain(members, also))
+
+    def on_events_persisted(self, stored: list[StoredEvent]) -> None:
+        """The rooms persist listener: one batch of events, all in one room."""
+        targets = {s.event.state_key for s in stored if s.event.type == "m.room.member"}
+        self.notify_room(stored[0].event.room_id, targets)
+
+    def close(self) -> None:
+        """Shutting down: every waiting sync returns now, and none parks again."""
+        self.closed = True
+        for waiters in list(self._waiting.values()):
+            for woken in waiters:
+                woken.set()

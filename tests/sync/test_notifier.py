@@ -1,0 +1,159 @@
+"""The notifier, tokens, typing and filters in-process."""
+
+import gevent
+import pytest
+from gevent.event import Event
+
+from homeserver.accounts.service import Requester
+from homeserver.config import parse_config
+from homeserver.errors import MatrixError
+from homeserver.rooms.creation import CreateRoomRequest
+from homeserver.runtime import HomeserverRuntime
+from homeserver.sync.filters import parse_filter
+from homeserver.sync.notifier import Notifier
+from homeserver.sync.service import _project
+from homeserver.sync.tokens import SyncToken
+
+
+class Members:
+    """joined_users for the notifier, counting its reads."""
+
+    def __init__(self, rooms: dict):
+        self.rooms = rooms
+        self.reads = 0
+
+    def __call__(self, room_id):
+        self.reads += 1
+        return self.rooms.get(room_id, [])
+
+
+def test_only_the_users_an_event_concerns_are_woken():
+    members = Members({"!r": ["@a", "@b"]})
+    notifier = Notifier(members)
+    with notifier.registered("@a") as a, notifier.registered("@a") as a2, \
+            notifier.registered("@c") as c:
+        assert notifier.waiting() == 3
+        notifier.notify_room("!r", also=["@x"])
+        assert a.is_set() and a2.is_set() and not c.is_set()
+        notifier.notify_users(["@c"])
+        assert c.is_set()
+    assert notifier.waiting() == 0
+    # Nobody waiting: a room notification reads nothing.
+    reads = members.reads
+    notifier.notify_room("!r")
+    assert members.reads == reads
+
+
+def test_registration_is_removed_when_the_waiting_greenlet_is_killed():
+    notifier = Notifier(Members({}))
+    parked = Event()
+
+    def waiter():
+        with notifier.registered("@a") as woken:
+            parked.set()
+            woken.wait()
+
+    greenlet = gevent.spawn(waiter)
+    parked.wait()
+    assert notifier.waiting() == 1
+    greenlet.kill(gevent.GreenletExit)
+    assert notifier.waiting() == 0 and notifier._waiting == {}
+
+
+def test_close_wakes_everyone_and_later_registrations_at_once():
+    notifier = Notifier(Members({}))
+    with notifier.registered("@a") as a:
+        notifier.close()
+        assert a.is_set()
+    with notifier.registered("@b") as b:
+        assert b.is_set()
+
+
+def test_sync_tokens_round_trip_and_refuse_garbage():
+    token = SyncToken(12, 3, 4, 5, "0a1b2c3d")
+    assert str(token) == "s12_3_4_5_0a1b2c3d"
+    assert SyncToken.parse(str(token)) == token
+    assert token.typing_since("0a1b2c3d") == 5 and token.typing_since("ffffffff") == 0
+    for bad in ("", "s12", "s1_2_3_4", "s1_2_3_4_XYZ", "x1_2_3_4_0a1b2c3d"):
+        with pytest.raises(MatrixError):
+            SyncToken.parse(bad)
+
+
+def test_filters_parse_and_match_types_with_wildcards():
+    sync_filter = parse_filter({
+        "room": {"timeline": {"limit": 500, "types": ["m.room.*"], "not_types": ["m.room.name"]},
+                 "state": {"lazy_load_members": True}, "not_rooms": ["!x"]},
+        "account_data": {"not_types": ["*.secret"]}})
+    timeline = sync_filter.room.timeline
+    assert sync_filter.room.timeline_limit == 250  # capped
+    assert timeline.keeps_type("m.room.message") and not timeline.keeps_type("m.room.name")
+    assert not timeline.keeps_type("org.example")
+    assert sync_filter.room.state.lazy_load_members
+    assert not sync_filter.room.keeps_room("!x") and sync_filter.room.keeps_room("!y")
+    assert not sync_filter.account_data.keeps_type("my.secret")
+    # `*` is the only special character.
+    assert parse_filter({"room": {"timeline": {"types": ["a.b"]}}}).room.timeline.keeps_type(
+        "a.b")
+    assert not parse_filter({"room": {"timeline": {"types": ["a.b"]}}}).room.timeline.keeps_type(
+        "aXb")
+
+
+def test_event_fields_keep_only_the_named_paths():
+    event = {"type": "t", "content": {"body": "b", "m.x": {"y": 1}, "other": 2}, "sender": "@s"}
+    assert _project(event, ("type", "content.body", "content.m\\.x.y", "missing.path")) == {
+        "type": "t", "content": {"body": "b", "m.x": {"y": 1}}}
+
+
+@pytest.fixture
+def runtime(tmp_path):
+    rt = HomeserverRuntime(parse_config({"server_name": "hs.test", "data_dir": str(tmp_path),
+                                         "database": {"url": f"sqlite:///{tmp_path}/hs.db"}}))
+    yield rt
+    rt.close()
+
+
+def test_an_event_stored_while_a_sync_computes_still_wakes_it(runtime):
+    """The lost wake-up race: the sync registers before it reads anything, so an event
+    stored between its (empty) computation and its parking sets its Event."""
+    alice = runtime.accounts.register("alice", "pw")
+    requester = Requester(alice.user_id, alice.device_id, False, "")
+    room_id = runtime.room_creator.create(alice.user_id, CreateRoomRequest())
+    since = runtime.sync.sync(requester, None, 0, False, None)["next_batch"]
+
+    computing = Event()
+    original = runtime.sync._respond
+
+    def respond_then_send(request):
+        result = original(request)
+        if not computing.is_set():
+            computing.set()  # the first, empty computation is done; parking comes next
+            runtime.rooms.send_message(requester, room_id, "m.room.message", {"body": "x"},
+                                       "race")
+        return result
+
+    runtime.sync._respond = respond_then_send
+    body = gevent.spawn(runtime.sync.sync, requester, since, 30_000, False, None).get(
+        timeout=10)
+    assert [e["content"] for e in body["rooms"]["join"][room_id]["timeline"]["events"]] == [
+        {"body": "x"}]
+
+
+def test_typing_expires_and_wakes_the_room(runtime):
+    alice = runtime.accounts.register("alice", "pw")
+    requester = Requester(alice.user_id, alice.device_id, False, "")
+    room_id = runtime.room_creator.create(alice.user_id, CreateRoomRequest())
+    typing = runtime.typing
+    typing.set_typing(requester, room_id, alice.user_id, True, 50)
+    assert typing.changes([room_id], 0) == {room_id: [alice.user_id]}
+    after_start = typing.position
+    with runtime.notifier.registered(alice.user_id) as woken:
+        assert woken.wait(10)  # the expiry after 50 ms changed the room's list
+    assert typing.changes([room_id], after_start) == {room_id: []}
+    # Refreshing while typing is not a change; stopping twice is one change.
+    typing.set_typing(requester, room_id, alice.user_id, True, 30_000)
+    position = typing.position
+    typing.set_typing(requester, room_id, alice.user_id, True, 30_000)
+    assert typing.position == position
+    typing.set_typing(requester, room_id, alice.user_id, False, None)
+    typing.set_typing(requester, room_id, alice.user_id, False, None)
+    assert typing.position == position + 1
