@@ -5,11 +5,10 @@ collector, so they can never drift from the thing they describe. Events (deadlin
 cache hits) are counters the code increments where they happen. docs/operations.md says
 what each one means to an operator.
 
-What registers here: every budget (`track_budget`: client_outbound, key_resolution, and
-media_fetch with remote media), every pool (`track_pool`: main, federation, and the media
-pool), the address cool-down, the process itself (CPU, memory, open file descriptors
-against the limit), and, with federation worker shards, their liveness: the supervisor
-registers a `track_gauge` of the shards alive beside the number configured.
+What registers here: every budget (`track_budget`: client_outbound, key_resolution,
+media_fetch), every pool (`track_pool`: main, federation, media), the address cool-down,
+waiting syncs, remote fetches, the process itself (CPU, memory, open file descriptors
+against the limit), and the federation worker shards' liveness (federation/shards.py).
 """
 
 from __future__ import annotations

@@ -24,8 +24,8 @@ import re
 from collections import Counter, defaultdict
 from datetime import datetime, timezone
 
-from loadtests.scenario import (ATTACK, ATTACK_BUDGETS, ATTACKER_NETWORK, LOCAL, REFUSED,
-                                REMOTE, Sample)
+from loadtests.scenario import (ATTACK, ATTACK_BUDGETS, ATTACKER_NETWORK, ELEMENT, LOCAL,
+                                REFUSED, REMOTE, Sample)
 
 P99_FACTOR = 1.5
 P99_SLACK_MS = 20.0
@@ -103,9 +103,10 @@ def refusals_in_log(lines, start: float, end: float) -> list[float]:
 def phase_figures(local_run: list[Sample], attack_run: list[Sample] | None = None,
                   weir_log: list[str] = ()) -> dict:
     figures = {"local": latency_figures([s for s in local_run if s.category == LOCAL])}
-    remote = [s for s in local_run if s.category == REMOTE]
-    figures["remote_honest"] = {**latency_figures(remote),
-                                "refused": sum(s.kind == REFUSED for s in remote)}
+    for category, key in ((REMOTE, "remote_honest"), (ELEMENT, "element")):
+        samples = [s for s in local_run if s.category == category]
+        figures[key] = {**latency_figures(samples),
+                        "refused": sum(s.kind == REFUSED for s in samples)}
     attacks: list[Sample] = []
     if attack_run is not None:
         # The attack as the local users met it: the attackers' ramp-up (a burst of locust's

@@ -1,34 +1,37 @@
 """The load test's scenario: local users at work while attackers aim Weir at silent peers.
 
-`python -m loadtests.run` starts one locust process per role and phase; by hand:
+`python -m loadtests.run` starts one locust process per side and phase; by hand:
 
     locust -f loadtests/locustfile.py --headless --host http://127.0.0.1:8008 \\
-        --weir-plan plan.json --weir-samples samples.csv -u 50 -r 10 -t 60s LocalUser
+        --weir-plan plan.json --weir-samples samples.csv --weir-phase baseline \\
+        --weir-local-users 20 --weir-element-users 5 -u 25 -r 10 -t 60s LocalUser ElementUser
 
 The plan (JSON, written by the runner) names the users with their rooms, the local media
-file, the honest peer and the attack targets. Every request is also written to
-`--weir-samples`, one CSV row each (loadtests/scenario.py), from which the runner computes
-exact percentiles per phase and per second; locust's own CSVs round them.
+file, the honest peer with its images, and the attack targets. Every request is also
+written to `--weir-samples`, one CSV row each (loadtests/scenario.py), from which the runner
+computes exact percentiles per phase and per second; locust's own CSVs round them. Each
+user is a client address of its own (X-Forwarded-For, Weir trusting loopback).
 
 - `LocalUser` reads `/versions`, the local `/publicRooms`, downloads the local media file,
   sends messages into its room, and syncs if the server has `/sync` (probed at the start: a
   404 means not yet). It starts with the access token the runner's setup got, and logs in
   once, at a random moment of the phase: a login costs ~75 ms of scrypt by design, and fifty
-  of them at once would measure a login storm, not the attack. Now and then it also lists the
-  honest peer's
-  rooms: that answer comes from the 30 s cache or a fresh call, or is refused with 429 while
-  the attack fills the budget, which ADR-0079 accepts; it is counted apart ("remote").
-  Each user is its own client address (X-Forwarded-For, Weir trusting loopback).
-- `Attacker` asks for remote room lists and aliases of many server names that all lead to
-  silent peers: the TLS tarpit, the slow drip, and the well-known hang (whose SRV record
-  then leads to the tarpit). Each attacker is a client address of its own and sends two
-  lookups at once. A 429 is the defence working, so it is a success; so are a 504 at the
-  deadline and a fast 502/504 from an address cooling down. Anything else is a failure.
-  Attackers close their connection after each answer, so that refused ones do not sit in
-  the main pool.
-
-The `ElementUser` (remote image and thumbnail bursts from the honest slow peer), and remote
-media at the tarpit for the attackers, come with remote media (issue 8).
+  of them at once would measure a login storm, not the attack. Now and then it lists the
+  honest peer's rooms: that answer comes from the 30 s cache or a fresh call, or is refused
+  with 429 while the attack fills the budget, which ADR-0079 accepts ("remote", not judged).
+- `ElementUser` views screens of the honest slow peer's images as Element does: each image
+  and its thumbnail requested at once, three images at a time, over six connections. Each
+  phase has images of its own, so first views miss the cache and are fetched (one fetch
+  per file) on the media pool. A 429 is a broken image for Element, which does not retry
+  it: counted apart ("element", not judged; ADR-0121 accepts it while the media budget is
+  full).
+- `Attacker` asks for remote room lists, aliases and remote media of many server names
+  that all lead to silent peers: the TLS tarpit, the slow drip, and the well-known hang
+  (whose SRV record then leads to the tarpit). Each attacker is a client address of its own
+  and sends a few requests at once. A 429 is the defence working, so it is a success; so are
+  a 504 at the deadline and a fast 502/504 from an address cooling down. Anything else is a
+  failure. Attackers close their connection after each answer, so that refused ones do not
+  sit in the main pool.
 """
 
 import csv
@@ -43,20 +46,26 @@ import gevent
 from locust import between, events, task
 from locust.contrib.fasthttp import FastHttpUser
 
-from loadtests.scenario import (ATTACK, ATTACK_BURST, LOCAL, REFUSED, REMOTE, SAMPLE_FIELDS,
-                                UNEXPECTED, attack_outcome, attacker_address, local_address,
-                                read_plan)
+from loadtests.scenario import (ATTACK, ATTACK_BURST, ELEMENT, LOCAL, MEDIA_ATTACK_BURST,
+                                MEDIA_ATTACKER_EVERY, REFUSED, REMOTE, SAMPLE_FIELDS,
+                                UNEXPECTED, attack_outcome, attacker_address, element_address,
+                                local_address, read_plan)
 
 V3 = "/_matrix/client/v3"
+CLIENT_MEDIA = "/_matrix/client/v1/media"
+LEGACY_MEDIA = "/_matrix/media/v3"
+IMAGES_PER_SCREEN = 3
 
 
 class LoadPlan:
     """The runner's plan, plus what this process hands out from it."""
 
-    def __init__(self, path: str, samples_path: str):
+    def __init__(self, path: str, samples_path: str, phase: str):
         self.data = read_plan(path)
+        self.phase = phase
         self.sync = False
         self._locals = itertools.count()
+        self._elements = itertools.count()
         self._attackers = itertools.count()
         self._samples_file = open(samples_path, "w", newline="")
         self._samples = csv.writer(self._samples_file)
@@ -64,6 +73,11 @@ class LoadPlan:
 
     def next_local(self) -> tuple[int, dict]:
         i = next(self._locals)
+        users = self.data["users"]
+        return i, users[i % len(users)]
+
+    def next_element(self) -> tuple[int, dict]:
+        i = next(self._elements)
         users = self.data["users"]
         return i, users[i % len(users)]
 
@@ -81,13 +95,22 @@ class LoadPlan:
 def _options(parser):
     parser.add_argument("--weir-plan", default="", help="the runner's plan (JSON)")
     parser.add_argument("--weir-samples", default="", help="CSV file, one row per request")
+    parser.add_argument("--weir-phase", default="baseline", help="whose images to view")
+    parser.add_argument("--weir-local-users", type=int, default=0,
+                        help="how many of the users are LocalUser (the rest: ElementUser)")
+    parser.add_argument("--weir-element-users", type=int, default=0)
 
 
 @events.init.add_listener
 def _load_plan(environment, **_):
     options = environment.parsed_options
     if options is not None and options.weir_plan:
-        environment.weir = LoadPlan(options.weir_plan, options.weir_samples or "samples.csv")
+        environment.weir = LoadPlan(options.weir_plan, options.weir_samples or "samples.csv",
+                                    options.weir_phase)
+        # Exact numbers of each, rather than locust's split by weight.
+        if options.weir_local_users or options.weir_element_users:
+            LocalUser.fixed_count = options.weir_local_users
+            ElementUser.fixed_count = options.weir_element_users
 
 
 @events.test_start.add_listener
@@ -114,7 +137,7 @@ def _record(request_type, name, response_time, response_length, response=None, c
     kind = ""
     if category == ATTACK:
         kind = attack_outcome(status, _text(response))
-    elif category == REMOTE and status == 429:
+    elif category in (REMOTE, ELEMENT) and status == 429:
         kind = REFUSED
     plan.record(f"{start_time:.4f}", category, name, status, f"{response_time:.2f}",
                 int(exception is not None), kind)
@@ -214,10 +237,52 @@ class LocalUser(FastHttpUser):
                 r.failure(f"HTTP {r.status_code}")
 
 
+class ElementUser(FastHttpUser):
+    wait_time = between(2, 5)
+    concurrency = 6  # a browser's connections to one host
+
+    def context(self):
+        return {"plan": self.environment.weir, "category": ELEMENT}
+
+    def on_start(self):
+        plan = self.environment.weir
+        index, account = plan.next_element()
+        self.headers = {"X-Forwarded-For": element_address(index),
+                        "Authorization": f"Bearer {account['access_token']}"}
+        self.origin = plan.data["honest"]
+        self.images = plan.data["honest_images"][plan.phase]
+
+    @task
+    def view_screen(self):
+        loads = []
+        for media_id in random.sample(self.images, IMAGES_PER_SCREEN):
+            location = f"{self.origin}/{media_id}"
+            loads.append(gevent.spawn(self._load, f"{CLIENT_MEDIA}/download/{location}",
+                                      "GET remote image"))
+            loads.append(gevent.spawn(
+                self._load, f"{CLIENT_MEDIA}/thumbnail/{location}?width=320&height=240"
+                            f"&method=scale", "GET remote thumbnail"))
+        try:
+            gevent.joinall(loads)
+        finally:  # the user stopped: its requests stop too
+            gevent.killall(loads, block=False)
+
+    def _load(self, path: str, name: str):
+        with self.client.get(path, name=name, headers=self.headers,
+                             catch_response=True) as r:
+            if r.status_code in (200, 429):  # a 429 is recorded as refused
+                r.success()
+            else:
+                r.failure(f"HTTP {r.status_code}")
+
+
 class Attacker(FastHttpUser):
-    # Enough to take every slot as soon as it frees (a held lookup lasts the 10 s deadline);
-    # a flood of refused requests would be another attack, on CPU, which the load balancer's
-    # rate limits answer, not ADR-0079.
+    """One client address. Every MEDIA_ATTACKER_EVERY-th attacker asks for remote media (its
+    requests wait up to 30 s each); the others for remote room lists and aliases (10 s), so
+    that neither attack waits on the other's deadline."""
+
+    # Enough to take every slot as soon as it frees; a flood of refused requests would be
+    # another attack, on CPU, which the load balancer's rate limits answer, not ADR-0079.
     wait_time = between(1, 3)
 
     def context(self):
@@ -225,19 +290,22 @@ class Attacker(FastHttpUser):
 
     def on_start(self):
         self.targets = self.environment.weir.data["attack"]
-        self.client_headers = {
-            "X-Forwarded-For": attacker_address(self.environment.weir.next_attacker()),
-            "Connection": "close"}
+        index = self.environment.weir.next_attacker()
+        self.client_headers = {"X-Forwarded-For": attacker_address(index),
+                               "Connection": "close"}
+        self.media = index % MEDIA_ATTACKER_EVERY == MEDIA_ATTACKER_EVERY - 1
 
     @task
     def burst(self):
-        lookups = [gevent.spawn(self._one) for _ in range(ATTACK_BURST)]
+        one, size = (self._media, MEDIA_ATTACK_BURST) if self.media else \
+            (self._directory, ATTACK_BURST)
+        requests = [gevent.spawn(one) for _ in range(size)]
         try:
-            gevent.joinall(lookups)
-        finally:  # the user stopped: its lookups stop too
-            gevent.killall(lookups, block=False)
+            gevent.joinall(requests)
+        finally:  # the user stopped: its requests stop too
+            gevent.killall(requests, block=False)
 
-    def _one(self):
+    def _directory(self):
         kind = random.choices(("tarpit", "alias", "drip", "hang"), weights=(4, 2, 2, 1))[0]
         if kind == "alias":
             server = random.choice(self.targets["tarpit"])
@@ -247,6 +315,12 @@ class Attacker(FastHttpUser):
             server = random.choice(self.targets[kind])
             self._attack(f"{V3}/publicRooms?server={urllib.parse.quote(server)}",
                          f"attack: publicRooms at {kind}")
+
+    def _media(self):
+        # The legacy endpoint needs no account, and fetches remote media unless told not to.
+        server = random.choice(self.targets["tarpit"])
+        self._attack(f"{LEGACY_MEDIA}/download/{server}/m{random.randrange(10**9)}",
+                     "attack: remote media at tarpit")
 
     def _attack(self, path: str, name: str):
         with self.client.get(path, name=name, headers=self.client_headers,

@@ -13,8 +13,9 @@ well-known hang, which must be on 443:
 - a slow-drip peer (tests/peers/slow.py): answers the head, then a byte of the body every
   ``--drip-interval`` seconds, which no per-read timeout catches.
 - a well-known hang on 443: completes TLS, reads the well-known request, never answers.
-- an honest slow peer (tests/peers/honest.py and directory.py): keys, public rooms and an
-  alias, each answer ``--honest-latency`` seconds late. (Remote media joins it with issue 8.)
+- an honest slow peer (tests/peers/honest.py and directory.py): keys, public rooms, an
+  alias, and images over federation media (a set per phase, so that each phase's first
+  views miss Weir's cache), each answer ``--honest-latency`` seconds late.
 - a loopback DNS server (tests/peers/dns.py) that points many names at the tarpit, the
   drip and the hang; a hang name's SRV record sends whoever gets past the well-known to a
   tarpit port.
@@ -32,6 +33,7 @@ monkey.patch_all()
 
 import argparse  # noqa: E402
 import errno  # noqa: E402
+import io  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import random  # noqa: E402
@@ -41,6 +43,7 @@ import tempfile  # noqa: E402
 
 import gevent  # noqa: E402
 from gevent.event import Event  # noqa: E402
+from PIL import Image  # noqa: E402
 
 from tests.peers.directory import room, serve_directory  # noqa: E402
 from tests.peers.dns import DnsServer  # noqa: E402
@@ -56,6 +59,8 @@ HANG_PORT = 443  # where discovery looks for /.well-known/matrix/server
 DRIP_NAMES = 64
 HANG_NAMES = 64
 HONEST_ROOMS = 25
+HONEST_IMAGES = 40  # per phase
+PHASES = ("baseline", "attack")
 
 TARPIT_DOMAIN = "tarpit.load"
 DRIP_DOMAIN = "drip.load"
@@ -97,6 +102,9 @@ class LoadPeers:
                  for i in range(HONEST_ROOMS)]
         serve_directory(self.honest, rooms, aliases={f"#lobby:{self.honest.server_name}":
                                                      rooms[0]["room_id"]})
+        images = {phase: [f"{phase}-{i}" for i in range(HONEST_IMAGES)] for phase in PHASES}
+        for n, media_id in enumerate(m for ids in images.values() for m in ids):
+            self.honest.serve_media(media_id, photo(n), "image/png", f"{media_id}.png")
 
         self.dns = DnsServer(self.ip, 0).start()
         self.dns.add_a(HONEST_HOST, self.ip)
@@ -128,6 +136,7 @@ class LoadPeers:
             "targets": {"tarpit": tarpit_names, "drip": drip_names, "hang": hang_names},
             "honest": self.honest.server_name,
             "honest_alias": f"#lobby:{self.honest.server_name}",
+            "honest_images": images,
         }
 
     def _count_silent(self) -> None:
@@ -135,9 +144,10 @@ class LoadPeers:
         self.silent_max_concurrent = max(self.silent_max_concurrent, self.silent_current)
 
     def counters(self) -> dict:
-        honest_hits = {}
+        honest_hits: dict[str, int] = {}
         for seen in self.honest.requests:
-            honest_hits[seen.path] = honest_hits.get(seen.path, 0) + 1
+            path = seen.path.rsplit("/", 1)[0] + "/*" if "/media/" in seen.path else seen.path
+            honest_hits[path] = honest_hits.get(path, 0) + 1
         return {
             "tarpit": self.tarpit.counters(),
             "drip": self.drip.counters(),
@@ -151,6 +161,14 @@ class LoadPeers:
     def stop(self) -> None:
         for peer in (self.tarpit, self.drip, self.hang, self.honest, self.dns):
             peer.stop()
+
+
+def photo(n: int) -> bytes:
+    """A small PNG that Weir can thumbnail, different for each n."""
+    image = Image.new("RGB", (640, 480), ((n * 37) % 256, (n * 91) % 256, (n * 53) % 256))
+    out = io.BytesIO()
+    image.save(out, "PNG")
+    return out.getvalue()
 
 
 def pick_ip() -> str:

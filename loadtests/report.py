@@ -36,6 +36,11 @@ def summary_table(summary: dict) -> str:
                  f"{_ms(refusals['p50_ms']):>9}{_ms(refusals['p99_ms']):>9}")
     lines.append(f"{'refusals (client)':<18}{seen['count']:>10}{'':>10}"
                  f"{_ms(seen['p50_ms']):>9}{_ms(seen['p99_ms']):>9}")
+    for phase in ("baseline", "attack"):
+        element = phases[phase]["element"]
+        lines.append(f"{phase} Element: {element['requests']} image loads, "
+                     f"{element['refused']} refused, {element['failures']} failed, "
+                     f"p50 {_ms(element['p50_ms'])} ms, p99 {_ms(element['p99_ms'])} ms")
     outcomes = phases["attack"]["attack"]["outcomes"]
     lines.append("attack outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())))
     peers = summary["peers"]
@@ -180,9 +185,12 @@ def write_html(path: str, summary: dict, samples: dict, phases: dict,
         local = summary["phases"][phase]["local"]
         phase_rows.append([f"{phase}: local", local["requests"], local["failures"],
                            _ms(local["p50_ms"]), _ms(local["p99_ms"])])
-        remote = summary["phases"][phase]["remote_honest"]
-        phase_rows.append([f"{phase}: remote (honest peer, not judged)", remote["requests"],
-                           remote["failures"], _ms(remote["p50_ms"]), _ms(remote["p99_ms"])])
+        for key, label in (("remote_honest", "remote rooms, honest peer"),
+                           ("element", "Element: remote images")):
+            f = summary["phases"][phase][key]
+            phase_rows.append([f"{phase}: {label} (not judged; {f['refused']} refused)",
+                               f["requests"], f["failures"], _ms(f["p50_ms"]),
+                               _ms(f["p99_ms"])])
     refusals = summary["phases"]["attack"]["refusals"]
     seen = refusals["seen_by_attackers"]
     phase_rows.append(["attack: refusals (429), time in Weir (judged)", refusals["count"], "",
@@ -206,7 +214,8 @@ img {{ max-width: 100%; }}
 pre {{ background: #f6f8fa; padding: 1em; overflow-x: auto; }}
 </style></head><body>
 <h1>Weir load test: <span class="{status}">{status}</span></h1>
-<p>{summary['config']['users']} local users, {summary['config']['attackers']} attackers,
+<p>{summary['config']['users']} local users, {summary['config']['element_users']} Element
+users, {summary['config']['attackers']} attackers,
 {summary['config']['duration_s']:g} s per phase, main pool {summary['config']['main_pool_size']};
 machine: {summary['machine']['before']['cpus']} CPUs, load average
 {summary['machine']['before']['loadavg']} before and {summary['machine']['after']['loadavg']}

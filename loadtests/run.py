@@ -1,15 +1,15 @@
 """The load test: Weir under a peer that never answers, while local users work. Judged.
 
-    python -m loadtests.run [--duration 60] [--users 20] [--attackers 100]
-                            [--main-pool-size 128] [--results DIR]
+    python -m loadtests.run [--duration 60] [--users 20] [--element-users 4]
+                            [--attackers 100] [--main-pool-size 144] [--results DIR]
 
 Starts the peers (loadtests/peers.py), Weir in pool mode on SQLite trusting loopback as its
 proxy (`trusted_proxies`, so each X-Forwarded-For address is a client), and locust
 headless; then runs two phases of `--duration` seconds each:
 
-1. baseline: the local users alone;
+1. baseline: the local users (and the Element users) alone;
 2. attack: the attackers first (the run waits until all of them are spawned), then the same
-   local users for the same time; then the attackers stop.
+   users for the same time; then the attackers stop.
 
 Meanwhile it scrapes /metrics twice a second. At the end it waits (at most the directory
 deadline and a margin) for every budget to be back to zero, and writes
@@ -18,10 +18,12 @@ deadline and a margin) for every budget to be back to zero, and writes
 prints one summary table and exits 0 if every judged figure passed (loadtests/judge.py), 1
 if one failed, and 2 if the run itself could not be made.
 
-Sizes. The client outbound budget is half the main pool. The default pool (128, a cap of
-64) is smaller than the 100 attackers, so both of the budget's caps refuse them; and it
-still holds the 20 local users' keep-alive connections, the 64 held lookups and the
-attackers' short-lived connections, so nobody waits for a place in it (judged).
+Sizes. The client outbound budget is half the main pool. The default pool (144, a cap of
+72) is smaller than the 80 attackers at the directory, so both of the budget's caps refuse
+them; and it still holds the local users' keep-alive connections (one each, six for each
+Element user), the 72 held lookups and the attackers' short-lived connections, so nobody
+waits for a place in it (judged). Remote media has a budget and a pool of its own (ADR-0121),
+at their defaults: the 20 media attackers' 80 requests overrun its 64.
 
 Measurement on a small machine. Weir, the locust processes and the peers share its cores
 (and on a shared machine, with whatever else runs there: the figures name the core count
@@ -54,9 +56,9 @@ import gevent  # noqa: E402
 from gevent.event import Event  # noqa: E402
 from gevent.pool import Pool  # noqa: E402
 
-from homeserver.outbound import DIRECTORY_DEADLINE_SECONDS  # noqa: E402
+from homeserver.outbound import DIRECTORY_DEADLINE_SECONDS, MEDIA_DEADLINE_SECONDS  # noqa: E402
 from loadtests import judge, report  # noqa: E402
-from loadtests.scenario import read_samples, write_plan  # noqa: E402
+from loadtests.scenario import MEDIA_ATTACKER_EVERY, read_samples, write_plan  # noqa: E402
 from tests.support.metrics import read_metrics  # noqa: E402
 from tests.support.server import REPO, MatrixClient, WeirProcess, terminate  # noqa: E402
 
@@ -64,10 +66,11 @@ LOCUSTFILE = os.path.join(REPO, "loadtests", "locustfile.py")
 RESULTS = os.path.join(REPO, "loadtests", "results")
 SCRAPE_INTERVAL = 0.5
 USERS_PER_ROOM = 10
+ELEMENT_CONNECTIONS = 6  # each Element user's keep-alive connections, as a browser's
 MEDIA_BYTES = 32 * 1024
 # Attackers still waiting on a silent peer are cut off when their process exits; their slots
 # come back at once. This is how long the run waits for that before judging.
-DRAIN_SECONDS = DIRECTORY_DEADLINE_SECONDS + 5
+DRAIN_SECONDS = max(DIRECTORY_DEADLINE_SECONDS, MEDIA_DEADLINE_SECONDS) + 5
 
 
 class RunFailed(Exception):
@@ -256,7 +259,9 @@ class LoadTest:
                             headers={"Content-Type": "application/octet-stream"})
         r.raise_for_status()
         plan = {"users": users, "media": r.json()["content_uri"][len("mxc://"):],
-                "honest": self.peer_info["honest"], "attack": self.peer_info["targets"],
+                "honest": self.peer_info["honest"],
+                "honest_images": self.peer_info["honest_images"],
+                "attack": self.peer_info["targets"],
                 # Each user logs in once per phase, at a random moment within this.
                 "login_within_s": self.args.duration * 0.9}
         path = self.path("plan.json")
@@ -265,37 +270,45 @@ class LoadTest:
 
     # -- phases ----------------------------------------------------------------------------
 
-    def locust(self, name: str, user_class: str, users: int, spawn_rate: float, plan: str,
-               run_time: float | None = None) -> Child:
+    def locust(self, name: str, user_classes: dict[str, int], spawn_rate: float, plan: str,
+               phase: str, run_time: float | None = None) -> Child:
+        """A headless locust process running `user_classes` ({class name: how many})."""
+        users = sum(user_classes.values())
         args = [sys.executable, "-m", "locust", "-f", LOCUSTFILE, "--headless",
                 "--host", self.weir.client_url, "-u", str(users), "-r", f"{spawn_rate:g}",
                 "--csv", self.path(name), "--only-summary", "--stop-timeout", "0",
-                "--weir-plan", plan, "--weir-samples", self.path(f"{name}-samples.csv")]
+                "--weir-plan", plan, "--weir-samples", self.path(f"{name}-samples.csv"),
+                "--weir-phase", phase]
+        if "ElementUser" in user_classes:
+            args += ["--weir-local-users", str(user_classes["LocalUser"]),
+                     "--weir-element-users", str(user_classes["ElementUser"])]
         if run_time is not None:
             args += ["-t", f"{run_time:g}s"]
-        child = Child(f"locust {name}", args + [user_class], self.path(f"{name}.log"),
+        child = Child(f"locust {name}", args + list(user_classes), self.path(f"{name}.log"),
                       read="stderr")
         self.children.append(child)
         return child
 
-    def run_local_users(self, name: str, plan: str) -> None:
+    def run_local_users(self, name: str, plan: str, phase: str) -> None:
+        """The local users and the Element users, in a locust process of their own."""
         duration = self.args.duration
-        local = self.locust(name, "LocalUser", self.args.users, max(1.0, self.args.users / 2),
-                            plan, run_time=duration)
+        users = {"LocalUser": self.args.users, "ElementUser": self.args.element_users}
+        local = self.locust(name, users, max(1.0, sum(users.values()) / 2), plan, phase,
+                            run_time=duration)
         local.wait(duration + 120)
         local.stop()
 
     def baseline(self, plan: str) -> None:
         with self.phase("baseline"):
-            self.run_local_users("baseline", plan)
+            self.run_local_users("baseline", plan, "baseline")
 
     def attack(self, plan: str) -> None:
         with self.phase("attack"):
-            attackers = self.locust("attack", "Attacker", self.args.attackers,
-                                    max(1.0, self.args.attackers / 2), plan)
+            attackers = self.locust("attack", {"Attacker": self.args.attackers},
+                                    max(1.0, self.args.attackers / 2), plan, "attack")
             attackers.wait_line(r"All users spawned", 120)
             started = time.time()
-            self.run_local_users("attack-local", plan)
+            self.run_local_users("attack-local", plan, "attack")
             self.phases["attack: local users"] = (started, time.time())
             attackers.stop()
 
@@ -368,7 +381,8 @@ def run(args) -> int:
     summary = judge.summarize(
         samples, weir_log, peers, caps, budgets_after, main_pool,
         config={"duration_s": args.duration, "users": args.users,
-                "attackers": args.attackers, "main_pool_size": args.main_pool_size,
+                "element_users": args.element_users, "attackers": args.attackers,
+                "main_pool_size": args.main_pool_size,
                 "tarpit_addresses": args.tarpit_addresses},
         machine={"before": machine_before, "after": machine()},
         peers_after_baseline=peers_after_baseline,
@@ -390,8 +404,10 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=float, default=60, help="seconds per phase")
     parser.add_argument("--users", type=int, default=20, help="local users")
+    parser.add_argument("--element-users", type=int, default=4,
+                        help="users viewing the honest peer's images as Element does")
     parser.add_argument("--attackers", type=int, default=100, help="attacking users")
-    parser.add_argument("--main-pool-size", type=int, default=128,
+    parser.add_argument("--main-pool-size", type=int, default=144,
                         help="Weir's server.http.main_pool_size; the client outbound budget "
                              "is half of it (see the module's doc)")
     parser.add_argument("--tarpit-addresses", type=int, default=64,
@@ -404,11 +420,13 @@ def main(argv=None) -> int:
                         help="keep Weir's data folder (database, media) in the results")
     args = parser.parse_args(argv)
     cap = args.main_pool_size // 2
-    if args.attackers <= cap:
-        print(f"note: {args.attackers} attackers never fill the client outbound budget "
-              f"({cap}); only its per-client cap will refuse them", file=sys.stderr)
-    if args.users + cap > args.main_pool_size:
-        print(f"note: {args.users} local connections and {cap} held lookups do not fit in a "
+    directory_attackers = args.attackers - args.attackers // MEDIA_ATTACKER_EVERY
+    if directory_attackers <= cap:
+        print(f"note: {directory_attackers} directory attackers never fill the client outbound "
+              f"budget ({cap}); only its per-client cap will refuse them", file=sys.stderr)
+    local = args.users + ELEMENT_CONNECTIONS * args.element_users
+    if local + cap > args.main_pool_size:
+        print(f"note: {local} local connections and {cap} held lookups do not fit in a "
               f"main pool of {args.main_pool_size}: connections will wait for a place",
               file=sys.stderr)
     return run(args)

@@ -11,15 +11,20 @@ from dataclasses import dataclass
 # Request categories. Only "local" requests are judged: they never leave the server.
 LOCAL = "local"
 REMOTE = "remote"   # a local user's lookup at the honest peer: served, cached or refused (429)
+ELEMENT = "element"  # remote images and thumbnails from the honest peer, as Element loads them
 ATTACK = "attack"
 
 # Budgets that guard the calls the attackers make, so those whose caps bound what the silent
-# peers can see at once. Remote media at the tarpit (issue 8) adds "media_fetch".
-ATTACK_BUDGETS = ("client_outbound",)
+# peers can see at once: remote room lists and aliases, and remote media.
+ATTACK_BUDGETS = ("client_outbound", "media_fetch")
 # Each attacker is one client address and sends this many lookups at once, so that both caps
 # of the client outbound budget refuse: one per client, and half the main pool in all (when
 # there are more attackers than that).
 ATTACK_BURST = 2
+# One attacker in this many asks for remote media instead, this many files at once: within
+# the per-client cap (8), and together past the media budget's global cap (64).
+MEDIA_ATTACKER_EVERY = 5
+MEDIA_ATTACK_BURST = 4
 
 # Outcomes of an attack request.
 REFUSED = "refused"          # 429 at once: a budget had no room (the defence)
@@ -49,6 +54,10 @@ def local_address(i: int) -> str:
 
 
 ATTACKER_NETWORK = "10.66."
+
+
+def element_address(i: int) -> str:
+    return f"10.2.{i // 250}.{i % 250 + 1}"
 
 
 def attacker_address(i: int) -> str:

@@ -36,7 +36,8 @@ def test_a_short_run_completes_and_judges(tmp_path):
     started = time.monotonic()
     run = subprocess.run(
         [sys.executable, "-m", "loadtests.run", "--duration", "5", "--users", "4",
-         "--attackers", "24", "--main-pool-size", "40", "--tarpit-addresses", "8",
+         "--element-users", "1", "--attackers", "40", "--main-pool-size", "56",
+         "--tarpit-addresses", "8",
          "--results", str(tmp_path)],
         cwd=REPO, capture_output=True, text=True, timeout=180)
     print(f"\n{run.stdout}load test smoke run: {time.monotonic() - started:.1f}s")
