@@ -208,7 +208,7 @@ def write_html(path: str, summary: dict, samples: dict, phases: dict,
 body {{ font-family: sans-serif; margin: 2em; max-width: 1100px; }}
 table {{ border-collapse: collapse; margin: 0.5em 0 1.5em; }}
 td, th {{ border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }}
-td:first-child, th:first-child, .rules td:nth-child(2) {{ text-align: left; }}
+td:first-child, th:first-child, .rules td:nth-child(2), .rules th:nth-child(2) {{ text-align: left; }}
 .PASSED {{ color: #1a7f37; }} .FAILED {{ color: #cf222e; }}
 img {{ max-width: 100%; }}
 pre {{ background: #f6f8fa; padding: 1em; overflow-x: auto; }}
