@@ -1,7 +1,12 @@
-# Weir production image. Build: docker build -t weir .
-# Run:   docker run -p 8008:8008 -p 8448:8448 -v weir-data:/data --ulimit nofile=65536:65536 weir
-# Each open client connection holds a file descriptor; raise the open-files limit
-# (--ulimit nofile=...) to at least main_pool_size plus media and federation connections.
+# Weir production image.
+#   docker build -t weir .
+#   docker run -p 8008:8008 -p 8448:8448 -v weir-data:/data --ulimit nofile=65536:65536 weir
+# deploy/ has a docker-compose.yml with a TLS-terminating load balancer and PostgreSQL.
+#
+# Open files: every client connection, federation connection, outbound call and database
+# file is a file descriptor. Raise the limit (--ulimit nofile=..., or ulimits: in compose)
+# well above server.http.main_pool_size plus the federation pool; /metrics shows
+# process_open_fds against process_max_fds.
 
 FROM python:3.11-slim AS build
 RUN python -m venv /venv
@@ -9,20 +14,30 @@ COPY requirements.txt /tmp/requirements.txt
 RUN /venv/bin/pip install --no-cache-dir -r /tmp/requirements.txt
 
 FROM python:3.11-slim
+# /data/media exists in the image so that a volume mounted there (deploy/) starts out
+# owned by weir, as /data does.
 RUN useradd --system --uid 10001 --user-group --home-dir /data weir \
-    && mkdir -p /data && chown weir:weir /data
+    && mkdir -p /data/media && chown -R weir:weir /data
 COPY --from=build /venv /venv
 WORKDIR /app
 COPY app.py ./
 COPY budget ./budget
 COPY homeserver ./homeserver
 COPY docker/config.toml docker/entrypoint.sh ./docker/
+# Compiled now: the app folder belongs to root, so the weir user could not write the cache
+# and every start would compile everything again.
+RUN /venv/bin/python -m compileall -q /app
 ENV PATH=/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
-    WEIR_CONFIG=/data/config.toml
+    WEIR_CONFIG=/data/config.toml \
+    WEIR_HEALTH_URL=http://127.0.0.1:8008/health
 USER weir
 VOLUME /data
 EXPOSE 8008 8448
+# /health answers 200 once the server is ready. Set WEIR_HEALTH_URL if the config moves the
+# client listener off port 8008.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=30s --retries=3 \
-    CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8008/health', timeout=4)"
+    CMD python -c "import os, urllib.request; urllib.request.urlopen(os.environ['WEIR_HEALTH_URL'], timeout=4)"
+# SIGTERM (docker stop) drains in-flight requests for up to 10 s: give it a little longer
+# (docker stop -t 15, or stop_grace_period in compose).
 ENTRYPOINT ["/app/docker/entrypoint.sh"]

@@ -36,8 +36,15 @@ test: dev synapse
 lint: dev
 	$(BIN)/python -m compileall -q app.py budget homeserver tests loadtests
 
+# Figures, not tests: the admission micro-benchmark, every loadtests/*_bench.py, then the
+# load test with 30 s per phase (it judges itself; its results go to loadtests/results/).
+BENCHES := $(basename $(notdir $(sort $(wildcard loadtests/*_bench.py))))
+
 bench: dev
 	$(BIN)/python -m budget.bench
+	@set -e; for bench in $(BENCHES); do \
+		echo "== python -m loadtests.$$bench"; $(BIN)/python -m loadtests.$$bench; done
+	$(BIN)/python -m loadtests.run --duration 30
 
 clean:
 	rm -rf $(VENV) .venv-synapse .pytest_cache .hypothesis

@@ -2,7 +2,13 @@
 
 Gauges that mirror live objects (budgets, pools, cool-downs) are read at scrape time by a
 collector, so they can never drift from the thing they describe. Events (deadline expiries,
-cache hits) are counters the code increments where they happen.
+cache hits) are counters the code increments where they happen. docs/operations.md says
+what each one means to an operator.
+
+What registers here: every budget (`track_budget`: client_outbound, key_resolution,
+media_fetch), every pool (`track_pool`: main, federation, media), the address cool-down,
+waiting syncs, remote fetches, the process itself (CPU, memory, open file descriptors
+against the limit), and the federation worker shards' liveness (federation/shards.py).
 """
 
 from __future__ import annotations
@@ -10,7 +16,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Callable
 
-from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import CollectorRegistry, Counter, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -52,6 +58,9 @@ class Metrics:
         self.registry = CollectorRegistry()
         self._live = _LiveCollector()
         self.registry.register(self._live)
+        # CPU, memory, and open file descriptors against the limit (`ulimit -n`): every open
+        # connection is one.
+        ProcessCollector(registry=self.registry)
         self.deadline_expiries = Counter(
             "weir_outbound_deadline_expiries", "Outbound calls that ran out of their deadline",
             ["call"], registry=self.registry)

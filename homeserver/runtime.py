@@ -116,7 +116,7 @@ class HomeserverRuntime:
         self.keyring = Keyring(
             config.server_name, self.signing_key, ServerKeyStore(self.db), self.federation_client,
             self.key_resolution_budget, self.key_resolution_rate, keys.trusted_key_servers,
-            config.federation.remote_timeout)
+            config.federation.remote_timeout, metrics=self.metrics)
         self.metrics.track_budget(self.key_resolution_budget)
 
         # Rooms as signed events, member events carrying each local user's profile.

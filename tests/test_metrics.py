@@ -13,6 +13,9 @@ def test_metrics_show_budgets_and_pools_to_loopback(start_weir):
     assert 'weir_pool_greenlets{pool="main"}' in text
     assert 'weir_pool_size{pool="federation"} 8.0' in text
     assert "weir_cooldown_addresses 0.0" in text
+    assert 'weir_budget_capacity{budget="key_resolution"} 16.0' in text
+    # Every open connection is a file descriptor: the limit is on /metrics too.
+    assert "process_open_fds" in text and "process_max_fds" in text
 
 
 def test_metrics_refused_to_clients_outside_the_allowed_networks(start_weir):

@@ -30,6 +30,8 @@ from budget import DeadlineExceeded, InFlightBudget, OutboundDeadline, RateLimit
 
 from ..config import Config, FederationSecurityConfig, TrustedKeyServer
 from ..errors import invalid_param
+from ..logs import with_request_context
+from ..metrics import Metrics
 from ..storage.keys import ServerKeyStore, StoredKey
 from .errors import (FederationError, InvalidSignature, KeyResolutionRefused,
                      MalformedResponse)
@@ -78,7 +80,7 @@ class Keyring:
     def __init__(self, server_name: str, signing_key, store: ServerKeyStore, client,
                  budget: InFlightBudget, rate: RateLimiter,
                  trusted_key_servers: Iterable[TrustedKeyServer] = (),
-                 remote_timeout: float = KEY_FETCH_SECONDS):
+                 remote_timeout: float = KEY_FETCH_SECONDS, metrics: Metrics | None = None):
         self.server_name = server_name
         self.signing_key = signing_key
         self.store = store
@@ -93,6 +95,7 @@ class Keyring:
         self._budgeted_fetchers: set = set()  # greenlets fetching under a budget slot
         self._unreachable: dict[str, float] = {}  # server -> monotonic time to ask again
         self.network_fetches = 0  # fetches started (a counter for tests and metrics)
+        self._metrics = metrics or Metrics()
 
     # -- looking keys up -------------------------------------------------------------------
 
@@ -112,6 +115,8 @@ class Keyring:
             return {k: self._own_verify_key for k in key_ids if k == self._own_key_id}
         found, missing = self._usable(self.store.get_keys(server_name), key_ids,
                                       minimum_valid_until_ts)
+        (self._metrics.cache_misses if missing else self._metrics.cache_hits).labels(
+            "server_keys").inc()
         if missing:
             self._fetch_once(server_name, missing, minimum_valid_until_ts, source_ip, deadline)
             found, _ = self._usable(self.store.get_keys(server_name), key_ids,
@@ -163,7 +168,8 @@ class Keyring:
         left out; a fetch refused by the budget refuses the whole query."""
         if len(queries) > MAX_NOTARY_QUERY_SERVERS:
             raise invalid_param(f"at most {MAX_NOTARY_QUERY_SERVERS} servers per query")
-        jobs = [gevent.spawn(self._notarised_document, server, key_ids, min_ts, source_ip)
+        jobs = [gevent.spawn(with_request_context(self._notarised_document), server, key_ids,
+                             min_ts, source_ip)
                 for server, (key_ids, min_ts) in queries.items()]
         try:
             gevent.joinall(jobs)
@@ -217,8 +223,12 @@ class Keyring:
             pending = self._fetches[server_name] = AsyncResult()
             self.network_fetches += 1
             # Its own greenlet: the fetch (and its slot) outlives a requester that hangs up,
-            # and everyone waiting gets its result.
-            gevent.spawn(self._run_fetch, server_name, key_ids, min_ts, slot, pending)
+            # and everyone waiting gets its result. It logs under the id of the request that
+            # started it.
+            gevent.spawn(with_request_context(self._run_fetch), server_name, key_ids, min_ts,
+                         slot, pending)
+        else:
+            self._metrics.coalesced.labels("key_fetch").inc()
         wait = deadline.remaining() if deadline is not None else self.fetch_seconds + 1
         pending.wait(wait)
         if deadline is not None:
@@ -285,6 +295,7 @@ class Keyring:
             self._accept_document(server_name, document)
             return True
         except (FederationError, DeadlineExceeded, InvalidSignature) as e:
+            self._count_expiry(e)
             log.info("keys of %s from itself: %s", server_name, e)
             return False
 
@@ -313,8 +324,13 @@ class Keyring:
                                     notary.server_name, e)
             return accepted
         except (FederationError, DeadlineExceeded, InvalidSignature) as e:
+            self._count_expiry(e)
             log.info("keys of %s from notary %s: %s", server_name, notary.server_name, e)
             return False
+
+    def _count_expiry(self, e: Exception) -> None:
+        if isinstance(e, DeadlineExceeded):
+            self._metrics.deadline_expiries.labels("key_fetch").inc()
 
     def _notary_keys(self, notary: TrustedKeyServer, deadline: OutboundDeadline) -> list:
         """The notary's verify keys: configured ones, else its own (cached or fetched)."""

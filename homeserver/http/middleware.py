@@ -9,6 +9,8 @@ import time
 
 from budget import client_key
 
+from ..logs import current_request_id
+
 access_log = logging.getLogger("weir.access")
 
 _TOKEN_IN_QUERY = re.compile(r"(access_token=)[^&]*")
@@ -30,6 +32,8 @@ class RequestContextMiddleware:
     def __call__(self, environ, start_response):
         started = time.monotonic()
         environ["weir.request_id"] = secrets.token_hex(6)
+        # Every line logged while serving this request carries its id (homeserver/logs.py).
+        current_request_id.set(environ["weir.request_id"])
         environ["weir.client_key"] = client_key(
             environ.get("REMOTE_ADDR", ""), environ.get("HTTP_X_FORWARDED_FOR"),
             self.trusted_proxies)
@@ -50,13 +54,15 @@ class RequestContextMiddleware:
 
 
 def log_request(environ: dict, status: str, started: float) -> None:
+    """The access log line, written once the response is done; the request ends here."""
     # A federation request names the server it was verified to come from.
     origin = environ.get("weir.origin")
     access_log.info(
-        "%s %s %s %s %.1fms %s%s", environ["weir.request_id"], environ.get("REQUEST_METHOD"),
+        "%s %s %s %.1fms %s%s", environ.get("REQUEST_METHOD"),
         redacted_path(environ), status, (time.monotonic() - started) * 1000,
         environ["weir.client_key"], f" origin={origin}" if origin else "",
         extra={"request_id": environ["weir.request_id"]})
+    current_request_id.set(None)
 
 
 class _LoggedBody:

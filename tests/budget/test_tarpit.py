@@ -91,3 +91,30 @@ def test_a_client_in_another_process():
         assert tarpit.wait_accepted(1, timeout=30)
         assert proc.wait(timeout=30) == 0  # the other process got no answer
         assert tarpit.wait_current(0, timeout=10)  # its exit closed the socket
+
+
+def test_several_addresses_are_one_tarpit():
+    changes = []
+    with Tarpit(on_change=lambda: changes.append(1)) as tarpit:
+        other = tarpit.listen("127.0.0.1")
+        assert other[1] != tarpit.port
+        a = socket.create_connection(tarpit.address)
+        b = socket.create_connection(other)
+        assert tarpit.wait_accepted(2, timeout=5)
+        assert tarpit.current == tarpit.max_concurrent == 2 and changes
+        a.close()
+        b.close()
+        assert tarpit.wait_current(0, timeout=5)
+    assert socket.socket().connect_ex(other) != 0  # stop() closed every listener
+
+
+def test_a_client_that_closes_before_reconnecting_is_never_counted_twice():
+    """The concurrent maximum is what the load test judges: a hang-up that reached the
+    tarpit before the next connection did is counted first."""
+    with Tarpit() as tarpit:
+        for i in range(30):
+            conn = socket.create_connection(tarpit.address)
+            assert tarpit.wait_accepted(i + 1, timeout=5)
+            conn.close()
+        assert tarpit.wait_current(0, timeout=5)
+        assert tarpit.max_concurrent == 1

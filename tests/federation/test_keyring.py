@@ -12,6 +12,7 @@ from budget import InFlightBudget, RateLimiter
 from homeserver.config import TrustedKeyServer
 from homeserver.federation.errors import InvalidSignature, KeyResolutionRefused
 from homeserver.federation.keyring import Keyring
+from homeserver.metrics import Metrics
 from homeserver.storage.database import open_database
 from homeserver.storage.keys import ServerKeyStore, StoredKey
 from homeserver.storage.migrations import migrate
@@ -39,12 +40,12 @@ def store(tmp_path):
 def make_keyring(test_ca, dns, store):
     clients = []
 
-    def make(max_in_flight=16, rate=(30, 60), trusted=(), remote_timeout=10.0):
+    def make(max_in_flight=16, rate=(30, 60), trusted=(), remote_timeout=10.0, metrics=None):
         client = make_client(test_ca, dns, signing_key=OUR_KEY, remote_timeout=remote_timeout)
         clients.append(client)
         return Keyring("weir.test", OUR_KEY, store, client,
                        InFlightBudget(max_in_flight, None, name="key_resolution"),
-                       RateLimiter(*rate), trusted, remote_timeout)
+                       RateLimiter(*rate), trusted, remote_timeout, metrics=metrics)
 
     yield make
     for client in clients:
@@ -121,6 +122,30 @@ def test_tarpit_key_server_holds_at_most_the_in_flight_limit(make_keyring, dns):
         assert tarpit.max_concurrent <= 2 and tarpit.accepted == 2
         assert tarpit.wait_current(0, timeout=5)
         assert keyring.budget.in_flight == 0
+
+
+def test_metrics_count_cache_hits_shared_fetches_and_expiries(make_keyring, start_peer, dns):
+    metrics = Metrics()
+
+    def sample(name, **labels):
+        return metrics.registry.get_sample_value(name, labels) or 0
+
+    peer = start_peer("127.25.3.2:8448", "127.25.3.2", 8448)
+    keyring = make_keyring(remote_timeout=1.0, metrics=metrics)
+    for _ in range(2):
+        keyring.resolve(peer.server_name, [peer.key_id], now_ms(), "192.0.2.1")
+    assert sample("weir_cache_misses_total", cache="server_keys") == 1
+    assert sample("weir_cache_hits_total", cache="server_keys") == 1
+
+    with Tarpit("127.25.3.3", 8448) as tarpit:
+        dns.add_a("slow-keys.test", "127.25.3.3")
+        jobs = [gevent.spawn(keyring.resolve, "slow-keys.test:8448", ["ed25519:x"], now_ms(),
+                             "192.0.2.2") for _ in range(3)]
+        gevent.joinall(jobs, raise_error=True)
+        assert tarpit.accepted == 1  # one fetch, shared by the other two
+    assert sample("weir_coalesced_waits_total", call="key_fetch") == 2
+    assert sample("weir_outbound_deadline_expiries_total", call="key_fetch") == 1
+    assert sample("weir_cache_misses_total", cache="server_keys") == 4
 
 
 def test_per_ip_rate_limit(make_keyring, start_peer):

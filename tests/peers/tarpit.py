@@ -13,6 +13,12 @@ as well. A TLS tarpit is the same thing: it never sends a ServerHello.
 It reads (and discards) whatever the client sends, so a client's writes
 never block, and so that it sees the client hang up: ``current`` counts
 connections the client has not closed yet.
+
+One tarpit may listen on several addresses (``listen``), counting them
+together: a swarm of server names, each with an address of its own, is
+still one tarpit. Subclasses change what happens on a held connection by
+overriding ``serve`` (tests/peers/slow.py: a TLS peer that hangs after the
+request, or drips its answer); the accounting stays here.
 """
 
 from __future__ import annotations
@@ -28,7 +34,8 @@ __all__ = ["Tarpit"]
 
 
 class Tarpit:
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, backlog: int = 1024) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, backlog: int = 1024, *,
+                 on_change=None) -> None:
         self.host = host
         self.port = port
         self.backlog = backlog
@@ -36,8 +43,11 @@ class Tarpit:
         self.current = 0  # accepted and not yet closed by the client (or by stop())
         self.max_concurrent = 0
         self.bytes_received = 0
-        self._listener: socket.socket | None = None
-        self._acceptor: gevent.Greenlet | None = None
+        self.bytes_sent = 0  # by subclasses that answer something
+        # Called after every change of the counts (several peers summed into one figure).
+        self._on_change = on_change
+        self._listeners: list[socket.socket] = []
+        self._acceptors: list[gevent.Greenlet] = []
         self._holders: set[gevent.Greenlet] = set()
         self._conns: set[socket.socket] = set()
         # Replaced on every change; waiters wait on the one they saw. No
@@ -48,30 +58,33 @@ class Tarpit:
     # -- lifecycle ---------------------------------------------------------
 
     def start(self) -> Tarpit:
-        if self._listener is not None:
+        if self._listeners:
             raise RuntimeError("tarpit already started")
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        self.port = self.listen(self.host, self.port)[1]
+        return self
+
+    def listen(self, host: str, port: int = 0) -> tuple[str, int]:
+        """Holds connections to one more address as well; returns it (port 0: a free one)."""
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((self.host, self.port))
+            sock.bind((host, port))
             sock.listen(self.backlog)
         except BaseException:
             sock.close()
             raise
-        self._listener = sock
-        self.port = sock.getsockname()[1]
-        self._acceptor = gevent.spawn(self._accept_loop, sock)
-        return self
+        self._listeners.append(sock)
+        self._acceptors.append(gevent.spawn(self._accept_loop, sock))
+        return host, sock.getsockname()[1]
 
     def stop(self) -> None:
         """Stop accepting and close every held connection. Idempotent."""
-        if self._acceptor is not None:
-            self._acceptor.kill(block=True)
-            self._acceptor = None
-        if self._listener is not None:
-            self._listener.close()
-            self._listener = None
+        gevent.killall(self._acceptors, block=True)
+        self._acceptors.clear()
+        for listener in self._listeners:
+            listener.close()
+        self._listeners.clear()
         gevent.killall(list(self._holders), block=True)
         self._holders.clear()
         # A holder killed before it ever ran has no ``finally`` to run.
@@ -116,9 +129,16 @@ class Tarpit:
         """Wait until at most ``n`` connections are open (clients hung up)."""
         return self.wait_until(lambda: self.current <= n, timeout)
 
+    def counters(self) -> dict:
+        return {"accepted": self.accepted, "current": self.current,
+                "max_concurrent": self.max_concurrent, "bytes_received": self.bytes_received,
+                "bytes_sent": self.bytes_sent}
+
     def _notify(self) -> None:
         changed, self._changed = self._changed, Event()
         changed.set()
+        if self._on_change is not None:
+            self._on_change()
 
     # -- serving -------------------------------------------------------------
 
@@ -135,6 +155,14 @@ class Tarpit:
                 if e.errno in (errno.ECONNABORTED, errno.EPROTO):
                     continue
                 raise
+            try:
+                # Hang-ups that reached us before this connection did are counted first:
+                # a client that closes one connection and then opens the next must not
+                # look like two at once (the concurrent maximum is what tests judge).
+                gevent.idle()
+            except BaseException:
+                conn.close()
+                raise
             self.accepted += 1
             self.current += 1
             if self.current > self.max_concurrent:
@@ -146,16 +174,23 @@ class Tarpit:
 
     def _hold(self, conn: socket.socket) -> None:
         try:
-            while True:
-                data = conn.recv(65536)
-                if not data:  # EOF: the client closed its end
-                    return
-                self.bytes_received += len(data)
+            self.serve(conn)
         except OSError:
             return  # reset by the client: gone as well
         finally:
             self._holders.discard(gevent.getcurrent())
             self._forget(conn)
+
+    def serve(self, conn: socket.socket) -> None:
+        """What a held connection gets: nothing. Returns when the client hangs up."""
+        self.discard_until_eof(conn)
+
+    def discard_until_eof(self, conn) -> None:
+        while True:
+            data = conn.recv(65536)
+            if not data:  # EOF: the client closed its end
+                return
+            self.bytes_received += len(data)
 
     def _forget(self, conn: socket.socket) -> None:
         # Idempotent: close a held connection and count it as gone.

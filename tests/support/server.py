@@ -122,6 +122,12 @@ class WeirProcess:
                             return line
                 gevent.sleep(0.05)  # the file grows; look again
 
+    def cpu_seconds(self) -> float:
+        """CPU time the server has used so far, user and system (from /proc)."""
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # after the command name
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def stderr_tail(self, lines: int = 30) -> str:
         try:
             with open(self.stderr_path, errors="replace") as f:

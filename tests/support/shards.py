@@ -58,7 +58,9 @@ def access_lines(weir: WeirProcess, path_part: str) -> list[tuple[str, str]]:
     out = []
     with open(weir.stderr_path, errors="replace") as f:
         for line in f:
-            match = re.search(r"INFO (\[[^\]]+\] )?weir\.access: \S+ \S+ (\S+) (\d{3}) ", line)
+            # "... INFO [shard 1] weir.access [request id]: METHOD PATH STATUS ..."
+            match = re.search(r"INFO (\[[^\]]+\] )?weir\.access(?: \[\w+\])?: \S+ (\S+) (\d{3}) ",
+                              line)
             if match and path_part in match.group(2):
                 out.append(((match.group(1) or "main").strip(" []"), match.group(3)))
     return out
