@@ -81,7 +81,9 @@ class Database:
 class SqliteDatabase(Database):
     dialect = "sqlite"
 
-    def __init__(self, path: str, readers: int = 3):
+    # Six readers: a burst of cache lookups (each remote media request reads the cache
+    # before it may be refused) queued behind three and made 429s slow under load.
+    def __init__(self, path: str, readers: int = 6):
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         self.path = path
         self._pool = ThreadPool(readers + 1)
