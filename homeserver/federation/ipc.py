@@ -111,6 +111,12 @@ class FrameConnection:
             except OSError as e:
                 self.close()
                 raise IpcError(f"connection to {self.name} lost: {e}") from None
+            except BaseException:
+                # Stopped midway (GreenletExit on shutdown, a Timeout): part of a frame may be
+                # out, and the next frame would be read as the rest of it. The stream is out of
+                # step for good, so end it; the other end's waiting requests fail at once.
+                self.close()
+                raise
 
     # -- reading ---------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ import logging
 import socket
 
 import gevent
+import gevent.select
 import pytest
 from gevent.event import Event
 
@@ -160,3 +161,18 @@ def test_server_and_client_over_a_socket_path(tmp_path):
     stale.bind(path)
     stale.close()
     IpcServer(path, {}).start().stop()
+
+
+def test_a_send_stopped_midway_closes_the_connection(pair):
+    """A sender killed inside sendall (a shutdown, a timeout) has written part of a frame:
+    the stream is out of step for good, so the connection must close rather than carry the
+    next frame inside this one's body."""
+    connection, theirs = pair
+    body = {"pad": "x" * (4 * 1024 * 1024)}  # far more than the socket buffers hold
+    job = gevent.spawn(connection.request, FrameType.RELAY, body, 30)
+    # Part of the frame has arrived; the rest cannot fit in the socket buffers.
+    assert gevent.select.select([theirs], [], [], 5)[0]
+    assert not job.ready()
+    job.kill(block=True)
+    assert connection.closed
+    assert connection.closed_event.wait(5)
