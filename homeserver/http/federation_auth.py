@@ -15,7 +15,6 @@ budget, so the sender retries and nothing is lost.
 from __future__ import annotations
 
 import functools
-import json
 import re
 from urllib.parse import quote
 
@@ -26,7 +25,7 @@ from ..federation.discovery import split_server_name
 from ..federation.errors import InvalidSignature, KeyResolutionRefused
 from ..federation.signing import MalformedAuthHeader, parse_x_matrix, request_object
 from .context import client_key, runtime
-from .parsing import read_body
+from .parsing import parse_json, read_body
 
 # Inbound federation bodies (a transaction is at most 50 PDUs and 100 EDUs of 64 KiB each).
 FEDERATION_MAX_BODY_BYTES = 10 * 1024 * 1024
@@ -80,10 +79,7 @@ def authenticate_request(max_body_bytes: int = FEDERATION_MAX_BODY_BYTES) -> str
     content = None
     raw = read_body(max_body_bytes)
     if raw.strip():
-        try:
-            content = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
-            raise MatrixError(400, "M_NOT_JSON", "Content not JSON.") from None
+        content = parse_json(raw)  # kept for the handler: a large body is parsed once
     signed = request_object(request.method, request_target(), origin,
                             auths[0].destination or rt.server_name, content)
     signed["signatures"] = {origin: {a.key_id: a.sig for a in auths}}

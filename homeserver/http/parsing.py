@@ -43,14 +43,27 @@ def body_chunks(chunk_size: int = 64 * 1024) -> Iterator[bytes]:
         yield chunk
 
 
+def parse_json(raw: bytes) -> Any:
+    """`raw`, the body `read_body` returned, parsed as JSON (400 M_NOT_JSON if it is not).
+
+    Parsed once per request: a federation body may be megabytes, parsed on the hub, and the
+    guard that verifies its signature and the handler after it both need it."""
+    cached = request.environ.get("weir.json")
+    if cached is not None and cached[0] is raw:
+        return cached[1]
+    try:
+        value = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise MatrixError(400, "M_NOT_JSON", "Content not JSON.") from None
+    request.environ["weir.json"] = (raw, value)
+    return value
+
+
 def json_object(max_bytes: int = DEFAULT_MAX_JSON_BYTES, allow_empty: bool = False) -> dict:
     raw = read_body(max_bytes)
     if not raw.strip() and allow_empty:
         return {}
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise MatrixError(400, "M_NOT_JSON", "Content not JSON.") from None
+    body = parse_json(raw)
     if not isinstance(body, dict):
         raise MatrixError(400, "M_NOT_JSON", "Content must be a JSON object.")
     return body

@@ -1,6 +1,7 @@
 """Inbound X-Matrix authentication and the notary endpoints, against the real server process
 with a TLS federation listener, real origin peers and a real DNS server."""
 
+import json
 import os
 import re
 import time
@@ -249,6 +250,31 @@ def test_signed_content_is_verified(app_runtime, origin):
     r = http.put(target, json={"pdus": []}, headers={"Authorization": auth},
                  environ_overrides={"REQUEST_URI": target})
     assert (r.status_code, r.json["errcode"]) == (401, "M_UNAUTHORIZED")
+
+
+def test_a_signed_body_is_parsed_once(app_runtime, origin, monkeypatch):
+    # A transaction body may be 10 MiB of JSON, parsed on the hub: the guard that verifies
+    # it and the handler after it share one parse.
+    app = create_flask_app(app_runtime)
+
+    @requires_server_auth
+    def echo(txn):
+        return json_response({"n": len(json_object()["pdus"])})
+
+    app.add_url_rule("/_matrix/federation/v1/echo/<txn>", view_func=echo, methods=["PUT"])
+    content = {"pdus": [{"type": "m.room.message", "content": {"body": "x" * 1000}}]}
+    raw = json.dumps(content).encode()
+    target = "/_matrix/federation/v1/echo/t1"
+    auth = origin.sign_request("weir.test", "PUT", target, content)
+    parsed = []
+    real_loads = json.loads
+    monkeypatch.setattr(json, "loads", lambda s, *a, **kw: (
+        parsed.append(s), real_loads(s, *a, **kw))[1])
+    r = app.test_client().put(target, data=raw, content_type="application/json",
+                              headers={"Authorization": auth},
+                              environ_overrides={"REQUEST_URI": target})
+    assert r.status_code == 200 and r.get_json() == {"n": 1}
+    assert parsed.count(raw) == 1
 
 
 def test_repeated_authorization_headers(app_runtime, origin):
