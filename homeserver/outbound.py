@@ -16,10 +16,14 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, field
 
-from budget import InFlightBudget
+from budget import DeadlineExceeded, InFlightBudget
 
 from .errors import limit_exceeded
+from .federation.errors import (AddressCoolingDown, DestinationUnreachable, FederationError,
+                                RemoteError, ResponseTooLarge)
 from .http.disconnect import stop_on_client_disconnect
+from .media.files import FileTooLarge
+from .metrics import Metrics
 
 # Total deadlines, discovery included; FederationClient.deadline caps them at
 # federation.remote_timeout.
@@ -69,3 +73,31 @@ def admitted(budget: InFlightBudget, client_key: str, environ: dict):
                              "Too many concurrent requests to remote servers; try again shortly")
     with slot, stop_on_client_disconnect(environ):
         yield slot
+
+
+def failure_outcome(e: Exception) -> str:
+    """The `outcome` label of a client-triggered call that failed with `e`
+    (weir_outbound_calls_total; docs/operations.md lists them)."""
+    if isinstance(e, DeadlineExceeded):
+        return "deadline"
+    if isinstance(e, (FileTooLarge, ResponseTooLarge)):
+        return "too_large"
+    if isinstance(e, AddressCoolingDown):
+        return "cooling_down"
+    if isinstance(e, DestinationUnreachable):
+        return "unreachable"
+    if isinstance(e, RemoteError):
+        return "remote_error"
+    if isinstance(e, FederationError):
+        return "malformed"
+    return "error"
+
+
+def count_failure(metrics: Metrics, call: str, e: Exception) -> None:
+    """Counts a failed client-triggered call, and a deadline expiry or cool-down refusal."""
+    outcome = failure_outcome(e)
+    if outcome == "deadline":
+        metrics.deadline_expiries.labels(call).inc()
+    elif outcome == "cooling_down":
+        metrics.cooldown_refusals.inc()
+    metrics.outbound_calls.labels(call, outcome).inc()

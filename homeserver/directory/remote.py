@@ -25,10 +25,9 @@ from ..concurrency import SingleFlight
 from ..errors import MatrixError
 from ..federation.client import FederationClient
 from ..federation.cooldown import AddressCooldown
-from ..federation.errors import (AddressCoolingDown, DestinationUnreachable, FederationError,
-                                 MalformedResponse, RemoteError, to_client_error)
+from ..federation.errors import FederationError, MalformedResponse, RemoteError, to_client_error
 from ..metrics import Metrics
-from ..outbound import DIRECTORY_DEADLINE_SECONDS, Caller, admitted
+from ..outbound import DIRECTORY_DEADLINE_SECONDS, Caller, admitted, count_failure
 
 PUBLIC_ROOMS_CACHE_SECONDS = 30.0
 PUBLIC_ROOMS_CACHE_ENTRIES = 1024
@@ -209,25 +208,10 @@ class RemoteDirectory:
                 with deadline:
                     result = fn(deadline)
         except (FederationError, DeadlineExceeded) as e:
-            self._count(call, e)
+            count_failure(self._metrics, call, e)
             raise to_client_error(e, server) from None
         except MatrixError:
             self._metrics.outbound_calls.labels(call, "refused").inc()
             raise
         self._metrics.outbound_calls.labels(call, "ok").inc()
         return result
-
-    def _count(self, call: str, e: Exception) -> None:
-        if isinstance(e, DeadlineExceeded):
-            outcome = "deadline"
-            self._metrics.deadline_expiries.labels(call).inc()
-        elif isinstance(e, AddressCoolingDown):
-            outcome = "cooling_down"
-            self._metrics.cooldown_refusals.inc()
-        elif isinstance(e, DestinationUnreachable):
-            outcome = "unreachable"
-        elif isinstance(e, RemoteError):
-            outcome = "remote_error"
-        else:
-            outcome = "malformed"
-        self._metrics.outbound_calls.labels(call, outcome).inc()

@@ -45,10 +45,10 @@ from ..errors import MatrixError, limit_exceeded, not_found
 from ..federation.client import FederationClient
 from ..federation.cooldown import AddressCooldown
 from ..federation.discovery import split_server_name
-from ..federation.errors import (AddressCoolingDown, DestinationUnreachable, FederationError,
-                                 RemoteError, ResponseTooLarge, to_client_error)
+from ..federation.errors import (AddressCoolingDown, FederationError, RemoteError,
+                                 ResponseTooLarge, to_client_error)
 from ..metrics import Metrics
-from ..outbound import MEDIA_DEADLINE_SECONDS, Caller, admitted
+from ..outbound import MEDIA_DEADLINE_SECONDS, Caller, admitted, count_failure
 from ..storage.media import MediaStore, RemoteMedia
 from .files import FileTooLarge, MediaFileStore, is_valid_media_id
 from .multipart import MultipartMediaReader, upload_name_from
@@ -174,7 +174,7 @@ class RemoteMediaRepository:
         try:
             self._refuse_if_cooling(origin)
         except AddressCoolingDown as e:
-            self._count_failure(e)
+            count_failure(self.metrics, CALL, e)
             raise to_client_error(e, origin) from None
         decision = self.rate_limiter.check(request.caller.client_key)
         if not decision.allowed:
@@ -221,19 +221,11 @@ class RemoteMediaRepository:
             with deadline:
                 media = self._fetch(origin, media_id, deadline, authenticated)
         except Exception as e:
-            self._count_failure(e)
+            count_failure(self.metrics, CALL, e)
             log.info("fetching %s/%s failed: %s", origin, media_id, e)
             raise
         self.metrics.outbound_calls.labels(CALL, "ok").inc()
         return media
-
-    def _count_failure(self, e: Exception) -> None:
-        outcome = _outcome(e)
-        if outcome == "deadline":
-            self.metrics.deadline_expiries.labels(CALL).inc()
-        elif outcome == "cooling_down":
-            self.metrics.cooldown_refusals.inc()
-        self.metrics.outbound_calls.labels(CALL, outcome).inc()
 
     def _fetch(self, origin: str, media_id: str, deadline: OutboundDeadline,
                authenticated: bool) -> RemoteMedia:
@@ -306,19 +298,3 @@ def _plain_file(response) -> _RemoteFile:
 def _timeout_query(deadline: OutboundDeadline) -> dict:
     # How long the remote may wait for an async upload's content: no longer than we wait.
     return {"timeout_ms": str(int(deadline.remaining() * 1000))}
-
-
-def _outcome(e: Exception) -> str:
-    if isinstance(e, DeadlineExceeded):
-        return "deadline"
-    if isinstance(e, (FileTooLarge, ResponseTooLarge)):
-        return "too_large"
-    if isinstance(e, AddressCoolingDown):
-        return "cooling_down"
-    if isinstance(e, DestinationUnreachable):
-        return "unreachable"
-    if isinstance(e, RemoteError):
-        return "remote_error"
-    if isinstance(e, FederationError):
-        return "malformed"
-    return "error"
