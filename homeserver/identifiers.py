@@ -35,7 +35,8 @@ def is_valid_server_name(name: str) -> bool:
             return False
     if rest:
         port = rest[1:]
-        return rest[0] == ":" and port.isdigit() and 1 <= len(port) <= 5 and port.isascii()
+        return (rest[0] == ":" and port.isascii() and port.isdigit() and 1 <= len(port) <= 5
+                and 0 < int(port) < 65536)
     return True
 
 

@@ -22,7 +22,6 @@ import ipaddress
 import json
 import logging
 import random
-import re
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -36,6 +35,7 @@ import dns.resolver
 from budget import DeadlineExceeded, OutboundDeadline
 
 from ..caching import TtlCache
+from ..identifiers import is_valid_server_name
 from .errors import DestinationUnreachable, FederationError, MalformedResponse
 from .ip_filter import IpFilter
 from .transport import Endpoint, OutboundTransport, discard, read_body
@@ -63,8 +63,6 @@ DNS_TIMEOUT = 5.0
 DNS_NEGATIVE_TTL = 60.0
 CACHE_ENTRIES = 10_000
 
-_HOSTNAME = re.compile(r"^[A-Za-z0-9.-]{1,255}$")
-
 
 @dataclass(frozen=True)
 class ResolvedServer:
@@ -83,26 +81,17 @@ class ResolvedServer:
 
 def split_server_name(server_name: str) -> tuple[str, int | None]:
     """``host[:port]`` -> (host, port or None); IPv6 literals keep their brackets off.
-    Raises ValueError for anything that is not a valid server name."""
+    Raises ValueError for anything that is not a valid server name: the grammar is
+    ``identifiers.is_valid_server_name``, the one that validates client input too."""
+    if not is_valid_server_name(server_name):
+        raise ValueError(f"not a valid server name: {server_name[:300]!r}")
     if server_name.startswith("["):
-        end = server_name.find("]")
-        if end < 0:
-            raise ValueError("unterminated IPv6 literal")
+        end = server_name.index("]")
         host, rest = server_name[1:end], server_name[end + 1:]
-        ipaddress.IPv6Address(host)
     else:
-        host, sep, rest = server_name.partition(":")
-        rest = sep + rest
-        if not _HOSTNAME.match(host):
-            raise ValueError("invalid hostname")
-    if not rest:
-        return host, None
-    if not rest.startswith(":") or not rest[1:].isdigit() or len(rest) > 6:
-        raise ValueError("invalid port")
-    port = int(rest[1:])
-    if not 0 < port < 65536:
-        raise ValueError("invalid port")
-    return host, port
+        host, sep, port = server_name.partition(":")
+        rest = sep + port
+    return host, int(rest[1:]) if rest else None
 
 
 def ip_literal(host: str) -> str | None:

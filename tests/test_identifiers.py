@@ -1,0 +1,26 @@
+"""The server-name grammar: one definition, used to validate input and to split names for
+discovery, so a name that passes validation never fails later, after a slot was taken."""
+
+import pytest
+
+from homeserver.federation.discovery import split_server_name
+from homeserver.identifiers import is_valid_server_name
+
+NAMES = ["example.org", "example.org:8448", "1.2.3.4:80", "[2001:db8::1]:8448", "[::1]",
+         "host:1", "host:65535", "", "a b", "host:", "host:port", "host:0", "host:65536",
+         "host:99999", "host:٣", "[::1", "[not-ip]:1", "host:1:2", "[::1]x", "[fe80::1%eth0]"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_validation_and_splitting_agree(name):
+    try:
+        split_server_name(name)
+        splits = True
+    except ValueError:
+        splits = False
+    assert is_valid_server_name(name) == splits
+
+
+@pytest.mark.parametrize("name", ["host:0", "host:65536", "host:99999"])
+def test_ports_outside_the_tcp_range_are_invalid(name):
+    assert not is_valid_server_name(name)
