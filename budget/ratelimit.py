@@ -59,7 +59,8 @@ class RateLimiter:
     Thread- and greenlet-safe: see :mod:`budget._lock`.
     """
 
-    __slots__ = ("_max_requests", "_per_seconds", "_interval", "_slack", "_clock", "_max_keys", "_full_at", "_lock")
+    __slots__ = ("_max_requests", "_per_seconds", "_interval", "_slack", "_clock", "_max_keys", "_full_at", "_lock",
+                 "_refusals")
 
     def __init__(
         self,
@@ -90,6 +91,7 @@ class RateLimiter:
         self._max_keys = max_keys
         self._full_at: OrderedDict[str, float] = OrderedDict()
         self._lock = allocate_lock()
+        self._refusals = 0
 
     @property
     def max_requests(self) -> int:
@@ -109,6 +111,11 @@ class RateLimiter:
     def tracked_keys(self) -> int:
         """Number of keys currently tracked (buckets not yet full)."""
         return len(self._full_at)
+
+    @property
+    def refusals(self) -> int:
+        """Total refused ``check`` calls since creation (a metric; never reset)."""
+        return self._refusals
 
     def check(self, key: str) -> Decision:
         """Spend one token of ``key``'s bucket if there is one."""
@@ -130,6 +137,7 @@ class RateLimiter:
             if debt <= 0.0:
                 debt = 0.0
             elif debt > self._slack + _EPSILON:
+                self._refusals += 1
                 return self._refusal(debt - self._slack)
             buckets[key] = now + debt + self._interval
             return _ALLOWED

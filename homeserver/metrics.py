@@ -1,12 +1,12 @@
 """Prometheus metrics, one registry per runtime (no process-global state).
 
-Gauges that mirror live objects (budgets, pools, cool-downs) are read at scrape time by a
-collector, so they can never drift from the thing they describe. Events (deadline expiries,
+Gauges and counters that mirror live objects (budgets, rate limiters, pools, cool-downs) are
+read at scrape time by a collector, so they can never drift from the thing they describe. Events (deadline expiries,
 cache hits) are counters the code increments where they happen. docs/operations.md says
 what each one means to an operator.
 
 What registers here: every budget (`track_budget`: client_outbound, key_resolution,
-media_fetch), every pool (`track_pool`: main, federation, media), the address cool-down,
+media_fetch), every rate limiter (`track_rate_limiter`), every pool (`track_pool`: main, federation, media), the address cool-down,
 waiting syncs, remote fetches, the process itself (CPU, memory, open file descriptors
 against the limit), and the federation worker shards' liveness (federation/shards.py).
 """
@@ -25,8 +25,10 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 class _LiveCollector:
     def __init__(self):
         self.budgets: list = []
+        self.rate_limiters: list[tuple[str, object]] = []
         self.pools: list[tuple[str, Callable[[], int], int]] = []
         self.gauges: list[tuple[str, str, Callable[[], float]]] = []
+        self.counters: list[tuple[str, str, Callable[[], float]]] = []
 
     def collect(self):
         in_flight = GaugeMetricFamily("weir_budget_in_flight", "Slots taken now", labels=["budget"])
@@ -41,6 +43,12 @@ class _LiveCollector:
             refusals.add_metric([snap["name"]], snap["refusals"])
         yield from (in_flight, capacity, refusals)
 
+        limited = CounterMetricFamily("weir_rate_limit_refusals",
+                                      "Requests refused by a rate limiter", labels=["limiter"])
+        for name, limiter in self.rate_limiters:
+            limited.add_metric([name], limiter.refusals)
+        yield limited
+
         occupancy = GaugeMetricFamily("weir_pool_greenlets", "Greenlets running in the pool",
                                       labels=["pool"])
         size = GaugeMetricFamily("weir_pool_size", "Greenlets the pool may run", labels=["pool"])
@@ -51,6 +59,8 @@ class _LiveCollector:
 
         for name, doc, read in self.gauges:
             yield GaugeMetricFamily(name, doc, value=read())
+        for name, doc, read in self.counters:
+            yield CounterMetricFamily(name, doc, value=read())
 
 
 class Metrics:
@@ -83,11 +93,18 @@ class Metrics:
     def track_budget(self, budget) -> None:
         self._live.budgets.append(budget)
 
+    def track_rate_limiter(self, name: str, limiter) -> None:
+        self._live.rate_limiters.append((name, limiter))
+
     def track_pool(self, name: str, pool, size: int) -> None:
         self._live.pools.append((name, pool.__len__, size))
 
     def track_gauge(self, name: str, doc: str, read: Callable[[], float]) -> None:
         self._live.gauges.append((name, doc, read))
+
+    def track_counter(self, name: str, doc: str, read: Callable[[], float]) -> None:
+        """A count kept by a live object that only rises; exposed as `<name>_total`."""
+        self._live.counters.append((name, doc, read))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

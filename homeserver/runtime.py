@@ -89,8 +89,8 @@ class HomeserverRuntime:
             self.metrics.track_pool("main", self.main_pool, http.main_pool_size)
         self.metrics.track_gauge("weir_cooldown_addresses", "Resolved addresses cooling down",
                                  self.address_cooldown.cooling_count)
-        self.metrics.track_gauge("weir_cooldowns_started", "Cool-downs started since start",
-                                 lambda: self.address_cooldown.cooldowns_started)
+        self.metrics.track_counter("weir_cooldowns_started", "Cool-downs started",
+                                   lambda: self.address_cooldown.cooldowns_started)
 
         limits = config.ratelimiting
         self.login_rate_limiter = RateLimiter(limits.login.max_requests, limits.login.per_seconds)
@@ -100,6 +100,11 @@ class HomeserverRuntime:
                                                      limits.media_create.per_seconds)
         self.remote_media_rate_limiter = RateLimiter(limits.remote_media.max_requests,
                                                      limits.remote_media.per_seconds)
+        for name, limiter in (("login", self.login_rate_limiter),
+                              ("registration", self.registration_rate_limiter),
+                              ("media_create", self.media_create_rate_limiter),
+                              ("remote_media", self.remote_media_rate_limiter)):
+            self.metrics.track_rate_limiter(name, limiter)
 
         self.accounts = AccountService(AccountStore(self.db), config.server_name)
         self.registration_sessions = RegistrationSessions()
@@ -118,6 +123,7 @@ class HomeserverRuntime:
             self.key_resolution_budget, self.key_resolution_rate, keys.trusted_key_servers,
             config.federation.remote_timeout, metrics=self.metrics)
         self.metrics.track_budget(self.key_resolution_budget)
+        self.metrics.track_rate_limiter("key_resolution_per_ip", self.key_resolution_rate)
 
         # Rooms as signed events, member events carrying each local user's profile.
         profile_store = ProfileStore(self.db)

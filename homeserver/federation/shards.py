@@ -120,9 +120,9 @@ class FederationShards:
         metrics.track_gauge("weir_federation_shards_alive",
                             "Federation worker shards running and answering health checks",
                             self.alive)
-        metrics.track_gauge("weir_federation_shard_restarts",
-                            "Federation worker shards restarted after dying, in all",
-                            lambda: sum(s.restarts for s in self.shards))
+        metrics.track_counter("weir_federation_shard_restarts",
+                              "Federation worker shards restarted after dying",
+                              lambda: sum(s.restarts for s in self.shards))
         metrics.track_gauge("weir_federation_shards_key_resolution_in_flight",
                             "Key fetches in flight in all shards, at their last health check",
                             lambda: sum(s.health.get("key_resolution_in_flight", 0)

@@ -68,8 +68,10 @@ def test_refused_checks_do_not_consume():
     assert r.check("k")
     for _ in range(10):
         assert r.check("k") == Decision(False, 1000)
+    assert r.refusals == 10  # each refused check counts once, for metrics
     clock.advance(1)
     assert r.check("k")
+    assert r.refusals == 10
 
 
 def test_peek_does_not_consume():
@@ -81,6 +83,7 @@ def test_peek_does_not_consume():
     assert r.check("k") and r.check("k")
     assert r.peek("k") == Decision(False, 500)
     assert r.peek("k") == r.check("k")
+    assert r.refusals == 1  # the check counted; the peeks did not
     clock.advance(0.5)
     assert r.peek("k").allowed and r.peek("k").allowed
     assert r.check("k") and not r.check("k")

@@ -278,7 +278,7 @@ def test_kill_9_of_a_shard_mid_transaction(test_ca, dns, keys, slow_keys, tmp_pa
         gevent.joinall(lanes, raise_error=True, timeout=120)
         assert failures["t-held"] >= 1  # it was in flight when the shard died
         wait_for_metric(weir.client_url, "weir_federation_shards_alive", 2, timeout=30)
-        assert metric(weir.client_url, "weir_federation_shard_restarts") == 1
+        assert metric(weir.client_url, "weir_federation_shard_restarts_total") == 1
         assert shard_processes(weir)[victim].pid != pid
 
         stored = Counter(e["event_id"] for e in room.timeline())
