@@ -364,7 +364,10 @@ class Keyring:
                 if kid.startswith("ed25519:"):
                     raise MalformedResponse(server_name, f"bad verify key {kid}") from None
                 # Other algorithms are not ours to use; the document may still be good.
-        signatures = document.get("signatures", {}).get(server_name)
+        # Any JSON may arrive here: a `signatures` of the wrong type is a bad document like
+        # any other, not an error that would stop the notaries from being asked.
+        all_signatures = document.get("signatures")
+        signatures = all_signatures.get(server_name) if isinstance(all_signatures, dict) else None
         if not isinstance(signatures, dict):
             raise InvalidSignature(f"key document of {server_name} is not self-signed")
         signed_by = [k for k in signatures if k.startswith("ed25519:")]

@@ -220,3 +220,24 @@ def test_notary_signature_must_verify(make_keyring, start_peer):
         notary.key_id: encode_verify_key_base64(get_verify_key(impostor))})
     keyring = make_keyring(trusted=(configured,))
     assert keyring.resolve(origin.server_name, [origin.key_id], now_ms(), "192.0.2.1") == {}
+
+
+def test_a_key_document_whose_signatures_are_not_a_map_is_refused_like_any_bad_one(
+        make_keyring, start_peer):
+    """A document whose `signatures` is well-formed JSON of the wrong type is a malformed
+    document: the notaries are still asked, and an origin none could vouch for is not asked
+    again at once."""
+    origin = start_peer("127.25.9.1:8448", "127.25.9.1", 8448)
+    origin.route("GET", KEYS, lambda req: (200, dict(origin.key_document(), signatures=["x"])))
+    notary = _notary(start_peer, "127.25.9.2", origin)
+    keyring = make_keyring(trusted=(TrustedKeyServer(notary.server_name, None),))
+    found = keyring.resolve(origin.server_name, [origin.key_id], now_ms(), "192.0.2.1")
+    assert list(found) == [origin.key_id]
+    assert notary.hits("/_matrix/key/v2/query") == 1
+
+    liar = start_peer("127.25.9.3:8448", "127.25.9.3", 8448)
+    liar.route("GET", KEYS, lambda req: (200, dict(liar.key_document(), signatures="x")))
+    alone = make_keyring()
+    for _ in range(2):
+        assert alone.resolve(liar.server_name, [liar.key_id], now_ms(), "192.0.2.1") == {}
+    assert liar.hits(KEYS) == 1
