@@ -124,3 +124,47 @@ def test_handler_sets_tcp_nodelay_on_accepted_sockets():
         assert [session.get(url).text for _ in range(2)] == ["1", "1"]
     finally:
         server.stop()
+
+
+def _raw_exchange(url: str, request: bytes, timeout: float = 30) -> bytes:
+    """Sends `request` on a new connection and reads until the server closes it."""
+    host, port = url.split("//")[1].split(":")
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(request)
+        sock.settimeout(timeout)  # far less than the 75 s keep-alive a full drain would wait
+        received = b""
+        while chunk := sock.recv(65536):
+            received += chunk
+    return received
+
+
+def test_a_refused_body_is_not_read_to_its_end(weir):
+    """A client announcing 10 GB to /login gets 413 at once, and the connection closes
+    instead of the server reading (or waiting for) the rest on a main-pool greenlet."""
+    received = _raw_exchange(weir.client_url, (
+        b"POST /_matrix/client/v3/login HTTP/1.1\r\nHost: weir.test\r\n"
+        b"Content-Type: application/json\r\nContent-Length: 10000000000\r\n\r\n" + b" " * 1000))
+    assert received.startswith(b"HTTP/1.1 413 ")
+    assert b"M_TOO_LARGE" in received and b"Connection: close" in received
+
+
+def test_a_refused_chunked_body_closes_the_connection(weir):
+    # A chunked body has no announced end: the server cannot know what draining would cost.
+    # One chunk just over the 1 MiB JSON cap arrives whole; the body never ends.
+    size = 1024 * 1024 + 10
+    received = _raw_exchange(weir.client_url, (
+        b"POST /_matrix/client/v3/login HTTP/1.1\r\nHost: weir.test\r\n"
+        b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + f"{size:x}\r\n".encode() + b" " * size + b"\r\n"))
+    assert received.startswith(b"HTTP/1.1 413 ")
+    assert b"Connection: close" in received
+
+
+def test_a_refused_body_of_modest_size_keeps_the_connection(weir):
+    # An honest client that sent a little too much gets its answer on a connection it keeps.
+    session = requests.Session()
+    r = session.post(weir.url(f"{V3}/login"), data=b"{" + b" " * (2 * 1024 * 1024) + b"}",
+                     headers={"Content-Type": "application/json"})
+    assert (r.status_code, r.json()["errcode"]) == (413, "M_TOO_LARGE")
+    assert r.headers.get("Connection") != "close"
+    assert session.get(weir.url("/health")).status_code == 200

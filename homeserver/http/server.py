@@ -25,8 +25,11 @@ log = logging.getLogger(__name__)
 SHUTDOWN_GRACE_SECONDS = 10.0
 
 # pywsgi reads the rest of every request body after the response, to keep the connection in
-# step. A body the app refused (413 with Connection: close) is read only this far: enough that a
-# client which already sent it gets the response rather than a reset, never the whole of it.
+# step. An unread rest up to DRAIN_MAX_BYTES (past the largest JSON body a route takes, 10 MiB
+# for federation) is read, so an honest sender that sent a little too much keeps its
+# connection. A larger or chunked rest closes the connection, and is read only LINGER_BYTES
+# further: enough that a client which already sent it gets the response rather than a reset.
+DRAIN_MAX_BYTES = 16 * 1024 * 1024
 LINGER_BYTES = 1024 * 1024
 LINGER_SECONDS = 2.0
 
@@ -75,6 +78,12 @@ class WeirHandler(WSGIHandler):
         environ["weir.raw_uri"] = self.path
         return environ
 
+    def start_response(self, status, headers, exc_info=None):
+        if _unread_rest_is_unbounded(self.wsgi_input) and not any(
+                name.lower() == "connection" for name, _ in headers):
+            headers = [*headers, ("Connection", "close")]
+        return super().start_response(status, headers, exc_info)
+
     def handle_error(self, t, v, tb):
         if issubclass(t, gevent.GreenletExit):
             # The client hung up mid-request (ClientDisconnected) or we are shutting down:
@@ -110,6 +119,16 @@ class WeirHandler(WSGIHandler):
         finally:
             if self.close_connection and self.wsgi_input is not None:
                 self.wsgi_input = _LingeringDiscard(self.wsgi_input)
+
+
+def _unread_rest_is_unbounded(body) -> bool:
+    """Whether what the app left unread of the request body is too much to drain: over
+    DRAIN_MAX_BYTES, or chunked and not yet at its last chunk (its size is unknown)."""
+    if body is None:
+        return False
+    if body.chunked_input:
+        return body.chunk_length != 0
+    return (body.content_length or 0) - body.position > DRAIN_MAX_BYTES
 
 
 class _LingeringDiscard:

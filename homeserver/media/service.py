@@ -271,9 +271,8 @@ class MediaService:
 
 
 def _too_large(max_bytes: int) -> MatrixError:
-    # Connection: close tells the server not to read the rest of a body we refused.
-    return MatrixError(413, "M_TOO_LARGE", f"Upload over {max_bytes} bytes",
-                       headers={"Connection": "close"})
+    # The server closes the connection rather than read the rest (http/server.py).
+    return MatrixError(413, "M_TOO_LARGE", f"Upload over {max_bytes} bytes")
 
 
 def _image_too_large() -> MatrixError:
