@@ -76,3 +76,37 @@ def test_without_a_socket_the_body_just_runs():
     with stop_on_client_disconnect({}):
         done = True
     assert done
+
+
+def test_a_hang_up_noticed_as_the_block_ends_does_not_reach_the_code_after_it(monkeypatch):
+    """The request wakes in the same hub turn as the watcher sees EOF, and runs first: it
+    leaves the block before the interruption is delivered. The interruption must then be
+    dropped, not raised later in whatever the request does next."""
+    from homeserver.http import disconnect
+
+    ours, theirs = socket.socketpair()
+    woken = Event()
+    real_hang_up = disconnect._Watch.hang_up
+
+    def hang_up_after_waking_the_request(watch):
+        woken.set()  # queued first: the request runs before the interruption is delivered
+        real_hang_up(watch)
+
+    monkeypatch.setattr(disconnect._Watch, "hang_up", hang_up_after_waking_the_request)
+    steps = []
+
+    def request():
+        with stop_on_client_disconnect({"weir.socket": ours}):
+            theirs.close()
+            woken.wait()
+        steps.append("left the block")
+        gevent.sleep(0.01)  # the hub delivers whatever is pending
+        steps.append("went on")
+
+    try:
+        job = gevent.spawn(request)
+        job.join(10)
+        assert job.successful(), job.exception
+        assert steps == ["left the block", "went on"]
+    finally:
+        ours.close()

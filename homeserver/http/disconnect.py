@@ -24,7 +24,24 @@ class ClientDisconnected(gevent.GreenletExit):
     """
 
 
-def _wait_for_eof(fd: int, request_greenlet) -> None:
+class _Watch:
+    """One watched block: the request greenlet to interrupt, while it is still inside."""
+
+    def __init__(self, request_greenlet):
+        self.request_greenlet = request_greenlet
+        self.inside = True
+
+    def hang_up(self) -> None:
+        # Delivered from the hub on its next turn. The block may have ended meanwhile (the
+        # request woke in the same turn): then the code after it must not be interrupted.
+        gevent.get_hub().loop.run_callback(self._interrupt)
+
+    def _interrupt(self) -> None:
+        if self.inside:
+            self.request_greenlet.throw(ClientDisconnected)
+
+
+def _wait_for_eof(fd: int, watch: _Watch) -> None:
     # Peek on a duplicate of the descriptor: it sees the raw TCP stream (TLS or not) without
     # consuming anything, and closing it leaves the connection's own descriptor alone.
     peeker = socket.socket(fileno=os.dup(fd))
@@ -35,20 +52,23 @@ def _wait_for_eof(fd: int, request_greenlet) -> None:
     finally:
         peeker.close()
     if data == b"":
-        request_greenlet.kill(ClientDisconnected, block=False)
+        watch.hang_up()
     # Bytes instead of EOF: a pipelined next request or a TLS alert. The client is still
     # there, so stop watching rather than guess.
 
 
 @contextlib.contextmanager
 def stop_on_client_disconnect(environ: dict):
-    """Runs the body; if the client hangs up meanwhile, raises ClientDisconnected inside it."""
+    """Runs the body; if the client hangs up meanwhile, raises ClientDisconnected inside it,
+    and never after it."""
     sock = environ.get("weir.socket")
     if sock is None:  # the dev server or a test client: nothing to watch
         yield
         return
-    watcher = gevent.spawn(_wait_for_eof, sock.fileno(), gevent.getcurrent())
+    watch = _Watch(gevent.getcurrent())
+    watcher = gevent.spawn(_wait_for_eof, sock.fileno(), watch)
     try:
         yield
     finally:
+        watch.inside = False
         watcher.kill(block=True)
