@@ -118,7 +118,7 @@ class MediaFileStore:
                     digest.update(chunk)
                     f.write(chunk)
                 f.flush()
-                _off_hub(os.fsync, f.fileno())
+                _fsync_off_hub(f.fileno())
             stored = StoredFile(path, length, digest.hexdigest())
             self._link_into_place(temp_path, path)
             record(stored)
@@ -143,7 +143,7 @@ class MediaFileStore:
         # The new directory entry must be durable too, not just the file's bytes.
         dir_fd = os.open(directory, os.O_RDONLY)
         try:
-            _off_hub(os.fsync, dir_fd)
+            _fsync_off_hub(dir_fd)
         finally:
             os.close(dir_fd)
 
@@ -160,9 +160,19 @@ class MediaFileStore:
                 pass
 
 
-def _off_hub(fn, *args):
-    """fsync can take tens of ms on a busy disk: run it on a native thread, not the hub."""
-    return gevent.get_hub().threadpool.apply(fn, args)
+def _fsync_off_hub(fd: int) -> None:
+    """fsync can take tens of ms on a busy disk: run it on a native thread, not the hub.
+
+    The thread syncs a duplicate that it closes itself: if the waiting greenlet is killed,
+    the caller closes its own descriptor at once, and the number may be reused meanwhile."""
+    gevent.get_hub().threadpool.apply(_fsync_and_close, (os.dup(fd),))
+
+
+def _fsync_and_close(fd: int) -> None:
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _unlink_quietly(path: str) -> None:
