@@ -183,7 +183,14 @@ class RemoteMediaRepository:
         authenticated = not request.legacy and self.config.enable_authenticated_media
 
         def fetch() -> RemoteMedia:
-            with self.admission.fetch_place(deadline):
+            with contextlib.ExitStack() as place:
+                try:
+                    place.enter_context(self.admission.fetch_place(deadline))
+                except DeadlineExceeded as e:
+                    # Out of time waiting for a media-pool place: as costly to the client as
+                    # a silent peer, and a sign the pool is saturated.
+                    count_failure(self.metrics, CALL, e)
+                    raise
                 # A fetch that ended between our cache miss and now has left the copy.
                 media = self._cached(origin, media_id)
                 if media is not None:

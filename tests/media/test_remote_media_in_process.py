@@ -283,3 +283,28 @@ def test_shutdown_stops_requests_parked_on_a_peer(pooled):
         assert tarpit.wait_current(0, timeout=10)  # and our side of the fetch is closed
     assert runtime.media_fetch_budget.in_flight == 0
     assert len(runtime.media_handoff.away) == 0 and len(runtime.media_pool) == 0
+
+
+def test_a_deadline_spent_waiting_for_a_media_pool_place_is_counted(pooled):
+    """The one media-pool place is taken: a request for a file not cached waits for it, runs
+    out of its deadline, and gets 504. Operators see it on /metrics as a deadline, like a
+    fetch from a silent peer, and no peer was called."""
+    server, runtime = pooled
+    holder = runtime.media_pool.spawn(Event().wait)  # takes the only place
+    expiries = dict(name="weir_outbound_deadline_expiries_total", labels={"call": "remote_media"})
+    deadlines = dict(name="weir_outbound_calls_total",
+                     labels={"call": "remote_media", "outcome": "deadline"})
+
+    def count(metric):
+        return runtime.metrics.registry.get_sample_value(**metric) or 0
+
+    try:
+        with Tarpit("127.46.9.1", 8448) as tarpit:
+            r = Connection(server.client_url, timeout=REMOTE_TIMEOUT + 10).get(
+                f"{CLIENT}/download/127.46.9.1:8448/{new_id()}", server.headers)
+            assert (r.status, r.json()["errcode"]) == (504, "M_UNKNOWN")
+            assert tarpit.accepted == 0
+        assert (count(expiries), count(deadlines)) == (1, 1)
+        wait_until(lambda: runtime.media_fetch_budget.in_flight == 0)
+    finally:
+        holder.kill()
