@@ -59,6 +59,17 @@ def test_create_room_with_alias_then_lookup(server, user):
     assert len(state.json()) == len(chunk)
 
 
+def test_create_room_topic_has_the_spec_m_topic_block(server, user):
+    # m.room.topic: `m.topic` is a TopicContentBlock, an object whose `m.text` lists the
+    # topic's representations; a bare list is not that shape.
+    alice = user("alice")
+    room_id = create_room(alice, topic="Chat here")
+    r = alice.get(f"{V3}/rooms/{room_id}/state/m.room.topic/")
+    assert r.status_code == 200, r.text
+    assert r.json() == {"topic": "Chat here", "m.topic": {
+        "m.text": [{"mimetype": "text/plain", "body": "Chat here"}]}}
+
+
 def test_create_room_options_and_refusals(server, user):
     alice, bob = user("alice"), user("bob")
     room_id = create_room(
