@@ -314,6 +314,22 @@ def test_messages_paging_and_tokens(server, user):
     assert bad_filter.status_code == 400
 
 
+def test_messages_backwards_to_a_token_still_gives_end(server, user):
+    # `end` is omitted only when no further events are available. Paging back to a `to`
+    # token (filling a gap between two syncs) stops there with older history still
+    # available, so `end` must be given; clients read its absence as the room's start.
+    alice = user("alice")
+    room_id = create_room(alice)
+    sent = [send(alice, room_id, f"m{i}") for i in range(6)]
+    older = messages(alice, room_id, dir="b", limit=3)
+    assert [e["event_id"] for e in older["chunk"]] == sent[:2:-1]
+    newest = messages(alice, room_id, dir="b", limit=100, to=older["end"])
+    assert [e["event_id"] for e in newest["chunk"]] == sent[:2:-1]
+    assert "end" in newest
+    rest = messages(alice, room_id, dir="b", limit=3, **{"from": newest["end"]})
+    assert [e["event_id"] for e in rest["chunk"]] == sent[2::-1]
+
+
 def test_history_visibility(server, user):
     alice, bob, carol = user("alice"), user("bob"), user("carol")
     joined_only = create_room(alice, preset="public_chat", initial_state=[
