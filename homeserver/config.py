@@ -285,7 +285,9 @@ class MetricsConfig:
 @dataclass(frozen=True)
 class Config:
     server_name: str = setting(fields.String(validate=_server_name), "localhost:8008")
-    public_baseurl: str = setting(fields.String(), "http://localhost:8008/")
+    # What clients are told to use (.well-known/matrix/client): an absolute http(s) URL.
+    public_baseurl: str = setting(fields.Url(schemes={"http", "https"}, require_tld=False),
+                                  "http://localhost:8008/")
     data_dir: str = setting(fields.String(), "data")
     server: ServerConfig = section(ServerConfig)
     federation: FederationConfig = section(FederationConfig)

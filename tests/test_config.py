@@ -41,6 +41,7 @@ def test_shipped_config_toml_is_valid_and_matches_defaults():
     # Values the server used to start with, and then failed on at the first request.
     ({"server_name": "my server"}, "server_name", "Not a server name"),
     ({"server_name": "example.org:99999"}, "server_name", "Not a server name"),
+    ({"public_baseurl": "localhost:8008"}, "public_baseurl", "Not a valid URL"),
     ({"federation": {"dns_nameservers": ["127.0.0.1:99999"]}}, "federation.dns_nameservers",
      "host:port"),
     ({"federation": {"dns_nameservers": ["dns.example:53"]}}, "federation.dns_nameservers",
