@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from marshmallow import RAISE, Schema, ValidationError, fields, post_load, validate
+from unpaddedbase64 import decode_base64
 
 from .identifiers import is_valid_server_name
 
@@ -121,17 +122,38 @@ def _cidrs(value: tuple) -> None:
             raise ValidationError(f"Not a valid CIDR: {item!r}.")
 
 
+def _server_name(value: str) -> None:
+    if not is_valid_server_name(value):
+        raise ValidationError(f"Not a server name: {value!r}.")
+
+
 def _server_names(value: tuple) -> None:
     for item in value:
-        if not is_valid_server_name(item):
-            raise ValidationError(f"Not a server name: {item!r}.")
+        _server_name(item)
 
 
 def _host_ports(value: tuple) -> None:
+    """DNS servers: an IP literal (IPv6 in brackets) and a port, as the resolver needs."""
     for item in value:
         host, sep, port = item.rpartition(":")
-        if not sep or not port.isdigit() or not host:
-            raise ValidationError(f"Expected host:port, got {item!r}.")
+        try:
+            ipaddress.ip_address(host[1:-1] if host.startswith("[") else host)
+            valid = bool(sep) and port.isdigit() and 0 < int(port) < 65536
+        except ValueError:
+            valid = False
+        if not valid:
+            raise ValidationError(f"Expected host:port with an IP address, got {item!r}.")
+
+
+def _ed25519_keys(value: dict) -> None:
+    """A notary's keys, checked now rather than at the first key fetch that uses them."""
+    for key_id, key in value.items():
+        try:
+            valid = key_id.startswith("ed25519:") and len(decode_base64(key)) == 32
+        except ValueError:
+            valid = False
+        if not valid:
+            raise ValidationError(f"Not an ed25519 key id and unpadded base64 key: {key_id!r}.")
 
 
 @dataclass(frozen=True)
@@ -208,9 +230,10 @@ class MediaSecurityConfig:
 
 @dataclass(frozen=True)
 class TrustedKeyServer:
-    server_name: str = setting(fields.String(validate=validate.Length(min=1)), "")
+    server_name: str = setting(fields.String(validate=_server_name), "")
     # {key_id: base64 key}; empty = trust whatever the notary's own key document says.
-    verify_keys: dict = setting(fields.Dict(keys=fields.String(), values=fields.String()), None)
+    verify_keys: dict = setting(fields.Dict(keys=fields.String(), values=fields.String(),
+                                            validate=_ed25519_keys), None)
 
 
 @dataclass(frozen=True)
@@ -261,8 +284,10 @@ class MetricsConfig:
 
 @dataclass(frozen=True)
 class Config:
-    server_name: str = setting(fields.String(validate=validate.Length(min=1)), "localhost:8008")
-    public_baseurl: str = setting(fields.String(), "http://localhost:8008/")
+    server_name: str = setting(fields.String(validate=_server_name), "localhost:8008")
+    # What clients are told to use (.well-known/matrix/client): an absolute http(s) URL.
+    public_baseurl: str = setting(fields.Url(schemes={"http", "https"}, require_tld=False),
+                                  "http://localhost:8008/")
     data_dir: str = setting(fields.String(), "data")
     server: ServerConfig = section(ServerConfig)
     federation: FederationConfig = section(FederationConfig)

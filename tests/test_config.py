@@ -38,6 +38,22 @@ def test_shipped_config_toml_is_valid_and_matches_defaults():
     ({"database": {"url": "mysql://x"}}, "database.url", "Expected sqlite"),
     ({"federation": {"dns_nameservers": ["127.0.0.1"]}}, "federation.dns_nameservers",
      "host:port"),
+    # Values the server used to start with, and then failed on at the first request.
+    ({"server_name": "my server"}, "server_name", "Not a server name"),
+    ({"server_name": "example.org:99999"}, "server_name", "Not a server name"),
+    ({"public_baseurl": "localhost:8008"}, "public_baseurl", "Not a valid URL"),
+    ({"federation": {"dns_nameservers": ["127.0.0.1:99999"]}}, "federation.dns_nameservers",
+     "host:port"),
+    ({"federation": {"dns_nameservers": ["dns.example:53"]}}, "federation.dns_nameservers",
+     "host:port"),
+    ({"security": {"federation": {"trusted_key_servers": [{"server_name": "a b"}]}}},
+     "security.federation.trusted_key_servers.0.server_name", "Not a server name"),
+    ({"security": {"federation": {"trusted_key_servers": [
+        {"server_name": "matrix.org", "verify_keys": {"ed25519:a": "not base64!"}}]}}},
+     "security.federation.trusted_key_servers.0.verify_keys", "Not an ed25519 key"),
+    ({"security": {"federation": {"trusted_key_servers": [
+        {"server_name": "matrix.org", "verify_keys": {"a": "AAAA"}}]}}},
+     "security.federation.trusted_key_servers.0.verify_keys", "Not an ed25519 key"),
 ])
 def test_invalid_values_name_the_dotted_key(data, key, reason):
     with pytest.raises(ConfigError) as info:
@@ -73,6 +89,17 @@ def test_invalid_config_exits_2_with_one_line_naming_the_key(tmp_path):
     result = run_app(["--config", str(tmp_path / "bad.toml")], cwd=str(tmp_path))
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == ["config: server.http.port: Not a valid integer."]
+
+
+def test_invalid_server_name_exits_2_instead_of_starting(tmp_path):
+    # A server_name that is not one would make every user ID invalid: refuse it at start.
+    write_config(str(tmp_path / "bad.toml"), {"server_name": "my server",
+                                              "server": {"http": {"port": 0}},
+                                              "federation": {"port": 0}})
+    result = run_app(["--config", str(tmp_path / "bad.toml")], cwd=str(tmp_path), timeout=30)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "config: server_name: Not a server name: 'my server'."]
 
 
 def test_unparseable_toml_exits_2(tmp_path):

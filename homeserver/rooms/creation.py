@@ -123,7 +123,7 @@ def plan_room(version: RoomVersion, creator: str, request: CreateRoomRequest,
     if request.topic is not None:
         planned.append(state("m.room.topic", {
             "topic": request.topic,
-            "m.topic": [{"mimetype": "text/plain", "body": request.topic}]}))
+            "m.topic": {"m.text": [{"mimetype": "text/plain", "body": request.topic}]}}))
 
     for invitee in request.invite:
         content = {"membership": "invite"}

@@ -641,7 +641,9 @@ class RoomService:
         chunk = [client_event(s, now, txn_ids.get(s.event.event_id),
                               view.membership_after(s.stream_ordering) or "leave")
                  for s in visible]
-        # Going back, running out means the start of the room: no `end`. Going forward,
-        # more may come later, so a page with events always says where to resume.
-        end = None if (exhausted and (backwards or not chunk)) else stream_token(position)
+        # Going back, running out means the start of the room (no `end`), unless it was
+        # the `to` token that stopped us: older events remain. Going forward, more may come
+        # later, so a page with events always says where to resume.
+        reached_start = backwards and not bound
+        end = None if (exhausted and (reached_start or not chunk)) else stream_token(position)
         return MessagesPage(chunk, start, end)

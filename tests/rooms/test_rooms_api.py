@@ -59,6 +59,17 @@ def test_create_room_with_alias_then_lookup(server, user):
     assert len(state.json()) == len(chunk)
 
 
+def test_create_room_topic_has_the_spec_m_topic_block(server, user):
+    # m.room.topic: `m.topic` is a TopicContentBlock, an object whose `m.text` lists the
+    # topic's representations; a bare list is not that shape.
+    alice = user("alice")
+    room_id = create_room(alice, topic="Chat here")
+    r = alice.get(f"{V3}/rooms/{room_id}/state/m.room.topic/")
+    assert r.status_code == 200, r.text
+    assert r.json() == {"topic": "Chat here", "m.topic": {
+        "m.text": [{"mimetype": "text/plain", "body": "Chat here"}]}}
+
+
 def test_create_room_options_and_refusals(server, user):
     alice, bob = user("alice"), user("bob")
     room_id = create_room(
@@ -301,6 +312,22 @@ def test_messages_paging_and_tokens(server, user):
     assert (bad.status_code, bad.json()["errcode"]) == (400, "M_INVALID_PARAM")
     bad_filter = alice.get(f"{V3}/rooms/{room_id}/messages", params={"filter": "{"})
     assert bad_filter.status_code == 400
+
+
+def test_messages_backwards_to_a_token_still_gives_end(server, user):
+    # `end` is omitted only when no further events are available. Paging back to a `to`
+    # token (filling a gap between two syncs) stops there with older history still
+    # available, so `end` must be given; clients read its absence as the room's start.
+    alice = user("alice")
+    room_id = create_room(alice)
+    sent = [send(alice, room_id, f"m{i}") for i in range(6)]
+    older = messages(alice, room_id, dir="b", limit=3)
+    assert [e["event_id"] for e in older["chunk"]] == sent[:2:-1]
+    newest = messages(alice, room_id, dir="b", limit=100, to=older["end"])
+    assert [e["event_id"] for e in newest["chunk"]] == sent[:2:-1]
+    assert "end" in newest
+    rest = messages(alice, room_id, dir="b", limit=3, **{"from": newest["end"]})
+    assert [e["event_id"] for e in rest["chunk"]] == sent[2::-1]
 
 
 def test_history_visibility(server, user):
