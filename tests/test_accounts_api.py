@@ -91,6 +91,9 @@ def test_registration_errors(client):
     assert (used.status_code, used.json()["errcode"]) == (400, "M_USER_IN_USE")
     guest = anon.post(f"{V3}/register", params={"kind": "guest"}, json={})
     assert guest.status_code == 403
+    # The spec's kinds are `user` and `guest`; anything else is not a normal registration.
+    odd = anon.post(f"{V3}/register", params={"kind": "admin"}, json={})
+    assert (odd.status_code, odd.json()["errcode"]) == (400, "M_INVALID_PARAM")
 
 
 def test_inhibit_login(client):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from flask import Blueprint, request
 from marshmallow import Schema, fields, validate
 
-from ...errors import MatrixError, forbidden, missing_param
+from ...errors import MatrixError, forbidden, invalid_param, missing_param
 from ...http.auth import current_requester, enforce_rate_limit, requires_auth
 from ...http.context import runtime
 from ...http.parsing import json_object, validate as validate_body
@@ -50,8 +50,11 @@ def _login_response(result) -> dict:
 @bp.post("/register")
 def register():
     rt = runtime()
-    if request.args.get("kind", "user") == "guest":
+    kind = request.args.get("kind", "user")
+    if kind == "guest":
         raise MatrixError(403, "M_GUEST_ACCESS_FORBIDDEN", "Guest access is disabled")
+    if kind != "user":
+        raise invalid_param(f"kind must be 'user' or 'guest', not {kind[:50]!r}")
     if not rt.config.registration.enabled:
         raise forbidden("Registration has been disabled")
     enforce_rate_limit(rt.registration_rate_limiter)
