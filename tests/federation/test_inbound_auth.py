@@ -189,6 +189,15 @@ def test_notary_unknown_server_and_bad_query(weir, test_ca):
     assert r.status_code == 400
 
 
+def test_notary_query_naming_no_server_is_an_empty_answer(weir, test_ca):
+    # Spec, POST /_matrix/key/v2/query: "If no servers are given, the notary server must
+    # return an empty server_keys array in the response."
+    r = requests.post(weir.fed_url("/_matrix/key/v2/query"), json={"server_keys": {}},
+                      verify=test_ca.ca_path)
+    assert (r.status_code, r.json()) == (200, {"server_keys": []})
+    assert_matches_spec(r, "POST", "/_matrix/key/v2/query", api="server-server")
+
+
 # -- the key-resolution rate over HTTP -------------------------------------------------------
 
 
