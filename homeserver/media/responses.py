@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from urllib.parse import quote
 
 from werkzeug.exceptions import RequestedRangeNotSatisfiable
+from werkzeug.http import parse_range_header
 from werkzeug.wrappers import Response
 from werkzeug.wsgi import FileWrapper
 
@@ -115,12 +116,37 @@ def file_response(media: MediaFile, environ: dict) -> Response:
     response = Response(FileWrapper(f, CHUNK_SIZE), headers=headers, direct_passthrough=True)
     try:
         # Werkzeug applies Range (a single range) by seeking the wrapped file: still streamed.
-        response.make_conditional(environ, accept_ranges=True, complete_length=size)
+        response.make_conditional(_range_environ(environ, size), accept_ranges=True,
+                                  complete_length=size)
     except RequestedRangeNotSatisfiable:
         f.close()
         raise MatrixError(416, "M_UNKNOWN", "Requested range not satisfiable",
                           headers={"Content-Range": f"bytes */{size}"}) from None
     return response
+
+
+def _range_environ(environ: dict, size: int) -> dict:
+    """The request as Werkzeug should see it to apply Range per RFC 9110 §14, which it does
+    not on its own: another unit is ignored (it MUST be), as are several ranges (we do not
+    send multipart/byteranges, and may ignore Range); a suffix longer than the file is the
+    whole file. Anything else, satisfiable or not, is left to Werkzeug."""
+    header = environ.get("HTTP_RANGE")
+    if header is None:
+        return environ
+    parsed = parse_range_header(header)
+    if parsed is None:
+        unit = header.split("=", 1)[0].strip().lower()
+        return environ if unit == "bytes" else _without_range(environ)
+    if parsed.units != "bytes" or len(parsed.ranges) != 1:
+        return _without_range(environ)
+    start, end = parsed.ranges[0]
+    if end is None and start < -size:
+        return {**environ, "HTTP_RANGE": "bytes=0-"}
+    return environ
+
+
+def _without_range(environ: dict) -> dict:
+    return {k: v for k, v in environ.items() if k != "HTTP_RANGE"}
 
 
 def multipart_response(media: MediaFile) -> Response:

@@ -182,6 +182,24 @@ def test_range_requests(alice):
     assert unsatisfiable.headers["Content-Range"] == "bytes */1000"
 
 
+def test_range_edge_cases_follow_rfc_9110(alice):
+    data = os.urandom(1000)
+    mxc = upload(alice, data, "video/mp4", "clip.mp4")
+    # RFC 9110 §14.1.3: a suffix longer than the file selects the whole file.
+    r = alice.get(f"{CLIENT}/download/{mxc}", headers={"Range": "bytes=-5000"})
+    assert r.status_code == 206
+    assert r.headers["Content-Range"] == "bytes 0-999/1000" and r.content == data
+    # §14.2: a range unit the server does not understand MUST be ignored, and a server
+    # that does not serve multipart/byteranges may ignore Range: the whole file, 200.
+    for header in ("items=0-5", "bytes=0-1,5-6"):
+        r = alice.get(f"{CLIENT}/download/{mxc}", headers={"Range": header})
+        assert (r.status_code, r.content) == (200, data), header
+        assert "Content-Range" not in r.headers
+    # A zero-length suffix is unsatisfiable (§14.1.1).
+    r = alice.get(f"{CLIENT}/download/{mxc}", headers={"Range": "bytes=-0"})
+    assert error(r) == (416, "M_UNKNOWN") and r.headers["Content-Range"] == "bytes */1000"
+
+
 def test_large_files_stream_through_without_being_held_in_memory(frozen, alice):
     size = 40 * 1024 * 1024
     data = os.urandom(size)
