@@ -181,6 +181,14 @@ def test_notary_post_honours_minimum_valid_until_ts(weir, test_ca, origin):
     assert origin.hits(KEYS) == fetches + 1  # fetched again to try to satisfy it
 
 
+def test_notary_query_criteria_ignore_unknown_keys(weir, test_ca, origin):
+    # The spec's Query Criteria object does not forbid other keys: they are ignored.
+    body = {"server_keys": {"origin.test": {origin.key_id: {"x.unknown": 1}}}}
+    r = requests.post(weir.fed_url("/_matrix/key/v2/query"), json=body, verify=test_ca.ca_path)
+    assert r.status_code == 200, r.text
+    assert [d["server_name"] for d in r.json()["server_keys"]] == ["origin.test"]
+
+
 def test_notary_unknown_server_and_bad_query(weir, test_ca):
     r = fed_get(weir, test_ca, "/_matrix/key/v2/query/unresolvable.test")
     assert r.json() == {"server_keys": []}

@@ -156,6 +156,16 @@ def test_public_rooms_parameter_errors(server, user):
     assert alice.post(f"{V3}/publicRooms", json={}, auth=False).status_code == 401
 
 
+def test_public_rooms_filter_ignores_unknown_keys(server, user):
+    # The spec's Filter object does not forbid other keys (clients sent the unstable
+    # "org.matrix.msc3827.room_types" beside room_types): they are ignored, not refused.
+    alice = user("alice")
+    room_id = create_room(alice, visibility="public", name=f"Extra {local_name(alice)}")
+    found = search(alice, {"filter": {"generic_search_term": f"Extra {local_name(alice)}",
+                                      "org.matrix.msc3827.room_types": [None]}})
+    assert [entry["room_id"] for entry in found["chunk"]] == [room_id]
+
+
 def test_public_list_pages_every_room_exactly_once(start_weir, database_url):
     """25 rooms, pages of 10, while rooms are added and member counts change mid-way."""
     weir = start_weir({"database": {"url": database_url}})

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from flask import Blueprint, request
-from marshmallow import Schema, fields, validate
+from marshmallow import EXCLUDE, Schema, fields, validate
 
 from ...directory.service import VISIBILITIES, RoomFilter
 from ...http.auth import current_requester, requires_auth
@@ -24,6 +24,9 @@ class VisibilityBody(Schema):
 
 
 class PublicRoomsFilter(Schema):
+    class Meta:
+        unknown = EXCLUDE  # nested: validate()'s EXCLUDE covers the top level only
+
     generic_search_term = fields.String()
     room_types = fields.List(fields.String(allow_none=True))
 

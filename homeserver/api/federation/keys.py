@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 from flask import Blueprint
-from marshmallow import Schema, fields
+from marshmallow import EXCLUDE, Schema, fields
 
 from ... import __version__
 from ...federation.errors import KeyResolutionRefused
@@ -33,6 +33,9 @@ def version():
 
 
 class _KeyCriteria(Schema):
+    class Meta:
+        unknown = EXCLUDE  # nested: validate()'s EXCLUDE covers the top level only
+
     minimum_valid_until_ts = fields.Integer(strict=True, load_default=None)
 
 
