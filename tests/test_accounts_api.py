@@ -62,6 +62,12 @@ def test_login_errors(client):
     ok = anon.post(f"{V3}/login", json={"type": "m.login.password", "user": "dave",
                                         "password": "right password"})
     assert ok.status_code == 200
+    # An email typed into the login form: a clear "not supported", not a schema complaint.
+    email = anon.post(f"{V3}/login", json={
+        "type": "m.login.password", "password": "x",
+        "identifier": {"type": "m.id.thirdparty", "medium": "email", "address": "d@x.test"}})
+    assert (email.status_code, email.json()["errcode"]) == (400, "M_UNKNOWN")
+    assert "m.id.user" in email.json()["error"]
     unknown_type = anon.post(f"{V3}/login", json={"type": "m.login.magic"})
     assert (unknown_type.status_code, unknown_type.json()["errcode"]) == (400, "M_UNKNOWN")
     missing = anon.post(f"{V3}/login", json={"type": "m.login.password", "user": "dave"})

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from flask import Blueprint, request
-from marshmallow import Schema, fields, validate
+from marshmallow import EXCLUDE, Schema, fields, validate
 
 from ...errors import MatrixError, forbidden, invalid_param, missing_param
 from ...http.auth import current_requester, enforce_rate_limit, requires_auth
@@ -26,6 +26,9 @@ class RegisterBody(Schema):
 
 
 class UserIdentifier(Schema):
+    class Meta:
+        unknown = EXCLUDE  # other types carry other fields; login refuses the type clearly
+
     type = fields.String(required=True)
     user = fields.String()
 
