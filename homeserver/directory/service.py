@@ -146,10 +146,12 @@ class DirectoryService:
             raise not_found(f"Room alias {alias} not found.")
 
     def room_aliases(self, requester: Requester, room_id: str) -> list[str]:
-        if not self.rooms.room_exists(room_id):
-            raise not_found("Unknown room")
+        # An unknown room is refused like one the user cannot see: 403 tells nobody which
+        # rooms exist (the spec names 403 here, not 404).
         if not requester.is_admin and not self.rooms.can_peek(requester.user_id, room_id):
             raise forbidden("You are not a member of the room.")
+        if not self.rooms.room_exists(room_id):
+            raise not_found("Unknown room")
         return self.store.aliases_for_room(room_id)
 
     def _check_canonical_alias(self, room_id: str, content: dict, old: dict | None) -> None:

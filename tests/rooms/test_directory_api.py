@@ -69,6 +69,10 @@ def test_alias_crud_and_permissions(server, user):
     assert_matches_spec(aliases, "get", "/_matrix/client/v3/rooms/{roomId}/aliases")
     outsider = mod.get(f"{V3}/rooms/{room_id}/aliases")
     assert (outsider.status_code, outsider.json()["errcode"]) == (403, "M_FORBIDDEN")
+    # A room that does not exist looks the same to a non-member: which rooms exist is not
+    # theirs to learn (the spec names 403 for this endpoint, not 404).
+    ghost = mod.get(f"{V3}/rooms/!ghost:weir.test/aliases")
+    assert (ghost.status_code, ghost.json()) == (outsider.status_code, outsider.json())
 
     # Deleting: not by a member without power, yes by the alias's creator...
     mod.post(f"{V3}/join/{room_id}", json={})
