@@ -30,6 +30,7 @@ from budget import DeadlineExceeded, InFlightBudget, OutboundDeadline, RateLimit
 
 from ..config import Config, FederationSecurityConfig, TrustedKeyServer
 from ..errors import invalid_param
+from ..identifiers import is_valid_server_name
 from ..logs import with_request_context
 from ..metrics import Metrics
 from ..storage.keys import ServerKeyStore, StoredKey
@@ -184,6 +185,8 @@ class Keyring:
                             source_ip: str | None) -> dict | None:
         if server_name == self.server_name:
             return own_key_document(self.server_name, self.signing_key)
+        if not is_valid_server_name(server_name):
+            return None  # left out like an unreachable server, before a slot is spent on it
         document = self.store.get_document(server_name)
         if document is None or not self._covers(document, key_ids, min_ts):
             self._fetch_once(server_name, list(key_ids) or ["*"], min_ts, source_ip, None)

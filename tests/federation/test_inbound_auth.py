@@ -304,3 +304,14 @@ def test_repeated_authorization_headers(app_runtime, origin):
     r = app.test_client().get(target, headers=[("Authorization", unknown), ("Authorization", valid)],
                               environ_overrides={"REQUEST_URI": target})
     assert (r.status_code, r.json["errcode"]) == (404, "M_NOT_FOUND")
+
+
+def test_notary_names_that_are_not_server_names_cost_nothing(app_runtime):
+    # Left out of the answer, like an unreachable server, before a key-resolution slot or
+    # a rate token is spent on a discovery that cannot succeed.
+    keyring = app_runtime.keyring
+    documents = keyring.key_documents({"not a server!": ([], 0), "x:99999": ([], 0)},
+                                      "192.0.2.7")
+    assert documents == []
+    assert keyring.network_fetches == 0
+    assert app_runtime.key_resolution_rate.tracked_keys == 0
