@@ -1,14 +1,15 @@
 """Prometheus metrics, one registry per runtime (no process-global state).
 
-Gauges and counters that mirror live objects (budgets, rate limiters, pools, cool-downs) are
-read at scrape time by a collector, so they can never drift from the thing they describe. Events (deadline expiries,
-cache hits) are counters the code increments where they happen. docs/operations.md says
-what each one means to an operator.
+Gauges and counters that mirror live objects (budgets, rate limiters, pools, cool-downs)
+are read at scrape time by a collector, so they can never drift from the thing they
+describe. Events (deadline expiries, cache hits) are counters the code increments where
+they happen. docs/operations.md says what each one means to an operator.
 
 What registers here: every budget (`track_budget`: client_outbound, key_resolution,
-media_fetch), every rate limiter (`track_rate_limiter`), every pool (`track_pool`: main, federation, media), the address cool-down,
-waiting syncs, remote fetches, the process itself (CPU, memory, open file descriptors
-against the limit), and the federation worker shards' liveness (federation/shards.py).
+media_fetch), every rate limiter (`track_rate_limiter`), every pool (`track_pool`: main,
+federation, media), the address cool-down, waiting syncs, remote fetches, the process
+itself (CPU, memory, open file descriptors against the limit), and the federation worker
+shards' liveness (federation/shards.py).
 """
 
 from __future__ import annotations
