@@ -250,8 +250,9 @@ class SyncService:
         state = {}
         if "join" in view.memberships_between(0, left_at):
             # State is for those who were members; an invitee who declined sees only their
-            # own membership, in the timeline.
-            state_after = after if view.membership_after(after) == "join" else 0
+            # own membership, in the timeline. full_state asks for all of it here too.
+            joined_at_token = view.membership_after(after) == "join"
+            state_after = after if joined_at_token and not request.full_state else 0
             state = self._state(request, room_id, timeline, state_after, left_at)
         entry = {
             "timeline": {"events": self._format(request, batch, view, timeline.events),

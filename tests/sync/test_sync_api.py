@@ -115,6 +115,21 @@ def test_full_state_returns_all_state_at_once(server, user):
     assert room["timeline"]["events"] == []
 
 
+def test_full_state_gives_a_left_room_all_its_state_too(server, user):
+    # Spec, GET /sync full_state: "all state events will be returned, even if since is
+    # non-empty" - for the rooms in `leave` as much as for those in `join`.
+    alice, bob, room_id, since = pair(user, name="Gone")
+    said = send(alice, room_id, "bye")
+    assert bob.post(f"{V3}/rooms/{room_id}/leave", json={}).status_code == 200
+    room = sync(bob, since, full_state="true")["rooms"]["leave"][room_id]
+    assert event_ids(room["timeline"]["events"])[0] == said
+    state = {(e["type"], e["state_key"]) for e in room["state"]["events"]}
+    assert {("m.room.create", ""), ("m.room.name", ""), ("m.room.power_levels", ""),
+            ("m.room.member", alice.user_id), ("m.room.member", bob.user_id)} <= state
+    # Without it, only what changed since the token, which the timeline already carries.
+    assert sync(bob, since)["rooms"]["leave"][room_id]["state"]["events"] == []
+
+
 def test_a_stored_filter_limits_the_timeline(server, user):
     alice, bob, room_id, since = pair(user)
     sent = [send(alice, room_id, f"m{i}") for i in range(4)]
