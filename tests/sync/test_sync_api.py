@@ -199,6 +199,26 @@ def test_filters_pick_rooms_types_and_lazy_members(server, user):
         "events"] if e["type"] == "m.room.member"}
 
 
+def test_lazy_members_of_a_left_room_are_as_they_were_when_the_user_left(server, user):
+    # History visibility: a user who left sees nothing of the room after they left. The
+    # member events lazy-loading adds for the timeline's senders must be those of then,
+    # not the room's current state.
+    alice, bob, room_id, since = pair(user)
+    said = send(alice, room_id, "see you")
+    assert bob.post(f"{V3}/rooms/{room_id}/leave", json={}).status_code == 200
+    renamed = alice.put(f"{V3}/profile/{alice.user_id}/displayname",
+                        json={"displayname": "after bob left"})
+    assert renamed.status_code == 200, renamed.text
+    left = sync(bob, since, sync_filter={"room": {"state": {"lazy_load_members": True}}})
+    room = left["rooms"]["leave"][room_id]
+    assert event_ids(room["timeline"]["events"])[0] == said
+    members = {e["state_key"]: e for e in room["state"]["events"]
+               if e["type"] == "m.room.member"}
+    assert members[alice.user_id]["content"].get("displayname") != "after bob left"
+    assert members[alice.user_id]["origin_server_ts"] <= room["timeline"]["events"][0][
+        "origin_server_ts"]
+
+
 def test_invite_join_and_leave_appear_in_their_sections(server, user):
     alice, carol = user("alice"), user("carol")
     room_id = create_room(alice, name="Sections")
