@@ -351,7 +351,9 @@ def load_config(path: str) -> Config:
             data = tomllib.load(f)
     except FileNotFoundError:
         raise ConfigError("", f"{path}: no such file") from None
-    except tomllib.TOMLDecodeError as e:
+    except OSError as e:  # a directory, no permission: still a config error, in one line
+        raise ConfigError("", f"{path}: cannot be read: {e.strerror}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:  # TOML is UTF-8 only
         raise ConfigError("", f"{path}: not valid TOML: {e}") from None
     return parse_config(data, os.path.dirname(os.path.abspath(path)))
 

@@ -10,8 +10,9 @@ import string
 
 MAX_IDENTIFIER_BYTES = 255
 
-_DNS_NAME = re.compile(r"^[A-Za-z0-9.\-]{1,255}$")
-_IPV6_CHARS = re.compile(r"^[0-9A-Fa-f:.]{2,45}$")
+# Used with fullmatch: `$` would also match before a final newline.
+_DNS_NAME = re.compile(r"[A-Za-z0-9.\-]{1,255}")
+_IPV6_CHARS = re.compile(r"[0-9A-Fa-f:.]{2,45}")
 _ROOM_ID_ALPHABET = string.ascii_letters
 
 
@@ -22,7 +23,7 @@ def is_valid_server_name(name: str) -> bool:
         if end < 0:
             return False
         host, rest = name[1:end], name[end + 1:]
-        if not _IPV6_CHARS.match(host):
+        if not _IPV6_CHARS.fullmatch(host):
             return False
         try:
             ipaddress.IPv6Address(host)
@@ -31,7 +32,7 @@ def is_valid_server_name(name: str) -> bool:
     else:
         host, sep, port = name.partition(":")
         rest = sep + port
-        if not _DNS_NAME.match(host):
+        if not _DNS_NAME.fullmatch(host):
             return False
     if rest:
         port = rest[1:]

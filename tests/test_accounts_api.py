@@ -102,6 +102,17 @@ def test_registration_errors(client):
     assert (odd.status_code, odd.json()["errcode"]) == (400, "M_INVALID_PARAM")
 
 
+def test_a_name_ending_in_a_newline_is_not_a_localpart(client, weir):
+    # User identifiers (spec, Appendices): the localpart is only a-z 0-9 . _ = - / +; a
+    # regex ending in `$` would also let a trailing newline through.
+    anon = MatrixClient(client.base_url)
+    bad = anon.post(f"{V3}/register", json={"username": "nina\n", "password": "x"})
+    assert (bad.status_code, bad.json()["errcode"]) == (400, "M_INVALID_USERNAME")
+    result = run_app(["register-user", "nina\n", "--password", "pw", "--config",
+                      weir.config_path], cwd=weir.directory)
+    assert result.returncode == 1 and "M_INVALID_USERNAME" in result.stderr, result.stdout
+
+
 def test_inhibit_login(client):
     first = client.post(f"{V3}/register", auth=False, json={"username": "gina", "password": "p"})
     r = client.post(f"{V3}/register", auth=False, json={

@@ -108,3 +108,15 @@ def test_unparseable_toml_exits_2(tmp_path):
     assert result.returncode == 2
     assert result.stderr.startswith("config: ")
     assert "not valid TOML" in result.stderr
+
+
+@pytest.mark.parametrize("make", [
+    lambda d: os.mkdir(d / "bad.toml"),  # a directory where the file should be
+    lambda d: (d / "bad.toml").write_bytes(b'server_name = "\xff"\n'),  # not UTF-8
+])
+def test_a_config_that_cannot_be_read_exits_2_with_one_line(tmp_path, make):
+    make(tmp_path)
+    result = run_app(["--config", str(tmp_path / "bad.toml")], cwd=str(tmp_path))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"config: {tmp_path / 'bad.toml'}: "), lines

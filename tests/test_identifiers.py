@@ -24,3 +24,10 @@ def test_validation_and_splitting_agree(name):
 @pytest.mark.parametrize("name", ["host:0", "host:65536", "host:99999"])
 def test_ports_outside_the_tcp_range_are_invalid(name):
     assert not is_valid_server_name(name)
+
+
+@pytest.mark.parametrize("name", ["example.org\n", "1.2.3.4\n"])
+def test_a_final_newline_is_not_part_of_a_server_name(name):
+    # Identifier grammar: a server name has no whitespace; a pattern ending in `$` would
+    # accept one final "\n", which would then reach DNS and the Host header.
+    assert not is_valid_server_name(name)

@@ -119,3 +119,60 @@ def test_killed_reader_does_not_lose_its_connection(tmp_path):
         assert db.read(lambda tx: tx.fetchone("SELECT 1")[0]) == 1
     finally:
         db.close()
+
+
+def test_a_receipt_never_moves_back_when_two_writes_race_on_postgresql(pg_cluster):
+    # Receipts only move forward (0008_sync.sql). PostgreSQL runs writers concurrently (READ
+    # COMMITTED): a write that read the old receipt before another committed a later one
+    # must not then overwrite it. SQLite runs one writer at a time, so this is PostgreSQL's.
+    url = pg_cluster.new_database()
+    db = open_database(url)
+    try:
+        _race_two_receipts(db, url)
+    finally:
+        db.close()
+
+
+def _race_two_receipts(db, url):
+    import psycopg
+
+    from homeserver.storage.sync import Receipt, SyncStore
+
+    migrate(db)
+    room, user = "!r:x", "@u:x"
+
+    def add_room(tx):
+        tx.execute("INSERT INTO rooms (room_id, room_version, creator, created_ts)"
+                   " VALUES (?, '10', ?, 0)", (room, user))
+        for ordering in (1, 2):
+            tx.execute("INSERT INTO events (stream_ordering, event_id, room_id, type, sender,"
+                       " depth, origin_server_ts, json) VALUES (?, ?, ?, 'm.room.message', ?,"
+                       " ?, 0, '{}')", (ordering, f"${ordering}", room, user, ordering))
+
+    db.write(add_room)
+    store = SyncStore(db)
+    holder = psycopg.connect(url)
+    try:
+        # Hold the receipts stream's row, so both writes read the receipt, then queue.
+        holder.execute("SELECT position FROM stream_positions WHERE stream_name = 'receipts'"
+                       " FOR UPDATE")
+        with psycopg.connect(url, autocommit=True) as watcher:
+            def queued(n):
+                deadline = time.monotonic() + 10
+                while watcher.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE datname ="
+                        " current_database() AND wait_event_type = 'Lock'").fetchone()[0] < n:
+                    assert time.monotonic() < deadline, "the write never queued"
+                    gevent.sleep(0.01)
+
+            later = gevent.spawn(store.put_receipt, Receipt(room, "m.read", user, "", "$2", 1))
+            queued(1)
+            earlier = gevent.spawn(store.put_receipt,
+                                   Receipt(room, "m.read", user, "", "$1", 2))
+            queued(2)
+            holder.rollback()
+            gevent.joinall([later, earlier], raise_error=True)
+    finally:
+        holder.close()
+    assert later.value is not None and earlier.value is None
+    assert db.read(lambda tx: tx.fetchone("SELECT event_id FROM receipts"))[0] == "$2"

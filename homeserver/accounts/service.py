@@ -14,7 +14,7 @@ from ..storage.accounts import AccountStore
 from .passwords import check_password, hash_password
 
 # The user ID grammar for new users (spec: "Historical user IDs" are not accepted for new ones).
-_LOCALPART = re.compile(r"^[a-z0-9._=\-/+]+$")
+_LOCALPART = re.compile(r"[a-z0-9._=\-/+]+")  # whole string: fullmatch, as `$` allows a final "\n"
 MAX_USER_ID_LENGTH = 255
 _DEVICE_ALPHABET = string.ascii_uppercase
 
@@ -57,7 +57,7 @@ class AccountService:
         return f"@{localpart}:{self.server_name}"
 
     def validate_localpart(self, localpart: str) -> str:
-        if not localpart or not _LOCALPART.match(localpart):
+        if not localpart or not _LOCALPART.fullmatch(localpart):
             raise MatrixError(400, "M_INVALID_USERNAME",
                               "User ID may only contain a-z, 0-9, '.', '_', '=', '-', '/' and '+'")
         if len(self.user_id_for(localpart)) > MAX_USER_ID_LENGTH:

@@ -191,7 +191,16 @@ class FederationShards:
         backoff = RESTART_BACKOFF_SECONDS
         while not self._stopping.is_set():
             started = time.monotonic()
-            shard.process = self._spawn(shard)
+            try:
+                shard.process = self._spawn(shard)
+            except OSError as e:
+                # Out of descriptors or processes for now: try again later, rather than end
+                # this shard's supervision for the life of the server.
+                log.error("federation shard %d could not be started: %s; retrying in %.1fs",
+                          shard.index, e, backoff)
+                self._stopping.wait(backoff)
+                backoff = min(backoff * 2, RESTART_BACKOFF_MAX_SECONDS)
+                continue
             log.info("federation shard %d started (pid %d)", shard.index, shard.process.pid)
             code = shard.process.wait()
             if self._stopping.is_set():

@@ -59,7 +59,10 @@ class RoomFilter:
 
 
 def _like_contains(term: str) -> str:
-    escaped = term.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    # Not folded here: the SQL folds the term with the engine's LOWER, as it folds the
+    # columns. Python's lower() knows more of Unicode than SQLite's (ASCII only) or a C-locale
+    # PostgreSQL's, and a term folded differently from the name would miss the name itself.
+    escaped = term.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
     return f"%{escaped}%"
 
 
@@ -67,10 +70,11 @@ def _filter_sql(room_filter: RoomFilter) -> tuple[str, list]:
     sql, params = "", []
     if room_filter.search_term:
         pattern = _like_contains(room_filter.search_term)
-        sql += (" AND (LOWER(s.name) LIKE ? ESCAPE '\\' OR LOWER(s.topic) LIKE ? ESCAPE '\\'"
-                " OR LOWER(s.canonical_alias) LIKE ? ESCAPE '\\'"
+        sql += (" AND (LOWER(s.name) LIKE LOWER(?) ESCAPE '\\'"
+                " OR LOWER(s.topic) LIKE LOWER(?) ESCAPE '\\'"
+                " OR LOWER(s.canonical_alias) LIKE LOWER(?) ESCAPE '\\'"
                 " OR EXISTS (SELECT 1 FROM room_aliases a WHERE a.room_id = p.room_id"
-                " AND LOWER(a.room_alias) LIKE ? ESCAPE '\\'))")
+                " AND LOWER(a.room_alias) LIKE LOWER(?) ESCAPE '\\'))")
         params += [pattern] * 4
     if room_filter.room_types is not None:
         named = [t for t in room_filter.room_types if t is not None]

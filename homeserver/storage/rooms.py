@@ -101,6 +101,14 @@ def _glob_match(dialect: str, column: str, glob: str) -> tuple[str, str]:
     return f"{column} LIKE ? ESCAPE '\\'", escaped.replace("*", "%")
 
 
+def _keys_clause(table: str, keys: list[StateKey], params: list) -> str:
+    """SQL keeping only the state `keys` of `table`; their values are appended to `params`."""
+    for event_type, state_key in keys:
+        params += [event_type, state_key]
+    return " AND (" + " OR ".join(f"({table}.type = ? AND {table}.state_key = ?)"
+                                  for _ in keys) + ")"
+
+
 class RoomStore:
     def __init__(self, db: Database):
         self.db = db
@@ -253,9 +261,7 @@ class RoomStore:
             keys = list(keys)
             if not keys:
                 return {}
-            sql += " AND (" + " OR ".join("(c.type = ? AND c.state_key = ?)" for _ in keys) + ")"
-            for event_type_, state_key in keys:
-                params += [event_type_, state_key]
+            sql += _keys_clause("c", keys, params)
         if event_type is not None:
             sql += " AND c.type = ?"
             params.append(event_type)
@@ -263,10 +269,12 @@ class RoomStore:
         return {(s.event.type, s.event.state_key): s for s in map(_stored, rows)}
 
     def state_at(self, room_id: str, position: int, event_type: str | None = None,
-                 changed_after: int = 0) -> dict[StateKey, StoredEvent]:
+                 changed_after: int = 0,
+                 keys: Iterable[StateKey] | None = None) -> dict[StateKey, StoredEvent]:
         """The room's state just after stream position `position`. Rooms are linear here
         (local events only), so that is the latest state event per key at or before it.
-        With `changed_after`, only the keys set after that position (a state delta)."""
+        With `changed_after`, only the keys set after that position (a state delta); with
+        `keys` or `event_type`, only those."""
         sql = (f"SELECT {_EVENT_COLUMNS} FROM events e WHERE e.room_id = ?"
                " AND e.state_key IS NOT NULL AND e.stream_ordering <= ?"
                " AND e.stream_ordering > ?"
@@ -274,6 +282,11 @@ class RoomStore:
                "  WHERE e2.room_id = e.room_id AND e2.type = e.type"
                "  AND e2.state_key = e.state_key AND e2.stream_ordering <= ?)")
         params: list = [room_id, position, changed_after, position]
+        if keys is not None:
+            keys = list(keys)
+            if not keys:
+                return {}
+            sql += _keys_clause("e", keys, params)
         if event_type is not None:
             sql += " AND e.type = ?"
             params.append(event_type)

@@ -157,16 +157,20 @@ class SyncStore:
             if current is not None and current[0] >= ordering:
                 return None
             position = streams.advance(tx, RECEIPTS_STREAM)
-            tx.execute(
+            # Checked again as it is written: on PostgreSQL another write may have committed
+            # a later receipt since `current` was read (then this position stays unused).
+            moved = tx.fetchone(
                 "INSERT INTO receipts (room_id, receipt_type, user_id, thread_id, event_id,"
                 " event_stream_ordering, ts, stream_position) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT (room_id, receipt_type, user_id, thread_id) DO UPDATE"
                 " SET event_id = excluded.event_id,"
                 " event_stream_ordering = excluded.event_stream_ordering,"
-                " ts = excluded.ts, stream_position = excluded.stream_position",
+                " ts = excluded.ts, stream_position = excluded.stream_position"
+                " WHERE receipts.event_stream_ordering < excluded.event_stream_ordering"
+                " RETURNING stream_position",
                 (receipt.room_id, receipt.receipt_type, receipt.user_id, receipt.thread_id,
                  receipt.event_id, ordering, receipt.ts, position))
-            return position
+            return position if moved else None
 
         return self.db.write(write)
 

@@ -228,7 +228,7 @@ class SyncService:
             "account_data": {"events": account_data},
             "summary": {},
         }
-        self._put_state(request, batch, view, room_id, entry, state, timeline)
+        self._put_state(request, batch, view, room_id, entry, state, timeline, up_to)
         touched = [s.event.type for s in timeline.events] + [k[0] for k in state]
         if newly_joined or request.full_state or _SUMMARY_TYPES.intersection(touched):
             entry["summary"] = self._summary(request.user_id, room_id)
@@ -250,15 +250,16 @@ class SyncService:
         state = {}
         if "join" in view.memberships_between(0, left_at):
             # State is for those who were members; an invitee who declined sees only their
-            # own membership, in the timeline.
-            state_after = after if view.membership_after(after) == "join" else 0
+            # own membership, in the timeline. full_state asks for all of it here too.
+            joined_at_token = view.membership_after(after) == "join"
+            state_after = after if joined_at_token and not request.full_state else 0
             state = self._state(request, room_id, timeline, state_after, left_at)
         entry = {
             "timeline": {"events": self._format(request, batch, view, timeline.events),
                          "limited": timeline.limited, "prev_batch": timeline.prev_batch},
             "account_data": {"events": self._room_account_data(request, batch, room_id)},
         }
-        self._put_state(request, batch, view, room_id, entry, state, timeline)
+        self._put_state(request, batch, view, room_id, entry, state, timeline, left_at)
         return entry
 
     def _stripped_room(self, request: SyncRequest, room_id: str, membership: str) -> dict:
@@ -315,11 +316,13 @@ class SyncService:
         return state
 
     def _put_state(self, request: SyncRequest, batch: _Batch, view: HistoryView,
-                   room_id: str, entry: dict, state: dict, timeline: _Timeline) -> None:
+                   room_id: str, entry: dict, state: dict, timeline: _Timeline,
+                   up_to: int) -> None:
         """Fills the entry's state section from `state`, as the state filter says. With
         lazy-loaded members, the member events are those of the timeline's senders (sent
         every time: the server does not track what each client already holds) and the
-        user's own."""
+        user's own, as of where `state` is (never later: a left room's are as they were at
+        the leave)."""
         state_filter = request.filter.room.state
         kept: list[StoredEvent] = []
         if state_filter.keeps_room(room_id):
@@ -331,7 +334,8 @@ class SyncService:
                            if ("m.room.member", u) not in state]
                 if missing and timeline.events:
                     in_timeline = {s.event.event_id for s in timeline.events}
-                    loaded = self.rooms.store.current_state(room_id, missing)
+                    at = up_to if request.use_state_after else timeline.start - 1
+                    loaded = self.rooms.store.state_at(room_id, at, keys=missing)
                     state = {**{k: s for k, s in loaded.items()
                                 if s.event.event_id not in in_timeline}, **state}
             for (event_type, state_key), stored in state.items():

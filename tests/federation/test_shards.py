@@ -321,3 +321,26 @@ def test_shards_exit_when_main_dies(test_ca, dns, tmp_path):
     weir.start()
     assert sorted(shard_processes(weir)) == [1, 2]
     weir.stop()
+
+
+def test_a_shard_that_cannot_be_started_is_tried_again(test_ca, dns, tmp_path):
+    """Supervision outlives a failed start: main at its file-descriptor limit cannot spawn
+    the shard that died (no pipe for the new process); once descriptors are free again the
+    next try after the backoff brings the shard back."""
+    directory = str(tmp_path / "w")
+    weir = start_sharded(directory, sharded_settings(test_ca, dns, directory, WEIR_IP,
+                                                     shards=1))
+    main = psutil.Process(weir.proc.pid)
+    limits = main.rlimit(psutil.RLIMIT_NOFILE)
+    try:
+        pid = shard_processes(weir)[1].pid
+        # Below what is open: the descriptors the shard's death frees do not make room.
+        main.rlimit(psutil.RLIMIT_NOFILE, (main.num_fds() - 4, limits[1]))
+        os.kill(pid, signal.SIGKILL)
+        weir.wait_for_log(r"federation shard 1 could not be started: .*Too many open files")
+        main.rlimit(psutil.RLIMIT_NOFILE, limits)
+        weir.wait_for_log(rf"federation shard 1 \(pid (?!{pid}\))\d+\) is serving", timeout=30)
+        wait_for_metric(weir.client_url, "weir_federation_shards_alive", 1, timeout=30)
+    finally:
+        main.rlimit(psutil.RLIMIT_NOFILE, limits)
+        weir.stop()

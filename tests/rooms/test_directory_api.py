@@ -245,3 +245,15 @@ def test_public_list_pages_every_room_exactly_once(start_weir, database_url):
     assert len(untyped["chunk"]) == 25 + len(pages)
     # No bridged networks here.
     assert search(owner, {"third_party_instance_id": "irc"})["chunk"] == []
+
+
+def test_search_finds_a_name_with_capital_letters_beyond_ascii(server, user):
+    # The term and the room's fields are folded by the same function: a name written with
+    # "É" is found by that very name, whatever case folding the database's locale knows.
+    alice = user("alice")
+    marker = local_name(alice)
+    room_id = create_room(alice, visibility="public", name=f"Élan Ünion {marker}",
+                          topic=f"ÇA {marker}")
+    for term in (f"Élan Ünion {marker}", "ÉLAN ÜNION", f"ÇA {marker}"):
+        found = search(alice, {"filter": {"generic_search_term": term}})
+        assert room_id in {e["room_id"] for e in found["chunk"]}, term

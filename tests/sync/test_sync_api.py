@@ -115,6 +115,21 @@ def test_full_state_returns_all_state_at_once(server, user):
     assert room["timeline"]["events"] == []
 
 
+def test_full_state_gives_a_left_room_all_its_state_too(server, user):
+    # Spec, GET /sync full_state: "all state events will be returned, even if since is
+    # non-empty" - for the rooms in `leave` as much as for those in `join`.
+    alice, bob, room_id, since = pair(user, name="Gone")
+    said = send(alice, room_id, "bye")
+    assert bob.post(f"{V3}/rooms/{room_id}/leave", json={}).status_code == 200
+    room = sync(bob, since, full_state="true")["rooms"]["leave"][room_id]
+    assert event_ids(room["timeline"]["events"])[0] == said
+    state = {(e["type"], e["state_key"]) for e in room["state"]["events"]}
+    assert {("m.room.create", ""), ("m.room.name", ""), ("m.room.power_levels", ""),
+            ("m.room.member", alice.user_id), ("m.room.member", bob.user_id)} <= state
+    # Without it, only what changed since the token, which the timeline already carries.
+    assert sync(bob, since)["rooms"]["leave"][room_id]["state"]["events"] == []
+
+
 def test_a_stored_filter_limits_the_timeline(server, user):
     alice, bob, room_id, since = pair(user)
     sent = [send(alice, room_id, f"m{i}") for i in range(4)]
@@ -182,6 +197,26 @@ def test_filters_pick_rooms_types_and_lazy_members(server, user):
     eager = sync(bob, sync_filter={"room": {"timeline": {"limit": 1}}})
     assert carol.user_id in {e["state_key"] for e in eager["rooms"]["join"][room_id]["state"][
         "events"] if e["type"] == "m.room.member"}
+
+
+def test_lazy_members_of_a_left_room_are_as_they_were_when_the_user_left(server, user):
+    # History visibility: a user who left sees nothing of the room after they left. The
+    # member events lazy-loading adds for the timeline's senders must be those of then,
+    # not the room's current state.
+    alice, bob, room_id, since = pair(user)
+    said = send(alice, room_id, "see you")
+    assert bob.post(f"{V3}/rooms/{room_id}/leave", json={}).status_code == 200
+    renamed = alice.put(f"{V3}/profile/{alice.user_id}/displayname",
+                        json={"displayname": "after bob left"})
+    assert renamed.status_code == 200, renamed.text
+    left = sync(bob, since, sync_filter={"room": {"state": {"lazy_load_members": True}}})
+    room = left["rooms"]["leave"][room_id]
+    assert event_ids(room["timeline"]["events"])[0] == said
+    members = {e["state_key"]: e for e in room["state"]["events"]
+               if e["type"] == "m.room.member"}
+    assert members[alice.user_id]["content"].get("displayname") != "after bob left"
+    assert members[alice.user_id]["origin_server_ts"] <= room["timeline"]["events"][0][
+        "origin_server_ts"]
 
 
 def test_invite_join_and_leave_appear_in_their_sections(server, user):
