@@ -176,3 +176,24 @@ def _race_two_receipts(db, url):
         holder.close()
     assert later.value is not None and earlier.value is None
     assert db.read(lambda tx: tx.fetchone("SELECT event_id FROM receipts"))[0] == "$2"
+
+
+def test_an_error_that_ended_the_sqlite_transaction_is_the_one_raised(tmp_path):
+    # Some SQLite errors roll the transaction back themselves (here a trigger's
+    # RAISE(ROLLBACK)); our ROLLBACK must not then fail and hide the real error.
+    import sqlite3
+
+    db = SqliteDatabase(str(tmp_path / "rollback.db"))
+    try:
+        db.write(lambda tx: tx.execute("CREATE TABLE t (x INTEGER)"))
+        db.write(lambda tx: tx.execute(
+            "CREATE TRIGGER refuse BEFORE INSERT ON t BEGIN SELECT RAISE(ROLLBACK, 'refused');"
+            " END"))
+        with pytest.raises(sqlite3.IntegrityError, match="refused"):
+            db.write(lambda tx: tx.execute("INSERT INTO t VALUES (1)"))
+        # The writer connection is still in a usable state.
+        db.write(lambda tx: tx.execute("DROP TRIGGER refuse"))
+        db.write(lambda tx: tx.execute("INSERT INTO t VALUES (2)"))
+        assert db.read(lambda tx: tx.fetchone("SELECT COUNT(*) FROM t"))[0] == 1
+    finally:
+        db.close()

@@ -111,7 +111,8 @@ class SqliteDatabase(Database):
         try:
             result = fn(Tx(conn, "sqlite"), *args)
         except BaseException:
-            conn.execute("ROLLBACK")
+            if conn.in_transaction:  # some errors (a trigger's RAISE(ROLLBACK)) end it themselves
+                conn.execute("ROLLBACK")
             raise
         conn.execute("COMMIT")
         return result
