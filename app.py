@@ -65,7 +65,12 @@ def serve(config_path: str) -> int:
     # What exists now (modules, the apps, the runtime) lives as long as the process: keep it
     # out of the collector's full passes, whose cost grows with every waiting connection.
     gc.freeze()
-    server.start()
+    try:
+        server.start()
+    except RuntimeError as e:
+        log.error("%s", e)
+        runtime.close()
+        return 1
     stop = Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         gevent.signal_handler(sig, stop.set)

@@ -120,3 +120,21 @@ def test_a_config_that_cannot_be_read_exits_2_with_one_line(tmp_path, make):
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"config: {tmp_path / 'bad.toml'}: "), lines
+
+
+def test_a_port_in_use_exits_1_with_one_line(tmp_path):
+    # Another process holds the client port: an operator needs the reason, not a traceback.
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        write_config(str(tmp_path / "weir.toml"), {
+            "server": {"http": {"bind_address": "127.0.0.1", "port": port}},
+            "federation": {"port": 0}})
+        result = run_app(["--config", str(tmp_path / "weir.toml")], cwd=str(tmp_path),
+                         timeout=30)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert f"127.0.0.1:{port}" in result.stderr and "in use" in result.stderr

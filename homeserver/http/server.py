@@ -206,8 +206,16 @@ class HomeserverServer:
         return f"{scheme}://{host}:{port}"
 
     def start(self) -> None:
-        for server in self.servers:
-            server.start()
+        """Starts every listener, or none: raises RuntimeError naming the address that
+        cannot be bound (in use, not ours), after stopping any already started."""
+        for i, server in enumerate(self.servers):
+            try:
+                server.start()
+            except OSError as e:
+                for started in self.servers[:i]:
+                    started.stop(timeout=0)
+                host, port = server.address[:2]
+                raise RuntimeError(f"cannot listen on {host}:{port}: {e.strerror}") from None
 
     def stop(self, grace: float = SHUTDOWN_GRACE_SECONDS) -> None:
         """Stops accepting, lets in-flight requests finish within `grace`, then kills the rest."""
