@@ -17,8 +17,9 @@ MAX_KEY_BYTES = 255
 MAX_DISPLAYNAME_LENGTH = 256
 MAX_AVATAR_URL_LENGTH = 1024
 # Known fields, or custom ones in the common namespaced identifier grammar.
-_KEY = re.compile(r"^(avatar_url|displayname|m\.tz|[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+)$")
-_MXC = re.compile(r"^mxc://[^/]+/[^/]+$")
+# Used with fullmatch: `$` would also match before a final newline.
+_KEY = re.compile(r"avatar_url|displayname|m\.tz|[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+")
+_MXC = re.compile(r"mxc://[^/\s]+/[^/\s]+")
 
 
 class ProfileService:
@@ -42,7 +43,7 @@ class ProfileService:
         if len(key.encode("utf-8")) > MAX_KEY_BYTES:
             raise MatrixError(400, "M_KEY_TOO_LARGE", f"Profile keys are at most "
                                                       f"{MAX_KEY_BYTES} bytes")
-        if not _KEY.match(key):
+        if not _KEY.fullmatch(key):
             raise MatrixError(400, "M_INVALID_PARAM", f"Not a valid profile key: {key}")
 
     def _check_may_change(self, requester, user_id: str) -> None:
@@ -74,7 +75,7 @@ class ProfileService:
                            f"{MAX_DISPLAYNAME_LENGTH} characters")
         if key == "avatar_url" and not (isinstance(value, str)
                                         and len(value) <= MAX_AVATAR_URL_LENGTH
-                                        and (value == "" or _MXC.match(value))):
+                                        and (value == "" or _MXC.fullmatch(value))):
             raise bad_json("avatar_url must be an mxc:// URI")
         if key == "m.tz" and not isinstance(value, str):
             raise bad_json("m.tz must be a string")

@@ -386,6 +386,11 @@ def test_profile_changes_reach_every_joined_room(server, user):
                    json={"avatar_url": "https://x"}), 400, "M_BAD_JSON"),
         (alice.put(f"{V3}/profile/{alice.user_id}/Bad", json={"Bad": 1}), 400,
          "M_INVALID_PARAM"),
+        # A final newline is not part of a key or an mxc URI.
+        (alice.put(f"{V3}/profile/{alice.user_id}/org.example.x%0A",
+                   json={"org.example.x\n": 1}), 400, "M_INVALID_PARAM"),
+        (alice.put(f"{V3}/profile/{alice.user_id}/avatar_url",
+                   json={"avatar_url": "mxc://weir.test/abc\n"}), 400, "M_BAD_JSON"),
         (alice.put(f"{V3}/profile/{alice.user_id}/org.example.big",
                    json={"org.example.big": "x" * 40_000}), 400, "M_PROFILE_TOO_LARGE"),
         (alice.get(f"{V3}/profile/@nobody:weir.test"), 404, "M_NOT_FOUND"),
