@@ -203,7 +203,9 @@ class MediaService:
         stored = self.store.get_thumbnails(origin, media_id)
         chosen = select_thumbnail(stored, wanted)
         if chosen is None and len(stored) >= MAX_STORED_THUMBNAILS:
-            chosen = max((t for t in stored if t.method == method),
+            # A still request must never get an animation (the spec's MUST NOT).
+            chosen = max((t for t in stored if t.method == method
+                          and (wanted.animated or not t.animated)),
                          key=lambda t: t.width * t.height, default=None)
         if chosen is not None:
             key = ThumbnailKey(chosen.width, chosen.height, chosen.method, chosen.content_type,
