@@ -177,8 +177,11 @@ class MediaService:
                 if media.uploaded:
                     return media
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or not uploaded.wait(remaining):
+                if remaining <= 0:
                     raise MatrixError(504, "M_NOT_YET_UPLOADED", "Media has not been uploaded yet")
+                # Woken or timed out, read again: content uploaded through another process
+                # (a federation shard's downloads) wakes nobody here.
+                uploaded.wait(remaining)
 
     def _expired(self, media: LocalMedia) -> bool:
         lifetime_ms = self.config.unused_expiration_time * 1000
