@@ -177,8 +177,11 @@ class MediaService:
                 if media.uploaded:
                     return media
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or not uploaded.wait(remaining):
+                if remaining <= 0:
                     raise MatrixError(504, "M_NOT_YET_UPLOADED", "Media has not been uploaded yet")
+                # Woken or timed out, read again: content uploaded through another process
+                # (a federation shard's downloads) wakes nobody here.
+                uploaded.wait(remaining)
 
     def _expired(self, media: LocalMedia) -> bool:
         lifetime_ms = self.config.unused_expiration_time * 1000
@@ -203,7 +206,9 @@ class MediaService:
         stored = self.store.get_thumbnails(origin, media_id)
         chosen = select_thumbnail(stored, wanted)
         if chosen is None and len(stored) >= MAX_STORED_THUMBNAILS:
-            chosen = max((t for t in stored if t.method == method),
+            # A still request must never get an animation (the spec's MUST NOT).
+            chosen = max((t for t in stored if t.method == method
+                          and (wanted.animated or not t.animated)),
                          key=lambda t: t.width * t.height, default=None)
         if chosen is not None:
             key = ThumbnailKey(chosen.width, chosen.height, chosen.method, chosen.content_type,

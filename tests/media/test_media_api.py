@@ -17,6 +17,7 @@ import gevent
 import pytest
 from PIL import Image
 
+from homeserver.media.service import MAX_STORED_THUMBNAILS
 from tests.media.images import animated_gif, bomb_png, solid
 from tests.support.server import MatrixClient, WeirProcess, base_settings, merge
 
@@ -313,6 +314,22 @@ def test_thumbnail_of_an_animation(alice):
     assert moving.n_frames == 3 and moving.size == (32, 32)
     r, still = thumbnail(alice, mxc, 32, 32, "crop")
     assert r.headers["Content-Type"] == "image/png" and getattr(still, "n_frames", 1) == 1
+
+
+def test_a_still_request_is_never_served_an_animation_when_thumbnails_are_capped(frozen, alice):
+    # Spec (client-server API, GET /_matrix/client/v1/media/thumbnail): when `animated` is
+    # false or absent the server MUST NOT return an animated thumbnail. Past the cap of
+    # stored thumbnails a request is served a stored one: it must still be a still.
+    mxc = upload(alice, animated_gif(frames=3, size=256), "image/gif")
+    for size in range(100, 100 + MAX_STORED_THUMBNAILS):  # each larger: each one made
+        r, _ = thumbnail(alice, mxc, size, size, "crop", animated="true")
+        assert r.headers["Content-Type"] == "image/webp"
+    media_id = mxc.split("/")[1]
+    kept = [f for f in files_under(frozen.media_root) if f"/{media_id}/thumbnails/" in f]
+    assert len(kept) == MAX_STORED_THUMBNAILS  # the cap is reached: nothing new is made
+    r, still = thumbnail(alice, mxc, 50, 100, "crop")
+    assert r.headers["Content-Type"] == "image/png"
+    assert getattr(still, "n_frames", 1) == 1
 
 
 def test_thumbnail_refusals(alice):
