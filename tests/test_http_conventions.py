@@ -46,6 +46,36 @@ def test_bad_json_and_missing_fields(weir):
     assert "type" in r.json()["error"]
 
 
+def test_json_nested_too_deep_is_not_json_on_either_listener(weir):
+    # 3,000 levels in 6 kB: past what the parser recurses into.
+    deep = b'{"type": ' + b"[" * 3000 + b"]" * 3000 + b"}"
+    r = requests.post(weir.url(f"{V3}/login"), data=deep,
+                      headers={"Content-Type": "application/json"})
+    assert (r.status_code, r.json()["errcode"]) == (400, "M_NOT_JSON")
+    # A federation body is parsed before its signature is checked: a stranger's transaction
+    # is refused as what it is, not answered with a 500.
+    r = requests.put(weir.fed_url("/_matrix/federation/v1/send/t1"), data=deep, headers={
+        "Content-Type": "application/json",
+        "Authorization": 'X-Matrix origin="stranger.test",key="ed25519:a",sig="c2ln"'})
+    assert (r.status_code, r.json()["errcode"]) == (400, "M_NOT_JSON")
+
+
+def test_a_lone_surrogate_is_not_json(weir):
+    # "\ud800" alone names no character: it has no UTF-8 form, so it could be neither hashed
+    # (canonical JSON is UTF-8) nor sent back to any client.
+    r = requests.post(weir.url(f"{V3}/register"),
+                      data=b'{"username": "lone", "password": "pass\\ud800word", '
+                           b'"auth": {"type": "m.login.dummy"}}',
+                      headers={"Content-Type": "application/json"})
+    assert (r.status_code, r.json()["errcode"]) == (400, "M_NOT_JSON")
+    # A surrogate pair is one character, and fine.
+    r = requests.post(weir.url(f"{V3}/register"),
+                      data=b'{"username": "paired", "password": "pass\\ud83d\\ude00word", '
+                           b'"auth": {"type": "m.login.dummy"}}',
+                      headers={"Content-Type": "application/json"})
+    assert r.status_code == 200, r.text
+
+
 def test_oversized_json_body_is_refused(weir):
     r = requests.post(weir.url(f"{V3}/login"), data=b"{" + b" " * (2 * 1024 * 1024) + b"}",
                       headers={"Content-Type": "application/json"})

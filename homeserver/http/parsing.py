@@ -7,6 +7,7 @@ M_INVALID_PARAM or M_TOO_LARGE.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Iterator
 
 from flask import request
@@ -16,6 +17,8 @@ from ..errors import MatrixError, bad_json, invalid_param, missing_param
 
 DEFAULT_MAX_JSON_BYTES = 1024 * 1024
 _MISSING = "Missing data for required field."
+# A \uD800-\uDFFF escape: half of a surrogate pair, valid only with its other half.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 def read_body(max_bytes: int) -> bytes:
@@ -53,7 +56,13 @@ def parse_json(raw: bytes) -> Any:
         return cached[1]
     try:
         value = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+        if _SURROGATE_ESCAPE.search(raw):
+            # A lone surrogate is no character and has no UTF-8 form: nothing built from it
+            # could be hashed (canonical JSON is UTF-8) or sent back. Pairs encode fine.
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except (ValueError, RecursionError):
+        # ValueError covers UnicodeDecodeError and UnicodeEncodeError; RecursionError is
+        # nesting deeper than the parser goes.
         raise MatrixError(400, "M_NOT_JSON", "Content not JSON.") from None
     request.environ["weir.json"] = (raw, value)
     return value
