@@ -76,6 +76,20 @@ def test_a_lone_surrogate_is_not_json(weir):
     assert r.status_code == 200, r.text
 
 
+def test_nan_and_infinity_are_not_json(weir, client):
+    # Python's parser takes them (1e999 it reads as infinity); JSON has no such numbers.
+    # Kept, they would be served back verbatim in /sync, which no strict JSON parser (a
+    # browser's) can read.
+    client.register("nan")
+    me = client.get(f"{V3}/account/whoami").json()["user_id"]
+    for constant in (b"NaN", b"Infinity", b"-Infinity", b"1e999"):
+        r = client.put(f"{V3}/user/{me}/account_data/x.numbers", data=b'{"n": ' + constant + b"}",
+                       headers={"Content-Type": "application/json"})
+        assert (r.status_code, r.json().get("errcode")) == (400, "M_NOT_JSON"), constant
+    r = client.get(f"{V3}/user/{me}/account_data/x.numbers")
+    assert (r.status_code, r.json()["errcode"]) == (404, "M_NOT_FOUND")
+
+
 def test_oversized_json_body_is_refused(weir):
     r = requests.post(weir.url(f"{V3}/login"), data=b"{" + b" " * (2 * 1024 * 1024) + b"}",
                       headers={"Content-Type": "application/json"})

@@ -7,6 +7,7 @@ M_INVALID_PARAM or M_TOO_LARGE.
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any, Iterator
 
@@ -55,7 +56,7 @@ def parse_json(raw: bytes) -> Any:
     if cached is not None and cached[0] is raw:
         return cached[1]
     try:
-        value = json.loads(raw)
+        value = json.loads(raw, parse_constant=_not_a_json_number, parse_float=_finite_float)
         if _SURROGATE_ESCAPE.search(raw):
             # A lone surrogate is no character and has no UTF-8 form: nothing built from it
             # could be hashed (canonical JSON is UTF-8) or sent back. Pairs encode fine.
@@ -65,6 +66,19 @@ def parse_json(raw: bytes) -> Any:
         # nesting deeper than the parser goes.
         raise MatrixError(400, "M_NOT_JSON", "Content not JSON.") from None
     request.environ["weir.json"] = (raw, value)
+    return value
+
+
+def _not_a_json_number(name: str):
+    # Python's parser takes NaN and (-)Infinity; JSON has no such numbers, and a value kept
+    # with one would be served back as JSON no strict client can parse.
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999: the parser would read it as Infinity
+        raise ValueError(f"{text} is out of range")
     return value
 
 
