@@ -175,7 +175,7 @@ def decode_filter_json(text: str):
         raise MatrixError(413, "M_TOO_LARGE", f"A filter is at most {MAX_FILTER_BYTES} bytes")
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth
         raise bad_json("filter is not valid JSON") from None
 
 

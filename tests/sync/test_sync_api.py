@@ -164,6 +164,13 @@ def test_a_stored_filter_limits_the_timeline(server, user):
     assert (inline.status_code, inline.json()["errcode"]) == (400, "M_BAD_JSON")
 
 
+def test_an_inline_filter_nested_too_deep_is_bad_json(server, user):
+    # 1,000 levels fit in a request line, and are past what the JSON parser recurses into.
+    deep = '{"room": ' + "[" * 1000 + "]" * 1000 + "}"
+    r = user("deepfilter").get(f"{V3}/sync", params={"filter": deep})
+    assert (r.status_code, r.json()["errcode"]) == (400, "M_BAD_JSON")
+
+
 def test_filters_pick_rooms_types_and_lazy_members(server, user):
     alice, bob, room_id, since = pair(user, preset="public_chat")
     carol = user("carol")
