@@ -126,7 +126,7 @@ class FederationClient:
             body = read_body(destination, response, max_bytes)
         try:
             return json.loads(body)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):  # nested too deep
             raise MalformedResponse(destination, "response is not JSON") from None
 
     # -- streams (media) -------------------------------------------------------------------
@@ -190,7 +190,7 @@ class FederationClient:
             body = json.loads(raw)
             if isinstance(body, dict) and isinstance(body.get("errcode"), str):
                 errcode = body["errcode"]
-        except (FederationError, ValueError, UnicodeDecodeError):
+        except (FederationError, ValueError, UnicodeDecodeError, RecursionError):
             pass
         finally:
             discard(response)

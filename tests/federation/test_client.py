@@ -76,6 +76,20 @@ def test_malformed_json(client, liar):
         client.get_json(liar.server_name, "/bad")
 
 
+def test_json_nested_past_the_parser_depth_is_malformed(client, liar):
+    # 100 kB of brackets: the parser gives up with RecursionError, which is no ValueError.
+    deep = b"[" * 50_000 + b"]" * 50_000
+    liar.route("GET", "/deep", lambda req: (200, deep, {"Content-Type": "application/json"}))
+    with pytest.raises(MalformedResponse):
+        client.get_json(liar.server_name, "/deep")
+    # An error body that deep is still the remote's error, only without an errcode.
+    liar.route("GET", "/deep-error",
+               lambda req: (500, deep, {"Content-Type": "application/json"}))
+    with pytest.raises(RemoteError) as e:
+        client.get_json(liar.server_name, "/deep-error")
+    assert (e.value.status, e.value.errcode) == (500, None)
+
+
 def test_remote_errors_carry_status_and_errcode(client, liar):
     liar.route("GET", "/forbidden", lambda req: (403, {"errcode": "M_FORBIDDEN", "error": "no"}))
     with pytest.raises(RemoteError) as e:
