@@ -338,7 +338,7 @@ class ServerDiscovery:
             if not isinstance(delegated, str):
                 raise TypeError("m.server is not a string")
             split_server_name(delegated)
-        except (ValueError, KeyError, TypeError) as e:
+        except (ValueError, KeyError, TypeError, RecursionError) as e:  # Recursion: too deep
             raise MalformedResponse(host, f"invalid well-known: {e}") from None
         return delegated, _cache_period(cache_control)
 

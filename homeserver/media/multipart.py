@@ -174,7 +174,7 @@ class MultipartMediaReader:
             return
         try:
             metadata = json.loads(self._json)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth
             metadata = None
         if not isinstance(metadata, dict):
             self._fail("the metadata part is not a JSON object")

@@ -203,6 +203,17 @@ def test_well_known_errors_are_cached_for_an_hour(client, clock, start_peer, dns
     assert wk.hits(WELL_KNOWN) == 2
 
 
+def test_a_well_known_nested_past_the_parser_is_an_error_like_any_other(client, start_peer,
+                                                                          dns):
+    dns.add_a("wkdeep.test", "127.21.9.1")
+    wk = start_peer("wkdeep.test", "127.21.9.1", 443)
+    deep = b'{"m.server": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    wk.route("GET", WELL_KNOWN, lambda req: (200, deep, {"Content-Type": "application/json"}))
+    start_peer("wkdeep.test", "127.21.9.1", 8448)
+    assert _rediscover(client, "wkdeep.test").targets == (("127.21.9.1", 8448),)
+    assert wk.hits(WELL_KNOWN) == 1
+
+
 def test_silent_well_known_gets_half_the_deadline_then_fallback(client, clock, start_peer, dns):
     dns.add_a("wksilent.test", "127.21.7.1")
     peer = start_peer("wksilent.test", "127.21.7.1", 8448)

@@ -36,6 +36,8 @@ MALFORMED_MEDIA = {
     "three parts": (_BODY[:-len(b"--\r\n")] + b"\r\nContent-Type: text/plain\r\n\r\nmore"
                     b"\r\n--B--\r\n", _TYPE),
     "json not an object": (_BODY.replace(b"{}", b"[1]"), _TYPE),
+    # Deeper than the JSON parser goes (it raises RecursionError, not ValueError).
+    "json nested too deep": (_BODY.replace(b"{}", b"[" * 5000 + b"]" * 5000), _TYPE),
 }
 
 
