@@ -9,18 +9,15 @@ monkey.patch_all()  # first: every later import must see cooperative sockets and
 #   flask --app app run                                  development: one app, inline mode
 
 import argparse  # noqa: E402
-import gc  # noqa: E402
 import getpass  # noqa: E402
 import logging  # noqa: E402
 import os  # noqa: E402
-import signal  # noqa: E402
 import sys  # noqa: E402
 
 import gevent  # noqa: E402
-from gevent.event import Event  # noqa: E402
 
 from homeserver.config import ConfigError, load_config  # noqa: E402
-from homeserver.errors import MatrixError  # noqa: E402
+from homeserver.core.errors import MatrixError
 from homeserver.logs import configure_logging  # noqa: E402
 
 log = logging.getLogger("weir")
@@ -42,7 +39,7 @@ def _load_config_or_exit(path: str):
 
 def create_app(config_path: str | None = None):
     """The development app: both APIs on one port, no pools (inline mode)."""
-    from homeserver.http.app import create_flask_app
+    from homeserver.api.app import create_flask_app
     from homeserver.runtime import HomeserverRuntime
 
     config = _load_config_or_exit(config_path or DEFAULT_CONFIG)
@@ -51,53 +48,15 @@ def create_app(config_path: str | None = None):
 
 
 def serve(config_path: str) -> int:
-    from homeserver.federation.shards import FederationShards
-    from homeserver.http.app import CLIENT, FEDERATION
-    from homeserver.http.server import HomeserverServer
-    from homeserver.runtime import HomeserverRuntime
+    from homeserver.processes.main import serve as serve_main
 
     config = _load_config_or_exit(config_path)
     configure_logging(config.logging)
-    runtime = HomeserverRuntime(config, pools=True)
-    # With worker shards, they serve federation and main the client API (DESIGN.md §6).
-    shards = FederationShards(runtime, config_path) if config.federation.worker.shards else None
-    server = HomeserverServer(runtime, listeners=(CLIENT,) if shards else (CLIENT, FEDERATION))
-    # What exists now (modules, the apps, the runtime) lives as long as the process: keep it
-    # out of the collector's full passes, whose cost grows with every waiting connection.
-    gc.freeze()
-    try:
-        server.start()
-    except RuntimeError as e:
-        log.error("%s", e)
-        runtime.close()
-        return 1
-    stop = Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        gevent.signal_handler(sig, stop.set)
-    try:
-        federation_url = shards.start(stop) if shards else server.federation_url
-    except RuntimeError as e:
-        log.error("%s", e)
-        stop.set()
-        federation_url = None
-
-    if federation_url:
-        # One parseable line: tests and scripts wait for it instead of polling.
-        print(f"weir ready client={server.client_url} federation={federation_url}", flush=True)
-        log.info("serving %s: client %s, federation %s", config.server_name, server.client_url,
-                 federation_url)
-    stop.wait()
-    log.info("stopping: draining in-flight requests")
-    if shards:
-        shards.stop()
-    server.stop()
-    runtime.close()
-    log.info("stopped")
-    return 0 if federation_url else 1
+    return serve_main(config, config_path)
 
 
 def federation_shard(args) -> int:
-    from homeserver.federation.shards import run_shard
+    from homeserver.processes.shard import run_shard
 
     config = _load_config_or_exit(args.config)
     configure_logging(config.logging, process=f"shard {args.index}")

@@ -17,7 +17,7 @@ from typing import Any
 from marshmallow import RAISE, Schema, ValidationError, fields, post_load, validate
 from unpaddedbase64 import decode_base64
 
-from .identifiers import is_valid_server_name
+from homeserver.core.identifiers import is_valid_server_name
 
 DEFAULT_IP_RANGE_DENYLIST = (
     # IPv4: "this network", private, CGNAT, loopback, link-local, IETF, documentation,

@@ -17,7 +17,12 @@ from __future__ import annotations
 import ipaddress
 from typing import Callable
 
-from prometheus_client import CollectorRegistry, Counter, ProcessCollector, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

@@ -1,7 +1,10 @@
 """HomeserverRuntime: the composition root.
 
-It builds storage, the signing key, budgets, pools and services once, and hands them out.
-There are no module-level singletons: two runtimes (two test servers) never share state.
+Each part of the server (storage, budgets, pools, services) is a `component`: built on first
+use, once, with its metrics registered beside it. A command such as `register-user` so builds
+only the database and the accounts; `python app.py` calls `build_all()` before serving, so no
+request pays for a build and /metrics lists every gauge from the start. There are no
+module-level singletons: two runtimes (two test servers) never share state.
 
 A runtime is built with or without pools. With pools (`python app.py`) the gevent servers
 use `main_pool`; without (inline mode: the Flask dev server and tests that build the app
@@ -12,50 +15,88 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any, Callable, Generic, TypeVar, overload
 
+from gevent.lock import RLock
 from gevent.pool import Pool
 from gevent.threadpool import ThreadPool
+from nacl.signing import SigningKey
 
 from budget import InFlightBudget, RateLimiter, parse_networks
-
-from .accounts.profile import ProfileService
-from .accounts.registration import RegistrationSessions
-from .accounts.service import AccountService
-from .config import Config
-from .directory.remote import RemoteDirectory
-from .directory.service import DirectoryService
-from .federation.client import FederationClient
-from .federation.cooldown import AddressCooldown
-from .federation.keyring import Keyring, shard_key_resolution_budget
-from .federation.pdus import PduChecker
-from .federation.signing_key import key_id, load_or_create_signing_key
-from .federation.transactions import Relay, ShardTransactionReceiver, TransactionProcessor
-from .http.handoff import MediaFetchHandoff
-from .media.files import MediaFileStore
-from .media.remote import InlineFetchAdmission, RemoteMediaRepository
-from .media.service import MediaService
-from .metrics import Metrics
-from .outbound import make_client_outbound_budget
-from .rooms.creation import RoomCreator
-from .rooms.service import RoomService
-from .storage.accounts import AccountStore
-from .storage.database import Database, open_database
-from .storage.directory import DirectoryStore
-from .storage.keys import ServerKeyStore
-from .storage.media import MediaStore
-from .storage.migrations import migrate
-from .storage.profiles import ProfileStore
-from .storage.rooms import RoomStore
-from .storage.sync import SyncStore
-from .storage.transactions import ReceivedTransactionStore
-from .sync.account_data import AccountDataService
-from .sync.filters import Filters
-from .sync.notifier import Notifier
-from .sync.receipts import ReceiptService
-from .sync.service import SyncService
-from .sync.typing import TypingNotifications
+from homeserver.accounts.profile import ProfileService
+from homeserver.accounts.registration import RegistrationSessions
+from homeserver.accounts.service import AccountService
+from homeserver.accounts.shared_secret import SharedSecretRegistration
+from homeserver.config import Config
+from homeserver.directory.remote import RemoteDirectory
+from homeserver.directory.service import DirectoryService
+from homeserver.federation.admission import make_client_outbound_budget
+from homeserver.federation.client import FederationClient
+from homeserver.federation.cooldown import AddressCooldown
+from homeserver.federation.keyring import Keyring, shard_key_resolution_budget
+from homeserver.federation.signing_key import key_id, load_or_create_signing_key
+from homeserver.http.handoff import MediaFetchHandoff
+from homeserver.media.files import MediaFileStore
+from homeserver.media.remote import (
+    FetchAdmission,
+    InlineFetchAdmission,
+    RemoteMediaRepository,
+)
+from homeserver.media.service import MediaService
+from homeserver.metrics import Metrics
+from homeserver.rooms.creation import RoomCreator
+from homeserver.rooms.pdu_checks import PduChecker
+from homeserver.rooms.service import RoomService
+from homeserver.rooms.transactions import (
+    Relay,
+    ShardTransactionReceiver,
+    TransactionProcessor,
+)
+from homeserver.storage.accounts import AccountStore
+from homeserver.storage.database import Database, open_database
+from homeserver.storage.directory import DirectoryStore
+from homeserver.storage.keys import ServerKeyStore
+from homeserver.storage.media import MediaStore
+from homeserver.storage.migrations import migrate
+from homeserver.storage.profiles import ProfileStore
+from homeserver.storage.rooms import RoomStore
+from homeserver.storage.sync import SyncStore
+from homeserver.storage.transactions import ReceivedTransactionStore
+from homeserver.sync.account_data import AccountDataService
+from homeserver.sync.filters import Filters
+from homeserver.sync.notifier import Notifier
+from homeserver.sync.receipts import ReceiptService
+from homeserver.sync.service import SyncService
+from homeserver.sync.typing import TypingNotifications
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class component(Generic[T]):
+    """A part of the runtime, built on first use and then kept. A build may yield (the
+    database opens on a thread pool), so greenlets racing for one part wait for the first
+    build rather than make a second."""
+
+    def __init__(self, build: Callable[[Any], T]):
+        self.build = build
+        self.name = build.__name__
+        self.__doc__ = build.__doc__
+
+    @overload
+    def __get__(self, runtime: None, owner: type) -> component[T]: ...
+
+    @overload
+    def __get__(self, runtime: HomeserverRuntime, owner: type) -> T: ...
+
+    def __get__(self, runtime, owner=None):
+        if runtime is None:
+            return self
+        with runtime._building:
+            if self.name not in runtime.__dict__:
+                runtime.__dict__[self.name] = self.build(runtime)
+        return runtime.__dict__[self.name]
 
 
 class HomeserverRuntime:
@@ -66,136 +107,286 @@ class HomeserverRuntime:
         # What /.well-known/matrix/server delegates to: our host, the federation port.
         self.federation_address = f"{_host_of(config.server_name)}:{config.federation.port}"
         self.pools = pools
-        os.makedirs(config.data_dir, exist_ok=True)
-
-        self.db: Database = open_database(config.database.url)
-        self.schema_version = migrate(self.db)
-        self.signing_key = load_or_create_signing_key(config.data_dir)
-        self.signing_key_id = key_id(self.signing_key)
-
-        http = config.server.http
-        self.trusted_proxies = parse_networks(http.trusted_proxies)
-        # Main pool: every client connection holds one greenlet for its keep-alive life.
-        self.main_pool: Pool | None = Pool(http.main_pool_size) if pools else None
-
-        # ADR-0079: the share of the main pool that may wait on remote peers.
-        self.client_outbound_budget = make_client_outbound_budget(http.main_pool_size)
-        self.address_cooldown = AddressCooldown()
-
-        self.metrics = Metrics()
+        self.trusted_proxies = parse_networks(config.server.http.trusted_proxies)
         self.metrics_allowed_networks = parse_networks(config.metrics.allowed_networks)
-        self.metrics.track_budget(self.client_outbound_budget)
-        if self.main_pool is not None:
-            self.metrics.track_pool("main", self.main_pool, http.main_pool_size)
-        self.metrics.track_gauge("weir_cooldown_addresses", "Resolved addresses cooling down",
-                                 self.address_cooldown.cooling_count)
-        self.metrics.track_counter("weir_cooldowns_started", "Cool-downs started",
-                                   lambda: self.address_cooldown.cooldowns_started)
+        self._key_resolution_shards = key_resolution_shards
+        self._transaction_relay = transaction_relay
+        self._building = RLock()
 
-        limits = config.ratelimiting
-        self.login_rate_limiter = RateLimiter(limits.login.max_requests, limits.login.per_seconds)
-        self.registration_rate_limiter = RateLimiter(limits.registration.max_requests,
-                                                     limits.registration.per_seconds)
-        self.media_create_rate_limiter = RateLimiter(limits.media_create.max_requests,
-                                                     limits.media_create.per_seconds)
-        self.remote_media_rate_limiter = RateLimiter(limits.remote_media.max_requests,
-                                                     limits.remote_media.per_seconds)
-        for name, limiter in (("login", self.login_rate_limiter),
-                              ("registration", self.registration_rate_limiter),
-                              ("media_create", self.media_create_rate_limiter),
-                              ("remote_media", self.remote_media_rate_limiter)):
-            self.metrics.track_rate_limiter(name, limiter)
-
-        self.accounts = AccountService(AccountStore(self.db), config.server_name)
-        self.registration_sessions = RegistrationSessions()
-
-        # Federation: one outbound client, and the keyring behind inbound authentication.
-        # A worker shard (key_resolution_shards = N) gets its share of the key-resolution
-        # budget; main keeps the whole of it (adr/key-resolution-shards.md).
-        self.federation_client = FederationClient.from_config(config, self.signing_key)
-        keys = shard_key_resolution_budget(config, key_resolution_shards)
-        self.key_resolution_budget = InFlightBudget(keys.key_resolution_max_in_flight, None,
-                                                    name="key_resolution")
-        self.key_resolution_rate = RateLimiter(keys.key_resolution_per_ip_rate.max_requests,
-                                               keys.key_resolution_per_ip_rate.per_seconds)
-        self.keyring = Keyring(
-            config.server_name, self.signing_key, ServerKeyStore(self.db), self.federation_client,
-            self.key_resolution_budget, self.key_resolution_rate, keys.trusted_key_servers,
-            config.federation.remote_timeout, metrics=self.metrics)
-        self.metrics.track_budget(self.key_resolution_budget)
-        self.metrics.track_rate_limiter("key_resolution_per_ip", self.key_resolution_rate)
-
-        # Rooms as signed events, member events carrying each local user's profile.
-        profile_store = ProfileStore(self.db)
-        self.rooms = RoomService(RoomStore(self.db), self.accounts, config.server_name,
-                                 self.signing_key, profile_store)
-        self.profiles = ProfileService(profile_store, self.accounts, self.rooms,
-                                       config.server_name)
-        self.remote_directory = RemoteDirectory(self.federation_client,
-                                                self.client_outbound_budget,
-                                                self.address_cooldown, self.metrics)
-        self.directory = DirectoryService(DirectoryStore(self.db), self.rooms,
-                                          config.server_name, self.remote_directory)
-        self.room_creator = RoomCreator(self.rooms, self.directory, config.server_name)
-
-        # /sync: waiting syncs park on the notifier, which every stored event, account data
-        # change, receipt and typing change wakes for the users it concerns.
-        self.notifier = Notifier(self.rooms.store.joined_users)
-        self.rooms.add_persist_listener(self.notifier.on_events_persisted)
-        self.metrics.track_gauge("weir_sync_waiters", "Syncs registered to be woken",
-                                 self.notifier.waiting)
-        sync_store = SyncStore(self.db)
-        self.filters = Filters(sync_store)
-        self.account_data = AccountDataService(sync_store, self.notifier)
-        self.receipts = ReceiptService(self.rooms, sync_store, self.account_data,
-                                       self.notifier)
-        self.typing = TypingNotifications(self.rooms, self.notifier.notify_room)
-        self.sync = SyncService(self.rooms, sync_store, self.notifier, self.typing,
-                                self.filters)
-
-        # ADR-0121: in pool mode remote media fetches leave the main pool for a media pool of
-        # their own, under their own budget; inline, they fall under ADR-0079's budget.
-        self.media_pool: Pool | None = None
-        self.media_fetch_budget: InFlightBudget | None = None
-        self.media_handoff: MediaFetchHandoff | None = None
-        if pools:
-            self.media_pool = Pool(http.media_fetch_threads)
-            self.media_fetch_budget = InFlightBudget(
-                http.media_fetch_max_in_flight, http.media_fetch_max_per_client,
-                name="media_fetch")
-            self.media_handoff = MediaFetchHandoff(self.main_pool, self.media_pool,
-                                                   self.media_fetch_budget)
-            self.metrics.track_budget(self.media_fetch_budget)
-            self.metrics.track_pool("media", self.media_pool, http.media_fetch_threads)
-        media_store = MediaStore(self.db)
-        media_files = MediaFileStore(os.path.join(config.data_dir, "media"), config.server_name)
-        self.remote_media = RemoteMediaRepository(
-            config.media, config.security.media, media_store, media_files,
-            self.federation_client,
-            self.media_handoff or InlineFetchAdmission(self.client_outbound_budget),
-            self.remote_media_rate_limiter, self.address_cooldown, self.metrics)
-        self.metrics.track_gauge("weir_remote_media_fetches", "Remote files being fetched",
-                                 lambda: len(self.remote_media.coalescer))
-        # Pillow decoding and encoding is CPU-bound and would block the hub: native threads.
-        self.thumbnail_pool = ThreadPool(config.media.thumbnail_threads)
-        self.media = MediaService(config.media, config.server_name, media_store, media_files,
-                                  self.thumbnail_pool, self.remote_media)
-
-        # Inbound transactions (PUT /send): main checks, authorises and stores their PDUs; a
-        # worker shard (given the `transaction_relay` to main) checks them under its own
-        # budget and relays them (federation/transactions.py).
-        pdu_checker = PduChecker(self.keyring, self.rooms)
-        received = ReceivedTransactionStore(self.db)
-        self.inbound_transactions: TransactionProcessor | ShardTransactionReceiver = (
-            TransactionProcessor(pdu_checker, self.rooms, received) if transaction_relay is None
-            else ShardTransactionReceiver(pdu_checker, received, transaction_relay))
+    def build_all(self) -> None:
+        """Builds every component now, as a server does before it accepts a connection."""
+        for name, value in vars(type(self)).items():
+            if isinstance(value, component):
+                getattr(self, name)
 
     def close(self) -> None:
-        self.federation_client.close()
-        self.notifier.close()
-        self.typing.close()
-        self.thumbnail_pool.kill()
-        self.db.close()
+        """Closes what was built, and only that."""
+        built = self.__dict__
+        for name, close in (("federation_client", "close"), ("notifier", "close"),
+                            ("typing", "close"), ("thumbnail_pool", "kill"), ("db", "close")):
+            if name in built:
+                getattr(built[name], close)()
+
+    # --- storage and identity ----------------------------------------------------------------
+
+    @component
+    def db(self) -> Database:
+        """The database, migrated to the newest schema."""
+        os.makedirs(self.config.data_dir, exist_ok=True)
+        db = open_database(self.config.database.url)
+        migrate(db)
+        return db
+
+    @component
+    def signing_key(self) -> SigningKey:
+        return load_or_create_signing_key(self.config.data_dir)
+
+    @component
+    def signing_key_id(self) -> str:
+        return key_id(self.signing_key)
+
+    @component
+    def metrics(self) -> Metrics:
+        return Metrics()
+
+    # --- pools and admission (ADR-0079, ADR-0121) ----------------------------------------
+
+    @component
+    def main_pool(self) -> Pool | None:
+        """Every client connection holds one greenlet of it for its keep-alive life."""
+        if not self.pools:
+            return None
+        size = self.config.server.http.main_pool_size
+        pool = Pool(size)
+        self.metrics.track_pool("main", pool, size)
+        return pool
+
+    @component
+    def client_outbound_budget(self) -> InFlightBudget:
+        """ADR-0079: the share of the main pool that may wait on remote peers."""
+        budget = make_client_outbound_budget(self.config.server.http.main_pool_size)
+        self.metrics.track_budget(budget)
+        return budget
+
+    @component
+    def address_cooldown(self) -> AddressCooldown:
+        cooldown = AddressCooldown()
+        self.metrics.track_gauge("weir_cooldown_addresses", "Resolved addresses cooling down",
+                                 cooldown.cooling_count)
+        self.metrics.track_counter("weir_cooldowns_started", "Cool-downs started",
+                                   lambda: cooldown.cooldowns_started)
+        return cooldown
+
+    @component
+    def media_pool(self) -> Pool | None:
+        """ADR-0121: in pool mode remote media fetches leave the main pool for this one."""
+        if not self.pools:
+            return None
+        size = self.config.server.http.media_fetch_threads
+        pool = Pool(size)
+        self.metrics.track_pool("media", pool, size)
+        return pool
+
+    @component
+    def media_fetch_budget(self) -> InFlightBudget | None:
+        if not self.pools:
+            return None
+        http = self.config.server.http
+        budget = InFlightBudget(http.media_fetch_max_in_flight, http.media_fetch_max_per_client,
+                                name="media_fetch")
+        self.metrics.track_budget(budget)
+        return budget
+
+    @component
+    def media_handoff(self) -> MediaFetchHandoff | None:
+        if self.main_pool is None or self.media_pool is None or self.media_fetch_budget is None:
+            return None
+        return MediaFetchHandoff(self.main_pool, self.media_pool, self.media_fetch_budget)
+
+    # --- rate limits -----------------------------------------------------------------------
+
+    def _rate_limiter(self, name: str) -> RateLimiter:
+        rate = getattr(self.config.ratelimiting, name)
+        limiter = RateLimiter(rate.max_requests, rate.per_seconds)
+        self.metrics.track_rate_limiter(name, limiter)
+        return limiter
+
+    @component
+    def login_rate_limiter(self) -> RateLimiter:
+        return self._rate_limiter("login")
+
+    @component
+    def registration_rate_limiter(self) -> RateLimiter:
+        return self._rate_limiter("registration")
+
+    @component
+    def media_create_rate_limiter(self) -> RateLimiter:
+        return self._rate_limiter("media_create")
+
+    @component
+    def remote_media_rate_limiter(self) -> RateLimiter:
+        return self._rate_limiter("remote_media")
+
+    # --- accounts ------------------------------------------------------------------------
+
+    @component
+    def accounts(self) -> AccountService:
+        return AccountService(AccountStore(self.db), self.server_name)
+
+    @component
+    def registration_sessions(self) -> RegistrationSessions:
+        return RegistrationSessions()
+
+    @component
+    def shared_secret_registration(self) -> SharedSecretRegistration:
+        return SharedSecretRegistration(self.config.registration.shared_secret,
+                                        self.registration_sessions, self.accounts)
+
+    @component
+    def profile_store(self) -> ProfileStore:
+        return ProfileStore(self.db)
+
+    @component
+    def profiles(self) -> ProfileService:
+        return ProfileService(self.profile_store, self.accounts, self.rooms, self.server_name)
+
+    # --- federation: one outbound client, and the keyring behind inbound authentication --
+
+    @component
+    def federation_client(self) -> FederationClient:
+        return FederationClient.from_config(self.config, self.signing_key)
+
+    @component
+    def key_resolution_budget(self) -> InFlightBudget:
+        """A worker shard gets its share of the key-resolution budget; main keeps the whole of
+        it (docs/architecture.md, "Processes")."""
+        keys = shard_key_resolution_budget(self.config, self._key_resolution_shards)
+        budget = InFlightBudget(keys.key_resolution_max_in_flight, None, name="key_resolution")
+        self.metrics.track_budget(budget)
+        return budget
+
+    @component
+    def key_resolution_rate(self) -> RateLimiter:
+        keys = shard_key_resolution_budget(self.config, self._key_resolution_shards)
+        rate = keys.key_resolution_per_ip_rate
+        limiter = RateLimiter(rate.max_requests, rate.per_seconds)
+        self.metrics.track_rate_limiter("key_resolution_per_ip", limiter)
+        return limiter
+
+    @component
+    def keyring(self) -> Keyring:
+        keys = shard_key_resolution_budget(self.config, self._key_resolution_shards)
+        return Keyring(self.server_name, self.signing_key, ServerKeyStore(self.db),
+                       self.federation_client, self.key_resolution_budget,
+                       self.key_resolution_rate, keys.trusted_key_servers,
+                       self.config.federation.remote_timeout, metrics=self.metrics)
+
+    # --- rooms and the directory -----------------------------------------------------------
+
+    @component
+    def rooms(self) -> RoomService:
+        """Rooms as signed events; member events carry each local user's profile. Every
+        stored event wakes the syncs it concerns."""
+        rooms = RoomService(self.room_store, self.accounts, self.server_name,
+                            self.signing_key, self.profile_store)
+        rooms.add_persist_listener(self.notifier.on_events_persisted)
+        return rooms
+
+    @component
+    def room_store(self) -> RoomStore:
+        return RoomStore(self.db)
+
+    @component
+    def remote_directory(self) -> RemoteDirectory:
+        return RemoteDirectory(self.federation_client, self.client_outbound_budget,
+                               self.address_cooldown, self.metrics)
+
+    @component
+    def directory(self) -> DirectoryService:
+        return DirectoryService(DirectoryStore(self.db), self.rooms, self.server_name,
+                                self.remote_directory)
+
+    @component
+    def room_creator(self) -> RoomCreator:
+        return RoomCreator(self.rooms, self.directory, self.server_name)
+
+    @component
+    def inbound_transactions(self) -> TransactionProcessor | ShardTransactionReceiver:
+        """PUT /send: main checks, authorises and stores the PDUs; a worker shard (given the
+        relay to main) checks them under its own budget and relays them."""
+        checker = PduChecker(self.keyring, self.rooms)
+        received = ReceivedTransactionStore(self.db)
+        if self._transaction_relay is None:
+            return TransactionProcessor(checker, self.rooms, received)
+        return ShardTransactionReceiver(checker, received, self._transaction_relay)
+
+    # --- /sync: waiting syncs park on the notifier --------------------------------------
+
+    @component
+    def notifier(self) -> Notifier:
+        notifier = Notifier(self.room_store.joined_users)
+        self.metrics.track_gauge("weir_sync_waiters", "Syncs registered to be woken",
+                                 notifier.waiting)
+        return notifier
+
+    @component
+    def sync_store(self) -> SyncStore:
+        return SyncStore(self.db)
+
+    @component
+    def filters(self) -> Filters:
+        return Filters(self.sync_store)
+
+    @component
+    def account_data(self) -> AccountDataService:
+        return AccountDataService(self.sync_store, self.notifier)
+
+    @component
+    def receipts(self) -> ReceiptService:
+        return ReceiptService(self.rooms, self.sync_store, self.account_data, self.notifier)
+
+    @component
+    def typing(self) -> TypingNotifications:
+        return TypingNotifications(self.rooms, self.notifier.notify_room)
+
+    @component
+    def sync(self) -> SyncService:
+        return SyncService(self.rooms, self.sync_store, self.notifier, self.typing,
+                           self.filters)
+
+    # --- media -----------------------------------------------------------------------------
+
+    @component
+    def media_store(self) -> MediaStore:
+        return MediaStore(self.db)
+
+    @component
+    def media_files(self) -> MediaFileStore:
+        return MediaFileStore(os.path.join(self.config.data_dir, "media"), self.server_name)
+
+    @component
+    def remote_media(self) -> RemoteMediaRepository:
+        """Pool mode hands a fetch off to the media pool; inline, it falls under ADR-0079."""
+        admission: FetchAdmission = (self.media_handoff
+                                     or InlineFetchAdmission(self.client_outbound_budget))
+        remote = RemoteMediaRepository(
+            self.config.media, self.config.security.media, self.media_store, self.media_files,
+            self.federation_client, admission, self.remote_media_rate_limiter,
+            self.address_cooldown, self.metrics)
+        self.metrics.track_gauge("weir_remote_media_fetches", "Remote files being fetched",
+                                 lambda: len(remote.coalescer))
+        return remote
+
+    @component
+    def thumbnail_pool(self) -> ThreadPool:
+        """Pillow decoding and encoding is CPU-bound and would block the hub: native threads."""
+        return ThreadPool(self.config.media.thumbnail_threads)
+
+    @component
+    def media(self) -> MediaService:
+        return MediaService(self.config.media, self.server_name, self.media_store,
+                            self.media_files, self.thumbnail_pool, self.remote_media)
+
 
 def _host_of(server_name: str) -> str:
     """The host part of a server name: `[::1]:8008` -> `[::1]`, `a.b:80` -> `a.b`."""

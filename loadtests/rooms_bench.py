@@ -17,7 +17,7 @@ import time  # noqa: E402
 
 import gevent  # noqa: E402
 
-from homeserver.accounts.service import Requester  # noqa: E402
+from homeserver.core.requester import Requester
 from homeserver.config import parse_config  # noqa: E402
 from homeserver.directory.service import RoomFilter  # noqa: E402
 from homeserver.rooms.creation import CreateRoomRequest  # noqa: E402

@@ -56,7 +56,7 @@ import gevent  # noqa: E402
 from gevent.event import Event  # noqa: E402
 from gevent.pool import Pool  # noqa: E402
 
-from homeserver.outbound import DIRECTORY_DEADLINE_SECONDS, MEDIA_DEADLINE_SECONDS  # noqa: E402
+from homeserver.federation.admission import DIRECTORY_DEADLINE_SECONDS, MEDIA_DEADLINE_SECONDS
 from loadtests import judge, report  # noqa: E402
 from loadtests.scenario import MEDIA_ATTACKER_EVERY, read_samples, write_plan  # noqa: E402
 from tests.support.metrics import read_metrics  # noqa: E402

@@ -45,7 +45,8 @@ from gevent.event import Event  # noqa: E402
 from gevent.lock import BoundedSemaphore  # noqa: E402
 
 from homeserver.accounts.passwords import hash_password  # noqa: E402
-from homeserver.accounts.service import Requester, hash_token, now_ms  # noqa: E402
+from homeserver.accounts.service import hash_token
+from homeserver.core.clock import now_ms
 from homeserver.config import parse_config  # noqa: E402
 from homeserver.rooms.creation import CreateRoomRequest  # noqa: E402
 from homeserver.runtime import HomeserverRuntime  # noqa: E402

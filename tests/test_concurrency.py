@@ -2,7 +2,7 @@ import gevent
 import pytest
 from gevent.event import Event
 
-from homeserver.concurrency import SingleFlight
+from homeserver.core.concurrency import SingleFlight
 
 
 def test_concurrent_callers_share_one_call():

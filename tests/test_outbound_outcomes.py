@@ -6,7 +6,7 @@ from budget import DeadlineExceeded
 from homeserver.federation.errors import (AddressCoolingDown, DestinationUnreachable,
                                           MalformedResponse, RemoteError, ResponseTooLarge)
 from homeserver.media.files import FileTooLarge
-from homeserver.outbound import failure_outcome
+from homeserver.federation.admission import failure_outcome
 
 
 @pytest.mark.parametrize("error, outcome", [

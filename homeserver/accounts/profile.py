@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import re
 
-from ..errors import MatrixError, bad_json, forbidden, not_found
-from ..identifiers import is_valid_user_id, server_of
-from ..storage.profiles import MEMBER_FIELDS, ProfileStore, ProfileTooLarge
+from homeserver.core.errors import Codes, MatrixError, bad_json, forbidden, not_found
+from homeserver.core.identifiers import is_valid_user_id, server_of
+from homeserver.storage.profiles import MEMBER_FIELDS, ProfileStore, ProfileTooLarge
 
 # The spec's limits: a whole profile, as JSON, is under 64 KiB; a key at most 255 bytes.
 MAX_PROFILE_BYTES = 64 * 1024
@@ -31,7 +31,7 @@ class ProfileService:
 
     def _existing_user(self, user_id: str) -> None:
         if not is_valid_user_id(user_id):
-            raise MatrixError(400, "M_INVALID_PARAM", f"Not a valid user ID: {user_id}")
+            raise MatrixError(400, Codes.INVALID_PARAM, f"Not a valid user ID: {user_id}")
         if server_of(user_id) != self.server_name:
             # Asking the user's server needs federation queries, which are not built yet.
             raise not_found("Profiles of users on other servers are not available yet")
@@ -41,10 +41,10 @@ class ProfileService:
     @staticmethod
     def _check_key(key: str) -> None:
         if len(key.encode("utf-8")) > MAX_KEY_BYTES:
-            raise MatrixError(400, "M_KEY_TOO_LARGE", f"Profile keys are at most "
+            raise MatrixError(400, Codes.KEY_TOO_LARGE, f"Profile keys are at most "
                                                       f"{MAX_KEY_BYTES} bytes")
         if not _KEY.fullmatch(key):
-            raise MatrixError(400, "M_INVALID_PARAM", f"Not a valid profile key: {key}")
+            raise MatrixError(400, Codes.INVALID_PARAM, f"Not a valid profile key: {key}")
 
     def _check_may_change(self, requester, user_id: str) -> None:
         if requester.user_id != user_id and not requester.is_admin:
@@ -82,7 +82,7 @@ class ProfileService:
         try:
             self.store.set_field(user_id, key, value, MAX_PROFILE_BYTES)
         except ProfileTooLarge:
-            raise MatrixError(400, "M_PROFILE_TOO_LARGE",
+            raise MatrixError(400, Codes.PROFILE_TOO_LARGE,
                               f"A profile is at most {MAX_PROFILE_BYTES} bytes") from None
         if key in MEMBER_FIELDS:
             self.rooms.update_member_profile(user_id)

@@ -6,27 +6,18 @@ import hashlib
 import re
 import secrets
 import string
-import time
 from dataclasses import dataclass
 
-from ..errors import MatrixError, forbidden, invalid_param
-from ..storage.accounts import AccountStore
-from .passwords import check_password, hash_password
+from homeserver.accounts.passwords import check_password, hash_password
+from homeserver.core.clock import now_ms
+from homeserver.core.errors import Codes, MatrixError, forbidden, invalid_param
+from homeserver.core.requester import Requester
+from homeserver.storage.accounts import AccountStore
 
 # The user ID grammar for new users (spec: "Historical user IDs" are not accepted for new ones).
 _LOCALPART = re.compile(r"[a-z0-9._=\-/+]+")  # whole string: fullmatch, as `$` allows a final "\n"
 MAX_USER_ID_LENGTH = 255
 _DEVICE_ALPHABET = string.ascii_uppercase
-
-
-@dataclass(frozen=True)
-class Requester:
-    """Who an authenticated client request comes from."""
-
-    user_id: str
-    device_id: str
-    is_admin: bool
-    token_hash: str
 
 
 @dataclass(frozen=True)
@@ -39,10 +30,6 @@ class LoginResult:
 def hash_token(token: str) -> str:
     # Tokens are 256 random bits, so a fast hash is enough: nothing to brute-force.
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class AccountService:
@@ -58,10 +45,10 @@ class AccountService:
 
     def validate_localpart(self, localpart: str) -> str:
         if not localpart or not _LOCALPART.fullmatch(localpart):
-            raise MatrixError(400, "M_INVALID_USERNAME",
+            raise MatrixError(400, Codes.INVALID_USERNAME,
                               "User ID may only contain a-z, 0-9, '.', '_', '=', '-', '/' and '+'")
         if len(self.user_id_for(localpart)) > MAX_USER_ID_LENGTH:
-            raise MatrixError(400, "M_INVALID_USERNAME", "User ID is too long")
+            raise MatrixError(400, Codes.INVALID_USERNAME, "User ID is too long")
         return localpart
 
     def localpart_of(self, user: str) -> str:
@@ -94,11 +81,11 @@ class AccountService:
                     localpart = candidate
                     break
             else:  # pragma: no cover - 48 random bits colliding ten times
-                raise MatrixError(500, "M_UNKNOWN", "Could not pick a free user ID")
+                raise MatrixError(500, Codes.UNKNOWN, "Could not pick a free user ID")
         else:
             self.validate_localpart(localpart)
             if not self.store.create_user(self.user_id_for(localpart), password_hash, admin, now_ms()):
-                raise MatrixError(400, "M_USER_IN_USE", "User ID already taken.")
+                raise MatrixError(400, Codes.USER_IN_USE, "User ID already taken.")
         user_id = self.user_id_for(localpart)
         if inhibit_login:
             return LoginResult(user_id, None, None)

@@ -6,9 +6,13 @@ from dataclasses import dataclass
 
 from flask import request
 
-from ..errors import invalid_param, missing_param
-from ..http.parsing import query_bool, query_int
-from ..media.service import DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS, THUMBNAIL_METHODS
+from homeserver.core.errors import invalid_param, missing_param
+from homeserver.http.parsing import query_bool, query_int
+from homeserver.media.service import (
+    DEFAULT_TIMEOUT_MS,
+    MAX_TIMEOUT_MS,
+    THUMBNAIL_METHODS,
+)
 
 
 @dataclass(frozen=True)

@@ -19,15 +19,24 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from budget import DeadlineExceeded, InFlightBudget
-
-from ..caching import TtlCache
-from ..concurrency import SingleFlight
-from ..errors import MatrixError
-from ..federation.client import FederationClient
-from ..federation.cooldown import AddressCooldown
-from ..federation.errors import FederationError, MalformedResponse, RemoteError, to_client_error
-from ..metrics import Metrics
-from ..outbound import DIRECTORY_DEADLINE_SECONDS, Caller, admitted, count_failure
+from homeserver.core.caching import TtlCache
+from homeserver.core.concurrency import SingleFlight
+from homeserver.core.errors import Codes, MatrixError
+from homeserver.federation.admission import (
+    DIRECTORY_DEADLINE_SECONDS,
+    Caller,
+    admitted,
+    count_failure,
+)
+from homeserver.federation.client import FederationClient
+from homeserver.federation.cooldown import AddressCooldown
+from homeserver.federation.errors import (
+    FederationError,
+    MalformedResponse,
+    RemoteError,
+    to_client_error,
+)
+from homeserver.metrics import Metrics
 
 PUBLIC_ROOMS_CACHE_SECONDS = 30.0
 PUBLIC_ROOMS_CACHE_ENTRIES = 1024
@@ -116,7 +125,7 @@ def _public_rooms_body(server: str, body: Any) -> dict:
 
 def _falls_back_to_get(exc: RemoteError) -> bool:
     # A server without POST /publicRooms filtering answers 404 or 405, or M_UNRECOGNIZED.
-    return exc.status in (404, 405) or exc.errcode == "M_UNRECOGNIZED"
+    return exc.status in (404, 405) or exc.errcode == Codes.UNRECOGNIZED
 
 
 class RemoteDirectory:
@@ -202,7 +211,7 @@ class RemoteDirectory:
             known = self._client.discovery.known_targets(server)
             if known:
                 self._cooldown.refuse_if_all_cooling(server, known)  # before taking a slot
-            with admitted(self._budget, caller.client_key, caller.environ):
+            with admitted(self._budget, caller):
                 deadline = self._client.deadline(DIRECTORY_DEADLINE_SECONDS,
                                                  what=f"{call} on {server}")
                 with deadline:

@@ -11,13 +11,26 @@ import json
 
 from unpaddedbase64 import decode_base64, encode_base64
 
-from ..accounts.service import Requester, now_ms
-from ..errors import MatrixError, forbidden, invalid_param, not_found
-from ..identifiers import is_valid_server_name, parse_room_alias
-from ..rooms.service import RoomService
-from ..outbound import Caller
-from ..storage.directory import Cursor, DirectoryStore, PublishedRoom, RoomFilter, Snapshot
-from .remote import PublicRoomsQuery, RemoteDirectory
+from homeserver.core.clock import now_ms
+from homeserver.core.errors import (
+    Codes,
+    MatrixError,
+    forbidden,
+    invalid_param,
+    not_found,
+)
+from homeserver.core.identifiers import is_valid_server_name, parse_room_alias
+from homeserver.core.requester import Requester
+from homeserver.directory.remote import PublicRoomsQuery, RemoteDirectory
+from homeserver.federation.admission import Caller
+from homeserver.rooms.service import RoomService
+from homeserver.storage.directory import (
+    Cursor,
+    DirectoryStore,
+    PublishedRoom,
+    RoomFilter,
+    Snapshot,
+)
 
 __all__ = ["DirectoryService", "RoomFilter", "VISIBILITIES"]
 
@@ -83,7 +96,7 @@ class DirectoryService:
     def is_local_alias(self, alias: str) -> bool:
         return self.parse_alias(alias)[1] == self.server_name
 
-    def check_new_alias(self, alias: str, taken_errcode: str = "M_UNKNOWN") -> str:
+    def check_new_alias(self, alias: str, taken_errcode: str = Codes.UNKNOWN) -> str:
         """A valid, local, free alias, or the error for why it is not. PUT answers 409
         M_UNKNOWN for a taken alias; createRoom answers 400 M_ROOM_IN_USE."""
         if not self.is_local_alias(alias):
@@ -94,7 +107,7 @@ class DirectoryService:
 
     @staticmethod
     def _alias_taken(alias: str, errcode: str) -> MatrixError:
-        status = 409 if errcode == "M_UNKNOWN" else 400
+        status = 409 if errcode == Codes.UNKNOWN else 400
         return MatrixError(status, errcode, f"Room alias {alias} already exists.")
 
     def alias_writer(self, alias: str, room_id: str, creator: str):
@@ -102,7 +115,7 @@ class DirectoryService:
 
         def write(tx):
             if not self.store.add_alias_in(tx, alias, room_id, creator, now_ms()):
-                raise self._alias_taken(alias, "M_ROOM_IN_USE")
+                raise self._alias_taken(alias, Codes.ROOM_IN_USE)
 
         return write
 
@@ -130,7 +143,7 @@ class DirectoryService:
                 self.rooms.membership(room_id, requester.user_id) != "join":
             raise forbidden("You must be in the room to create an alias for it")
         if not self.store.add_alias(alias, room_id, requester.user_id, now_ms()):
-            raise self._alias_taken(alias, "M_UNKNOWN")
+            raise self._alias_taken(alias, Codes.UNKNOWN)
 
     def delete_alias(self, requester: Requester, alias: str) -> None:
         if not self.is_local_alias(alias):
@@ -171,7 +184,7 @@ class DirectoryService:
                 continue
             pointed_at, _ = self.resolve_local_alias(new_alias)
             if pointed_at != room_id:
-                raise MatrixError(400, "M_BAD_ALIAS", f"{new_alias} points to another room")
+                raise MatrixError(400, Codes.BAD_ALIAS, f"{new_alias} points to another room")
 
     # --- visibility ---------------------------------------------------------------------
 

@@ -25,13 +25,18 @@ from urllib.parse import urlencode, urlsplit
 from canonicaljson import encode_canonical_json
 
 from budget import OutboundDeadline
-
-from .discovery import DnsResolver, ServerDiscovery
-from .errors import FederationError, MalformedResponse, RemoteError
-from .ip_filter import IpFilter
-from .signing import sign_request
-from .transport import (OutboundTransport, StreamingResponse, TargetHealth, discard,
-                        make_ssl_context, read_body)
+from homeserver.federation.discovery import DnsResolver, ServerDiscovery
+from homeserver.federation.errors import FederationError, MalformedResponse, RemoteError
+from homeserver.federation.ip_filter import IpFilter
+from homeserver.federation.signing import sign_request
+from homeserver.federation.transport import (
+    OutboundTransport,
+    StreamingResponse,
+    TargetHealth,
+    discard,
+    make_ssl_context,
+    read_body,
+)
 
 log = logging.getLogger(__name__)
 

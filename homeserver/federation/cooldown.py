@@ -12,7 +12,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from .errors import AddressCoolingDown
+from homeserver.federation.errors import AddressCoolingDown
 
 BASE_COOLDOWN_SECONDS = 30.0
 MAX_COOLDOWN_SECONDS = 600.0

@@ -33,12 +33,20 @@ import dns.rcode
 import dns.resolver
 
 from budget import DeadlineExceeded, OutboundDeadline
-
-from ..caching import TtlCache
-from ..identifiers import is_valid_server_name
-from .errors import DestinationUnreachable, FederationError, MalformedResponse
-from .ip_filter import IpFilter
-from .transport import Endpoint, OutboundTransport, discard, read_body
+from homeserver.core.caching import TtlCache
+from homeserver.core.identifiers import is_valid_server_name
+from homeserver.federation.errors import (
+    DestinationUnreachable,
+    FederationError,
+    MalformedResponse,
+)
+from homeserver.federation.ip_filter import IpFilter
+from homeserver.federation.transport import (
+    Endpoint,
+    OutboundTransport,
+    discard,
+    read_body,
+)
 
 log = logging.getLogger(__name__)
 

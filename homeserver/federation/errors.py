@@ -7,8 +7,7 @@ Every outbound failure is one of a few types, so that a handler maps them all th
 from __future__ import annotations
 
 from budget import DeadlineExceeded
-
-from ..errors import MatrixError, limit_exceeded
+from homeserver.core.errors import Codes, ContentTooLarge, MatrixError, limit_exceeded
 
 __all__ = [
     "DeadlineExceeded",
@@ -70,7 +69,7 @@ class MalformedResponse(FederationError):
     """The remote answered, but not with what the protocol says: bad JSON, wrong shape."""
 
 
-class ResponseTooLarge(MalformedResponse):
+class ResponseTooLarge(MalformedResponse, ContentTooLarge):
     """The response body was longer than the caller's cap; reading stopped at the cap."""
 
     def __init__(self, destination: str, max_bytes: int):
@@ -98,23 +97,23 @@ def to_client_error(exc: Exception, destination: str | None = None) -> MatrixErr
     """
     server = getattr(exc, "destination", None) or destination or "the remote server"
     if isinstance(exc, DeadlineExceeded):
-        return MatrixError(504, "M_UNKNOWN", f"Timed out waiting for {server}")
+        return MatrixError(504, Codes.UNKNOWN, f"Timed out waiting for {server}")
     if isinstance(exc, KeyResolutionRefused):
         return limit_exceeded(exc.retry_after_ms)
     if isinstance(exc, AddressCoolingDown):
         # As the failure that started the cool-down would have been answered.
         status = 504 if exc.timed_out else 502
-        return MatrixError(status, "M_UNKNOWN", f"Not trying {server} again yet: {exc.reason}")
+        return MatrixError(status, Codes.UNKNOWN, f"Not trying {server} again yet: {exc.reason}")
     if isinstance(exc, DestinationUnreachable):
-        return MatrixError(502, "M_UNKNOWN", f"Could not reach {server}: {exc.reason}")
+        return MatrixError(502, Codes.UNKNOWN, f"Could not reach {server}: {exc.reason}")
     if isinstance(exc, RemoteError):
-        if exc.status == 404 or exc.errcode == "M_NOT_FOUND":
-            return MatrixError(404, "M_NOT_FOUND", f"{server} has no such resource")
+        if exc.status == 404 or exc.errcode == Codes.NOT_FOUND:
+            return MatrixError(404, Codes.NOT_FOUND, f"{server} has no such resource")
         if exc.status == 403:
-            return MatrixError(403, "M_FORBIDDEN", f"{server} refused the request")
-        return MatrixError(502, "M_UNKNOWN", f"{server} answered HTTP {exc.status}")
+            return MatrixError(403, Codes.FORBIDDEN, f"{server} refused the request")
+        return MatrixError(502, Codes.UNKNOWN, f"{server} answered HTTP {exc.status}")
     if isinstance(exc, ResponseTooLarge):
-        return MatrixError(502, "M_UNKNOWN", f"{server} sent a response that is too large")
+        return MatrixError(502, Codes.UNKNOWN, f"{server} sent a response that is too large")
     if isinstance(exc, MalformedResponse):
-        return MatrixError(502, "M_UNKNOWN", f"{server} sent a malformed response")
-    return MatrixError(502, "M_UNKNOWN", f"Federation with {server} failed")
+        return MatrixError(502, Codes.UNKNOWN, f"{server} sent a malformed response")
+    return MatrixError(502, Codes.UNKNOWN, f"Federation with {server} failed")

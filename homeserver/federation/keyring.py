@@ -26,19 +26,28 @@ from gevent.event import AsyncResult
 from signedjson.key import get_verify_key
 from signedjson.sign import sign_json
 
-from budget import DeadlineExceeded, InFlightBudget, OutboundDeadline, RateLimiter, split_budget
-
-from ..config import Config, FederationSecurityConfig, TrustedKeyServer
-from ..errors import invalid_param
-from ..identifiers import is_valid_server_name
-from ..logs import with_request_context
-from ..metrics import Metrics
-from ..storage.keys import ServerKeyStore, StoredKey
-from .errors import (FederationError, InvalidSignature, KeyResolutionRefused,
-                     MalformedResponse)
-from .signing import decode_verify_key, verify_signature
-from .signing_key import key_id as own_key_id
-from .signing_key import own_key_document
+from budget import (
+    DeadlineExceeded,
+    InFlightBudget,
+    OutboundDeadline,
+    RateLimiter,
+    split_budget,
+)
+from homeserver.config import Config, FederationSecurityConfig, TrustedKeyServer
+from homeserver.core.errors import invalid_param
+from homeserver.core.identifiers import is_valid_server_name
+from homeserver.federation.errors import (
+    FederationError,
+    InvalidSignature,
+    KeyResolutionRefused,
+    MalformedResponse,
+)
+from homeserver.federation.signing import decode_verify_key, verify_signature
+from homeserver.federation.signing_key import key_id as own_key_id
+from homeserver.federation.signing_key import own_key_document
+from homeserver.logs import with_request_context
+from homeserver.metrics import Metrics
+from homeserver.storage.keys import ServerKeyStore, StoredKey
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from signedjson.key import decode_verify_key_bytes
 from signedjson.sign import SignatureVerifyException, sign_json, verify_signed_json
 from unpaddedbase64 import decode_base64
 
-from .errors import InvalidSignature
+from homeserver.federation.errors import InvalidSignature
 
 SCHEME = "X-Matrix"
 

@@ -7,8 +7,13 @@ import secrets
 import string
 import time
 
-from signedjson.key import (encode_verify_key_base64, generate_signing_key, get_verify_key,
-                            read_signing_keys, write_signing_keys)
+from signedjson.key import (
+    encode_verify_key_base64,
+    generate_signing_key,
+    get_verify_key,
+    read_signing_keys,
+    write_signing_keys,
+)
 from signedjson.sign import sign_json
 
 KEY_FILE = "signing.key"

@@ -21,14 +21,23 @@ import gevent
 import urllib3
 from gevent import ssl as gevent_ssl
 from urllib3.connection import HTTPSConnection
-from urllib3.exceptions import (ConnectTimeoutError, HTTPError, NewConnectionError,
-                                ProtocolError, ReadTimeoutError, SSLError)
+from urllib3.exceptions import (
+    ConnectTimeoutError,
+    HTTPError,
+    NewConnectionError,
+    ProtocolError,
+    ReadTimeoutError,
+    SSLError,
+)
 
 from budget import DeadlineExceeded, OutboundDeadline
-
-from .. import __version__
-from .errors import DestinationUnreachable, MalformedResponse, ResponseTooLarge
-from .ip_filter import IpFilter
+from homeserver import __version__
+from homeserver.federation.errors import (
+    DestinationUnreachable,
+    MalformedResponse,
+    ResponseTooLarge,
+)
+from homeserver.federation.ip_filter import IpFilter
 
 log = logging.getLogger(__name__)
 

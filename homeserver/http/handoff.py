@@ -31,17 +31,15 @@ from gevent import getcurrent
 from gevent.pool import Group, Pool, PoolFull
 
 from budget import InFlightBudget, OutboundDeadline, Slot
-
-from ..errors import MatrixError, limit_exceeded
-from ..outbound import REFUSAL_RETRY_AFTER_MS, Caller
-from .disconnect import stop_on_client_disconnect
+from homeserver.core.errors import Codes, MatrixError, limit_exceeded
+from homeserver.federation.admission import REFUSAL_RETRY_AFTER_MS, Caller
 
 # Where a handed-off request leaves its HandedOff for the connection's handler.
 HANDED_OFF = "weir.handed_off"
 
 
 def shutting_down() -> MatrixError:
-    return MatrixError(503, "M_UNKNOWN", "The server is shutting down")
+    return MatrixError(503, Codes.UNKNOWN, "The server is shutting down")
 
 
 class MediaFetchHandoff:
@@ -73,7 +71,7 @@ class MediaFetchHandoff:
         caller.environ[HANDED_OFF] = HandedOff(self, slot, current)
         self.main_pool.discard(current)
         self.away.add(current)
-        with stop_on_client_disconnect(caller.environ):
+        with caller.watch_hang_up():
             yield
 
     @contextlib.contextmanager

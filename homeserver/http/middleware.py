@@ -8,8 +8,7 @@ import secrets
 import time
 
 from budget import client_key
-
-from ..logs import current_request_id
+from homeserver.logs import current_request_id
 
 access_log = logging.getLogger("weir.access")
 

@@ -14,7 +14,13 @@ from typing import Any, Iterator
 from flask import request
 from marshmallow import EXCLUDE, Schema, ValidationError
 
-from ..errors import MatrixError, bad_json, invalid_param, missing_param
+from homeserver.core.errors import (
+    Codes,
+    MatrixError,
+    bad_json,
+    invalid_param,
+    missing_param,
+)
 
 DEFAULT_MAX_JSON_BYTES = 1024 * 1024
 _MISSING = "Missing data for required field."
@@ -31,10 +37,10 @@ def read_body(max_bytes: int) -> bytes:
     if data is None:
         length = request.content_length
         if length is not None and length > max_bytes:
-            raise MatrixError(413, "M_TOO_LARGE", f"Request body over {max_bytes} bytes")
+            raise MatrixError(413, Codes.TOO_LARGE, f"Request body over {max_bytes} bytes")
         data = request.stream.read(max_bytes + 1)
     if len(data) > max_bytes:
-        raise MatrixError(413, "M_TOO_LARGE", f"Request body over {max_bytes} bytes")
+        raise MatrixError(413, Codes.TOO_LARGE, f"Request body over {max_bytes} bytes")
     request.environ["weir.body"] = data
     return data
 
@@ -64,7 +70,7 @@ def parse_json(raw: bytes) -> Any:
     except (ValueError, RecursionError):
         # ValueError covers UnicodeDecodeError and UnicodeEncodeError; RecursionError is
         # nesting deeper than the parser goes.
-        raise MatrixError(400, "M_NOT_JSON", "Content not JSON.") from None
+        raise MatrixError(400, Codes.NOT_JSON, "Content not JSON.") from None
     request.environ["weir.json"] = (raw, value)
     return value
 
@@ -88,7 +94,7 @@ def json_object(max_bytes: int = DEFAULT_MAX_JSON_BYTES, allow_empty: bool = Fal
         return {}
     body = parse_json(raw)
     if not isinstance(body, dict):
-        raise MatrixError(400, "M_NOT_JSON", "Content must be a JSON object.")
+        raise MatrixError(400, Codes.NOT_JSON, "Content must be a JSON object.")
     return body
 
 

@@ -8,7 +8,7 @@ import logging
 from flask import Flask, Response
 from werkzeug.exceptions import HTTPException
 
-from ..errors import MatrixError
+from homeserver.core.errors import Codes, MatrixError
 
 log = logging.getLogger(__name__)
 
@@ -20,9 +20,9 @@ CORS_HEADERS = {
 }
 
 _WERKZEUG_ERRCODES = {
-    404: ("M_UNRECOGNIZED", "Unrecognized request"),
-    405: ("M_UNRECOGNIZED", "Unrecognized request: method not allowed"),
-    413: ("M_TOO_LARGE", "Request body too large"),
+    404: (Codes.UNRECOGNIZED, "Unrecognized request"),
+    405: (Codes.UNRECOGNIZED, "Unrecognized request: method not allowed"),
+    413: (Codes.TOO_LARGE, "Request body too large"),
 }
 
 
@@ -42,11 +42,11 @@ def register_error_handlers(app: Flask) -> None:
 
     @app.errorhandler(HTTPException)
     def http_error(error: HTTPException):
-        errcode, message = _WERKZEUG_ERRCODES.get(error.code or 500, ("M_UNKNOWN", error.name))
+        errcode, message = _WERKZEUG_ERRCODES.get(error.code or 500, (Codes.UNKNOWN, error.name))
         return error_response(MatrixError(error.code or 500, errcode, message))
 
     @app.errorhandler(Exception)
     def unexpected(error: Exception):
         # The traceback goes to the log, never to the client.
         log.exception("unhandled error")
-        return error_response(MatrixError(500, "M_UNKNOWN", "Internal server error"))
+        return error_response(MatrixError(500, Codes.UNKNOWN, "Internal server error"))

@@ -21,6 +21,8 @@ from typing import Callable, Iterable
 
 import gevent
 
+from homeserver.core.errors import ContentTooLarge
+
 # The spec's media-id grammar. Anything else is refused before a path is built.
 _MEDIA_ID = re.compile(r"[A-Za-z0-9_-]{1,255}")
 _NEW_ID_ALPHABET = string.ascii_letters + string.digits
@@ -31,6 +33,10 @@ STALE_TEMP_SECONDS = 24 * 3600
 
 THUMBNAIL_EXTENSIONS = {"image/jpeg": "jpg", "image/png": "png", "image/webp": "webp"}
 
+DEFAULT_CONTENT_TYPE = "application/octet-stream"
+# A header-safe media type; anything else (control characters, non-ASCII) is not trusted.
+_SAFE_CONTENT_TYPE = re.compile(r"[!-~][ -~]{0,254}")
+
 
 def is_valid_media_id(media_id: str) -> bool:
     return bool(_MEDIA_ID.fullmatch(media_id))  # fullmatch: `$` would allow a final \n
@@ -40,8 +46,24 @@ def new_media_id() -> str:
     return "".join(secrets.choice(_NEW_ID_ALPHABET) for _ in range(NEW_MEDIA_ID_LENGTH))
 
 
-class FileTooLarge(Exception):
+def safe_content_type(content_type: str | None) -> str:
+    """The stored type if it can go out as a header, else application/octet-stream."""
+    if not content_type or not _SAFE_CONTENT_TYPE.fullmatch(content_type):
+        return DEFAULT_CONTENT_TYPE
+    return content_type
+
+
+class FileTooLarge(ContentTooLarge):
     """The content passed the size cap; nothing was kept."""
+
+
+@dataclass(frozen=True)
+class MediaFile:
+    """A stored file to serve, and what to call it."""
+
+    path: str
+    content_type: str | None
+    filename: str | None
 
 
 @dataclass(frozen=True)

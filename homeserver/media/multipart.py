@@ -24,7 +24,7 @@ from urllib.parse import unquote
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
-from ..federation.errors import MalformedResponse
+from homeserver.federation.errors import MalformedResponse
 
 # The metadata part is small JSON; a peer sending more is not sending metadata.
 MAX_JSON_PART_BYTES = 64 * 1024

@@ -32,27 +32,41 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Protocol
 from urllib.parse import quote
 
 from budget import DeadlineExceeded, InFlightBudget, OutboundDeadline, RateLimiter
-
-from ..accounts.service import now_ms
-from ..concurrency import SingleFlight
-from ..config import MediaConfig, MediaSecurityConfig
-from ..errors import MatrixError, limit_exceeded, not_found
-from ..federation.client import FederationClient
-from ..federation.cooldown import AddressCooldown
-from ..federation.discovery import split_server_name
-from ..federation.errors import (AddressCoolingDown, FederationError, RemoteError,
-                                 ResponseTooLarge, to_client_error)
-from ..metrics import Metrics
-from ..outbound import MEDIA_DEADLINE_SECONDS, Caller, admitted, count_failure
-from ..storage.media import MediaStore, RemoteMedia
-from .files import FileTooLarge, MediaFileStore, is_valid_media_id
-from .multipart import MultipartMediaReader, upload_name_from
-from .responses import safe_content_type
+from homeserver.config import MediaConfig, MediaSecurityConfig
+from homeserver.core.clock import now_ms
+from homeserver.core.concurrency import SingleFlight
+from homeserver.core.errors import (
+    Codes,
+    ContentTooLarge,
+    MatrixError,
+    limit_exceeded,
+    not_found,
+)
+from homeserver.federation.admission import (
+    MEDIA_DEADLINE_SECONDS,
+    Caller,
+    admitted,
+    count_failure,
+)
+from homeserver.federation.client import FederationClient
+from homeserver.federation.cooldown import AddressCooldown
+from homeserver.federation.discovery import split_server_name
+from homeserver.federation.errors import (
+    AddressCoolingDown,
+    FederationError,
+    RemoteError,
+    to_client_error,
+)
+from homeserver.media.files import MediaFileStore, is_valid_media_id, safe_content_type
+from homeserver.media.multipart import MultipartMediaReader, upload_name_from
+from homeserver.metrics import Metrics
+from homeserver.storage.media import MediaStore, RemoteMedia
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +89,15 @@ class MediaRequest:
     caller: Caller = field(default_factory=lambda: Caller(""))
 
 
+class FetchAdmission(Protocol):
+    """How a remote fetch is admitted: `MediaFetchHandoff` in pool mode
+    (homeserver/http/handoff.py), `InlineFetchAdmission` otherwise."""
+
+    def admitted(self, caller: Caller) -> AbstractContextManager[object]: ...
+
+    def fetch_place(self, deadline: OutboundDeadline) -> AbstractContextManager[object]: ...
+
+
 class InlineFetchAdmission:
     """Inline mode: the fetch runs in the request's own greenlet under ADR-0079's
     `client_outbound_budget`, since there is no media pool to hand it to."""
@@ -83,7 +106,7 @@ class InlineFetchAdmission:
         self.budget = client_outbound_budget
 
     def admitted(self, caller: Caller):
-        return admitted(self.budget, caller.client_key, caller.environ)
+        return admitted(self.budget, caller)
 
     def fetch_place(self, deadline: OutboundDeadline):
         return contextlib.nullcontext()
@@ -117,7 +140,7 @@ class _RemoteFile:
 
 class RemoteMediaRepository:
     def __init__(self, config: MediaConfig, security: MediaSecurityConfig, store: MediaStore,
-                 files: MediaFileStore, client: FederationClient, admission,
+                 files: MediaFileStore, client: FederationClient, admission: FetchAdmission,
                  rate_limiter: RateLimiter, cooldown: AddressCooldown, metrics: Metrics):
         self.config = config
         self.security = security
@@ -201,7 +224,7 @@ class RemoteMediaRepository:
             with self.admission.admitted(request.caller), deadline:
                 return self.coalescer.fetch(origin, media_id, fetch,
                                             on_wait=self.metrics.coalesced.labels(CALL).inc)
-        except (FederationError, DeadlineExceeded, FileTooLarge) as e:
+        except (FederationError, DeadlineExceeded, ContentTooLarge) as e:
             raise self._client_error(e, origin) from None
 
     def _refuse_if_cooling(self, origin: str) -> None:
@@ -212,8 +235,8 @@ class RemoteMediaRepository:
             self.cooldown.refuse_if_all_cooling(origin, known)
 
     def _client_error(self, e: Exception, origin: str) -> MatrixError:
-        if isinstance(e, (FileTooLarge, ResponseTooLarge)):
-            return MatrixError(502, "M_TOO_LARGE", f"Media from {origin} is larger than this "
+        if isinstance(e, ContentTooLarge):
+            return MatrixError(502, Codes.TOO_LARGE, f"Media from {origin} is larger than this "
                                f"server accepts ({self.config.max_upload_size} bytes)")
         return to_client_error(e, origin)
 
@@ -260,7 +283,7 @@ class RemoteMediaRepository:
                 origin, FEDERATION_DOWNLOAD_PATH + media_id, _timeout_query(deadline),
                 deadline=deadline, max_bytes=max_bytes, target_health=self.cooldown))
         except RemoteError as e:
-            if e.status in (404, 405) and e.errcode == "M_UNRECOGNIZED":
+            if e.status in (404, 405) and e.errcode == Codes.UNRECOGNIZED:
                 return self._open_legacy(origin, media_id, deadline, responses)
             raise
         reader = MultipartMediaReader(origin, response.headers.get("Content-Type"),

@@ -14,17 +14,37 @@ from typing import Iterable
 
 from gevent.threadpool import ThreadPool
 
-from ..accounts.service import now_ms
-from ..config import MediaConfig
-from ..errors import MatrixError, limit_exceeded, not_found
-from ..storage.media import (LocalMedia, MediaStore, RemoteMedia, StoredThumbnail,
-                             ThumbnailSource)
-from .files import FileTooLarge, MediaFileStore, ThumbnailKey, is_valid_media_id, new_media_id
-from .remote import MediaRequest, RemoteMediaRepository
-from .responses import MediaFile, safe_content_type
-from .thumbnails import (ImageTooLarge, NotAnImage, is_thumbnailable, key_for,
-                         pregenerated_keys, probe, render, select_thumbnail)
-from .waiters import UploadWaiters
+from homeserver.config import MediaConfig
+from homeserver.core.clock import now_ms
+from homeserver.core.errors import Codes, MatrixError, limit_exceeded, not_found
+from homeserver.media.files import (
+    FileTooLarge,
+    MediaFile,
+    MediaFileStore,
+    ThumbnailKey,
+    is_valid_media_id,
+    new_media_id,
+    safe_content_type,
+)
+from homeserver.media.remote import MediaRequest, RemoteMediaRepository
+from homeserver.media.thumbnails import (
+    ImageTooLarge,
+    NotAnImage,
+    is_thumbnailable,
+    key_for,
+    pregenerated_keys,
+    probe,
+    render,
+    select_thumbnail,
+)
+from homeserver.media.waiters import UploadWaiters
+from homeserver.storage.media import (
+    LocalMedia,
+    MediaStore,
+    RemoteMedia,
+    StoredThumbnail,
+    ThumbnailSource,
+)
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +60,7 @@ THUMBNAIL_METHODS = ("crop", "scale")
 
 
 def _cannot_thumbnail() -> MatrixError:
-    return MatrixError(400, "M_UNKNOWN", "Cannot generate thumbnails for the requested content")
+    return MatrixError(400, Codes.UNKNOWN, "Cannot generate thumbnails for the requested content")
 
 
 class MediaService:
@@ -76,7 +96,7 @@ class MediaService:
             media = LocalMedia(media_id, user_id, content_type, filename or None, stored.length,
                                stored.sha256, now, self.config.enable_authenticated_media)
             if not self.store.insert_local_media(media, now):
-                raise MatrixError(500, "M_UNKNOWN", "Media id collision")
+                raise MatrixError(500, Codes.UNKNOWN, "Media id collision")
 
         self._store_original(media_id, body, record)
         self._pregenerate_thumbnails(self.server_name, media_id, content_type)
@@ -101,17 +121,17 @@ class MediaService:
         if server_name != self.server_name or not is_valid_media_id(media_id):
             raise not_found("Unknown media ID")
         if media_id in self._uploading:
-            raise MatrixError(409, "M_CANNOT_OVERWRITE_MEDIA", "Media ID is being uploaded")
+            raise MatrixError(409, Codes.CANNOT_OVERWRITE_MEDIA, "Media ID is being uploaded")
         self._uploading.add(media_id)
         try:
             media = self.store.get_local_media(media_id)
             if media is None or self._expired(media):
                 raise not_found("Unknown media ID")
             if media.user_id != user_id:
-                raise MatrixError(403, "M_FORBIDDEN",
+                raise MatrixError(403, Codes.FORBIDDEN,
                                   "Only the creator of the media ID can upload to it")
             if media.uploaded:
-                raise MatrixError(409, "M_CANNOT_OVERWRITE_MEDIA", "Media ID already has content")
+                raise MatrixError(409, Codes.CANNOT_OVERWRITE_MEDIA, "Media ID already has content")
             self._check_declared_length(declared_length)
             content_type = safe_content_type(content_type)
             # A file here is a leftover of an upload that died before its row was written:
@@ -121,7 +141,7 @@ class MediaService:
             def record(stored):
                 if not self.store.complete_pending(media_id, content_type, filename or None,
                                                    stored.length, stored.sha256, now_ms()):
-                    raise MatrixError(409, "M_CANNOT_OVERWRITE_MEDIA",
+                    raise MatrixError(409, Codes.CANNOT_OVERWRITE_MEDIA,
                                       "Media ID already has content")
 
             self._store_original(media_id, body, record)
@@ -178,7 +198,7 @@ class MediaService:
                     return media
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise MatrixError(504, "M_NOT_YET_UPLOADED", "Media has not been uploaded yet")
+                    raise MatrixError(504, Codes.NOT_YET_UPLOADED, "Media has not been uploaded yet")
                 # Woken or timed out, read again: content uploaded through another process
                 # (a federation shard's downloads) wakes nobody here.
                 uploaded.wait(remaining)
@@ -277,8 +297,8 @@ class MediaService:
 
 def _too_large(max_bytes: int) -> MatrixError:
     # The server closes the connection rather than read the rest (http/server.py).
-    return MatrixError(413, "M_TOO_LARGE", f"Upload over {max_bytes} bytes")
+    return MatrixError(413, Codes.TOO_LARGE, f"Upload over {max_bytes} bytes")
 
 
 def _image_too_large() -> MatrixError:
-    return MatrixError(413, "M_TOO_LARGE", "Image too large to thumbnail")
+    return MatrixError(413, Codes.TOO_LARGE, "Image too large to thumbnail")

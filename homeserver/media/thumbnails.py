@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from PIL import Image, ImageOps, ImageSequence
 
-from .files import ThumbnailKey
+from homeserver.media.files import ThumbnailKey
 
 # The content types we try to thumbnail; anything else gets 400 M_UNKNOWN, as from Synapse.
 THUMBNAILABLE_TYPES = frozenset({"image/jpeg", "image/jpg", "image/png", "image/gif",

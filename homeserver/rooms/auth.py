@@ -17,9 +17,9 @@ from signedjson.key import decode_verify_key_bytes
 from signedjson.sign import SignatureVerifyException, verify_signed_json
 from unpaddedbase64 import decode_base64
 
-from ..identifiers import is_valid_user_id, server_of
-from .events import Event
-from .versions import KNOWN_ROOM_VERSIONS, RoomVersion
+from homeserver.core.events import Event
+from homeserver.core.identifiers import is_valid_user_id, server_of
+from homeserver.rooms.versions import KNOWN_ROOM_VERSIONS, RoomVersion
 
 StateKey = tuple[str, str]
 StateMap = Mapping[StateKey, Event]

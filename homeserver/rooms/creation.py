@@ -10,10 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..errors import MatrixError, invalid_param, not_found
-from ..identifiers import is_valid_user_id, new_room_id, server_of
-from .service import PlannedEvent, RoomService
-from .versions import DEFAULT_ROOM_VERSION, KNOWN_ROOM_VERSIONS, RoomVersion
+from homeserver.core.errors import Codes, MatrixError, invalid_param, not_found
+from homeserver.core.identifiers import is_valid_user_id, new_room_id, server_of
+from homeserver.rooms.service import PlannedEvent, RoomService
+from homeserver.rooms.versions import (
+    DEFAULT_ROOM_VERSION,
+    KNOWN_ROOM_VERSIONS,
+    RoomVersion,
+)
 
 
 @dataclass(frozen=True)
@@ -157,7 +161,7 @@ class RoomCreator:
         alias = None
         if request.room_alias_name is not None:
             alias = self.directory.check_new_alias(
-                f"#{request.room_alias_name}:{self.server_name}", taken_errcode="M_ROOM_IN_USE")
+                f"#{request.room_alias_name}:{self.server_name}", taken_errcode=Codes.ROOM_IN_USE)
 
         room_id = new_room_id(self.server_name)
         extra_writes = []
@@ -175,6 +179,6 @@ class RoomCreator:
             return DEFAULT_ROOM_VERSION
         version = KNOWN_ROOM_VERSIONS.get(identifier)
         if version is None:
-            raise MatrixError(400, "M_UNSUPPORTED_ROOM_VERSION",
+            raise MatrixError(400, Codes.UNSUPPORTED_ROOM_VERSION,
                               f"Room version {identifier!r} is not supported")
         return version

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import copy
 import hashlib
-from dataclasses import dataclass, field
 from typing import Any
 
 from canonicaljson import encode_canonical_json
 from signedjson.sign import sign_json
 from unpaddedbase64 import encode_base64
 
-from ..identifiers import is_valid_room_id, is_valid_user_id
-from .versions import RoomVersion
+from homeserver.core.events import Event
+from homeserver.core.identifiers import is_valid_room_id, is_valid_user_id
+from homeserver.rooms.versions import RoomVersion
 
 MAX_PDU_BYTES = 65536
 MAX_KEY_BYTES = 255  # sender, room_id, state_key, type, event_id
@@ -33,61 +33,6 @@ class InvalidEvent(ValueError):
     def __init__(self, reason: str, too_large: bool = False):
         super().__init__(reason)
         self.too_large = too_large
-
-
-@dataclass(frozen=True)
-class Event:
-    """An event: its ID and its PDU. Treat `pdu` as read-only."""
-
-    event_id: str
-    pdu: dict = field(repr=False)
-
-    @property
-    def room_id(self) -> str:
-        return self.pdu["room_id"]
-
-    @property
-    def type(self) -> str:
-        return self.pdu["type"]
-
-    @property
-    def state_key(self) -> str | None:
-        return self.pdu.get("state_key")
-
-    @property
-    def is_state(self) -> bool:
-        return "state_key" in self.pdu
-
-    @property
-    def sender(self) -> str:
-        return self.pdu["sender"]
-
-    @property
-    def content(self) -> dict:
-        return self.pdu["content"]
-
-    @property
-    def depth(self) -> int:
-        return self.pdu["depth"]
-
-    @property
-    def origin_server_ts(self) -> int:
-        return self.pdu["origin_server_ts"]
-
-    @property
-    def prev_event_ids(self) -> list[str]:
-        return self.pdu["prev_events"]
-
-    @property
-    def auth_event_ids(self) -> list[str]:
-        return self.pdu["auth_events"]
-
-    @property
-    def membership(self) -> str | None:
-        if self.type == "m.room.member":
-            value = self.content.get("membership")
-            return value if isinstance(value, str) else None
-        return None
 
 
 # --- redaction --------------------------------------------------------------------------

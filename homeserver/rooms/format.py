@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..storage.rooms import StoredEvent
+from homeserver.storage.rooms import StoredEvent
 
 
 def client_event(stored: StoredEvent, now_ms: int, txn_id: str | None = None,

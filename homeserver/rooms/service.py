@@ -19,19 +19,41 @@ from typing import Callable, Iterable
 from signedjson.key import get_verify_key
 from signedjson.sign import SignatureVerifyException, verify_signed_json
 
-from ..accounts.service import Requester, now_ms
-from ..errors import MatrixError, bad_json, forbidden, invalid_param, not_found
-from ..identifiers import is_valid_room_id, is_valid_user_id, server_of
-from ..storage.profiles import ProfileStore
-from ..storage.rooms import NewRoom, RoomStore, StaleExtremities, StoredEvent, TxnKey
-from .auth import (CREATE, AuthError, auth_types_for_event, check_against_state,
-                   check_auth_events, required_power_level, select_auth_events,
-                   user_power_level)
-from .events import MAX_PREV_EVENTS, Event, InvalidEvent, build_event, redact
-from .format import client_event
-from .locks import KeyedLocks
-from .versions import KNOWN_ROOM_VERSIONS, RoomVersion
-from .visibility import HistoryView
+from homeserver.core.clock import now_ms
+from homeserver.core.concurrency import KeyedLocks
+from homeserver.core.errors import (
+    Codes,
+    MatrixError,
+    bad_json,
+    forbidden,
+    invalid_param,
+    not_found,
+)
+from homeserver.core.events import Event
+from homeserver.core.identifiers import is_valid_room_id, is_valid_user_id, server_of
+from homeserver.core.requester import Requester
+from homeserver.rooms.auth import (
+    CREATE,
+    AuthError,
+    auth_types_for_event,
+    check_against_state,
+    check_auth_events,
+    required_power_level,
+    select_auth_events,
+    user_power_level,
+)
+from homeserver.rooms.events import MAX_PREV_EVENTS, InvalidEvent, build_event, redact
+from homeserver.rooms.format import client_event
+from homeserver.rooms.versions import KNOWN_ROOM_VERSIONS, RoomVersion
+from homeserver.rooms.visibility import HistoryView
+from homeserver.storage.profiles import ProfileStore
+from homeserver.storage.rooms import (
+    NewRoom,
+    RoomStore,
+    StaleExtremities,
+    StoredEvent,
+    TxnKey,
+)
 
 log = logging.getLogger(__name__)
 
@@ -228,7 +250,7 @@ class RoomService:
                 server_name=self.server_name, signing_key=self.signing_key)
         except InvalidEvent as e:
             if e.too_large:
-                raise MatrixError(413, "M_TOO_LARGE", str(e)) from None
+                raise MatrixError(413, Codes.TOO_LARGE, str(e)) from None
             raise bad_json(str(e)) from None
         check_auth_events(version, event, auth_events,
                           lambda ev, server: self._signed_by_us(version, ev, server))
@@ -290,7 +312,7 @@ class RoomService:
                         # The same transaction, sent at once through another process.
                         return self.store.event_for_txn(txn)
                     raise
-        raise MatrixError(503, "M_UNKNOWN", "The room is busy; try again")
+        raise MatrixError(503, Codes.UNKNOWN, "The room is busy; try again")
 
     def create_room(self, room_id: str, version: RoomVersion, creator: str,
                     planned: list[PlannedEvent], extra_writes: Iterable[Callable] = ()) -> None:
@@ -303,7 +325,7 @@ class RoomService:
             try:
                 event = self._build(version, item, room_id, events[-1:], state, ts)
             except AuthError as e:
-                raise MatrixError(400, "M_INVALID_ROOM_STATE",
+                raise MatrixError(400, Codes.INVALID_ROOM_STATE,
                                   f"{item.event_type} would not be allowed: {e}") from None
             events.append(event)
             if event.is_state:
@@ -391,7 +413,7 @@ class RoomService:
                      txn_id: str) -> str:
         if event_type == "m.room.redaction":
             # Redacting needs the redact endpoint and applying redactions when serving.
-            raise MatrixError(400, "M_UNRECOGNIZED", "Redactions are not supported yet")
+            raise MatrixError(400, Codes.UNRECOGNIZED, "Redactions are not supported yet")
         txn = TxnKey(requester.user_id, requester.device_id, room_id, event_type, txn_id)
         return self._append(room_id, PlannedEvent(requester.user_id, event_type, content),
                             txn=txn)
@@ -469,7 +491,7 @@ class RoomService:
     @staticmethod
     def remote_membership_unavailable() -> MatrixError:
         """Joining remote rooms and inviting remote users needs federation: not yet."""
-        return MatrixError(501, "M_UNRECOGNIZED",
+        return MatrixError(501, Codes.UNRECOGNIZED,
                            "Joins and invites across servers are not available yet")
 
     def kick(self, requester: Requester, room_id: str, target: str, reason: str | None) -> str:

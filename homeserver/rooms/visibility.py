@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import bisect
 
-from ..storage.rooms import StoredEvent
+from homeserver.storage.rooms import StoredEvent
 
 WORLD_READABLE = "world_readable"
 SHARED = "shared"

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import streams
-from .database import Database
-from .rooms import EVENTS_STREAM
+from homeserver.storage import streams
+from homeserver.storage.database import Database
+from homeserver.storage.rooms import EVENTS_STREAM
 
 DIRECTORY_STREAM = "directory"
 

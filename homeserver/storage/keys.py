@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .database import Database
+from homeserver.storage.database import Database
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import logging
 import os
 import re
 
-from .database import Database
+from homeserver.storage.database import Database
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ import json
 
 from canonicaljson import encode_canonical_json
 
-from .database import Database
+from homeserver.storage.database import Database
 
 # The fields a member event carries (client-server spec, "Events on Change of Profile
 # Information").

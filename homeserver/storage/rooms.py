@@ -13,9 +13,9 @@ from typing import Callable, Iterable
 
 from canonicaljson import encode_canonical_json
 
-from ..rooms.events import Event
-from . import streams
-from .database import Database, in_lists
+from homeserver.core.events import Event
+from homeserver.storage import streams
+from homeserver.storage.database import Database, in_lists
 
 EVENTS_STREAM = "events"
 

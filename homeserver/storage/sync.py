@@ -12,9 +12,9 @@ import hashlib
 import json
 from dataclasses import dataclass
 
-from . import streams
-from .database import Database, in_lists
-from .rooms import EVENTS_STREAM, RoomStore
+from homeserver.storage import streams
+from homeserver.storage.database import Database, in_lists
+from homeserver.storage.rooms import EVENTS_STREAM, RoomStore
 
 ACCOUNT_DATA_STREAM = "account_data"
 RECEIPTS_STREAM = "receipts"

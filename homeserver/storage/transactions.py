@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from .database import Database
+from homeserver.storage.database import Database
 
 # Senders retry a transaction for minutes, not days: an answer is kept this long.
 KEEP_ANSWERS_MS = 24 * 3600 * 1000

@@ -3,9 +3,15 @@ room, private to its owner and delivered through /sync."""
 
 from __future__ import annotations
 
-from ..errors import MatrixError, forbidden, invalid_param, not_found
-from ..identifiers import is_valid_room_id
-from ..storage.sync import SyncStore
+from homeserver.core.errors import (
+    Codes,
+    MatrixError,
+    forbidden,
+    invalid_param,
+    not_found,
+)
+from homeserver.core.identifiers import is_valid_room_id
+from homeserver.storage.sync import SyncStore
 
 # Types the server writes itself: clients set them through their own APIs (receipts and
 # read markers, push rules), never through the account data endpoints.
@@ -38,7 +44,7 @@ class AccountDataService:
         self._check(requester, user_id, room_id)
         reserved = SERVER_CONTROLLED_ROOM if room_id else SERVER_CONTROLLED_GLOBAL
         if data_type in reserved:
-            raise MatrixError(405, "M_BAD_JSON",
+            raise MatrixError(405, Codes.BAD_JSON,
                               f"{data_type} is set by the server, not through account data")
         self.set(user_id, room_id, data_type, content)
 

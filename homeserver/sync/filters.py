@@ -14,9 +14,16 @@ from dataclasses import dataclass, field
 
 from marshmallow import EXCLUDE, Schema, ValidationError, fields, validate
 
-from ..accounts.service import now_ms
-from ..errors import MatrixError, bad_json, forbidden, invalid_param, not_found
-from ..rooms.service import EventFilter
+from homeserver.core.clock import now_ms
+from homeserver.core.errors import (
+    Codes,
+    MatrixError,
+    bad_json,
+    forbidden,
+    invalid_param,
+    not_found,
+)
+from homeserver.rooms.service import EventFilter
 
 # Timeline events per room when the filter gives no limit, and the most a filter may ask for:
 # an initial sync reads this many events for every room the user is in.
@@ -172,7 +179,7 @@ def parse_filter(data) -> SyncFilter:
 def decode_filter_json(text: str):
     """An inline filter from a query parameter."""
     if len(text.encode("utf-8")) > MAX_FILTER_BYTES:
-        raise MatrixError(413, "M_TOO_LARGE", f"A filter is at most {MAX_FILTER_BYTES} bytes")
+        raise MatrixError(413, Codes.TOO_LARGE, f"A filter is at most {MAX_FILTER_BYTES} bytes")
     try:
         return json.loads(text)
     except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth

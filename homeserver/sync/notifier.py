@@ -21,7 +21,7 @@ from typing import Callable, Iterable, Iterator
 
 from gevent.event import Event
 
-from ..storage.rooms import StoredEvent
+from homeserver.storage.rooms import StoredEvent
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@ spec's order. Users cannot change them yet: GET only."""
 
 from __future__ import annotations
 
-from ..errors import not_found
+from homeserver.core.errors import not_found
 
 KINDS = ("override", "content", "room", "sender", "underride")
 

@@ -4,9 +4,9 @@ reach the room's members through /sync; the fully-read marker is room account da
 
 from __future__ import annotations
 
-from ..accounts.service import now_ms
-from ..errors import forbidden, invalid_param
-from ..storage.sync import Receipt, SyncStore
+from homeserver.core.clock import now_ms
+from homeserver.core.errors import forbidden, invalid_param
+from homeserver.storage.sync import Receipt, SyncStore
 
 RECEIPT_TYPES = ("m.read", "m.read.private", "m.fully_read")
 FULLY_READ = "m.fully_read"

@@ -20,17 +20,18 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from ..accounts.service import Requester, now_ms
-from ..rooms.format import client_event
-from ..rooms.service import RoomService, stream_token
-from ..rooms.visibility import HistoryView
-from ..storage.rooms import StoredEvent
-from ..storage.sync import StreamPositions, SyncSnapshot, SyncStore
-from .filters import Filters, RoomEventFilter, SyncFilter
-from .notifier import Notifier
-from .push_rules import default_ruleset
-from .tokens import SyncToken
-from .typing import TypingNotifications
+from homeserver.core.clock import now_ms
+from homeserver.core.requester import Requester
+from homeserver.rooms.format import client_event
+from homeserver.rooms.service import RoomService, stream_token
+from homeserver.rooms.visibility import HistoryView
+from homeserver.storage.rooms import StoredEvent
+from homeserver.storage.sync import StreamPositions, SyncSnapshot, SyncStore
+from homeserver.sync.filters import Filters, RoomEventFilter, SyncFilter
+from homeserver.sync.notifier import Notifier
+from homeserver.sync.push_rules import default_ruleset
+from homeserver.sync.tokens import SyncToken
+from homeserver.sync.typing import TypingNotifications
 
 # The longest a sync may wait. Each waiting sync holds a main-pool greenlet and a connection;
 # clients ask for 30 s and reconnect at once, so a longer wait saves nothing worth the risk

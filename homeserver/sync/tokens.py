@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..errors import invalid_param
+from homeserver.core.errors import invalid_param
 
 _TOKEN = re.compile(r"^s(\d{1,18})_(\d{1,18})_(\d{1,18})_(\d{1,18})_([0-9a-f]{8})$")
 

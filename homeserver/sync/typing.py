@@ -18,7 +18,7 @@ from typing import Callable
 
 import gevent
 
-from ..errors import forbidden
+from homeserver.core.errors import forbidden
 
 # How long a user stays "typing" without a refresh: the client's timeout, capped so a client
 # cannot pin itself as typing for hours; and the default when it gives none.

@@ -9,7 +9,7 @@ from gevent.event import Event
 from signedjson.key import generate_signing_key, get_verify_key
 
 from budget import DeadlineExceeded, OutboundDeadline
-from homeserver.errors import MatrixError
+from homeserver.core.errors import MatrixError
 from homeserver.federation.errors import (DestinationUnreachable, KeyResolutionRefused,
                                           MalformedResponse, RemoteError, ResponseTooLarge,
                                           to_client_error)

@@ -18,10 +18,11 @@ from signedjson.sign import sign_json
 
 from homeserver.config import parse_config
 from homeserver.federation.errors import KeyResolutionRefused
-from homeserver.federation.ipc import FrameType, IpcServer
-from homeserver.federation.shards import MainLink, answer_relay
-from homeserver.http.app import FEDERATION
-from homeserver.http.server import HomeserverServer
+from homeserver.processes.ipc import FrameType, IpcServer
+from homeserver.processes.shard import MainLink
+from homeserver.processes.shards import answer_relay
+from homeserver.api.app import FEDERATION
+from homeserver.processes.listeners import HomeserverServer
 from homeserver.rooms.creation import CreateRoomRequest
 from homeserver.runtime import HomeserverRuntime
 from tests.peers.honest import HonestPeer

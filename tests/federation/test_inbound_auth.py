@@ -16,8 +16,8 @@ from unpaddedbase64 import decode_base64
 
 from homeserver.config import parse_config
 from homeserver.federation.signing import sign_request
-from homeserver.http.app import create_flask_app
-from homeserver.http.federation_auth import UNAUTHENTICATED_ROUTES, requires_server_auth
+from homeserver.api.app import create_flask_app
+from homeserver.api.federation_auth import UNAUTHENTICATED_ROUTES, requires_server_auth
 from homeserver.http.parsing import json_object
 from homeserver.http.responses import json_response
 from homeserver.runtime import HomeserverRuntime

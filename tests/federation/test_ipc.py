@@ -10,8 +10,7 @@ import gevent.select
 import pytest
 from gevent.event import Event
 
-from homeserver.federation.ipc import (ERROR, HEADER, MAX_FRAME_BYTES, REPLY, FrameConnection,
-                                       FrameType, IpcError, IpcServer, connect, encode_frame)
+from homeserver.processes.ipc import ERROR, HEADER, MAX_FRAME_BYTES, REPLY, FrameConnection, FrameType, IpcError, IpcServer, connect, encode_frame
 
 
 def echo(connection, body):

@@ -12,7 +12,7 @@ import psutil
 import pytest
 import requests
 
-from homeserver.federation.ipc import HEADER, FrameConnection, FrameType, IpcError, encode_frame
+from homeserver.processes.ipc import HEADER, FrameConnection, FrameType, IpcError
 from tests.peers.origins import FakeOrigin, OriginKeyServer, send_transaction
 from tests.peers.tarpit import Tarpit
 from tests.support.remote_room import room_joined_by

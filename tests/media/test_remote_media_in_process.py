@@ -17,8 +17,9 @@ from gevent.event import Event
 from gevent.pool import Pool
 
 from homeserver.config import parse_config
-from homeserver.http.app import create_flask_app
-from homeserver.http.server import HomeserverServer, WeirWSGIServer
+from homeserver.api.app import create_flask_app
+from homeserver.http.server import WeirWSGIServer
+from homeserver.processes.listeners import HomeserverServer
 from homeserver.runtime import HomeserverRuntime
 from tests.media.images import solid
 from tests.peers.tarpit import Tarpit

@@ -4,9 +4,8 @@ python-multipart, the parser Synapse uses."""
 
 import pytest
 
-from homeserver.media.responses import (CACHE_CONTROL, CONTENT_SECURITY_POLICY, MediaFile,
-                                        content_disposition, multipart_response,
-                                        served_content_type)
+from homeserver.api.media_responses import CACHE_CONTROL, CONTENT_SECURITY_POLICY, content_disposition, multipart_response, served_content_type
+from homeserver.media.files import MediaFile
 from tests.support.multipart import media_file_part
 
 
@@ -79,7 +78,7 @@ def test_multipart_parses_with_python_multipart(tmp_path):
 
 
 def test_multipart_of_a_missing_file_is_not_found(tmp_path):
-    from homeserver.errors import MatrixError
+    from homeserver.core.errors import MatrixError
 
     with pytest.raises(MatrixError) as info:
         multipart_response(MediaFile(str(tmp_path / "gone"), "text/plain", None))

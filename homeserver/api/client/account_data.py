@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from flask import Blueprint
 
-from ...http.auth import current_requester, requires_auth
-from ...http.context import runtime
-from ...http.parsing import json_object
-from ...http.responses import json_response
+from homeserver.api.auth import current_requester, requires_auth
+from homeserver.api.context import runtime
+from homeserver.http.parsing import json_object
+from homeserver.http.responses import json_response
 
 bp = Blueprint("account_data", __name__, url_prefix="/_matrix/client/v3")
 

@@ -5,11 +5,18 @@ from __future__ import annotations
 from flask import Blueprint, request
 from marshmallow import EXCLUDE, Schema, fields, validate
 
-from ...errors import MatrixError, forbidden, invalid_param, missing_param
-from ...http.auth import current_requester, enforce_rate_limit, requires_auth
-from ...http.context import runtime
-from ...http.parsing import json_object, validate as validate_body
-from ...http.responses import json_response
+from homeserver.api.auth import current_requester, enforce_rate_limit, requires_auth
+from homeserver.api.context import runtime
+from homeserver.core.errors import (
+    Codes,
+    MatrixError,
+    forbidden,
+    invalid_param,
+    missing_param,
+)
+from homeserver.http.parsing import json_object
+from homeserver.http.parsing import validate as validate_body
+from homeserver.http.responses import json_response
 
 bp = Blueprint("accounts", __name__, url_prefix="/_matrix/client/v3")
 
@@ -55,7 +62,7 @@ def register():
     rt = runtime()
     kind = request.args.get("kind", "user")
     if kind == "guest":
-        raise MatrixError(403, "M_GUEST_ACCESS_FORBIDDEN", "Guest access is disabled")
+        raise MatrixError(403, Codes.GUEST_ACCESS_FORBIDDEN, "Guest access is disabled")
     if kind != "user":
         raise invalid_param(f"kind must be 'user' or 'guest', not {kind[:50]!r}")
     if not rt.config.registration.enabled:
@@ -67,7 +74,7 @@ def register():
     if localpart is not None:
         localpart = localpart.lower()
         if not rt.accounts.is_available(localpart):
-            raise MatrixError(400, "M_USER_IN_USE", "User ID already taken.")
+            raise MatrixError(400, Codes.USER_IN_USE, "User ID already taken.")
 
     # User-interactive auth with the single m.login.dummy stage.
     auth = body.get("auth") or {}
@@ -92,7 +99,7 @@ def register_available():
     if not username:
         raise missing_param("Missing parameter: username")
     if not runtime().accounts.is_available(username.lower()):
-        raise MatrixError(400, "M_USER_IN_USE", "User ID already taken.")
+        raise MatrixError(400, Codes.USER_IN_USE, "User ID already taken.")
     return json_response({"available": True})
 
 
@@ -107,11 +114,11 @@ def login():
     enforce_rate_limit(rt.login_rate_limiter)
     body = validate_body(LoginBody(), json_object())
     if body["type"] != "m.login.password":
-        raise MatrixError(400, "M_UNKNOWN", "Unknown login type")
+        raise MatrixError(400, Codes.UNKNOWN, "Unknown login type")
     identifier = body.get("identifier")
     if identifier is not None:
         if identifier["type"] != "m.id.user":
-            raise MatrixError(400, "M_UNKNOWN", "Only m.id.user identifiers are supported")
+            raise MatrixError(400, Codes.UNKNOWN, "Only m.id.user identifiers are supported")
         user = identifier.get("user")
     else:
         user = body.get("user")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from flask import Blueprint
 
-from ...http.auth import current_requester, requires_auth
-from ...http.responses import json_response
-from ...rooms.versions import DEFAULT_ROOM_VERSION, KNOWN_ROOM_VERSIONS
-from ...sync.push_rules import default_ruleset, find_rule
+from homeserver.api.auth import current_requester, requires_auth
+from homeserver.http.responses import json_response
+from homeserver.rooms.versions import DEFAULT_ROOM_VERSION, KNOWN_ROOM_VERSIONS
+from homeserver.sync.push_rules import default_ruleset, find_rule
 
 bp = Blueprint("capabilities", __name__, url_prefix="/_matrix/client/v3")
 

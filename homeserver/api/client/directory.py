@@ -5,12 +5,12 @@ from __future__ import annotations
 from flask import Blueprint, request
 from marshmallow import EXCLUDE, Schema, fields, validate
 
-from ...directory.service import VISIBILITIES, RoomFilter
-from ...http.auth import current_requester, requires_auth
-from ...http.context import outbound_caller, runtime
-from ...http.parsing import (json_object, query_bool, query_int, validate as validate_body,
-                             validated_json)
-from ...http.responses import json_response
+from homeserver.api.auth import current_requester, requires_auth
+from homeserver.api.context import outbound_caller, runtime
+from homeserver.directory.service import VISIBILITIES, RoomFilter
+from homeserver.http.parsing import json_object, query_bool, query_int, validated_json
+from homeserver.http.parsing import validate as validate_body
+from homeserver.http.responses import json_response
 
 bp = Blueprint("directory", __name__, url_prefix="/_matrix/client/v3")
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from flask import Blueprint, request
 
-from ...errors import not_found
-from ...http.auth import current_requester, enforce_rate_limit, requires_auth
-from ...http.context import outbound_caller, runtime
-from ...http.parsing import body_chunks, query_bool
-from ...http.responses import json_response
-from ...media.remote import MediaRequest
-from ...media.responses import file_response
-from ..media_query import thumbnail_query, timeout_ms
+from homeserver.api.auth import current_requester, enforce_rate_limit, requires_auth
+from homeserver.api.context import outbound_caller, runtime
+from homeserver.api.media_query import thumbnail_query, timeout_ms
+from homeserver.api.media_responses import file_response
+from homeserver.core.errors import not_found
+from homeserver.http.parsing import body_chunks, query_bool
+from homeserver.http.responses import json_response
+from homeserver.media.remote import MediaRequest
 
 bp = Blueprint("media", __name__)
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from flask import Blueprint, Response
 
-from ...errors import forbidden, unrecognized
-from ...http.context import client_key, runtime
-from ...metrics import CONTENT_TYPE, scrape_allowed
+from homeserver.api.context import client_key, runtime
+from homeserver.core.errors import forbidden, unrecognized
+from homeserver.metrics import CONTENT_TYPE, scrape_allowed
 
 bp = Blueprint("metrics", __name__)
 

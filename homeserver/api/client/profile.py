@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from flask import Blueprint
 
-from ...accounts.profile import MAX_PROFILE_BYTES
-from ...errors import missing_param
-from ...http.auth import current_requester, requires_auth
-from ...http.context import runtime
-from ...http.parsing import json_object
-from ...http.responses import json_response
+from homeserver.accounts.profile import MAX_PROFILE_BYTES
+from homeserver.api.auth import current_requester, requires_auth
+from homeserver.api.context import runtime
+from homeserver.core.errors import missing_param
+from homeserver.http.parsing import json_object
+from homeserver.http.responses import json_response
 
 bp = Blueprint("profile", __name__, url_prefix="/_matrix/client/v3")
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 from flask import Blueprint
 from marshmallow import Schema, fields, validate
 
-from ...http.auth import current_requester, requires_auth
-from ...http.context import runtime
-from ...http.parsing import json_object, validate as validate_body, validated_json
-from ...http.responses import json_response
+from homeserver.api.auth import current_requester, requires_auth
+from homeserver.api.context import runtime
+from homeserver.http.parsing import json_object, validated_json
+from homeserver.http.parsing import validate as validate_body
+from homeserver.http.responses import json_response
 
 bp = Blueprint("receipts", __name__, url_prefix="/_matrix/client/v3")
 

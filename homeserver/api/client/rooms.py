@@ -5,15 +5,16 @@ from __future__ import annotations
 from flask import Blueprint, request
 from marshmallow import Schema, fields, validate
 
-from ...errors import MatrixError, invalid_param
-from ...http.auth import current_requester, requires_auth
-from ...http.context import outbound_caller, runtime
-from ...http.parsing import json_object, query_int, validate as validate_body, validated_json
-from ...http.responses import json_response
-from ...rooms.creation import PRESETS, CreateRoomRequest
-from ...rooms.events import MAX_PDU_BYTES
-from ...rooms.service import MEMBERSHIPS, EventFilter
-from ...sync.filters import decode_filter_json, parse_room_event_filter
+from homeserver.api.auth import current_requester, requires_auth
+from homeserver.api.context import outbound_caller, runtime
+from homeserver.core.errors import Codes, MatrixError, invalid_param
+from homeserver.http.parsing import json_object, query_int, validated_json
+from homeserver.http.parsing import validate as validate_body
+from homeserver.http.responses import json_response
+from homeserver.rooms.creation import PRESETS, CreateRoomRequest
+from homeserver.rooms.events import MAX_PDU_BYTES
+from homeserver.rooms.service import MEMBERSHIPS, EventFilter
+from homeserver.sync.filters import decode_filter_json, parse_room_event_filter
 
 bp = Blueprint("rooms", __name__, url_prefix="/_matrix/client/v3")
 
@@ -59,7 +60,7 @@ def _content_body() -> dict:
 def create_room():
     body = validated_json(CreateRoomBody())
     if body.pop("invite_3pid"):
-        raise MatrixError(400, "M_UNRECOGNIZED",
+        raise MatrixError(400, Codes.UNRECOGNIZED,
                           "Third-party invites need an identity server; not supported")
     body["invite"] = tuple(body["invite"])
     body["initial_state"] = tuple(body["initial_state"])
@@ -158,7 +159,7 @@ def leave_room(room_id: str):
 def invite(room_id: str):
     raw = json_object()
     if "user_id" not in raw and {"medium", "address"} & set(raw):
-        raise MatrixError(400, "M_UNRECOGNIZED",
+        raise MatrixError(400, Codes.UNRECOGNIZED,
                           "Third-party invites need an identity server; not supported")
     body = validate_body(TargetBody(), raw)
     runtime().rooms.update_membership(current_requester().user_id, room_id, body["user_id"],

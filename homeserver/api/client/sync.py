@@ -6,13 +6,13 @@ import functools
 
 from flask import Blueprint, request
 
-from ...errors import invalid_param
-from ...http.auth import current_requester, requires_auth
-from ...http.context import runtime
-from ...http.disconnect import stop_on_client_disconnect
-from ...http.parsing import json_object, query_bool, query_int
-from ...http.responses import json_response
-from ...sync.filters import MAX_FILTER_BYTES
+from homeserver.api.auth import current_requester, requires_auth
+from homeserver.api.context import runtime
+from homeserver.core.errors import invalid_param
+from homeserver.http.disconnect import stop_on_client_disconnect
+from homeserver.http.parsing import json_object, query_bool, query_int
+from homeserver.http.responses import json_response
+from homeserver.sync.filters import MAX_FILTER_BYTES
 
 bp = Blueprint("sync", __name__, url_prefix="/_matrix/client/v3")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from flask import Blueprint
 
-from ...http.context import runtime
-from ...http.responses import json_response
+from homeserver.api.context import runtime
+from homeserver.http.responses import json_response
 
 bp = Blueprint("versions", __name__)
 

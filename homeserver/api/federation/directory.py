@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from flask import Blueprint, request
 
-from ...directory.service import RoomFilter
-from ...errors import missing_param, not_found
-from ...http.context import runtime
-from ...http.federation_auth import requires_server_auth
-from ...http.parsing import query_bool, query_int, validated_json
-from ...http.responses import json_response
-from ..client.directory import PublicRoomsBody, room_filter_of
+from homeserver.api.client.directory import PublicRoomsBody, room_filter_of
+from homeserver.api.context import runtime
+from homeserver.api.federation_auth import requires_server_auth
+from homeserver.core.errors import missing_param, not_found
+from homeserver.directory.service import RoomFilter
+from homeserver.http.parsing import query_bool, query_int, validated_json
+from homeserver.http.responses import json_response
 
 bp = Blueprint("federation_directory", __name__, url_prefix="/_matrix/federation/v1")
 

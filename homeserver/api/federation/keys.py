@@ -9,13 +9,13 @@ import time
 from flask import Blueprint
 from marshmallow import EXCLUDE, Schema, fields
 
-from ... import __version__
-from ...federation.errors import KeyResolutionRefused
-from ...federation.signing_key import own_key_document
-from ...errors import limit_exceeded
-from ...http.context import client_key, runtime
-from ...http.parsing import query_int, validated_json
-from ...http.responses import json_response
+from homeserver import __version__
+from homeserver.api.context import client_key, runtime
+from homeserver.core.errors import limit_exceeded
+from homeserver.federation.errors import KeyResolutionRefused
+from homeserver.federation.signing_key import own_key_document
+from homeserver.http.parsing import query_int, validated_json
+from homeserver.http.responses import json_response
 
 bp = Blueprint("federation_identity", __name__)
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from flask import Blueprint
 
-from ...http.context import runtime
-from ...http.federation_auth import requires_server_auth
-from ...media.remote import MediaRequest
-from ...media.responses import multipart_response
-from ..media_query import thumbnail_query, timeout_ms
+from homeserver.api.context import runtime
+from homeserver.api.federation_auth import requires_server_auth
+from homeserver.api.media_query import thumbnail_query, timeout_ms
+from homeserver.api.media_responses import multipart_response
+from homeserver.media.remote import MediaRequest
 
 bp = Blueprint("federation_media", __name__)
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from flask import Blueprint, request
 
-from ...errors import invalid_param, missing_param
-from ...http.context import runtime
-from ...http.federation_auth import requires_server_auth
-from ...http.responses import json_response
+from homeserver.api.context import runtime
+from homeserver.api.federation_auth import requires_server_auth
+from homeserver.core.errors import invalid_param, missing_param
+from homeserver.http.responses import json_response
 
 bp = Blueprint("federation_profile", __name__)
 

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from flask import Blueprint
 
-from ...errors import bad_json, limit_exceeded
-from ...federation.errors import KeyResolutionRefused
-from ...federation.transactions import MAX_EDUS, MAX_PDUS
-from ...http.context import client_key, runtime
-from ...http.federation_auth import FEDERATION_MAX_BODY_BYTES, current_origin, \
-    requires_server_auth
-from ...http.parsing import json_object
-from ...http.responses import json_response
+from homeserver.api.context import client_key, runtime
+from homeserver.api.federation_auth import (
+    FEDERATION_MAX_BODY_BYTES,
+    current_origin,
+    requires_server_auth,
+)
+from homeserver.core.errors import bad_json, limit_exceeded
+from homeserver.federation.errors import KeyResolutionRefused
+from homeserver.http.parsing import json_object
+from homeserver.http.responses import json_response
+from homeserver.rooms.transactions import MAX_EDUS, MAX_PDUS
 
 bp = Blueprint("federation_transactions", __name__)
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import re
 import uuid
-from dataclasses import dataclass
 from urllib.parse import quote
 
 from werkzeug.exceptions import RequestedRangeNotSatisfiable
@@ -20,8 +19,9 @@ from werkzeug.http import parse_range_header
 from werkzeug.wrappers import Response
 from werkzeug.wsgi import FileWrapper
 
-from ..errors import MatrixError, not_found
-from .thumbnails import base_type
+from homeserver.core.errors import Codes, MatrixError, not_found
+from homeserver.media.files import MediaFile, safe_content_type
+from homeserver.media.thumbnails import base_type
 
 # The spec's "Serving inline content" list: types a browser will not run as a document.
 INLINE_CONTENT_TYPES = frozenset({
@@ -43,28 +43,8 @@ CACHE_CONTROL = "private, max-age=31536000, immutable"
 
 CHUNK_SIZE = 64 * 1024
 
-DEFAULT_CONTENT_TYPE = "application/octet-stream"
-
-# A header-safe media type; anything else (control characters, non-ASCII) is not trusted.
-_SAFE_CONTENT_TYPE = re.compile(r"[!-~][ -~]{0,254}")
 # RFC 2616 token characters: visible ASCII except separators.
 _TOKEN = re.compile(r"[!#$%&'*+\-.0-9A-Z^_`a-z|~]+")
-
-
-@dataclass(frozen=True)
-class MediaFile:
-    """A stored file to serve, and what to call it."""
-
-    path: str
-    content_type: str | None
-    filename: str | None
-
-
-def safe_content_type(content_type: str | None) -> str:
-    """The stored type if it can go out as a header, else application/octet-stream."""
-    if not content_type or not _SAFE_CONTENT_TYPE.fullmatch(content_type):
-        return DEFAULT_CONTENT_TYPE
-    return content_type
 
 
 def served_content_type(content_type: str | None) -> str:
@@ -120,7 +100,7 @@ def file_response(media: MediaFile, environ: dict) -> Response:
                                   complete_length=size)
     except RequestedRangeNotSatisfiable:
         f.close()
-        raise MatrixError(416, "M_UNKNOWN", "Requested range not satisfiable",
+        raise MatrixError(416, Codes.UNKNOWN, "Requested range not satisfiable",
                           headers={"Content-Range": f"bytes */{size}"}) from None
     return response
 

@@ -3,14 +3,16 @@ client key and the request id, all set once per request by `RequestContextMiddle
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 from flask import current_app, request
 
-from ..outbound import Caller
+from homeserver.federation.admission import Caller
+from homeserver.http.disconnect import stop_on_client_disconnect
 
 if TYPE_CHECKING:
-    from ..runtime import HomeserverRuntime
+    from homeserver.runtime import HomeserverRuntime
 
 RUNTIME_EXTENSION = "weir.runtime"
 
@@ -30,4 +32,5 @@ def request_id() -> str:
 
 def outbound_caller() -> Caller:
     """The caller of a client-triggered outbound call: its admission key and connection."""
-    return Caller(client_key(), request.environ)
+    environ = request.environ
+    return Caller(client_key(), environ, functools.partial(stop_on_client_disconnect, environ))

@@ -1,4 +1,4 @@
-"""Admission for client-triggered outbound calls (ADR-0079, DESIGN.md §4).
+"""Admission for client-triggered outbound calls (ADR-0079; docs/architecture.md, "Budgets").
 
 Some client requests make us call another server before we can answer: a remote room
 directory, a remote alias, and remote media when there is no media pool. Each one holds a
@@ -14,16 +14,19 @@ pool. This module is the one place that rule lives:
 from __future__ import annotations
 
 import contextlib
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from typing import Callable, Iterator
 
-from budget import DeadlineExceeded, InFlightBudget
-
-from .errors import limit_exceeded
-from .federation.errors import (AddressCoolingDown, DestinationUnreachable, FederationError,
-                                RemoteError, ResponseTooLarge)
-from .http.disconnect import stop_on_client_disconnect
-from .media.files import FileTooLarge
-from .metrics import Metrics
+from budget import DeadlineExceeded, InFlightBudget, Slot
+from homeserver.core.errors import ContentTooLarge, limit_exceeded
+from homeserver.federation.errors import (
+    AddressCoolingDown,
+    DestinationUnreachable,
+    FederationError,
+    RemoteError,
+)
+from homeserver.metrics import Metrics
 
 # Total deadlines, discovery included; FederationClient.deadline caps them at
 # federation.remote_timeout.
@@ -53,25 +56,28 @@ def make_client_outbound_budget(main_pool_size: int) -> InFlightBudget:
 
 @dataclass(frozen=True)
 class Caller:
-    """Whom a client-triggered outbound call is for: the key its admission is counted under,
-    and its WSGI environ, so the call can stop when that client hangs up ({} when there is
-    no connection to watch)."""
+    """Whom a client-triggered outbound call is for: the key its admission is counted under;
+    `watch_hang_up`, a context manager that ends its body when that client hangs up (the
+    HTTP layer gives one; none when there is no connection to watch); and its WSGI environ,
+    which only the HTTP layer reads (homeserver/http/handoff.py)."""
 
     client_key: str
     environ: dict = field(default_factory=dict, compare=False)
+    watch_hang_up: Callable[[], AbstractContextManager[object]] = field(
+        default=contextlib.nullcontext, compare=False)
 
 
 @contextlib.contextmanager
-def admitted(budget: InFlightBudget, client_key: str, environ: dict):
+def admitted(budget: InFlightBudget, caller: Caller) -> Iterator[Slot]:
     """Holds a slot of `budget` for the body, or refuses at once with 429.
 
     The body also ends (and the slot is freed) if the client hangs up meanwhile.
     """
-    slot = budget.try_acquire(client_key)
+    slot = budget.try_acquire(caller.client_key)
     if slot is None:
         raise limit_exceeded(REFUSAL_RETRY_AFTER_MS,
                              "Too many concurrent requests to remote servers; try again shortly")
-    with slot, stop_on_client_disconnect(environ):
+    with slot, caller.watch_hang_up():
         yield slot
 
 
@@ -80,7 +86,7 @@ def failure_outcome(e: Exception) -> str:
     (weir_outbound_calls_total; docs/operations.md lists them)."""
     if isinstance(e, DeadlineExceeded):
         return "deadline"
-    if isinstance(e, (FileTooLarge, ResponseTooLarge)):
+    if isinstance(e, ContentTooLarge):
         return "too_large"
     if isinstance(e, AddressCoolingDown):
         return "cooling_down"

@@ -22,11 +22,11 @@ import json
 import logging
 from typing import Callable
 
-from ..accounts.service import now_ms
-from ..rooms.locks import KeyedLocks
-from ..rooms.service import ReceivedEventRefused, RoomService
-from ..storage.transactions import ReceivedTransactionStore
-from .pdus import PduChecker
+from homeserver.core.clock import now_ms
+from homeserver.core.concurrency import KeyedLocks
+from homeserver.rooms.pdu_checks import PduChecker
+from homeserver.rooms.service import ReceivedEventRefused, RoomService
+from homeserver.storage.transactions import ReceivedTransactionStore
 
 log = logging.getLogger(__name__)
 

@@ -20,12 +20,16 @@ from urllib.parse import quote
 
 from flask import g, request
 
-from ..errors import MatrixError, limit_exceeded
-from ..federation.discovery import split_server_name
-from ..federation.errors import InvalidSignature, KeyResolutionRefused
-from ..federation.signing import MalformedAuthHeader, parse_x_matrix, request_object
-from .context import client_key, runtime
-from .parsing import parse_json, read_body
+from homeserver.api.context import client_key, runtime
+from homeserver.core.errors import Codes, MatrixError, limit_exceeded
+from homeserver.federation.discovery import split_server_name
+from homeserver.federation.errors import InvalidSignature, KeyResolutionRefused
+from homeserver.federation.signing import (
+    MalformedAuthHeader,
+    parse_x_matrix,
+    request_object,
+)
+from homeserver.http.parsing import parse_json, read_body
 
 # Inbound federation bodies (a transaction is at most 50 PDUs and 100 EDUs of 64 KiB each).
 FEDERATION_MAX_BODY_BYTES = 10 * 1024 * 1024
@@ -38,7 +42,7 @@ _SEPARATE_HEADERS = re.compile(r",\s*(?=x-matrix\s)", re.IGNORECASE)
 
 
 def _unauthorized(message: str, status: int = 401) -> MatrixError:
-    return MatrixError(status, "M_UNAUTHORIZED", message)
+    return MatrixError(status, Codes.UNAUTHORIZED, message)
 
 
 def request_target() -> str:

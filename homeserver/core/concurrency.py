@@ -1,4 +1,6 @@
-"""SingleFlight: at most one call per key in flight; concurrent callers share its outcome.
+"""Greenlet coordination by key.
+
+SingleFlight: at most one call per key in flight; concurrent callers share its outcome.
 
 The call runs in the greenlet of the caller that started it (the leader), so it is bounded
 by that caller's deadline and admission slot, and nothing runs that nobody waits for. Other
@@ -6,13 +8,17 @@ callers (waiters) wait within their own deadlines. If the leader fails with an E
 every waiter gets that exception: a failure is shared, never cached. If the leader is
 stopped from outside (its client hung up, its deadline fired: a BaseException), the call's
 outcome is unknown, so each waiter tries again, and one of them leads the next attempt.
+
+KeyedLocks: per-key locks that exist only while someone holds or waits for them.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Any, Callable, Hashable
 
 from gevent.event import AsyncResult
+from gevent.lock import Semaphore
 
 
 class _LeaderGone(Exception):
@@ -58,3 +64,30 @@ class SingleFlight:
             return value
         finally:
             del self._calls[key]
+
+class KeyedLocks:
+    """`with locks.hold(room_id):` serialises the greenlets working on one room, and no
+    other. An entry is dropped when its last holder or waiter leaves, so memory stays
+    proportional to the rooms in use right now, not to every room ever touched."""
+
+    def __init__(self):
+        self._entries: dict[str, list] = {}  # key -> [Semaphore, holders and waiters]
+
+    @contextmanager
+    def hold(self, key: str):
+        entry = self._entries.get(key)
+        if entry is None:
+            entry = self._entries[key] = [Semaphore(1), 0]
+        entry[1] += 1
+        try:
+            # A Timeout or kill while waiting leaves the semaphore untouched; the count is
+            # undone in `finally` either way.
+            with entry[0]:
+                yield
+        finally:
+            entry[1] -= 1
+            if entry[1] == 0:
+                del self._entries[key]
+
+    def __len__(self) -> int:
+        return len(self._entries)

@@ -9,26 +9,27 @@ from __future__ import annotations
 
 from flask import Flask, Response, request
 
-from ..api.client import account_data
-from ..api.client import accounts
-from ..api.client import admin
-from ..api.client import capabilities
-from ..api.client import directory
-from ..api.client import media
-from ..api.client import metrics
-from ..api.client import profile
-from ..api.client import receipts
-from ..api.client import rooms
-from ..api.client import sync
-from ..api.client import versions
-from ..api.federation import directory as federation_directory
-from ..api.federation import keys
-from ..api.federation import media as federation_media
-from ..api.federation import profile as federation_profile
-from ..api.federation import transactions
-from .context import RUNTIME_EXTENSION
-from .middleware import RequestContextMiddleware
-from .responses import CORS_HEADERS, register_error_handlers
+from homeserver.api.client import (
+    account_data,
+    accounts,
+    admin,
+    capabilities,
+    directory,
+    media,
+    metrics,
+    profile,
+    receipts,
+    rooms,
+    sync,
+    versions,
+)
+from homeserver.api.context import RUNTIME_EXTENSION
+from homeserver.api.federation import directory as federation_directory
+from homeserver.api.federation import keys, transactions
+from homeserver.api.federation import media as federation_media
+from homeserver.api.federation import profile as federation_profile
+from homeserver.http.middleware import RequestContextMiddleware
+from homeserver.http.responses import CORS_HEADERS, register_error_handlers
 
 CLIENT = "client"
 FEDERATION = "federation"

@@ -20,13 +20,23 @@ from dataclasses import dataclass
 import gevent
 from unpaddedbase64 import decode_base64
 
-from ..identifiers import server_of
-from ..rooms.events import (Event, InvalidEvent, check_pdu_format, compute_content_hash,
-                            event_id_for, redact)
-from ..rooms.service import RoomService
-from ..rooms.versions import DEFAULT_ROOM_VERSION, KNOWN_ROOM_VERSIONS, RoomVersion
-from .errors import InvalidSignature, KeyResolutionRefused
-from .keyring import Keyring
+from homeserver.core.events import Event
+from homeserver.core.identifiers import server_of
+from homeserver.federation.errors import InvalidSignature, KeyResolutionRefused
+from homeserver.federation.keyring import Keyring
+from homeserver.rooms.events import (
+    InvalidEvent,
+    check_pdu_format,
+    compute_content_hash,
+    event_id_for,
+    redact,
+)
+from homeserver.rooms.service import RoomService
+from homeserver.rooms.versions import (
+    DEFAULT_ROOM_VERSION,
+    KNOWN_ROOM_VERSIONS,
+    RoomVersion,
+)
 
 log = logging.getLogger(__name__)
 

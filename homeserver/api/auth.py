@@ -6,9 +6,9 @@ import functools
 
 from flask import g, request
 
-from ..accounts.service import Requester
-from ..errors import MatrixError, limit_exceeded
-from .context import client_key, runtime
+from homeserver.api.context import client_key, runtime
+from homeserver.core.errors import Codes, MatrixError, limit_exceeded
+from homeserver.core.requester import Requester
 
 
 def access_token() -> str | None:
@@ -17,7 +17,7 @@ def access_token() -> str | None:
         scheme, _, token = header.partition(" ")
         if scheme.lower() == "bearer" and token.strip():
             return token.strip()
-        raise MatrixError(401, "M_MISSING_TOKEN", "Invalid Authorization header")
+        raise MatrixError(401, Codes.MISSING_TOKEN, "Invalid Authorization header")
     return request.args.get("access_token") or None
 
 
@@ -28,7 +28,7 @@ def optional_requester() -> Requester | None:
         if token is not None:
             g.requester = runtime().accounts.authenticate(token)
             if g.requester is None:
-                raise MatrixError(401, "M_UNKNOWN_TOKEN", "Unrecognised access token",
+                raise MatrixError(401, Codes.UNKNOWN_TOKEN, "Unrecognised access token",
                                   soft_logout=False)
     return g.requester
 
@@ -36,7 +36,7 @@ def optional_requester() -> Requester | None:
 def current_requester() -> Requester:
     requester = optional_requester()
     if requester is None:
-        raise MatrixError(401, "M_MISSING_TOKEN", "Missing access token")
+        raise MatrixError(401, Codes.MISSING_TOKEN, "Missing access token")
     return requester
 
 

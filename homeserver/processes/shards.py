@@ -1,4 +1,4 @@
-"""Federation worker shards (DESIGN.md §6, adr/key-resolution-shards.md).
+"""Federation worker shards, as main supervises them (docs/architecture.md, "Processes").
 
 gevent runs on one core per process, so with ``federation.worker.shards = N > 0`` main binds
 the federation listener once and starts N shard processes (``app.py federation-shard``) that
@@ -23,7 +23,7 @@ kernel for SIGTERM on its parent's death (``prctl(PR_SET_PDEATHSIG)``, Linux), a
 system it stops when its IPC connection to main ends. SIGTERM to main stops every shard
 gracefully (they drain in-flight requests, whose relays main still answers), then main.
 
-IPC (``federation.ipc``): a Unix socket in ``data_dir/ipc/`` carries HELLO (a shard is
+IPC (``processes/ipc.py``): a Unix socket in ``data_dir/ipc/`` carries HELLO (a shard is
 serving), HEALTH (main checks each shard every ``HEALTH_INTERVAL_SECONDS``; the number
 alive is the ``weir_federation_shards_alive`` gauge) and RELAY (a transaction's checked
 PDUs, and main's answer). Keys need no cache invalidation: every process reads and writes
@@ -32,7 +32,6 @@ the one key cache in the database.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import signal
@@ -45,13 +44,10 @@ from dataclasses import dataclass, field
 import gevent
 from gevent.event import Event
 
-from ..config import Config
-from ..errors import MatrixError
-from ..http.app import FEDERATION
-from ..http.server import SHUTDOWN_GRACE_SECONDS, HomeserverServer
-from ..runtime import HomeserverRuntime
-from .errors import KeyResolutionRefused
-from .ipc import FrameConnection, FrameType, IpcError, IpcServer, connect
+from homeserver.config import Config
+from homeserver.federation.errors import KeyResolutionRefused
+from homeserver.processes.ipc import FrameConnection, FrameType, IpcError, IpcServer
+from homeserver.processes.listeners import SHUTDOWN_GRACE_SECONDS
 
 log = logging.getLogger(__name__)
 
@@ -282,102 +278,3 @@ def answer_relay(processor, body: dict) -> dict:
     except KeyResolutionRefused as e:
         return {"refused": {"server": e.destination, "retry_after_ms": e.retry_after_ms}}
     return {"answer": answer}
-
-
-class MainLink:
-    """A shard's connection to main: relays transactions, answers health checks."""
-
-    def __init__(self, index: int, path: str, stopped: Event):
-        self.index = index
-        self.runtime = None  # set once built: the health report reads it
-        self.connection = self._connect(path, stopped)
-
-    def _connect(self, path: str, stopped: Event) -> FrameConnection:
-        # Main created the socket before starting us; a few tries cover a slow start.
-        for _ in range(50):
-            try:
-                return connect(path, {FrameType.HEALTH: self._health},
-                               on_close=lambda _conn: stopped.set())
-            except OSError as e:
-                error = e
-                gevent.sleep(0.1)
-        raise RuntimeError(f"cannot reach main at {path}: {error}")
-
-    def hello(self) -> None:
-        self.connection.request(FrameType.HELLO, {"shard": self.index, "pid": os.getpid()},
-                                RELAY_TIMEOUT_SECONDS)
-
-    def relay(self, origin: str, txn_id: str, pdus: list, results: dict,
-              source_ip: str | None) -> dict:
-        """Main's answer to a checked transaction (``federation.transactions.Relay``)."""
-        try:
-            reply = self.connection.request(
-                FrameType.RELAY, {"origin": origin, "txn_id": txn_id, "pdus": pdus,
-                                  "results": results, "source_ip": source_ip},
-                RELAY_TIMEOUT_SECONDS)
-        except IpcError as e:
-            # Main may or may not have applied it: the retry gets main's recorded answer.
-            log.warning("relaying transaction %s from %s: %s", txn_id, origin, e)
-            raise MatrixError(503, "M_UNKNOWN", "The transaction could not be finished "
-                              "now; retry it", headers={"Retry-After": "1"}) from None
-        refused = reply.get("refused")
-        if isinstance(refused, dict):
-            raise KeyResolutionRefused(str(refused.get("server")),
-                                       int(refused.get("retry_after_ms") or 1000),
-                                       "main's key budget")
-        answer = reply.get("answer")
-        if not isinstance(answer, dict):
-            raise MatrixError(500, "M_UNKNOWN", "Malformed answer from the main process")
-        return answer
-
-    def _health(self, connection: FrameConnection, body: dict) -> dict:
-        rt = self.runtime
-        return {"shard": self.index, "pid": os.getpid(),
-                "key_resolution_in_flight": rt.key_resolution_budget.in_flight if rt else 0}
-
-
-def die_with_parent() -> None:
-    """Asks Linux to SIGTERM us when our parent dies. Elsewhere this does nothing; the IPC
-    connection to main ending stops the shard anyway."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        pr_set_pdeathsig = 1
-        if libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0) != 0:
-            log.warning("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
-    except (OSError, AttributeError):
-        pass
-
-
-def run_shard(config: Config, index: int, listen_fd: int, parent_pid: int) -> int:
-    """A shard process: federation only, on the listening socket inherited from main."""
-    die_with_parent()
-    if os.getppid() != parent_pid:
-        return 0  # main died before we could ask to follow it
-    stopped = Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        gevent.signal_handler(sig, stopped.set)
-    try:
-        link = MainLink(index, ipc_socket_path(config), stopped)
-    except RuntimeError as e:
-        log.error("%s", e)
-        return 1
-    runtime = HomeserverRuntime(config, pools=True,
-                                key_resolution_shards=config.federation.worker.shards,
-                                transaction_relay=link.relay)
-    link.runtime = runtime
-    listener = socket.socket(fileno=listen_fd)
-    server = HomeserverServer(runtime, federation_listener=listener, listeners=(FEDERATION,))
-    server.federation_server.max_accept = 1  # take one connection per wake-up: spread bursts
-    server.start()
-    try:
-        link.hello()
-    except IpcError as e:
-        log.error("main did not take our hello: %s", e)
-        stopped.set()
-    stopped.wait()
-    log.info("stopping: draining in-flight requests")
-    server.stop()
-    link.connection.close()
-    runtime.close()
-    log.info("stopped")
-    return 0

@@ -1,0 +1,95 @@
+"""The listeners of one process: the client and federation WSGI servers over one runtime,
+started together and stopped together with a bounded drain."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from gevent.pool import Pool
+
+from homeserver.api.app import CLIENT, FEDERATION, create_flask_app
+from homeserver.http.server import WeirWSGIServer
+
+log = logging.getLogger(__name__)
+
+SHUTDOWN_GRACE_SECONDS = 10.0
+
+
+class HomeserverServer:
+    """The listeners of one process, started and stopped together: both, or only the client
+    one (main, when worker shards serve federation), or only the federation one (a shard,
+    on the listening socket main bound and handed down as `federation_listener`)."""
+
+    def __init__(self, runtime, federation_listener=None,
+                 listeners: tuple[str, ...] = (CLIENT, FEDERATION)):
+        self.runtime = runtime
+        config = runtime.config
+        http = config.server.http
+        fed = config.federation
+        self.servers = []
+
+        if CLIENT in listeners:
+            self.client_app = create_flask_app(runtime, (CLIENT,))
+            self.client_server = WeirWSGIServer(
+                (http.bind_address, http.port), self.client_app, pool=runtime.main_pool,
+                keepalive_timeout=http.keepalive_timeout)
+            self.servers.append(self.client_server)
+
+        if FEDERATION in listeners:
+            self.federation_pool = Pool(http.main_pool_size)
+            runtime.metrics.track_pool("federation", self.federation_pool, http.main_pool_size)
+            ssl_args = {}
+            if fed.tls_certificate:
+                ssl_args = {"certfile": fed.tls_certificate, "keyfile": fed.tls_private_key}
+            self.federation_app = create_flask_app(runtime, (FEDERATION,))
+            self.federation_server = WeirWSGIServer(
+                federation_listener or (fed.bind_address, fed.port), self.federation_app,
+                pool=self.federation_pool, keepalive_timeout=http.keepalive_timeout, **ssl_args)
+            self.servers.append(self.federation_server)
+
+    @property
+    def client_url(self) -> str:
+        host, port = self.client_server.address[:2]
+        return f"http://{host}:{port}"
+
+    @property
+    def federation_url(self) -> str:
+        host, port = self.federation_server.address[:2]
+        scheme = "https" if self.federation_server.ssl_enabled else "http"
+        return f"{scheme}://{host}:{port}"
+
+    def start(self) -> None:
+        """Starts every listener, or none: raises RuntimeError naming the address that
+        cannot be bound (in use, not ours), after stopping any already started."""
+        for i, server in enumerate(self.servers):
+            try:
+                server.start()
+            except OSError as e:
+                for started in self.servers[:i]:
+                    started.stop(timeout=0)
+                host, port = server.address[:2]
+                raise RuntimeError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+
+    def stop(self, grace: float = SHUTDOWN_GRACE_SECONDS) -> None:
+        """Stops accepting, lets in-flight requests finish within `grace`, then kills the rest."""
+        deadline = time.monotonic() + grace
+        handoff = self.runtime.media_handoff  # None in a shard, which serves no media
+        if handoff is not None:
+            handoff.stop()  # a remote media request handed off from now on answers 503
+        for server in self.servers:
+            server.closing = True
+            server.close()  # stop accepting; the listening socket is closed
+            for greenlet in list(server.idle_greenlets):
+                greenlet.kill(block=False)
+        # Waiting syncs answer now (empty) rather than hold the shutdown to their timeout.
+        self.runtime.notifier.close()
+        # Connections handed off to the media pool are in none of the servers' pools.
+        pools = [s.pool for s in self.servers] + ([handoff.away] if handoff is not None else [])
+        for pool in pools:
+            pool.join(timeout=max(0.0, deadline - time.monotonic()))
+        for pool in pools:
+            if len(pool):
+                log.warning("shutdown: %d requests still running after %.0fs; stopping them",
+                            len(pool), grace)
+                pool.kill(timeout=1)

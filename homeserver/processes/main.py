@@ -1,0 +1,48 @@
+"""The main process: the client listener, and the federation listener or the shards that
+serve it, from start to drain."""
+
+from __future__ import annotations
+
+import gc
+import logging
+
+from homeserver.api.app import CLIENT, FEDERATION
+from homeserver.config import Config
+from homeserver.processes.lifecycle import stop_on_signals, wait_then_drain
+from homeserver.processes.listeners import HomeserverServer
+from homeserver.processes.shards import FederationShards
+from homeserver.runtime import HomeserverRuntime
+
+log = logging.getLogger(__name__)
+
+
+def serve(config: Config, config_path: str) -> int:
+    """Serves until SIGTERM or SIGINT; 1 if a listener or a shard could not start."""
+    runtime = HomeserverRuntime(config, pools=True)
+    runtime.build_all()
+    # With worker shards, they serve federation and main the client API.
+    shards = FederationShards(runtime, config_path) if config.federation.worker.shards else None
+    server = HomeserverServer(runtime, listeners=(CLIENT,) if shards else (CLIENT, FEDERATION))
+    # What exists now (modules, the apps, the runtime) lives as long as the process: keep it
+    # out of the collector's full passes, whose cost grows with every waiting connection.
+    gc.freeze()
+    try:
+        server.start()
+    except RuntimeError as e:
+        log.error("%s", e)
+        runtime.close()
+        return 1
+    stop = stop_on_signals()
+    try:
+        federation_url = shards.start(stop) if shards else server.federation_url
+    except RuntimeError as e:
+        log.error("%s", e)
+        stop.set()
+        federation_url = None
+    if federation_url:
+        # One parseable line: tests and scripts wait for it instead of polling.
+        print(f"weir ready client={server.client_url} federation={federation_url}", flush=True)
+        log.info("serving %s: client %s, federation %s", config.server_name, server.client_url,
+                 federation_url)
+    wait_then_drain(stop, server, runtime, before=[shards.stop] if shards else [])
+    return 0 if federation_url else 1
