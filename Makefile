@@ -33,8 +33,11 @@ run: install
 test: dev synapse
 	$(BIN)/python -m pytest
 
+# Lint and types (pyproject.toml holds their settings); .ci/run runs this before the tests.
 lint: dev
-	$(BIN)/python -m compileall -q app.py budget homeserver tests loadtests
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 # Figures, not tests: the admission micro-benchmark, every loadtests/*_bench.py, then the
 # load test with 30 s per phase (it judges itself; its results go to loadtests/results/).

@@ -8,17 +8,17 @@ monkey.patch_all()  # first: every later import must see cooperative sockets and
 #   python app.py federation-shard ...                   a worker shard (main starts these)
 #   flask --app app run                                  development: one app, inline mode
 
-import argparse  # noqa: E402
-import getpass  # noqa: E402
-import logging  # noqa: E402
-import os  # noqa: E402
-import sys  # noqa: E402
+import argparse
+import getpass
+import logging
+import os
+import sys
 
-import gevent  # noqa: E402
+import gevent
 
-from homeserver.config import ConfigError, load_config  # noqa: E402
+from homeserver.config import ConfigError, load_config
 from homeserver.core.errors import MatrixError
-from homeserver.logs import configure_logging  # noqa: E402
+from homeserver.logs import configure_logging
 
 log = logging.getLogger("weir")
 

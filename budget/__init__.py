@@ -1,8 +1,8 @@
 """Admission control for Weir: budgets, rate limits, client keys, deadlines.
 
 A small pure library: it depends on gevent and the standard library only,
-and knows nothing of Flask, Matrix or the homeserver. See DESIGN.md
-sections 4-6 and adr/ for why each piece exists.
+and knows nothing of Flask, Matrix or the homeserver. docs/architecture.md, "Budgets",
+says where the server uses each piece.
 """
 
 from budget.clientkey import client_key, parse_networks

@@ -45,7 +45,7 @@ def parse_networks(cidrs: Iterable[str | Network]) -> tuple[Network, ...]:
     return tuple(out)
 
 
-def _networks(trusted) -> tuple[Network, ...]:
+def _networks(trusted: Iterable[str | Network]) -> tuple[Network, ...]:
     # Hot path: callers pass the tuple parse_networks gave them; accept it as is.
     if type(trusted) is tuple and all(type(n) in _NETWORK_TYPES for n in trusted):
         return trusted

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import math
 import time
+from types import TracebackType
+from typing import Literal
 
 import gevent
 from gevent import getcurrent
@@ -170,7 +172,12 @@ class OutboundDeadline:
     def __enter__(self) -> OutboundDeadline:
         return self.start()
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> Literal[False]:
         self.cancel()
         if exc is not None and self.owns(exc):
             raise self._exceeded() from exc

@@ -9,13 +9,15 @@ into a slower overload holding the same resources.
 from __future__ import annotations
 
 import operator
+from types import TracebackType
+from typing import Literal
 
 from budget._lock import allocate_lock
 
 __all__ = ["InFlightBudget", "Slot"]
 
 
-def _cap(value, what: str) -> int:
+def _cap(value: int, what: str) -> int:
     # operator.index refuses floats and strings; a fractional cap is a bug.
     if isinstance(value, bool):
         raise ValueError(f"{what} must be an integer >= 1, got {value!r}")
@@ -59,7 +61,12 @@ class Slot:
     def __enter__(self) -> Slot:
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> Literal[False]:
         self.release()
         return False
 

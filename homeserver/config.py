@@ -257,7 +257,7 @@ class RegistrationConfig:
 
 @dataclass(frozen=True)
 class RateLimitingConfig:
-    # Per client key (DESIGN.md §4); a refusal is 429 M_LIMIT_EXCEEDED with retry_after_ms.
+    # Per client key (docs/architecture.md, "Budgets"); a refusal is 429 M_LIMIT_EXCEEDED with retry_after_ms.
     login: RateConfig = section(RateConfig)
     registration: RateConfig = section(RateConfig)
     media_create: RateConfig = section(RateConfig)

@@ -25,13 +25,15 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from budget import InFlightBudget, RateLimiter
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class _LiveCollector:
     def __init__(self):
-        self.budgets: list = []
-        self.rate_limiters: list[tuple[str, object]] = []
+        self.budgets: list[InFlightBudget] = []
+        self.rate_limiters: list[tuple[str, RateLimiter]] = []
         self.pools: list[tuple[str, Callable[[], int], int]] = []
         self.gauges: list[tuple[str, str, Callable[[], float]]] = []
         self.counters: list[tuple[str, str, Callable[[], float]]] = []
@@ -96,10 +98,10 @@ class Metrics:
             "weir_cooldown_refusals", "Calls refused at once because the address is cooling down",
             registry=self.registry)
 
-    def track_budget(self, budget) -> None:
+    def track_budget(self, budget: InFlightBudget) -> None:
         self._live.budgets.append(budget)
 
-    def track_rate_limiter(self, name: str, limiter) -> None:
+    def track_rate_limiter(self, name: str, limiter: RateLimiter) -> None:
         self._live.rate_limiters.append((name, limiter))
 
     def track_pool(self, name: str, pool, size: int) -> None:

@@ -16,17 +16,17 @@ from gevent import monkey
 
 monkey.patch_all()
 
-import argparse  # noqa: E402
-import os  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
+import argparse
+import os
+import tempfile
+import time
 
-import gevent  # noqa: E402
-import requests  # noqa: E402
+import gevent
+import requests
 
-from tests.peers.dns import DnsServer  # noqa: E402
-from tests.peers.tarpit import Tarpit  # noqa: E402
-from tests.support.server import WeirProcess, base_settings, merge  # noqa: E402
+from tests.peers.dns import DnsServer
+from tests.peers.tarpit import Tarpit
+from tests.support.server import WeirProcess, base_settings, merge
 
 IP = "127.60.250.1"  # the load tests' range; every port here is a free one
 V3 = "/_matrix/client/v3"

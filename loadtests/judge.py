@@ -24,8 +24,16 @@ import re
 from collections import Counter, defaultdict
 from datetime import datetime, timezone
 
-from loadtests.scenario import (ATTACK, ATTACK_BUDGETS, ATTACKER_NETWORK, ELEMENT, LOCAL,
-                                REFUSED, REMOTE, Sample)
+from loadtests.scenario import (
+    ATTACK,
+    ATTACK_BUDGETS,
+    ATTACKER_NETWORK,
+    ELEMENT,
+    LOCAL,
+    REFUSED,
+    REMOTE,
+    Sample,
+)
 
 P99_FACTOR = 1.5
 P99_SLACK_MS = 20.0

@@ -46,10 +46,23 @@ import gevent
 from locust import between, events, task
 from locust.contrib.fasthttp import FastHttpUser
 
-from loadtests.scenario import (ATTACK, ATTACK_BURST, ELEMENT, LOCAL, MEDIA_ATTACK_BURST,
-                                MEDIA_ATTACKER_EVERY, REFUSED, REMOTE, SAMPLE_FIELDS,
-                                UNEXPECTED, attack_outcome, attacker_address, element_address,
-                                local_address, read_plan)
+from loadtests.scenario import (
+    ATTACK,
+    ATTACK_BURST,
+    ELEMENT,
+    LOCAL,
+    MEDIA_ATTACK_BURST,
+    MEDIA_ATTACKER_EVERY,
+    REFUSED,
+    REMOTE,
+    SAMPLE_FIELDS,
+    UNEXPECTED,
+    attack_outcome,
+    attacker_address,
+    element_address,
+    local_address,
+    read_plan,
+)
 
 V3 = "/_matrix/client/v3"
 CLIENT_MEDIA = "/_matrix/client/v1/media"

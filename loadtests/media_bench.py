@@ -10,15 +10,15 @@ from gevent import monkey
 
 monkey.patch_all()
 
-import hashlib  # noqa: E402
-import io  # noqa: E402
-import os  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
+import hashlib
+import io
+import os
+import tempfile
+import time
 
-from PIL import Image  # noqa: E402
+from PIL import Image
 
-from tests.support.server import MatrixClient, WeirProcess, base_settings  # noqa: E402
+from tests.support.server import MatrixClient, WeirProcess, base_settings
 
 LARGE_MB = 48
 

@@ -31,26 +31,26 @@ from gevent import monkey
 
 monkey.patch_all()
 
-import argparse  # noqa: E402
-import errno  # noqa: E402
-import io  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import random  # noqa: E402
-import signal  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
+import argparse
+import errno
+import io
+import json
+import os
+import random
+import signal
+import sys
+import tempfile
 
-import gevent  # noqa: E402
-from gevent.event import Event  # noqa: E402
-from PIL import Image  # noqa: E402
+import gevent
+from gevent.event import Event
+from PIL import Image
 
-from tests.peers.directory import room, serve_directory  # noqa: E402
-from tests.peers.dns import DnsServer  # noqa: E402
-from tests.peers.honest import HonestPeer  # noqa: E402
-from tests.peers.slow import HangingPeer, SlowDripPeer  # noqa: E402
-from tests.peers.tarpit import Tarpit  # noqa: E402
-from tests.support.tls import TestCA  # noqa: E402
+from tests.peers.directory import room, serve_directory
+from tests.peers.dns import DnsServer
+from tests.peers.honest import HonestPeer
+from tests.peers.slow import HangingPeer, SlowDripPeer
+from tests.peers.tarpit import Tarpit
+from tests.support.tls import TestCA
 
 # Loopback addresses of this machine that the load test may take (the others belong to
 # other test suites running beside it); 127.60.200.0 and up are left to fixed-address tests.

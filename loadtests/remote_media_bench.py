@@ -15,22 +15,22 @@ from gevent import monkey
 
 monkey.patch_all()
 
-import argparse  # noqa: E402
-import os  # noqa: E402
-import statistics  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-import uuid  # noqa: E402
+import argparse
+import os
+import statistics
+import tempfile
+import time
+import uuid
 
-import gevent  # noqa: E402
+import gevent
 
-from tests.media.images import solid  # noqa: E402
-from tests.peers.honest import HonestPeer  # noqa: E402
-from tests.peers.tarpit import Tarpit  # noqa: E402
-from tests.support.browser import Connection, burst  # noqa: E402
-from tests.support.federation import federation_settings  # noqa: E402
-from tests.support.server import MatrixClient, WeirProcess, base_settings, merge  # noqa: E402
-from tests.support.tls import TestCA  # noqa: E402
+from tests.media.images import solid
+from tests.peers.honest import HonestPeer
+from tests.peers.tarpit import Tarpit
+from tests.support.browser import Connection, burst
+from tests.support.federation import federation_settings
+from tests.support.server import MatrixClient, WeirProcess, base_settings, merge
+from tests.support.tls import TestCA
 
 CLIENT = "/_matrix/client/v1/media"
 PEER_IP = "127.47.0.1"

@@ -11,10 +11,10 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
 
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from loadtests.judge import per_second  # noqa: E402
-from loadtests.scenario import ATTACK, LOCAL, REFUSED  # noqa: E402
+from loadtests.judge import per_second
+from loadtests.scenario import ATTACK, LOCAL, REFUSED
 
 PHASE_COLOURS = {"baseline": "tab:blue", "attack": "tab:red"}
 

@@ -11,17 +11,17 @@ from gevent import monkey
 
 monkey.patch_all()
 
-import argparse  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
+import argparse
+import tempfile
+import time
 
-import gevent  # noqa: E402
+import gevent
 
+from homeserver.config import parse_config
 from homeserver.core.requester import Requester
-from homeserver.config import parse_config  # noqa: E402
-from homeserver.directory.service import RoomFilter  # noqa: E402
-from homeserver.rooms.creation import CreateRoomRequest  # noqa: E402
-from homeserver.runtime import HomeserverRuntime  # noqa: E402
+from homeserver.directory.service import RoomFilter
+from homeserver.rooms.creation import CreateRoomRequest
+from homeserver.runtime import HomeserverRuntime
 
 
 def timed(fn, repeat: int = 20) -> float:

@@ -40,27 +40,27 @@ from gevent import monkey
 
 monkey.patch_all()
 
-import argparse  # noqa: E402
-import contextlib  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import re  # noqa: E402
-import shutil  # noqa: E402
-import signal  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from datetime import datetime  # noqa: E402
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime
 
-import gevent  # noqa: E402
-from gevent.event import Event  # noqa: E402
-from gevent.pool import Pool  # noqa: E402
+import gevent
+from gevent.event import Event
+from gevent.pool import Pool
 
 from homeserver.federation.admission import DIRECTORY_DEADLINE_SECONDS, MEDIA_DEADLINE_SECONDS
-from loadtests import judge, report  # noqa: E402
-from loadtests.scenario import MEDIA_ATTACKER_EVERY, read_samples, write_plan  # noqa: E402
-from tests.support.metrics import read_metrics  # noqa: E402
-from tests.support.server import REPO, MatrixClient, WeirProcess, terminate  # noqa: E402
+from loadtests import judge, report
+from loadtests.scenario import MEDIA_ATTACKER_EVERY, read_samples, write_plan
+from tests.support.metrics import read_metrics
+from tests.support.server import REPO, MatrixClient, WeirProcess, terminate
 
 LOCUSTFILE = os.path.join(REPO, "loadtests", "locustfile.py")
 RESULTS = os.path.join(REPO, "loadtests", "results")

@@ -20,22 +20,22 @@ from gevent import monkey
 
 monkey.patch_all()
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from urllib.parse import quote, urlsplit  # noqa: E402
+import argparse
+import json
+import os
+import tempfile
+import time
+from urllib.parse import quote, urlsplit
 
-import gevent  # noqa: E402
-import psutil  # noqa: E402
-from geventhttpclient import HTTPClient  # noqa: E402
+import gevent
+import psutil
+from geventhttpclient import HTTPClient
 
-from tests.peers.dns import DnsServer  # noqa: E402
-from tests.peers.origins import OriginKeyServer, transaction_body  # noqa: E402
-from tests.support.remote_room import room_joined_by  # noqa: E402
-from tests.support.server import MatrixClient, WeirProcess, base_settings, merge  # noqa: E402
-from tests.support.tls import TestCA  # noqa: E402
+from tests.peers.dns import DnsServer
+from tests.peers.origins import OriginKeyServer, transaction_body
+from tests.support.remote_room import room_joined_by
+from tests.support.server import MatrixClient, WeirProcess, base_settings, merge
+from tests.support.tls import TestCA
 
 PDUS_PER_TRANSACTION = 5
 

@@ -26,31 +26,31 @@ from gevent import monkey
 
 monkey.patch_all()
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import re  # noqa: E402
-import resource  # noqa: E402
-import signal  # noqa: E402
-import socket  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from urllib.parse import quote  # noqa: E402
+import argparse
+import json
+import os
+import re
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from urllib.parse import quote
 
-import gevent  # noqa: E402
-import requests  # noqa: E402
-from gevent.event import Event  # noqa: E402
-from gevent.lock import BoundedSemaphore  # noqa: E402
+import gevent
+import requests
+from gevent.event import Event
+from gevent.lock import BoundedSemaphore
 
-from homeserver.accounts.passwords import hash_password  # noqa: E402
+from homeserver.accounts.passwords import hash_password
 from homeserver.accounts.service import hash_token
+from homeserver.config import parse_config
 from homeserver.core.clock import now_ms
-from homeserver.config import parse_config  # noqa: E402
-from homeserver.rooms.creation import CreateRoomRequest  # noqa: E402
-from homeserver.runtime import HomeserverRuntime  # noqa: E402
-from tests.support.server import REPO, write_config  # noqa: E402
+from homeserver.rooms.creation import CreateRoomRequest
+from homeserver.runtime import HomeserverRuntime
+from tests.support.server import REPO, write_config
 
 SYNC_PATH = "/_matrix/client/v3/sync"
 READY = re.compile(r"^weir ready client=http://([^:]+):(\d+)")

@@ -3,14 +3,18 @@ from gevent import monkey
 
 monkey.patch_all()
 
-import os  # noqa: E402
+import os
 
-import pytest  # noqa: E402
+import pytest
 
-from tests.support.postgres import PostgresCluster, find_pg_bin  # noqa: E402
-from tests.support.server import MatrixClient, WeirProcess, base_settings, merge  # noqa: E402
-from tests.support.synapse import SynapseServer, synapse_available  # noqa: E402
-from tests.support.tls import TestCA  # noqa: E402
+from tests.peers.dns import DnsServer
+from tests.peers.honest import HonestPeer
+from tests.peers.tarpit import Tarpit
+from tests.support.federation import DENIED_IP
+from tests.support.postgres import PostgresCluster, find_pg_bin
+from tests.support.server import MatrixClient, WeirProcess, base_settings, merge
+from tests.support.synapse import SynapseServer, synapse_available
+from tests.support.tls import TestCA
 
 
 @pytest.fixture(scope="session")
@@ -81,3 +85,40 @@ def weir(start_weir):
 @pytest.fixture
 def client(weir):
     return MatrixClient(weir.client_url)
+
+
+# Remote servers for every package that federates (federation, rooms, processes, directory,
+# media): a loopback DNS server, TLS peers, and listeners on the denied address.
+
+
+@pytest.fixture(scope="module")
+def dns():
+    """One DNS server per module; tests use names of their own."""
+    with DnsServer("127.0.0.1") as server:
+        yield server
+
+
+@pytest.fixture
+def start_peer(test_ca):
+    """start_peer(server_name, ip, port=8448, cls=HonestPeer, **kw): a running TLS peer,
+    stopped after the test."""
+    started = []
+
+    def start(server_name, ip, port=8448, cls=HonestPeer, **kw):
+        peer = cls(server_name, test_ca, host=ip, port=port, **kw).start()
+        started.append(peer)
+        return peer
+
+    yield start
+    for peer in started:
+        peer.stop()
+
+
+@pytest.fixture
+def denied_listeners():
+    """Listeners on the denied address, on the ports discovery would use (443, 8448): they
+    count accepts, and SSRF tests assert there are none."""
+    listeners = [Tarpit(DENIED_IP, port).start() for port in (443, 8448)]
+    yield listeners
+    for listener in listeners:
+        listener.stop()

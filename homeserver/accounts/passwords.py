@@ -26,8 +26,11 @@ def _scrypt(password: str, salt: bytes, n: int, r: int, p: int) -> bytes:
 def hash_password(password: str) -> str:
     salt = os.urandom(16)
     digest = gevent.get_hub().threadpool.apply(_scrypt, (password, salt, _N, _R, _P))
-    b64 = lambda b: base64.b64encode(b).decode("ascii")  # noqa: E731
-    return f"scrypt${_N}${_R}${_P}${b64(salt)}${b64(digest)}"
+    return f"scrypt${_N}${_R}${_P}${_b64(salt)}${_b64(digest)}"
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
 
 
 def check_password(password: str, stored: str | None) -> bool:

@@ -95,5 +95,7 @@ def create_flask_app(runtime, listeners: tuple[str, ...] = (CLIENT, FEDERATION))
             response.headers.setdefault(name, value)
         return response
 
-    app.wsgi_app = RequestContextMiddleware(app.wsgi_app, runtime.trusted_proxies)
+    # Flask's documented way to add WSGI middleware; mypy sees wsgi_app only as a method.
+    app.wsgi_app = RequestContextMiddleware(  # type: ignore[method-assign]
+        app.wsgi_app, runtime.trusted_proxies)
     return app

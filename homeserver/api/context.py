@@ -22,7 +22,7 @@ def runtime() -> "HomeserverRuntime":
 
 
 def client_key() -> str:
-    """The rate-limit and budget key of the caller (DESIGN.md §4)."""
+    """The rate-limit and budget key of the caller (docs/architecture.md, "Budgets")."""
     return request.environ["weir.client_key"]
 
 

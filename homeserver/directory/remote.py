@@ -206,7 +206,7 @@ class RemoteDirectory:
 
     def _call(self, call: str, server: str, caller: Caller, fn: Callable[[Any], Any]):
         """fn(deadline) under a client outbound slot and the directory deadline, its failures
-        mapped for the client (DESIGN.md §4)."""
+        mapped for the client (docs/architecture.md, "Budgets")."""
         try:
             known = self._client.discovery.known_targets(server)
             if known:

@@ -3,7 +3,7 @@
 Keyed by (ip, port), not by server name, so a swarm of names that all point at one tarpit is
 caught after its first timeout. A failure cools the address for 30 s, doubling with each
 further failure up to 10 min; a success resets it. Only client-triggered calls feed and
-consult it (DESIGN.md §4): they are the ones an attacker can aim.
+consult it (docs/architecture.md, "Budgets"): they are the ones an attacker can aim.
 """
 
 from __future__ import annotations
@@ -85,8 +85,9 @@ class AddressCooldown:
     def refuse_if_all_cooling(self, destination: str, targets) -> None:
         """Raises AddressCoolingDown naming `destination` when every target is cooling down."""
         coolings = [self.cooling(ip, port) for ip, port in targets]
-        if coolings and all(coolings):
-            first = min(coolings, key=lambda c: c.seconds_left)
+        cooling = [c for c in coolings if c is not None]
+        if coolings and len(cooling) == len(coolings):
+            first = min(cooling, key=lambda c: c.seconds_left)
             raise AddressCoolingDown(destination, f"{first.ip}:{first.port}", first.seconds_left,
                                      first.timed_out)
 

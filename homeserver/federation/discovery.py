@@ -143,7 +143,12 @@ class DnsResolver:
         try:
             answer = self._resolver.resolve(name, rdtype, search=False,
                                             lifetime=deadline.step_timeout(DNS_TIMEOUT))
-            records, ttl = list(answer), float(answer.rrset.ttl)
+            if answer.rrset is None:
+                # Not with resolve()'s default raise_on_no_answer, which raises NoAnswer:
+                # an empty answer all the same.
+                records, ttl = [], DNS_NEGATIVE_TTL
+            else:
+                records, ttl = list(answer), float(answer.rrset.ttl)
         except (dns.resolver.NXDOMAIN, dns.resolver.NoAnswer):
             records, ttl = [], DNS_NEGATIVE_TTL
         except dns.exception.Timeout:

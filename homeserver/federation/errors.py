@@ -1,7 +1,7 @@
 """What can go wrong when this server calls another one, and what a client then sees.
 
 Every outbound failure is one of a few types, so that a handler maps them all the same way
-(DESIGN.md §4) with :func:`to_client_error`. The deadline is ``budget.DeadlineExceeded``.
+(docs/architecture.md, "Budgets") with :func:`to_client_error`. The deadline is ``budget.DeadlineExceeded``.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ class ResponseTooLarge(MalformedResponse, ContentTooLarge):
 
 class KeyResolutionRefused(FederationError):
     """A network key fetch was refused by the key-resolution budget or the per-IP rate
-    (DESIGN.md §6). The inbound request that needed it gets 429 and is retried later."""
+    (docs/architecture.md, "Budgets"). The inbound request that needed it gets 429 and is retried later."""
 
     def __init__(self, destination: str, retry_after_ms: int, why: str):
         super().__init__(destination, f"key resolution refused: {why}")
@@ -91,7 +91,7 @@ class InvalidSignature(Exception):
 
 
 def to_client_error(exc: Exception, destination: str | None = None) -> MatrixError:
-    """The client-facing error for an outbound failure, per the DESIGN.md §4 table.
+    """The client-facing error for an outbound failure, per the table in docs/architecture.md, "Budgets".
 
     ``destination`` names the server in the message when the exception does not.
     """

@@ -1,6 +1,6 @@
 """The keyring: other servers' signing keys, fetched, verified, cached and budgeted.
 
-Lookup order (DESIGN.md §6): the database cache, then the origin's own
+Lookup order (docs/architecture.md, "Budgets"): the database cache, then the origin's own
 ``/_matrix/key/v2/server``, then the configured ``trusted_key_servers`` (notaries, via
 ``POST /_matrix/key/v2/query``). Every key document must carry a valid self-signature, and a
 notary's answer also the notary's signature.
@@ -247,8 +247,8 @@ class Keyring:
             deadline.check()
 
     def in_budgeted_fetch(self) -> bool:
-        """Is the calling greenlet a network fetch holding a key-resolution slot? (FED-10:
-        tests check every outbound key request is made from one.)"""
+        """Is the calling greenlet a network fetch holding a key-resolution slot?
+        (tests/federation/test_key_resolution_budget.py checks every key request is.)"""
         return gevent.getcurrent() in self._budgeted_fetchers
 
     def _run_fetch(self, server_name, key_ids, min_ts, slot, pending: AsyncResult) -> None:
@@ -368,39 +368,15 @@ class Keyring:
         if not isinstance(valid_until, int) or not isinstance(verify_keys, dict) \
                 or not isinstance(old_keys, dict):
             raise MalformedResponse(server_name, "malformed key document")
-        current = {}
-        for kid, value in verify_keys.items():
-            try:
-                current[kid] = decode_verify_key(kid, value["key"])
-            except Exception:
-                if kid.startswith("ed25519:"):
-                    raise MalformedResponse(server_name, f"bad verify key {kid}") from None
-                # Other algorithms are not ours to use; the document may still be good.
-        # Any JSON may arrive here: a `signatures` of the wrong type is a bad document like
-        # any other, not an error that would stop the notaries from being asked.
-        all_signatures = document.get("signatures")
-        signatures = all_signatures.get(server_name) if isinstance(all_signatures, dict) else None
-        if not isinstance(signatures, dict):
-            raise InvalidSignature(f"key document of {server_name} is not self-signed")
-        signed_by = [k for k in signatures if k.startswith("ed25519:")]
-        if not signed_by:
-            raise InvalidSignature(f"key document of {server_name} is not self-signed")
-        for kid in signed_by:
-            if kid not in current:
-                raise InvalidSignature(f"{server_name} signed with {kid}, not one of its keys")
-            verify_signature(document, server_name, current[kid])
+        current = _current_verify_keys(server_name, verify_keys)
+        signatures = _check_self_signed(document, server_name, current)
         if notary is not None:
             self._verify_by_any(document, notary, notary_keys or [])
 
         now = _now_ms()
         valid_until = min(valid_until, now + MAX_KEY_VALIDITY_MS)
         keys = [StoredKey(kid, verify_keys[kid]["key"], valid_until, None) for kid in current]
-        for kid, value in old_keys.items():
-            if kid in current or not isinstance(value, dict):
-                continue
-            expired = value.get("expired_ts")
-            if isinstance(expired, int) and isinstance(value.get("key"), str):
-                keys.append(StoredKey(kid, value["key"], expired, expired))
+        keys += _expired_keys(old_keys, current)
         # Served again by our notary endpoint: keep only the origin's own signatures.
         kept = dict(document, signatures={server_name: signatures})
         self.store.store_document(server_name, encode_canonical_json(kept).decode(),
@@ -414,3 +390,50 @@ class Keyring:
                 verify_signature(document, signer, key)
                 return
         raise InvalidSignature(f"not signed by notary {signer}")
+
+
+# --- key documents ----------------------------------------------------------------------
+
+def _current_verify_keys(server_name: str, verify_keys: dict) -> dict:
+    """A key document's `verify_keys`, decoded: the ed25519 ones must all be valid."""
+    current = {}
+    for kid, value in verify_keys.items():
+        try:
+            current[kid] = decode_verify_key(kid, value["key"])
+        except Exception:
+            if kid.startswith("ed25519:"):
+                raise MalformedResponse(server_name, f"bad verify key {kid}") from None
+            # Other algorithms are not ours to use; the document may still be good.
+    return current
+
+
+def _check_self_signed(document: dict, server_name: str, current: dict) -> dict:
+    """Checks that the document is signed by its server, with its own current keys only;
+    returns the server's signatures."""
+    # Any JSON may arrive here: a `signatures` of the wrong type is a bad document like
+    # any other, not an error that would stop the notaries from being asked.
+    all_signatures = document.get("signatures")
+    signatures = all_signatures.get(server_name) if isinstance(all_signatures, dict) else None
+    if not isinstance(signatures, dict):
+        raise InvalidSignature(f"key document of {server_name} is not self-signed")
+    signed_by = [k for k in signatures if k.startswith("ed25519:")]
+    if not signed_by:
+        raise InvalidSignature(f"key document of {server_name} is not self-signed")
+    for kid in signed_by:
+        if kid not in current:
+            raise InvalidSignature(f"{server_name} signed with {kid}, not one of its keys")
+        verify_signature(document, server_name, current[kid])
+    return signatures
+
+
+def _expired_keys(old_keys: dict, current: dict) -> list[StoredKey]:
+    """A document's `old_verify_keys` that are well formed and not also current, stored as
+    valid until they expired."""
+    keys = []
+    for kid, value in old_keys.items():
+        if kid in current or not isinstance(value, dict):
+            continue
+        expired = value.get("expired_ts")
+        if isinstance(expired, int) and isinstance(value.get("key"), str):
+            keys.append(StoredKey(kid, value["key"], expired, expired))
+    return keys

@@ -38,7 +38,8 @@ class MalformedAuthHeader(ValueError):
 def request_object(method: str, uri: str, origin: str, destination: str,
                    content: object = None) -> dict:
     """The JSON object whose signature is the request's ``sig``."""
-    obj = {"method": method.upper(), "uri": uri, "origin": origin, "destination": destination}
+    obj: dict[str, object] = {
+        "method": method.upper(), "uri": uri, "origin": origin, "destination": destination}
     if content is not None:
         obj["content"] = content
     return obj

@@ -156,6 +156,26 @@ def make_ssl_context(verify: bool, ca_file: str = "") -> ssl.SSLContext:
     return ctx
 
 
+@dataclass(frozen=True)
+class _Request:
+    """One request, as `OutboundTransport.send` tries it on each address in turn."""
+
+    destination: str
+    method: str
+    uri: str
+    headers: dict
+    body: bytes | None
+    deadline: OutboundDeadline
+
+
+class _NotConnected(Exception):
+    """No connection was made to one address, so nothing was sent: the next may be tried."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
 class OutboundTransport:
     def __init__(self, ssl_context: ssl.SSLContext, ip_filter: IpFilter, *,
                  verify_tls: bool = True, target_health: TargetHealth | None = None):
@@ -202,6 +222,7 @@ class OutboundTransport:
         health = target_health or self.target_health
         headers = {"Host": endpoint.host_header, "User-Agent": USER_AGENT,
                    "Accept-Encoding": "identity", **headers}
+        request = _Request(destination, method, uri, headers, body, deadline)
         reason = "no address"
         skipped: DestinationUnreachable | None = None
         for ip, port in endpoint.targets:
@@ -216,50 +237,63 @@ class OutboundTransport:
                 reason = e.reason
                 continue
             skipped = None
-            pool = self._pool(ip, port, endpoint.tls_server_name)
-            ok = timed_out = False
-            outcome_known = True
             try:
-                timeout = urllib3.Timeout(connect=deadline.step_timeout(CONNECT_TIMEOUT_CAP),
-                                          read=deadline.step_timeout())
-                response = pool.urlopen(method, uri, body=body, headers=headers,
-                                        retries=False, redirect=False, timeout=timeout,
-                                        preload_content=False, release_conn=False,
-                                        assert_same_host=False)
-                ok = True
-                return response
-            except NewConnectionError as e:
-                reason = f"cannot connect to {ip}:{port}"
-                log.debug("%s: %s: %s", destination, reason, e)
-            except ConnectTimeoutError:
-                timed_out = True
-                reason = f"connecting to {ip}:{port} timed out"
-            except SSLError as e:
-                reason = f"TLS failure with {ip}:{port}"
-                log.info("%s: %s: %s", destination, reason, e)
-            except ReadTimeoutError:
-                timed_out = True
-                deadline.check()
-                raise DestinationUnreachable(destination, f"{ip}:{port} did not answer") from None
-            except (ProtocolError, HTTPError, OSError) as e:
-                # The request may have been sent: not retried on another address.
-                raise DestinationUnreachable(destination,
-                                             f"connection to {ip}:{port} failed: {e}") from None
-            except BaseException as e:
-                # The deadline's gevent.Timeout (or its DeadlineExceeded from step_timeout)
-                # means the address stayed silent. Anything else (the client hung up: a
-                # GreenletExit) says nothing about the address, so it is not recorded.
-                timed_out = isinstance(e, (gevent.Timeout, DeadlineExceeded))
-                outcome_known = timed_out
-                raise
-            finally:
-                if outcome_known:
-                    health.record(ip, port, ok, timed_out)
+                return self._send_to(request, ip, port, endpoint.tls_server_name, health)
+            except _NotConnected as e:
+                reason = e.reason
         if skipped is not None:
             # Every address left was refused by `check`: say so in the check's own terms.
             skipped.destination = destination
             raise skipped
         raise DestinationUnreachable(destination, reason)
+
+    def _send_to(self, request: _Request, ip: str, port: int, tls_server_name: str,
+                 health: TargetHealth) -> urllib3.BaseHTTPResponse:
+        """One attempt at one address, whose outcome `health` is told. Raises `_NotConnected`
+        when no connection was made (nothing was sent, so the next address may be tried),
+        and ``DestinationUnreachable`` when the request may have gone out."""
+        destination, deadline = request.destination, request.deadline
+        pool = self._pool(ip, port, tls_server_name)
+        ok = timed_out = False
+        outcome_known = True
+        try:
+            timeout = urllib3.Timeout(connect=deadline.step_timeout(CONNECT_TIMEOUT_CAP),
+                                      read=deadline.step_timeout())
+            response = pool.urlopen(request.method, request.uri, body=request.body,
+                                    headers=request.headers, retries=False, redirect=False,
+                                    timeout=timeout, preload_content=False,
+                                    release_conn=False, assert_same_host=False)
+            ok = True
+            return response
+        except NewConnectionError as e:
+            reason = f"cannot connect to {ip}:{port}"
+            log.debug("%s: %s: %s", destination, reason, e)
+            raise _NotConnected(reason) from None
+        except ConnectTimeoutError:
+            timed_out = True
+            raise _NotConnected(f"connecting to {ip}:{port} timed out") from None
+        except SSLError as e:
+            reason = f"TLS failure with {ip}:{port}"
+            log.info("%s: %s: %s", destination, reason, e)
+            raise _NotConnected(reason) from None
+        except ReadTimeoutError:
+            timed_out = True
+            deadline.check()
+            raise DestinationUnreachable(destination, f"{ip}:{port} did not answer") from None
+        except (ProtocolError, HTTPError, OSError) as e:
+            # The request may have been sent: not retried on another address.
+            raise DestinationUnreachable(destination,
+                                         f"connection to {ip}:{port} failed: {e}") from None
+        except BaseException as e:
+            # The deadline's gevent.Timeout (or its DeadlineExceeded from step_timeout)
+            # means the address stayed silent. Anything else (the client hung up: a
+            # GreenletExit) says nothing about the address, so it is not recorded.
+            timed_out = isinstance(e, (gevent.Timeout, DeadlineExceeded))
+            outcome_known = timed_out
+            raise
+        finally:
+            if outcome_known:
+                health.record(ip, port, ok, timed_out)
 
     def get_following_redirects(self, url: str, *, resolve: Resolve, deadline: OutboundDeadline,
                                 max_redirects: int = MAX_REDIRECTS, headers: dict | None = None,

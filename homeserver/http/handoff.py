@@ -1,4 +1,4 @@
-"""Pool mode's handoff of remote media requests to the media pool (ADR-0121, DESIGN.md §5).
+"""Pool mode's handoff of remote media requests to the media pool (ADR-0121; docs/architecture.md, "Processes").
 
 pywsgi serves each client connection in one greenlet, and the main pool counts those
 greenlets. A remote media request that misses the cache would hold its main-pool place for

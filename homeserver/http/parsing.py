@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any, Iterator
+from typing import Any, Iterator, overload
 
 from flask import request
 from marshmallow import EXCLUDE, Schema, ValidationError
@@ -124,8 +124,20 @@ def validated_json(schema: Schema, max_bytes: int = DEFAULT_MAX_JSON_BYTES,
     return validate(schema, json_object(max_bytes, allow_empty))
 
 
+@overload
+def query_int(name: str, default: int, minimum: int | None = None,
+              maximum: int | None = None) -> int: ...
+
+
+@overload
+def query_int(name: str, default: None = None, minimum: int | None = None,
+              maximum: int | None = None) -> int | None: ...
+
+
 def query_int(name: str, default: int | None = None, minimum: int | None = None,
               maximum: int | None = None) -> int | None:
+    """The parameter as an integer, capped at `maximum`; `default` when absent or empty
+    (so never None when `default` is an int)."""
     raw = request.args.get(name)
     if raw is None or raw == "":
         return default

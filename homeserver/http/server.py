@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import socket
 import ssl
+from typing import Any
 
 import gevent
 from gevent.pool import Pool
@@ -29,6 +30,10 @@ LINGER_SECONDS = 2.0
 
 class WeirHandler(WSGIHandler):
     """One client connection."""
+
+    # pywsgi's (untyped) request body, None before a request is read; a _LingeringDiscard
+    # once the connection is closing.
+    wsgi_input: Any
 
     def handle(self):
         sock = self.socket

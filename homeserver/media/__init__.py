@@ -1,1 +1,2 @@
-"""The media repository: file store, thumbnails, response builders and the media service."""
+"""The media repository: files on disk, thumbnails, uploads and downloads, and other
+servers' media fetched once under ADR-0121's budget."""

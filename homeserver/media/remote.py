@@ -1,4 +1,4 @@
-"""Remote media: other servers' mxc:// URIs, fetched once and kept (ADR-0121, DESIGN.md §5).
+"""Remote media: other servers' mxc:// URIs, fetched once and kept (ADR-0121; docs/architecture.md, "Processes").
 
 `RemoteMediaRepository.original` is the one way to another server's file, for downloads and
 thumbnails alike (a thumbnail is made here, from the cached original, by the local code):
@@ -219,6 +219,9 @@ class RemoteMediaRepository:
                 if media is not None:
                     return media
                 return self._fetch_counted(origin, media_id, deadline, authenticated)
+            # Reached only if a context manager in `place` swallowed an exception (an
+            # AbstractContextManager may); neither fetch_place does.
+            raise RuntimeError(f"media fetch {origin}/{media_id} ended without a result")
 
         try:
             with self.admission.admitted(request.caller), deadline:

@@ -30,6 +30,7 @@ from homeserver.media.remote import MediaRequest, RemoteMediaRepository
 from homeserver.media.thumbnails import (
     ImageTooLarge,
     NotAnImage,
+    SourceImage,
     is_thumbnailable,
     key_for,
     pregenerated_keys,
@@ -244,7 +245,7 @@ class MediaService:
         path = self.files.thumbnail_path(origin, media_id, key)
         return MediaFile(path, key.content_type, "thumbnail." + path.rsplit(".", 1)[1])
 
-    def _thumbnail_source(self, origin: str, media_id: str) -> ThumbnailSource:
+    def _thumbnail_source(self, origin: str, media_id: str) -> SourceImage:
         """The original's size and animation, probed once (header only) and remembered."""
         source = self.store.get_thumbnail_source(origin, media_id)
         if source is None:
@@ -261,7 +262,10 @@ class MediaService:
             raise _image_too_large()
         if source.refusal is not None:
             raise _cannot_thumbnail()
-        return source
+        if source.width is None or source.height is None:
+            # Only a refused probe is recorded without a size.
+            raise ValueError(f"thumbnail source of {origin}/{media_id} has no size recorded")
+        return SourceImage(source.width, source.height, source.animated)
 
     def _render_and_store(self, origin: str, media_id: str, keys: list[ThumbnailKey]) -> None:
         original = self.files.original_path(origin, media_id)

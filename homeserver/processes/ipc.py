@@ -154,7 +154,8 @@ class FrameConnection:
 
     def _read_exactly(self, n: int) -> bytes | None:
         """``n`` bytes, or None at the end of the stream."""
-        chunks, left = [], n
+        chunks: list[bytes] = []
+        left = n
         while left:
             chunk = self.sock.recv(min(left, _READ_CHUNK))
             if not chunk:
@@ -262,13 +263,13 @@ class IpcServer:
         sock.bind(self.path)
         sock.listen(64)
         self._sock = sock
-        self._acceptor = gevent.spawn(self._accept_loop)
+        self._acceptor = gevent.spawn(self._accept_loop, sock)
         return self
 
-    def _accept_loop(self) -> None:
+    def _accept_loop(self, sock: socket.socket) -> None:
         n = 0
         while True:
-            conn, _ = self._sock.accept()
+            conn, _ = sock.accept()
             n += 1
             connection = FrameConnection(conn, self.handlers, f"shard connection {n}",
                                          self._closed)

@@ -30,7 +30,8 @@ class MainLink:
 
     def __init__(self, index: int, path: str, stopped: Event):
         self.index = index
-        self.runtime = None  # set once built: the health report reads it
+        # Set once built: the health report reads it.
+        self.runtime: HomeserverRuntime | None = None
         self.connection = self._connect(path, stopped)
 
     def _connect(self, path: str, stopped: Event) -> FrameConnection:

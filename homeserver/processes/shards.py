@@ -212,6 +212,9 @@ class FederationShards:
             backoff = min(backoff * 2, RESTART_BACKOFF_MAX_SECONDS)
 
     def _spawn(self, shard: _Shard) -> subprocess.Popen:
+        if self.listener is None:
+            raise RuntimeError("federation shards are spawned only once start() has bound the "
+                               "listener")
         fd = self.listener.fileno()
         return subprocess.Popen(
             [sys.executable, APP_PATH, "--config", self.config_path, "federation-shard",
@@ -228,6 +231,8 @@ class FederationShards:
 
     def _check_one(self, shard: _Shard) -> None:
         connection = shard.connection
+        if connection is None:
+            return  # it disconnected after this check was scheduled: nothing to ask
         try:
             shard.health = connection.request(FrameType.HEALTH, {}, HEALTH_INTERVAL_SECONDS)
             shard.last_seen = time.monotonic()

@@ -10,6 +10,7 @@ be passed in.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
 
 from nacl.exceptions import BadSignatureError
@@ -172,107 +173,179 @@ def _check_rules(version: RoomVersion, event: Event, auth: dict[StateKey, Event]
         _check_power_levels(version, event, auth, sender_level)
 
 
+@dataclass(frozen=True)
+class _MemberEvent:
+    """An m.room.member event that passed rules 4.1 and 4.2, with what rules 4.3 to 4.7 look
+    up about it in the auth state."""
+
+    version: RoomVersion
+    event: Event
+    auth: dict[StateKey, Event]
+    target: str
+    sender_membership: str | None
+    target_membership: str | None
+    join_rule: str | None
+
+    def level(self, user_id: str) -> int:
+        """A user's power level in the auth state."""
+        return user_power_level(self.version, user_id, self.auth)
+
+
 def _check_membership(version: RoomVersion, event: Event, auth: dict[StateKey, Event],
                       verify_server_signature: SignatureCheck | None) -> None:
     target = event.state_key
     membership = event.content.get("membership")
     if target is None or not isinstance(membership, str):  # 4.1
         raise AuthError("m.room.member needs a state_key and content.membership")
+    _check_authorising_server(event, verify_server_signature)  # 4.2
+    member = _MemberEvent(version, event, auth, target, _membership(auth, event.sender),
+                          _membership(auth, target), _join_rule(auth))
+    rule = _MEMBERSHIP_RULES.get(membership)
+    if rule is None:
+        raise AuthError(f"unknown membership {membership!r}")  # 4.8
+    rule(member)
 
+
+def _check_authorising_server(event: Event,
+                              verify_server_signature: SignatureCheck | None) -> None:
+    # Rule 4.2: a restricted join names a member who admitted it, and that member's server
+    # must have signed the event.
     authoriser = event.content.get("join_authorised_via_users_server")
-    if authoriser is not None:  # 4.2
-        if not isinstance(authoriser, str) or not is_valid_user_id(authoriser):
-            raise AuthError("join_authorised_via_users_server is not a user ID")
-        if verify_server_signature is None or \
-                not verify_server_signature(event, server_of(authoriser)):
-            raise AuthError("join not signed by the authorising server")
+    if authoriser is None:
+        return
+    if not isinstance(authoriser, str) or not is_valid_user_id(authoriser):
+        raise AuthError("join_authorised_via_users_server is not a user ID")
+    if verify_server_signature is None or \
+            not verify_server_signature(event, server_of(authoriser)):
+        raise AuthError("join not signed by the authorising server")
 
-    sender_membership = _membership(auth, event.sender)
-    target_membership = _membership(auth, target)
-    join_rule = _join_rule(auth)
 
-    if membership == "join":  # 4.3
-        create = auth[(CREATE, "")]
-        creator = create.sender if version.implicit_room_creator else \
-            create.content.get("creator")
-        if event.prev_event_ids == [create.event_id] and target == creator:
-            return
-        if event.sender != target:
-            raise AuthError("cannot join on behalf of another user")
-        if sender_membership == "ban":
-            raise AuthError("you are banned from this room")
-        if join_rule in ("invite", "knock") and (
-                join_rule == "invite" or version.knock_join_rule):
-            if sender_membership in ("invite", "join"):
-                return
-            raise AuthError("you are not invited to this room")
-        if (join_rule == "restricted" and version.restricted_join_rule) or \
-                (join_rule == "knock_restricted" and version.knock_restricted_join_rule):
-            if sender_membership in ("join", "invite"):
-                return
-            if not isinstance(authoriser, str) or _membership(auth, authoriser) != "join" or \
-                    user_power_level(version, authoriser, auth) < _named_level(auth, "invite", 0):
-                raise AuthError("join is not authorised by a member who may invite")
-            return
-        if join_rule == "public":
-            return
-        raise AuthError(f"cannot join a room whose join rule is {join_rule!r}")
+def _check_join(member: _MemberEvent) -> None:
+    # Rule 4.3.
+    event, auth, version = member.event, member.auth, member.version
+    create = auth[(CREATE, "")]
+    creator = create.sender if version.implicit_room_creator else \
+        create.content.get("creator")
+    if event.prev_event_ids == [create.event_id] and member.target == creator:
+        return  # 4.3.1: the creator's own first join
+    if event.sender != member.target:  # 4.3.2
+        raise AuthError("cannot join on behalf of another user")
+    if member.sender_membership == "ban":  # 4.3.3
+        raise AuthError("you are banned from this room")
+    _check_join_rule(member)
 
-    if membership == "invite":  # 4.4
-        if "third_party_invite" in event.content:
-            _check_third_party_invite(event, auth, target_membership)
-            return
-        if sender_membership != "join":
-            raise AuthError("you are not in the room")
-        if target_membership in ("join", "ban"):
-            raise AuthError(f"{target} is already {'in the room' if target_membership == 'join' else 'banned'}")
-        if user_power_level(version, event.sender, auth) >= _named_level(auth, "invite", 0):
-            return
-        raise AuthError("power level too low to invite")
 
-    if membership == "leave":  # 4.5
-        if event.sender == target:
-            if sender_membership in ("invite", "join", "knock"):
-                return
-            raise AuthError("you are not in the room")
-        if sender_membership != "join":
-            raise AuthError("you are not in the room")
-        sender_level = user_power_level(version, event.sender, auth)
-        if target_membership == "ban" and sender_level < _named_level(auth, "ban", 50):
-            raise AuthError("power level too low to unban")
-        if sender_level >= _named_level(auth, "kick", 50) and \
-                user_power_level(version, target, auth) < sender_level:
+def _check_join_rule(member: _MemberEvent) -> None:
+    # Rules 4.3.4 to 4.3.7: what the room's join rule lets a (not banned) user do.
+    version, join_rule = member.version, member.join_rule
+    if join_rule in ("invite", "knock") and (
+            join_rule == "invite" or version.knock_join_rule):  # 4.3.4
+        if member.sender_membership in ("invite", "join"):
             return
-        raise AuthError("power level too low to kick this user")
-
-    if membership == "ban":  # 4.6
-        if sender_membership != "join":
-            raise AuthError("you are not in the room")
-        sender_level = user_power_level(version, event.sender, auth)
-        if sender_level >= _named_level(auth, "ban", 50) and \
-                user_power_level(version, target, auth) < sender_level:
+        raise AuthError("you are not invited to this room")
+    if (join_rule == "restricted" and version.restricted_join_rule) or \
+            (join_rule == "knock_restricted" and version.knock_restricted_join_rule):  # 4.3.5
+        if member.sender_membership in ("join", "invite"):
             return
-        raise AuthError("power level too low to ban this user")
+        authoriser = member.event.content.get("join_authorised_via_users_server")
+        if not isinstance(authoriser, str) or _membership(member.auth, authoriser) != "join" \
+                or member.level(authoriser) < _named_level(member.auth, "invite", 0):
+            raise AuthError("join is not authorised by a member who may invite")
+        return
+    if join_rule == "public":  # 4.3.6
+        return
+    raise AuthError(f"cannot join a room whose join rule is {join_rule!r}")  # 4.3.7
 
-    if membership == "knock":  # 4.7
-        knock_rules = ["knock"] if version.knock_join_rule else []
-        if version.knock_restricted_join_rule:
-            knock_rules.append("knock_restricted")
-        if join_rule not in knock_rules:
-            raise AuthError("this room does not accept knocks")
-        if event.sender != target:
-            raise AuthError("cannot knock on behalf of another user")
-        if sender_membership not in ("ban", "invite", "join"):
+
+def _check_invite(member: _MemberEvent) -> None:
+    # Rule 4.4.
+    event, target_membership = member.event, member.target_membership
+    if "third_party_invite" in event.content:  # 4.4.1
+        _check_third_party_invite(event, member.auth, target_membership)
+        return
+    if member.sender_membership != "join":  # 4.4.2
+        raise AuthError("you are not in the room")
+    if target_membership in ("join", "ban"):  # 4.4.3
+        raise AuthError(f"{member.target} is already "
+                        f"{'in the room' if target_membership == 'join' else 'banned'}")
+    if member.level(event.sender) >= _named_level(member.auth, "invite", 0):  # 4.4.4
+        return
+    raise AuthError("power level too low to invite")
+
+
+def _check_leave(member: _MemberEvent) -> None:
+    # Rule 4.5: leaving, or (sent by another user) a kick or an unban.
+    event, auth = member.event, member.auth
+    if event.sender == member.target:  # 4.5.1
+        if member.sender_membership in ("invite", "join", "knock"):
             return
-        raise AuthError("you cannot knock on this room")
+        raise AuthError("you are not in the room")
+    if member.sender_membership != "join":  # 4.5.2
+        raise AuthError("you are not in the room")
+    sender_level = member.level(event.sender)
+    if member.target_membership == "ban" and sender_level < _named_level(auth, "ban", 50):
+        raise AuthError("power level too low to unban")  # 4.5.3
+    if sender_level >= _named_level(auth, "kick", 50) and \
+            member.level(member.target) < sender_level:  # 4.5.4
+        return
+    raise AuthError("power level too low to kick this user")
 
-    raise AuthError(f"unknown membership {membership!r}")  # 4.8
+
+def _check_ban(member: _MemberEvent) -> None:
+    # Rule 4.6.
+    if member.sender_membership != "join":
+        raise AuthError("you are not in the room")
+    sender_level = member.level(member.event.sender)
+    if sender_level >= _named_level(member.auth, "ban", 50) and \
+            member.level(member.target) < sender_level:
+        return
+    raise AuthError("power level too low to ban this user")
+
+
+def _check_knock(member: _MemberEvent) -> None:
+    # Rule 4.7: only rooms whose join rule takes knocks, and only for oneself.
+    version = member.version
+    knock_rules = ["knock"] if version.knock_join_rule else []
+    if version.knock_restricted_join_rule:
+        knock_rules.append("knock_restricted")
+    if member.join_rule not in knock_rules:
+        raise AuthError("this room does not accept knocks")
+    if member.event.sender != member.target:
+        raise AuthError("cannot knock on behalf of another user")
+    if member.sender_membership not in ("ban", "invite", "join"):
+        return
+    raise AuthError("you cannot knock on this room")
+
+
+_MEMBERSHIP_RULES: dict[str, Callable[[_MemberEvent], None]] = {
+    "join": _check_join,
+    "invite": _check_invite,
+    "leave": _check_leave,
+    "ban": _check_ban,
+    "knock": _check_knock,
+}
 
 
 def _check_third_party_invite(event: Event, auth: dict[StateKey, Event],
                               target_membership: str | None) -> None:
+    # Rule 4.4.1: an invite that redeems an m.room.third_party_invite.
     if target_membership == "ban":
         raise AuthError("the invited user is banned")
+    signed = _third_party_signed(event)
+    tpi = auth.get((THIRD_PARTY_INVITE, signed["token"]))
+    if tpi is None:
+        raise AuthError("no matching m.room.third_party_invite")
+    if tpi.sender != event.sender:
+        raise AuthError("third_party_invite was sent by another user")
+    signatures = signed.get("signatures")
+    if not isinstance(signatures, dict):
+        raise AuthError("third_party_invite.signed has no signatures")
+    if not _signed_by_any(signed, signatures, _third_party_public_keys(tpi)):
+        raise AuthError("no valid signature on third_party_invite")
+
+
+def _third_party_signed(event: Event) -> dict:
+    """The invite's `signed` block, once it is known to be for this event's target."""
     invite = event.content["third_party_invite"]
     signed = invite.get("signed") if isinstance(invite, dict) else None
     if not isinstance(signed, dict):
@@ -282,20 +355,22 @@ def _check_third_party_invite(event: Event, auth: dict[StateKey, Event],
         raise AuthError("third_party_invite.signed needs mxid and token")
     if mxid != event.state_key:
         raise AuthError("third_party_invite is for another user")
-    tpi = auth.get((THIRD_PARTY_INVITE, token))
-    if tpi is None:
-        raise AuthError("no matching m.room.third_party_invite")
-    if tpi.sender != event.sender:
-        raise AuthError("third_party_invite was sent by another user")
+    return signed
+
+
+def _third_party_public_keys(tpi: Event) -> list[str]:
+    # The m.room.third_party_invite's `public_key`, then those listed in `public_keys`.
     keys = []
     if isinstance(tpi.content.get("public_key"), str):
         keys.append(tpi.content["public_key"])
     for entry in tpi.content.get("public_keys") or []:
         if isinstance(entry, dict) and isinstance(entry.get("public_key"), str):
             keys.append(entry["public_key"])
-    signatures = signed.get("signatures")
-    if not isinstance(signatures, dict):
-        raise AuthError("third_party_invite.signed has no signatures")
+    return keys
+
+
+def _signed_by_any(signed: dict, signatures: dict, keys: list[str]) -> bool:
+    """Does any signature on `signed` verify with any of the public keys?"""
     for server, server_sigs in signatures.items():
         if not isinstance(server_sigs, dict):
             continue
@@ -304,15 +379,26 @@ def _check_third_party_invite(event: Event, auth: dict[StateKey, Event],
                 try:
                     verify_key = decode_verify_key_bytes(key_id, decode_base64(public_key))
                     verify_signed_json(signed, server, verify_key)
-                    return
+                    return True
                 except (SignatureVerifyException, BadSignatureError, ValueError):
                     continue
-    raise AuthError("no valid signature on third_party_invite")
+    return False
 
 
 def _check_power_levels(version: RoomVersion, event: Event, auth: dict[StateKey, Event],
                         sender_level: int) -> None:
     new = event.content
+    _check_power_levels_format(version, new)  # 9.1 to 9.3
+    old_event = auth.get((POWER_LEVELS, ""))
+    if old_event is None:  # 9.4
+        return
+    old = old_event.content
+    _check_named_level_changes(old, new, sender_level)  # 9.5
+    _check_level_map_changes(old, new, sender_level)  # 9.6, 9.7
+    _check_user_level_changes(old, new, event.sender, sender_level)  # 9.8, 9.9
+
+
+def _check_power_levels_format(version: RoomVersion, new: dict) -> None:
     if version.integer_power_levels:
         for key in _PL_INT_KEYS:  # 9.1
             if key in new and not _is_int(new[key]):
@@ -326,16 +412,16 @@ def _check_power_levels(version: RoomVersion, event: Event, auth: dict[StateKey,
             is_valid_user_id(u) and _is_int(v) for u, v in users.items()):  # 9.3
         raise AuthError("power levels: users must map user IDs to integers")
 
-    old_event = auth.get((POWER_LEVELS, ""))
-    if old_event is None:  # 9.4
-        return
-    old = old_event.content
 
+def _check_named_level_changes(old: dict, new: dict, sender_level: int) -> None:
     for key in _PL_INT_KEYS:  # 9.5
         if old.get(key) != new.get(key):
             for value in (old.get(key), new.get(key)):
                 if value is not None and _as_int(value) > sender_level:
                     raise AuthError(f"power levels: cannot change {key} above your own level")
+
+
+def _check_level_map_changes(old: dict, new: dict, sender_level: int) -> None:
     for key in _PL_MAP_KEYS:
         old_map, new_map = old.get(key) or {}, new.get(key) or {}
         for name in set(old_map) | set(new_map):
@@ -345,11 +431,15 @@ def _check_power_levels(version: RoomVersion, event: Event, auth: dict[StateKey,
                 raise AuthError(f"power levels: cannot change {key}.{name}")
             if name in new_map and _as_int(new_map[name]) > sender_level:  # 9.7
                 raise AuthError(f"power levels: cannot raise {key}.{name} above your level")
+
+
+def _check_user_level_changes(old: dict, new: dict, sender: str, sender_level: int) -> None:
+    users = new.get("users", {})
     old_users = old.get("users") or {}
     for user in set(old_users) | set(users):
         if old_users.get(user) == users.get(user):
             continue
-        if user != event.sender and user in old_users and \
+        if user != sender and user in old_users and \
                 _as_int(old_users[user]) >= sender_level:  # 9.8
             raise AuthError(f"power levels: cannot change the level of {user}")
         if user in users and _as_int(users[user]) > sender_level:  # 9.9

@@ -91,13 +91,7 @@ def plan_room(version: RoomVersion, creator: str, request: CreateRoomRequest,
     def state(event_type: str, content: dict, state_key: str = "") -> PlannedEvent:
         return PlannedEvent(creator, event_type, content, state_key)
 
-    create_content = dict(request.creation_content)
-    create_content["room_version"] = version.identifier
-    if version.implicit_room_creator:
-        create_content.pop("creator", None)
-    else:
-        create_content["creator"] = creator
-    planned = [state("m.room.create", create_content),
+    planned = [state("m.room.create", _create_content(version, creator, request)),
                state("m.room.member", {"membership": "join"}, creator)]
 
     power_levels = initial.pop(("m.room.power_levels", ""), None)
@@ -110,31 +104,53 @@ def plan_room(version: RoomVersion, creator: str, request: CreateRoomRequest,
         planned.append(state("m.room.canonical_alias", {"alias": alias}))
 
     # The preset's state, unless initial_state sets the same thing.
-    for event_type, content in (
-            ("m.room.join_rules", {"join_rule": preset.join_rule}),
-            ("m.room.history_visibility", {"history_visibility": preset.history_visibility}),
-            ("m.room.guest_access", {"guest_access": preset.guest_access})):
-        if (event_type, "") not in initial:
-            planned.append(state(event_type, content))
+    planned += [state(event_type, content) for event_type, content in _preset_state(preset)
+                if (event_type, "") not in initial]
 
-    if request.name is not None:
-        initial.pop(("m.room.name", ""), None)
-    if request.topic is not None:
-        initial.pop(("m.room.topic", ""), None)
+    # The request's name and topic replace initial_state's, and come after it.
+    named = _name_and_topic(request)
+    for event_type, _ in named:
+        initial.pop((event_type, ""), None)
     planned += [state(t, content, key) for (t, key), content in initial.items()]
+    planned += [state(event_type, content) for event_type, content in named]
+
+    planned += [state("m.room.member", _invite_content(request), invitee)
+                for invitee in request.invite]
+    return planned
+
+
+def _create_content(version: RoomVersion, creator: str, request: CreateRoomRequest) -> dict:
+    content = dict(request.creation_content)
+    content["room_version"] = version.identifier
+    if version.implicit_room_creator:
+        content.pop("creator", None)  # v11: the creator is the create event's sender
+    else:
+        content["creator"] = creator
+    return content
+
+
+def _preset_state(preset: Preset) -> list[tuple[str, dict]]:
+    return [("m.room.join_rules", {"join_rule": preset.join_rule}),
+            ("m.room.history_visibility", {"history_visibility": preset.history_visibility}),
+            ("m.room.guest_access", {"guest_access": preset.guest_access})]
+
+
+def _name_and_topic(request: CreateRoomRequest) -> list[tuple[str, dict]]:
+    named: list[tuple[str, dict]] = []
     if request.name is not None:
-        planned.append(state("m.room.name", {"name": request.name}))
+        named.append(("m.room.name", {"name": request.name}))
     if request.topic is not None:
-        planned.append(state("m.room.topic", {
+        named.append(("m.room.topic", {
             "topic": request.topic,
             "m.topic": {"m.text": [{"mimetype": "text/plain", "body": request.topic}]}}))
+    return named
 
-    for invitee in request.invite:
-        content = {"membership": "invite"}
-        if request.is_direct:
-            content["is_direct"] = True
-        planned.append(state("m.room.member", content, invitee))
-    return planned
+
+def _invite_content(request: CreateRoomRequest) -> dict:
+    content: dict = {"membership": "invite"}
+    if request.is_direct:
+        content["is_direct"] = True
+    return content
 
 
 class RoomCreator:

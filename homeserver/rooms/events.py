@@ -62,7 +62,7 @@ def redact(version: RoomVersion, pdu: dict) -> dict:
     content = pdu.get("content")
     if not isinstance(content, dict):
         return out
-    event_type = pdu.get("type")
+    event_type: Any = pdu.get("type")  # `pdu` is any dict: no type is assumed
     if version.updated_redaction_rules and event_type == "m.room.create":
         out["content"] = copy.deepcopy(content)
         return out
@@ -200,12 +200,18 @@ def check_pdu_format(version: RoomVersion, event: Event) -> None:
         raise InvalidEvent("hashes.sha256 is missing")
     if not 0 <= pdu["depth"] <= MAX_DEPTH:
         raise InvalidEvent("depth is out of range")
+    _check_event_references(pdu)
+    if version.strict_canonical_json:
+        check_canonical_values(pdu, "event")
+    check_size_limits(event)
+
+
+def _check_event_references(pdu: dict) -> None:
+    """`prev_events` and `auth_events` are lists of event IDs, no longer than an event may
+    name; only the create event, which starts the room, has no prev_events."""
     for name, limit in (("prev_events", MAX_PREV_EVENTS), ("auth_events", MAX_AUTH_EVENTS)):
         ids = pdu[name]
         if len(ids) > limit or not all(isinstance(i, str) and i.startswith("$") for i in ids):
             raise InvalidEvent(f"{name} must be at most {limit} event IDs")
     if not pdu["prev_events"] and pdu["type"] != "m.room.create":
         raise InvalidEvent("prev_events is empty")
-    if version.strict_canonical_json:
-        check_canonical_values(pdu, "event")
-    check_size_limits(event)

@@ -7,7 +7,7 @@
 3. A content hash that matches; else it is replaced by its redacted copy.
 
 A worker shard runs these under its share of the key-resolution budget, and main runs them
-again under its own for every relayed PDU (FED-10): keys are resolved through the keyring
+again under its own for every relayed PDU: keys are resolved through the keyring
 and nowhere else, with the source IP of the inbound request. A refused key resolution
 refuses the whole transaction (``KeyResolutionRefused``), before anything is applied.
 """
@@ -121,8 +121,9 @@ class PduChecker:
 
     def _room_versions(self, pdus: list[dict]) -> dict[str, RoomVersion]:
         """The version of each room the PDUs name that this server is in (joined)."""
-        versions = {}
-        for room_id in {p.get("room_id") for p in pdus if isinstance(p.get("room_id"), str)}:
+        versions: dict[str, RoomVersion] = {}
+        named = (p.get("room_id") for p in pdus)
+        for room_id in {r for r in named if isinstance(r, str)}:
             room = self.rooms.store.get_room(room_id)
             if room is not None and self.rooms.is_joined_here(room_id):
                 versions[room_id] = KNOWN_ROOM_VERSIONS[room.room_version]

@@ -6,13 +6,14 @@ persist it in one transaction (`_persist`), which also tells the registered list
 notifier that /sync will use). The lock keeps two sends to one room from taking the same
 prev_events and depth; the transaction re-checks the extremities, in case another process
 wrote to the room meanwhile.
+
+Events received over federation are authorised by `received.py` and stored through the same
+persist point; the filters, tokens and pages that reads use are `pagination.py`'s.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
-import re
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -36,7 +37,6 @@ from homeserver.rooms.auth import (
     CREATE,
     AuthError,
     auth_types_for_event,
-    check_against_state,
     check_auth_events,
     required_power_level,
     select_auth_events,
@@ -44,6 +44,14 @@ from homeserver.rooms.auth import (
 )
 from homeserver.rooms.events import MAX_PREV_EVENTS, InvalidEvent, build_event, redact
 from homeserver.rooms.format import client_event
+from homeserver.rooms.pagination import (
+    EventFilter,
+    EventScan,
+    MessagesPage,
+    parse_stream_token,
+    stream_token,
+)
+from homeserver.rooms.received import ReceivedEventRefused, authorise_received_event
 from homeserver.rooms.versions import KNOWN_ROOM_VERSIONS, RoomVersion
 from homeserver.rooms.visibility import HistoryView
 from homeserver.storage.profiles import ProfileStore
@@ -64,20 +72,12 @@ _PERSIST_ATTEMPTS = 3
 # skipping events the user may not see, so hidden history cannot make a request unbounded.
 MAX_MESSAGES_LIMIT = 1000
 _MAX_SCAN_ROUNDS = 10
-# `s<position>`, or a /sync token, which starts with the same event stream position: the spec
-# lets /messages start from a sync's next_batch.
-_TOKEN = re.compile(r"^s(\d{1,18})(?:_[0-9a-z_]{1,100})?$")
 
 MEMBERSHIPS = ("join", "invite", "knock", "leave", "ban")
 
 PersistListener = Callable[[list[StoredEvent]], None]
 # validate(room_id, new_content, old_content or None), raising a MatrixError.
 StateValidator = Callable[[str, dict, "dict | None"], None]
-
-
-class ReceivedEventRefused(Exception):
-    """A PDU received over federation that was not stored; the message says why, and is
-    what the sender is told for it."""
 
 
 @dataclass(frozen=True)
@@ -88,74 +88,6 @@ class PlannedEvent:
     event_type: str
     content: dict
     state_key: str | None = None
-
-
-@dataclass(frozen=True)
-class EventFilter:
-    """The spec's EventFilter, plus RoomEventFilter's contains_url: what /messages and /sync
-    apply to events (`*` is a wildcard in types). The store applies types and senders in SQL;
-    the `keeps_*` methods apply the same rules to events already in memory."""
-
-    types: tuple | None = None
-    not_types: tuple = ()
-    senders: tuple | None = None
-    not_senders: tuple = ()
-    limit: int | None = None
-    contains_url: bool | None = None  # only events with (True) or without (False) content.url
-
-    def keeps_type(self, event_type: str) -> bool:
-        if self.types is not None and not any(_glob(t).fullmatch(event_type)
-                                              for t in self.types):
-            return False
-        return not any(_glob(t).fullmatch(event_type) for t in self.not_types)
-
-    def keeps_sender(self, sender: str) -> bool:
-        if self.senders is not None and sender not in self.senders:
-            return False
-        return sender not in self.not_senders
-
-    def keeps_content(self, content: dict) -> bool:
-        return self.contains_url is None or ("url" in content) == self.contains_url
-
-    def keeps(self, stored: StoredEvent) -> bool:
-        event = stored.event
-        return (self.keeps_type(event.type) and self.keeps_sender(event.sender)
-                and self.keeps_content(event.content))
-
-
-@functools.lru_cache(maxsize=1024)
-def _glob(pattern: str) -> re.Pattern:
-    """A filter's type pattern: `*` matches any run of characters, nothing else is special."""
-    return re.compile(".*".join(re.escape(part) for part in pattern.split("*")), re.DOTALL)
-
-
-@dataclass(frozen=True)
-class MessagesPage:
-    chunk: list[dict]
-    start: str
-    end: str | None
-
-
-@dataclass(frozen=True)
-class EventScan:
-    """What `visible_events` found: the events, where the scan stopped (the next position to
-    read from, in the scan's direction) and whether it reached the end of its range."""
-
-    events: list[StoredEvent]
-    position: int
-    exhausted: bool
-
-
-def stream_token(position: int) -> str:
-    """A /messages token: a stream position, stable across restarts."""
-    return f"s{position}"
-
-
-def parse_stream_token(token: str, name: str) -> int:
-    match = _TOKEN.match(token)
-    if match is None:
-        raise invalid_param(f"{name} is not a valid pagination token")
-    return int(match.group(1))
 
 
 class RoomService:
@@ -286,33 +218,44 @@ class RoomService:
                 if existing is not None:
                     return existing
             for _ in range(_PERSIST_ATTEMPTS):
-                keys = auth_types_for_event(version, planned.event_type, planned.sender,
-                                            planned.state_key, planned.content)
-                if planned.state_key is not None:
-                    keys.append((planned.event_type, planned.state_key))
-                state = {k: s.event for k, s in self.store.current_state(room_id, keys).items()}
-                if skip_if_unchanged and planned.state_key is not None:
-                    current = state.get((planned.event_type, planned.state_key))
-                    if current is not None and current.sender == planned.sender \
-                            and current.content == planned.content:
-                        return current.event_id  # nothing would change: no new event
-                # Events received over federation may fork the room: the newest
-                # extremities, as many as an event may name.
-                prev_events = self.store.forward_extremities(room_id)[-MAX_PREV_EVENTS:]
                 try:
-                    event = self._build(version, planned, room_id, prev_events, state, now_ms())
-                except AuthError as e:
-                    raise forbidden(str(e)) from None
-                try:
-                    return self._persist([event], txn=txn)[0].event.event_id
+                    return self._append_once(version, room_id, planned, txn, skip_if_unchanged)
                 except StaleExtremities:
                     continue
-                except Exception as e:
-                    if txn is not None and self.store.db.is_unique_violation(e):
-                        # The same transaction, sent at once through another process.
-                        return self.store.event_for_txn(txn)
-                    raise
         raise MatrixError(503, Codes.UNKNOWN, "The room is busy; try again")
+
+    def _append_once(self, version: RoomVersion, room_id: str, planned: PlannedEvent,
+                     txn: TxnKey | None, skip_if_unchanged: bool) -> str:
+        """One attempt of `_append`, under the room's lock. Raises StaleExtremities if another
+        process wrote to the room since its state was read."""
+        keys = auth_types_for_event(version, planned.event_type, planned.sender,
+                                    planned.state_key, planned.content)
+        if planned.state_key is not None:
+            keys.append((planned.event_type, planned.state_key))
+        state = {k: s.event for k, s in self.store.current_state(room_id, keys).items()}
+        if skip_if_unchanged and planned.state_key is not None:
+            current = state.get((planned.event_type, planned.state_key))
+            if current is not None and current.sender == planned.sender \
+                    and current.content == planned.content:
+                return current.event_id  # nothing would change: no new event
+        # Events received over federation may fork the room: the newest
+        # extremities, as many as an event may name.
+        prev_events = self.store.forward_extremities(room_id)[-MAX_PREV_EVENTS:]
+        try:
+            event = self._build(version, planned, room_id, prev_events, state, now_ms())
+        except AuthError as e:
+            raise forbidden(str(e)) from None
+        try:
+            return self._persist([event], txn=txn)[0].event.event_id
+        except StaleExtremities:
+            raise  # `_append` reads the room again
+        except Exception as e:
+            if txn is not None and self.store.db.is_unique_violation(e):
+                # The same transaction, sent at once through another process.
+                existing = self.store.event_for_txn(txn)
+                if existing is not None:
+                    return existing
+            raise
 
     def create_room(self, room_id: str, version: RoomVersion, creator: str,
                     planned: list[PlannedEvent], extra_writes: Iterable[Callable] = ()) -> None:
@@ -346,16 +289,11 @@ class RoomService:
         its format, signatures and hashes (spec "Checks performed on receipt of a PDU",
         steps 1 to 3); `signed_by` are the servers whose signatures it verified.
 
-        Steps 4 to 6, kept minimal: the event must pass the auth rules against its
-        auth_events, against the state before it, and against the current state. Any
-        failure raises `ReceivedEventRefused` and nothing is stored: a rejected or
-        soft-failed event is not kept at all, so a later event naming it as a prev_event
-        is refused as having unknown prev_events. Missing prev_events or auth_events are
-        not fetched from other servers (no backfill): such an event is refused. There is
-        no state resolution: the state before an event is the current state when its
-        prev_events are the room's forward extremities (the linear case), else the state
-        at the newest of them in stream order. Returns False if the event was already
-        stored (nothing is applied twice), True if it was stored now."""
+        Steps 4 to 6 are `authorise_received_event`'s. Any failure raises
+        `ReceivedEventRefused` and nothing is stored: a rejected or soft-failed event is not
+        kept at all, so a later event naming it as a prev_event is refused as having unknown
+        prev_events. Returns False if the event was already stored (nothing is applied
+        twice), True if it was stored now."""
         if event.type == CREATE:
             raise ReceivedEventRefused("m.room.create of a room that already exists")
         room_id = event.room_id
@@ -364,41 +302,7 @@ class RoomService:
                 room_id, [event.event_id, *event.prev_event_ids, *event.auth_event_ids])
             if event.event_id in known:
                 return False
-            missing = [e for e in event.prev_event_ids + event.auth_event_ids
-                       if e not in known]
-            if missing:
-                raise ReceivedEventRefused(
-                    f"unknown prev_events or auth_events ({', '.join(missing[:3])}); "
-                    "missing events are not fetched")
-
-            def signed(ev: Event, server: str) -> bool:
-                return server in signed_by
-
-            try:
-                check_auth_events(version, event,
-                                  [known[e].event for e in event.auth_event_ids], signed)
-            except AuthError as e:
-                raise ReceivedEventRefused(f"rejected by its auth events: {e}") from None
-            keys = auth_types_for_event(version, event.type, event.sender, event.state_key,
-                                        event.content)
-            extremities = {e.event_id for e in self.store.forward_extremities(room_id)}
-            linear = set(event.prev_event_ids) == extremities
-            if not linear:
-                position = max(known[e].stream_ordering for e in event.prev_event_ids)
-                before = {k: s.event for k, s in self.store.state_at(room_id, position).items()}
-                try:
-                    check_against_state(version, event, before, signed)
-                except AuthError as e:
-                    raise ReceivedEventRefused(
-                        f"rejected by the state before it: {e}") from None
-            current = {k: s.event for k, s in self.store.current_state(room_id, keys).items()}
-            try:
-                check_against_state(version, event, current, signed)
-            except AuthError as e:
-                # In the linear case the current state is the state before the event.
-                raise ReceivedEventRefused(
-                    f"rejected by the state before it: {e}" if linear
-                    else f"soft-failed against the current state: {e}") from None
+            authorise_received_event(self.store, version, event, known, signed_by)
             try:
                 self._persist([event], received=True)
             except Exception as e:
@@ -510,7 +414,7 @@ class RoomService:
         state = {k: s.event for k, s in self.store.current_state(room_id, keys).items()}
         rules = state.get(("m.room.join_rules", ""))
         rule = rules.content.get("join_rule") if rules else None
-        if rule not in ("restricted", "knock_restricted"):
+        if rules is None or rule not in ("restricted", "knock_restricted"):
             return
         member = state.get(("m.room.member", user_id))
         if member is not None and member.membership in ("join", "invite"):
@@ -583,7 +487,7 @@ class RoomService:
             state = self.store.state_at(room_id, position, "m.room.member")
         now = now_ms()
         out = []
-        for stored in sorted(state.values(), key=lambda s: s.event.state_key):
+        for stored in sorted(state.values(), key=lambda s: s.event.state_key or ""):
             value = stored.event.membership
             if membership is None and not_membership is None:
                 wanted = True

@@ -25,7 +25,8 @@ from typing import Callable
 from homeserver.core.clock import now_ms
 from homeserver.core.concurrency import KeyedLocks
 from homeserver.rooms.pdu_checks import PduChecker
-from homeserver.rooms.service import ReceivedEventRefused, RoomService
+from homeserver.rooms.received import ReceivedEventRefused
+from homeserver.rooms.service import RoomService
 from homeserver.storage.transactions import ReceivedTransactionStore
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,8 @@ class TransactionProcessor:
                 if item.error is not None:
                     results[item.event_id] = {"error": item.error}
                     continue
+                if item.event is None:  # the checker sets one or the other, never neither
+                    raise ValueError(f"checked PDU {item.event_id} has no event and no error")
                 try:
                     self.rooms.receive_event(item.version, item.event, item.signed_by)
                     results[item.event_id] = {}

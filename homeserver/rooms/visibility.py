@@ -45,7 +45,7 @@ class HistoryView:
             return self._member_positions[-1]
         return None
 
-    def memberships_between(self, after: int, up_to: int) -> list[str]:
+    def memberships_between(self, after: int, up_to: int) -> list[str | None]:
         """The memberships the user was given with `after < position <= up_to`, in order."""
         low = bisect.bisect_right(self._member_positions, after)
         high = bisect.bisect_right(self._member_positions, up_to)

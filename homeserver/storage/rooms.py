@@ -91,6 +91,14 @@ def _stored(row) -> StoredEvent:
                        json.loads(row[3]) if row[3] else {})
 
 
+def _state_key_of(stored: StoredEvent) -> StateKey:
+    """The (type, state_key) of an event read from the room state (state events only)."""
+    state_key = stored.event.state_key
+    if state_key is None:
+        raise ValueError(f"{stored.event.event_id} was read as room state but has no state_key")
+    return stored.event.type, state_key
+
+
 def _glob_match(dialect: str, column: str, glob: str) -> tuple[str, str]:
     """SQL matching `column` against a filter glob (`*` is the only wildcard), case
     sensitively on both engines: SQLite's LIKE ignores ASCII case, its GLOB does not."""
@@ -266,7 +274,7 @@ class RoomStore:
             sql += " AND c.type = ?"
             params.append(event_type)
         rows = self.db.read(lambda tx: tx.fetchall(sql, params))
-        return {(s.event.type, s.event.state_key): s for s in map(_stored, rows)}
+        return {_state_key_of(s): s for s in map(_stored, rows)}
 
     def state_at(self, room_id: str, position: int, event_type: str | None = None,
                  changed_after: int = 0,
@@ -291,7 +299,7 @@ class RoomStore:
             sql += " AND e.type = ?"
             params.append(event_type)
         rows = self.db.read(lambda tx: tx.fetchall(sql, params))
-        return {(s.event.type, s.event.state_key): s for s in map(_stored, rows)}
+        return {_state_key_of(s): s for s in map(_stored, rows)}
 
     def room_events(self, room_id: str, after: int, up_to: int, backwards: bool, limit: int,
                     types=None, not_types=None, senders=None,

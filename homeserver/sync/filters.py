@@ -2,7 +2,7 @@
 and /messages apply.
 
 A filter is validated once, when it is uploaded or passed inline, into frozen objects; the
-type and sender tests themselves are `rooms.service.EventFilter`'s, so /messages and /sync
+type and sender tests themselves are `rooms.pagination.EventFilter`'s, so /messages and /sync
 match events the same way.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from marshmallow import EXCLUDE, Schema, ValidationError, fields, validate
 
@@ -23,7 +24,7 @@ from homeserver.core.errors import (
     invalid_param,
     not_found,
 )
-from homeserver.rooms.service import EventFilter
+from homeserver.rooms.pagination import EventFilter
 
 # Timeline events per room when the filter gives no limit, and the most a filter may ask for:
 # an initial sync reads this many events for every room the user is in.
@@ -134,7 +135,10 @@ def _tuple(body: dict, name: str) -> tuple | None:
     return tuple(body[name]) if name in body else None
 
 
-def _event_filter(body: dict, cls=EventFilter, **extra) -> EventFilter:
+_Filter = TypeVar("_Filter", bound=EventFilter)
+
+
+def _event_filter(body: dict, cls: type[_Filter], **extra: Any) -> _Filter:
     return cls(types=_tuple(body, "types"), not_types=tuple(body.get("not_types", ())),
                senders=_tuple(body, "senders"), not_senders=tuple(body.get("not_senders", ())),
                limit=body.get("limit"), **extra)
@@ -166,7 +170,7 @@ def parse_filter(data) -> SyncFilter:
     return SyncFilter(
         event_fields=_tuple(body, "event_fields"),
         event_format=body.get("event_format", "client"),
-        account_data=_event_filter(body.get("account_data", {})),
+        account_data=_event_filter(body.get("account_data", {}), EventFilter),
         room=RoomFilter(
             rooms=_tuple(room, "rooms"), not_rooms=tuple(room.get("not_rooms", ())),
             include_leave=room.get("include_leave", False),

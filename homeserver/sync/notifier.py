@@ -77,7 +77,9 @@ class Notifier:
 
     def on_events_persisted(self, stored: list[StoredEvent]) -> None:
         """The rooms persist listener: one batch of events, all in one room."""
-        targets = {s.event.state_key for s in stored if s.event.type == "m.room.member"}
+        # A member event's state_key is the user it is about; one without it names nobody.
+        members = (s.event.state_key for s in stored if s.event.type == "m.room.member")
+        targets = {user_id for user_id in members if user_id is not None}
         self.notify_room(stored[0].event.room_id, targets)
 
     def close(self) -> None:

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from homeserver.core.clock import now_ms
 from homeserver.core.requester import Requester
 from homeserver.rooms.format import client_event
-from homeserver.rooms.service import RoomService, stream_token
+from homeserver.rooms.pagination import stream_token
+from homeserver.rooms.service import RoomService
 from homeserver.rooms.visibility import HistoryView
 from homeserver.storage.rooms import StoredEvent
 from homeserver.storage.sync import StreamPositions, SyncSnapshot, SyncStore
@@ -118,8 +119,8 @@ class SyncService:
 
     def _respond(self, request: SyncRequest) -> tuple[dict, bool]:
         since = request.since
-        incremental = since is not None and not request.full_state
-        snapshot = self.store.snapshot(request.user_id, since.events if incremental else None,
+        incremental_from = since.events if since is not None and not request.full_state else None
+        snapshot = self.store.snapshot(request.user_id, incremental_from,
                                        request.filter.room.keeps_room)
         batch = _Batch(snapshot.positions, now_ms())
         memberships, raced = self._memberships_at(request, snapshot)
@@ -167,10 +168,11 @@ class SyncService:
                 continue
             if changed_at > position:
                 view = self.rooms.history_view(room_id, request.user_id)
-                membership = view.membership_after(position)
-                changed_at = view.last_membership_change(position)
-                if membership is None:
+                membership_then = view.membership_after(position)
+                changed_then = view.last_membership_change(position)
+                if membership_then is None or changed_then is None:
                     continue
+                membership, changed_at = membership_then, changed_then
                 raced.add(room_id)
             out[room_id] = (membership, changed_at)
         return out, raced
@@ -215,8 +217,9 @@ class SyncService:
                 or account_data or membership_changed):
             return None
         view = view or self.rooms.history_view(room_id, request.user_id)
-        timeline_after = 0 if newly_joined else since.events
-        state_after = 0 if (newly_joined or request.full_state) else since.events
+        # Not newly joined means an incremental sync: `since` is set.
+        timeline_after = 0 if newly_joined or since is None else since.events
+        state_after = 0 if (newly_joined or request.full_state or since is None) else since.events
         timeline = self._timeline(request, room_id, view, timeline_after, up_to)
         state = self._state(request, room_id, timeline, state_after, up_to)
         if not (timeline.events or state or ephemeral or account_data or newly_joined
@@ -352,8 +355,9 @@ class SyncService:
 
     def _summary(self, user_id: str, room_id: str) -> dict:
         counts = self.rooms.store.member_counts(room_id)
-        summary = {"m.joined_member_count": counts.joined_members,
-                   "m.invited_member_count": counts.invited_members}
+        summary: dict[str, int | list[str]] = {
+            "m.joined_member_count": counts.joined_members,
+            "m.invited_member_count": counts.invited_members}
         if not counts.name and not counts.canonical_alias:
             summary["m.heroes"] = self.rooms.store.heroes(room_id, user_id, HEROES)
         return summary

@@ -10,9 +10,14 @@ from signedjson.key import generate_signing_key, get_verify_key
 
 from budget import DeadlineExceeded, OutboundDeadline
 from homeserver.core.errors import MatrixError
-from homeserver.federation.errors import (DestinationUnreachable, KeyResolutionRefused,
-                                          MalformedResponse, RemoteError, ResponseTooLarge,
-                                          to_client_error)
+from homeserver.federation.errors import (
+    DestinationUnreachable,
+    KeyResolutionRefused,
+    MalformedResponse,
+    RemoteError,
+    ResponseTooLarge,
+    to_client_error,
+)
 from homeserver.federation.signing import parse_x_matrix, request_object, verify_signature
 from tests.peers.liar import LiarPeer
 from tests.peers.tarpit import Tarpit

@@ -9,15 +9,19 @@ from urllib.parse import quote
 
 import pytest
 import requests
-from signedjson.key import decode_verify_key_bytes, encode_verify_key_base64, \
-    generate_signing_key, get_verify_key
+from signedjson.key import (
+    decode_verify_key_bytes,
+    encode_verify_key_base64,
+    generate_signing_key,
+    get_verify_key,
+)
 from signedjson.sign import verify_signed_json
 from unpaddedbase64 import decode_base64
 
-from homeserver.config import parse_config
-from homeserver.federation.signing import sign_request
 from homeserver.api.app import create_flask_app
 from homeserver.api.federation_auth import UNAUTHENTICATED_ROUTES, requires_server_auth
+from homeserver.config import parse_config
+from homeserver.federation.signing import sign_request
 from homeserver.http.parsing import json_object
 from homeserver.http.responses import json_response
 from homeserver.runtime import HomeserverRuntime

@@ -9,8 +9,14 @@ from signedjson.sign import sign_json
 from unpaddedbase64 import encode_base64
 
 from homeserver.federation.errors import InvalidSignature
-from homeserver.federation.signing import (MalformedAuthHeader, XMatrixAuth, parse_x_matrix,
-                                           request_object, sign_request, verify_signature)
+from homeserver.federation.signing import (
+    MalformedAuthHeader,
+    XMatrixAuth,
+    parse_x_matrix,
+    request_object,
+    sign_request,
+    verify_signature,
+)
 
 # Spec v1.16, Appendices, "Signing key" test vectors.
 SPEC_SEED = "YJDBA9Xnr2sVqXD9Vj7XVUnmFZcZrlw8Md7kMW+3XA1"

@@ -3,8 +3,16 @@
 import json
 
 from loadtests.judge import percentile, phase_figures, refusals_in_log, summarize
-from loadtests.scenario import (ATTACK, DEADLINE, LOCAL, REFUSED, REMOTE, Sample,
-                                attack_outcome, attacker_address)
+from loadtests.scenario import (
+    ATTACK,
+    DEADLINE,
+    LOCAL,
+    REFUSED,
+    REMOTE,
+    Sample,
+    attack_outcome,
+    attacker_address,
+)
 
 PEERS = {"tarpit": {"accepted": 40, "max_concurrent": 16},
          "silent_combined": {"current": 0, "max_concurrent": 16}}

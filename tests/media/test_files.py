@@ -4,11 +4,16 @@ import hashlib
 import os
 
 import gevent
-from gevent.event import Event
 import pytest
+from gevent.event import Event
 
-from homeserver.media.files import (FileTooLarge, MediaFileStore, ThumbnailKey,
-                                    is_valid_media_id, new_media_id)
+from homeserver.media.files import (
+    FileTooLarge,
+    MediaFileStore,
+    ThumbnailKey,
+    is_valid_media_id,
+    new_media_id,
+)
 
 
 @pytest.fixture

@@ -16,8 +16,8 @@ import pytest
 from gevent.event import Event
 from gevent.pool import Pool
 
-from homeserver.config import parse_config
 from homeserver.api.app import create_flask_app
+from homeserver.config import parse_config
 from homeserver.http.server import WeirWSGIServer
 from homeserver.processes.listeners import HomeserverServer
 from homeserver.runtime import HomeserverRuntime

@@ -4,7 +4,13 @@ python-multipart, the parser Synapse uses."""
 
 import pytest
 
-from homeserver.api.media_responses import CACHE_CONTROL, CONTENT_SECURITY_POLICY, content_disposition, multipart_response, served_content_type
+from homeserver.api.media_responses import (
+    CACHE_CONTROL,
+    CONTENT_SECURITY_POLICY,
+    content_disposition,
+    multipart_response,
+    served_content_type,
+)
 from homeserver.media.files import MediaFile
 from tests.support.multipart import media_file_part
 

@@ -4,8 +4,13 @@ import gevent
 import pytest
 
 from homeserver.storage.database import open_database
-from homeserver.storage.media import (LocalMedia, MediaStore, RemoteMedia, StoredThumbnail,
-                                     ThumbnailSource)
+from homeserver.storage.media import (
+    LocalMedia,
+    MediaStore,
+    RemoteMedia,
+    StoredThumbnail,
+    ThumbnailSource,
+)
 from homeserver.storage.migrations import migrate
 
 

@@ -6,12 +6,26 @@ import pytest
 from PIL import Image
 
 from homeserver.media.files import ThumbnailKey
-from homeserver.media.thumbnails import (ImageTooLarge, NotAnImage, SourceImage, key_for,
-                                         pregenerated_keys, probe, render, select_thumbnail,
-                                         thumbnail_size)
+from homeserver.media.thumbnails import (
+    ImageTooLarge,
+    NotAnImage,
+    SourceImage,
+    key_for,
+    pregenerated_keys,
+    probe,
+    render,
+    select_thumbnail,
+    thumbnail_size,
+)
 from homeserver.storage.media import StoredThumbnail
-from tests.media.images import (EXIF_MAKE, EXIF_ORIENTATION, animated_gif, bomb_png,
-                                left_red_right_blue_jpeg, solid)
+from tests.media.images import (
+    EXIF_MAKE,
+    EXIF_ORIENTATION,
+    animated_gif,
+    bomb_png,
+    left_red_right_blue_jpeg,
+    solid,
+)
 
 
 @pytest.mark.parametrize("source, request_size, method, expected", [

@@ -4,7 +4,12 @@ import pytest
 from signedjson.key import generate_signing_key
 
 from homeserver.rooms.auth import (
-    AuthError, check_against_state, check_auth_events, select_auth_events, user_power_level)
+    AuthError,
+    check_against_state,
+    check_auth_events,
+    select_auth_events,
+    user_power_level,
+)
 from homeserver.rooms.events import build_event
 from homeserver.rooms.versions import ROOM_V10, ROOM_V11
 

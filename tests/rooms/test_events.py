@@ -11,8 +11,14 @@ from signedjson.sign import verify_signed_json
 from unpaddedbase64 import decode_base64, encode_base64
 
 from homeserver.rooms.events import (
-    MAX_PDU_BYTES, InvalidEvent, add_hashes_and_signatures, build_event, check_canonical_values,
-    event_id_for, redact)
+    MAX_PDU_BYTES,
+    InvalidEvent,
+    add_hashes_and_signatures,
+    build_event,
+    check_canonical_values,
+    event_id_for,
+    redact,
+)
 from homeserver.rooms.versions import ROOM_V10, ROOM_V11
 
 # Appendices, "Cryptographic Test Vectors".

@@ -4,10 +4,10 @@ import gevent
 import pytest
 from gevent.event import Event as GEvent
 
-from homeserver.core.requester import Requester
 from homeserver.config import parse_config
-from homeserver.rooms.creation import CreateRoomRequest
 from homeserver.core.concurrency import KeyedLocks
+from homeserver.core.requester import Requester
+from homeserver.rooms.creation import CreateRoomRequest
 from homeserver.runtime import HomeserverRuntime
 from tests.rooms.conftest import V3, create_room, send
 from tests.support.server import MatrixClient

@@ -7,9 +7,9 @@ it: nothing may ever connect there.
 
 from __future__ import annotations
 
-from signedjson.key import generate_signing_key
-
 import os
+
+from signedjson.key import generate_signing_key
 
 from homeserver.config import parse_config
 from homeserver.federation.client import FederationClient

@@ -4,9 +4,9 @@ import gevent
 import pytest
 from gevent.event import Event
 
-from homeserver.core.requester import Requester
 from homeserver.config import parse_config
 from homeserver.core.errors import MatrixError
+from homeserver.core.requester import Requester
 from homeserver.rooms.creation import CreateRoomRequest
 from homeserver.runtime import HomeserverRuntime
 from homeserver.sync.filters import parse_filter

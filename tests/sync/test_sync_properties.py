@@ -5,7 +5,8 @@ whatever the sends, syncs and waiting syncs in between."""
 import time
 
 import gevent
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.rooms.conftest import V3, create_room, send
 from tests.sync.conftest import event_ids, metric, sync

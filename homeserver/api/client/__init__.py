@@ -1,0 +1,1 @@
+"""Blueprints of the client-server API (/_matrix/client, /_matrix/media, /_synapse/admin)."""

@@ -13,7 +13,8 @@ from homeserver.http.parsing import validate as validate_body
 from homeserver.http.responses import json_response
 from homeserver.rooms.creation import PRESETS, CreateRoomRequest
 from homeserver.rooms.events import MAX_PDU_BYTES
-from homeserver.rooms.service import MEMBERSHIPS, EventFilter
+from homeserver.rooms.pagination import EventFilter
+from homeserver.rooms.service import MEMBERSHIPS
 from homeserver.sync.filters import decode_filter_json, parse_room_event_filter
 
 bp = Blueprint("rooms", __name__, url_prefix="/_matrix/client/v3")

@@ -10,7 +10,18 @@ import gevent.select
 import pytest
 from gevent.event import Event
 
-from homeserver.processes.ipc import ERROR, HEADER, MAX_FRAME_BYTES, REPLY, FrameConnection, FrameType, IpcError, IpcServer, connect, encode_frame
+from homeserver.processes.ipc import (
+    ERROR,
+    HEADER,
+    MAX_FRAME_BYTES,
+    REPLY,
+    FrameConnection,
+    FrameType,
+    IpcError,
+    IpcServer,
+    connect,
+    encode_frame,
+)
 
 
 def echo(connection, body):
@@ -74,7 +85,7 @@ def test_a_failing_handler_answers_error(pair):
 
 def test_bad_frames_are_dropped_and_the_connection_goes_on(pair, caplog):
     connection, theirs = pair
-    caplog.set_level(logging.WARNING, logger="homeserver.federation.ipc")
+    caplog.set_level(logging.WARNING, logger="homeserver.processes.ipc")
     too_long = MAX_FRAME_BYTES + 1
     bad = [
         HEADER.pack(too_long, FrameType.HEALTH, 1) + b"x" * too_long,   # over the cap

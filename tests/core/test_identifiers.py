@@ -3,8 +3,8 @@ discovery, so a name that passes validation never fails later, after a slot was 
 
 import pytest
 
-from homeserver.federation.discovery import split_server_name
 from homeserver.core.identifiers import is_valid_server_name
+from homeserver.federation.discovery import split_server_name
 
 NAMES = ["example.org", "example.org:8448", "1.2.3.4:80", "[2001:db8::1]:8448", "[::1]",
          "host:1", "host:65535", "", "a b", "host:", "host:port", "host:0", "host:65536",

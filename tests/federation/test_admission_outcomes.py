@@ -3,10 +3,15 @@
 import pytest
 
 from budget import DeadlineExceeded
-from homeserver.federation.errors import (AddressCoolingDown, DestinationUnreachable,
-                                          MalformedResponse, RemoteError, ResponseTooLarge)
-from homeserver.media.files import FileTooLarge
 from homeserver.federation.admission import failure_outcome
+from homeserver.federation.errors import (
+    AddressCoolingDown,
+    DestinationUnreachable,
+    MalformedResponse,
+    RemoteError,
+    ResponseTooLarge,
+)
+from homeserver.media.files import FileTooLarge
 
 
 @pytest.mark.parametrize("error, outcome", [

@@ -9,8 +9,8 @@ import pytest
 
 from tests.peers.origins import FakeOrigin, OriginKeyServer, send_transaction
 from tests.rooms.conftest import stored_pdus
-from tests.support.metrics import metric, wait_for_metric
 from tests.support.federation import federation_settings, tls_listener_settings
+from tests.support.metrics import metric, wait_for_metric
 from tests.support.remote_room import room_joined_by
 from tests.support.server import MatrixClient, WeirProcess, base_settings, merge
 from tests.support.spec import assert_matches_spec

@@ -1,5 +1,5 @@
-"""FED-10: every network-capable key resolution, in a shard and in main, runs under the
-key-resolution budgets, including the keys of the senders of relayed PDUs.
+"""Every network-capable key resolution, in a shard and in main, runs under
+the key-resolution budgets, including the keys of the senders of relayed PDUs.
 
 Main and one shard run in this process, as the server composes them: each its own runtime
 over one database, the shard's federation listener on loopback, the shard relaying to main
@@ -16,13 +16,13 @@ import requests
 from gevent.event import Event
 from signedjson.sign import sign_json
 
+from homeserver.api.app import FEDERATION
 from homeserver.config import parse_config
 from homeserver.federation.errors import KeyResolutionRefused
 from homeserver.processes.ipc import FrameType, IpcServer
+from homeserver.processes.listeners import HomeserverServer
 from homeserver.processes.shard import MainLink
 from homeserver.processes.shards import answer_relay
-from homeserver.api.app import FEDERATION
-from homeserver.processes.listeners import HomeserverServer
 from homeserver.rooms.creation import CreateRoomRequest
 from homeserver.runtime import HomeserverRuntime
 from tests.peers.honest import HonestPeer
@@ -67,7 +67,7 @@ class KeyRequestRecorder:
 @pytest.fixture
 def composed(tmp_path, test_ca, dns):
     """(main runtime, shard runtime, shard federation URL, notary peer, key server)."""
-    keys = OriginKeyServer("fed10.test", test_ca, dns, host="127.62.0.2").start()
+    keys = OriginKeyServer("keybudget.test", test_ca, dns, host="127.62.0.2").start()
     notary = HonestPeer("127.62.0.3:8448", test_ca, host="127.62.0.3", port=8448).start()
     config = parse_config({
         "server_name": "weir.test", "data_dir": str(tmp_path),
@@ -140,8 +140,8 @@ def test_every_key_resolution_holds_a_budget_slot(composed, test_ca):
     queried = keys.add_origin("queried")
     r = requests.get(f"{federation_url}/_matrix/key/v2/query/{queried.name}", timeout=30)
     assert [d["server_name"] for d in r.json()["server_keys"]] == [queried.name]
-    dark = FakeOrigin(f"dark.fed10.test:{keys.port}")   # its key server answers 404
-    keys.dns.add_a("dark.fed10.test", keys.host)
+    dark = FakeOrigin(f"dark.keybudget.test:{keys.port}")   # its key server answers 404
+    keys.dns.add_a("dark.keybudget.test", keys.host)
     notary.route("POST", "/_matrix/key/v2/query", lambda req: (200, {"server_keys": [
         sign_json(dark.key_document(), notary.server_name, notary.signing_key)]}))
     dark_id, dark_join = join_pdu(main, room_id, dark, "dee")

@@ -15,11 +15,16 @@ import requests
 from homeserver.processes.ipc import HEADER, FrameConnection, FrameType, IpcError
 from tests.peers.origins import FakeOrigin, OriginKeyServer, send_transaction
 from tests.peers.tarpit import Tarpit
+from tests.support.metrics import metric, wait_for_metric
 from tests.support.remote_room import room_joined_by
 from tests.support.server import MatrixClient
-from tests.support.metrics import metric, wait_for_metric
-from tests.support.shards import (access_lines, shard_holding_connection, shard_processes,
-                                  sharded_settings, start_sharded)
+from tests.support.shards import (
+    access_lines,
+    shard_holding_connection,
+    shard_processes,
+    sharded_settings,
+    start_sharded,
+)
 
 WEIR_IP = "127.61.0.1"
 KEYS_IP = "127.61.0.2"
@@ -303,8 +308,8 @@ def test_sigterm_to_main_stops_every_shard(test_ca, dns, tmp_path):
     assert not alive
     log = open(weir.stderr_path).read()
     # They drained and exited on their own, before main.
-    assert "[shard 1] homeserver.federation.shards: stopped" in log
-    assert "[shard 2] homeserver.federation.shards: stopped" in log
+    assert "[shard 1] homeserver.processes.lifecycle: stopped" in log
+    assert "[shard 2] homeserver.processes.lifecycle: stopped" in log
     assert "did not stop" not in log and "federation shards stopped" in log
 
 

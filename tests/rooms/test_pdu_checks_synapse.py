@@ -15,9 +15,9 @@ import pytest
 import requests
 
 from homeserver.config import parse_config
-from homeserver.rooms.pdu_checks import CheckedPdu
 from homeserver.core.events import Event
 from homeserver.rooms.events import add_hashes_and_signatures, check_pdu_format, event_id_for
+from homeserver.rooms.pdu_checks import CheckedPdu
 from homeserver.rooms.versions import KNOWN_ROOM_VERSIONS
 from homeserver.runtime import HomeserverRuntime
 from tests.peers.honest import HonestPeer
