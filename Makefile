@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 CONFIG ?= config.toml
 
-.PHONY: install dev run test lint bench synapse haproxy clean
+.PHONY: install dev run test lint bench synapse haproxy image clean
 
 install: $(VENV)/.installed
 dev: $(VENV)/.dev-installed
@@ -46,6 +46,16 @@ haproxy:
 		else \
 			echo "haproxy is missing (install it: apt-get install haproxy): tests/deploy will skip"; \
 		fi; \
+	fi
+
+# The production image, where a Docker engine answers. The tests do not need it:
+# tests/deploy checks the Dockerfile as text, and runs HAProxy and Weir without containers.
+image:
+	@if docker info >/dev/null 2>&1; then \
+		docker build -t weir .; \
+	else \
+		echo "make image: no Docker engine answers here (docker info failed); nothing built."; \
+		echo "The tests do not need the image; build it where Docker runs: docker build -t weir ."; \
 	fi
 
 lint: dev
