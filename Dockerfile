@@ -8,12 +8,17 @@
 # well above server.http.main_pool_size plus the federation pool; /metrics shows
 # process_open_fds against process_max_fds.
 
-FROM python:3.11-slim AS build
+# One exact base for both stages: the virtualenv made in the first runs on the second's
+# Python, and the same Dockerfile builds the same image. Move it on deliberately (a newer
+# 3.11.x patch release, or a digest: python:3.11.14-slim-bookworm@sha256:...).
+ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
 RUN python -m venv /venv
 COPY requirements.txt /tmp/requirements.txt
 RUN /venv/bin/pip install --no-cache-dir -r /tmp/requirements.txt
 
-FROM python:3.11-slim
+FROM ${PYTHON_IMAGE}
 # /data/media exists in the image so that a volume mounted there (deploy/) starts out
 # owned by weir, as /data does.
 RUN useradd --system --uid 10001 --user-group --home-dir /data weir \
@@ -38,6 +43,7 @@ EXPOSE 8008 8448
 # client listener off port 8008.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=30s --retries=3 \
     CMD python -c "import os, urllib.request; urllib.request.urlopen(os.environ['WEIR_HEALTH_URL'], timeout=4)"
-# SIGTERM (docker stop) drains in-flight requests for up to 10 s: give it a little longer
-# (docker stop -t 15, or stop_grace_period in compose).
+# SIGTERM (docker stop) drains in-flight requests for up to 10 s, after
+# server.http.shutdown_drain_delay (0 unless set; deploy/ sets 5 s for its balancer): give
+# it a little longer than both (docker stop -t 15, or stop_grace_period in compose).
 ENTRYPOINT ["/app/docker/entrypoint.sh"]

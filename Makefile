@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 CONFIG ?= config.toml
 
-.PHONY: install dev run test lint bench synapse clean
+.PHONY: install dev run test lint bench synapse haproxy image clean
 
 install: $(VENV)/.installed
 dev: $(VENV)/.dev-installed
@@ -30,8 +30,33 @@ $(VENV)/.dev-installed: requirements-dev.txt $(VENV)/.installed
 run: install
 	$(BIN)/python app.py --config $(CONFIG)
 
-test: dev synapse
+test: dev synapse haproxy
 	$(BIN)/python -m pytest
+
+# HAProxy for tests/deploy (a real balancer in front of the server), from the distribution's
+# packages when it is missing and we are root, as CI is. If it cannot be installed, make goes
+# on: the tests then skip, or fail under CI=true.
+haproxy:
+	@if ! command -v haproxy >/dev/null 2>&1 && [ ! -x /usr/sbin/haproxy ]; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "installing haproxy (apt-get)"; \
+			apt-get update -qq >/dev/null 2>&1 || true; \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >/dev/null 2>&1 \
+				|| echo "apt-get could not install haproxy: tests/deploy will skip (fail under CI=true)"; \
+		else \
+			echo "haproxy is missing (install it: apt-get install haproxy): tests/deploy will skip"; \
+		fi; \
+	fi
+
+# The production image, where a Docker engine answers. The tests do not need it:
+# tests/deploy checks the Dockerfile as text, and runs HAProxy and Weir without containers.
+image:
+	@if docker info >/dev/null 2>&1; then \
+		docker build -t weir .; \
+	else \
+		echo "make image: no Docker engine answers here (docker info failed); nothing built."; \
+		echo "The tests do not need the image; build it where Docker runs: docker build -t weir ."; \
+	fi
 
 # Lint and types (pyproject.toml holds their settings); .ci/run runs this before the tests.
 lint: dev

@@ -169,6 +169,9 @@ class HttpConfig:
     port: int = setting(_int(0, 65535), 8008)
     main_pool_size: int = setting(_int(2), 1000)
     keepalive_timeout: float = setting(_seconds(), 75.0)
+    # On SIGTERM, /health answers 503 and the server keeps serving this long before it
+    # closes its listeners: a load balancer marks it down first (http/server.py).
+    shutdown_drain_delay: float = setting(_seconds(0), 0.0)
     trusted_proxies: tuple = setting(_string_list(validate=_cidrs), ())
     media_fetch_threads: int = setting(_int(1), 16)
     media_fetch_max_in_flight: int = setting(_int(1), 64)

@@ -3,7 +3,8 @@
 pywsgi serves each connection in one greenlet for its whole keep-alive life, so a pool
 counts connections, not requests. The handler adds what pywsgi lacks: TCP_NODELAY (without
 it every keep-alive response waits ~44 ms for a delayed ACK), an idle timeout on keep-alive
-connections, a bounded TLS handshake, and a prompt close of idle connections on shutdown.
+connections, a bounded TLS handshake, and a shutdown that lets a load balancer take the
+server out before its listeners close.
 """
 
 from __future__ import annotations
@@ -74,10 +75,14 @@ class WeirHandler(WSGIHandler):
         # The request target as sent (PATH_INFO is percent-decoded): federation signatures
         # cover it byte for byte.
         environ["weir.raw_uri"] = self.path
+        # Shutting down: /health answers 503 (HomeserverServer.stop).
+        environ["weir.draining"] = self.server.draining
         return environ
 
     def start_response(self, status, headers, exc_info=None):
-        if _unread_rest_is_unbounded(self.wsgi_input) and not any(
+        # Shutting down, a response says that its connection ends with it: a proxy then
+        # never sends another request on a connection that we are about to close.
+        if (self.server.draining or _unread_rest_is_unbounded(self.wsgi_input)) and not any(
                 name.lower() == "connection" for name, _ in headers):
             headers = [*headers, ("Connection", "close")]
         return super().start_response(status, headers, exc_info)
@@ -157,4 +162,5 @@ class WeirWSGIServer(WSGIServer):
         super().__init__(listener, application, spawn=pool, log=None, **ssl_args)
         self.keepalive_timeout = keepalive_timeout
         self.idle_greenlets: set = set()
-        self.closing = False
+        self.draining = False  # stopping: /health is 503, responses close their connection
+        self.closing = False  # stopped accepting: idle connections are closed

@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 import time
 
+import gevent
+
 from gevent.pool import Pool
 
 from homeserver.api.app import CLIENT, FEDERATION, create_flask_app
@@ -72,7 +74,23 @@ class HomeserverServer:
                 raise RuntimeError(f"cannot listen on {host}:{port}: {e.strerror}") from None
 
     def stop(self, grace: float = SHUTDOWN_GRACE_SECONDS) -> None:
-        """Stops accepting, lets in-flight requests finish within `grace`, then kills the rest."""
+        """Drains, stops accepting, lets in-flight requests finish within `grace`, then kills
+        the rest.
+
+        Draining comes first: for `server.http.shutdown_drain_delay` seconds every request is
+        still served, but /health answers 503 and every response closes its connection, so
+        that a load balancer checking /health marks the server down and stops sending to it.
+        Only then do the listeners and idle connections close. Closing them while the
+        balancer still sends would lose requests: a connection waiting in the accept queue is
+        reset when its listener closes, and an idle keep-alive connection that we close may
+        cross a request the balancer has just sent on it.
+        """
+        for server in self.servers:
+            server.draining = True
+        drain = self.runtime.config.server.http.shutdown_drain_delay
+        if drain > 0:
+            log.info("shutdown: /health answers 503; listeners close in %.1fs", drain)
+            gevent.sleep(drain)  # the balancer's time to see it, as configured
         deadline = time.monotonic() + grace
         handoff = self.runtime.media_handoff  # None in a shard, which serves no media
         if handoff is not None:

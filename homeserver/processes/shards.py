@@ -153,15 +153,16 @@ class FederationShards:
         return f"{'https' if fed.tls_certificate else 'http'}://{host}:{port}"
 
     def stop(self, grace: float = SHUTDOWN_GRACE_SECONDS) -> None:
-        """SIGTERM to every shard; they drain within ``grace`` (their relays still answered),
-        and one still running a little after that is killed."""
+        """SIGTERM to every shard; after server.http.shutdown_drain_delay they drain within
+        ``grace`` (their relays still answered), and one still running a little after that
+        is killed."""
         self._stopping.set()
         gevent.killall(self._greenlets)
         running = [s.process for s in self.shards
                    if s.process is not None and s.process.poll() is None]
         for process in running:
             process.send_signal(signal.SIGTERM)
-        end = time.monotonic() + grace + 5
+        end = time.monotonic() + self.config.server.http.shutdown_drain_delay + grace + 5
         for process in running:
             try:
                 process.wait(max(0.1, end - time.monotonic()))

@@ -131,6 +131,24 @@ def test_sigterm_exits_zero_after_in_flight_requests(weir):
     assert weir.stop() == 0
 
 
+def test_sigterm_fails_health_first_while_still_serving(start_weir):
+    """server.http.shutdown_drain_delay: a load balancer sees /health answer 503 while the
+    server still serves, and stops sending before the listeners close. Every response says
+    Connection: close, so the balancer never reuses a connection that is about to close
+    (tests/deploy/test_haproxy.py runs this behind HAProxy)."""
+    weir = start_weir({"server": {"http": {"shutdown_drain_delay": 4}}})
+    session = requests.Session()
+    assert session.get(weir.url("/health")).status_code == 200  # a keep-alive connection
+    weir.proc.terminate()
+    weir.wait_for_log("shutdown: /health answers 503")
+    health = session.get(weir.url("/health"), timeout=10)  # on that idle connection
+    assert (health.status_code, health.json()) == (503, {"status": "stopping"})
+    assert health.headers["Connection"] == "close"
+    versions = requests.get(weir.url("/_matrix/client/versions"), timeout=10)  # a new one
+    assert versions.status_code == 200 and versions.headers["Connection"] == "close"
+    assert weir.proc.wait(30) == 0
+
+
 def test_idle_keepalive_connection_is_closed(start_weir):
     weir = start_weir({"server": {"http": {"keepalive_timeout": 0.5}}})
     host, port = weir.client_url.split("//")[1].split(":")

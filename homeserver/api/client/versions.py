@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flask import Blueprint
+from flask import Blueprint, request
 
 from homeserver.api.context import runtime
 from homeserver.http.responses import json_response
@@ -31,4 +31,8 @@ def well_known_server():
 def health():
     # Served only once the runtime is built and migrations are applied: this app does not
     # exist before then.
+    if request.environ.get("weir.draining"):
+        # Shutting down (http/server.py): a load balancer stops sending here before the
+        # listeners close.
+        return json_response({"status": "stopping"}, 503)
     return json_response({"status": "ok"})
