@@ -79,8 +79,9 @@ def register_user(args) -> int:
         return 1
     runtime = HomeserverRuntime(config, pools=False)
     try:
-        result = runtime.accounts.register(args.name.lower(), password, admin=args.admin,
-                                           inhibit_login=True)
+        result = runtime.accounts.register(
+            args.name.lower(), password, admin=args.admin, inhibit_login=True
+        )
     except MatrixError as e:
         print(f"register-user: {e.errcode}: {e.error}", file=sys.stderr)
         return 1
@@ -99,8 +100,9 @@ def main(argv=None) -> int:
     reg.add_argument("--password", help="the password (asked for when absent)")
     reg.add_argument("--admin", action="store_true", help="make the user a server admin")
     reg.add_argument("--config", default=argparse.SUPPRESS, help="path to config.toml")
-    shard = sub.add_parser("federation-shard",
-                           help="(internal) a federation worker shard, started by the server")
+    shard = sub.add_parser(
+        "federation-shard", help="(internal) a federation worker shard, started by the server"
+    )
     shard.add_argument("--index", type=int, required=True)
     shard.add_argument("--listen-fd", type=int, required=True)
     shard.add_argument("--parent-pid", type=int, required=True)

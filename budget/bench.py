@@ -110,9 +110,13 @@ def bench_budget_refusal(n: int) -> list[int]:
     return out
 
 
-def bench_ratelimit(n: int, keys: int, max_requests: int = 30, per_seconds: float = 60) -> list[int]:
+def bench_ratelimit(
+    n: int, keys: int, max_requests: int = 30, per_seconds: float = 60
+) -> list[int]:
     r = RateLimiter(max_requests, per_seconds)
-    names = [f"10.{(i // 65536) % 256}.{(i // 256) % 256}.{i % 256}:{i // 2**24}" for i in range(keys)]
+    names = [
+        f"10.{(i // 65536) % 256}.{(i // 256) % 256}.{i % 256}:{i // 2**24}" for i in range(keys)
+    ]
     out = []
     for i in range(n):
         k = names[i % keys]
@@ -148,8 +152,12 @@ def main(argv: list[str] | None = None) -> None:
     print(f"  {'case':<48} {'mean µs':>8} {'p50 µs':>8} {'p99 µs':>8}")
 
     trusted = parse_networks(["10.0.0.0/8", "2001:db8:ffff::/48"])
-    v4_cold = [str(ipaddress.IPv4Address(0xC6336400 + i)) for i in range(10_000)]  # 198.51.100.0 + i
-    v6_cold = [str(ipaddress.IPv6Address((0x20010DB8 << 96) + (i << 64) + 1)) for i in range(10_000)]
+    v4_cold = [
+        str(ipaddress.IPv4Address(0xC6336400 + i)) for i in range(10_000)
+    ]  # 198.51.100.0 + i
+    v6_cold = [
+        str(ipaddress.IPv6Address((0x20010DB8 << 96) + (i << 64) + 1)) for i in range(10_000)
+    ]
 
     cases = [
         ("InFlightBudget acquire+release, one key", bench_budget_single_key),
@@ -160,9 +168,18 @@ def main(argv: list[str] | None = None) -> None:
         ("RateLimiter.check refused, one key (30/60s)", lambda n: bench_ratelimit(n, 1)),
         ("RateLimiter.check allowed, 10,000 keys (30/60s)", lambda n: bench_ratelimit(n, 10_000)),
         ("RateLimiter.check, a new key every call", lambda n: bench_ratelimit(n, n)),
-        ("client_key IPv4, no proxy, cached", lambda n: bench_client_key(n, ["203.0.113.7"], None, ())),
-        ("client_key IPv4, no proxy, 10k addrs (uncached)", lambda n: bench_client_key(n, v4_cold, None, ())),
-        ("client_key IPv6 /64, 10k addrs (uncached)", lambda n: bench_client_key(n, v6_cold, None, ())),
+        (
+            "client_key IPv4, no proxy, cached",
+            lambda n: bench_client_key(n, ["203.0.113.7"], None, ()),
+        ),
+        (
+            "client_key IPv4, no proxy, 10k addrs (uncached)",
+            lambda n: bench_client_key(n, v4_cold, None, ()),
+        ),
+        (
+            "client_key IPv6 /64, 10k addrs (uncached)",
+            lambda n: bench_client_key(n, v6_cold, None, ()),
+        ),
         (
             "client_key via 2 trusted proxies, cached",
             lambda n: bench_client_key(n, ["10.0.0.1"], "203.0.113.7, 10.1.2.3", trusted),

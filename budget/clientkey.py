@@ -80,7 +80,7 @@ def _parse_hop(text: str) -> Address | None:
         if ":" not in host:
             # Straight to the class: ip_address() would try IPv4 first anyway.
             return ipaddress.IPv4Address(host)
-        # Zone ids ("fe80::1%eth0") name a local interface; they say nothing about who the client is.
+        # Zone ids ("fe80::1%eth0") name a local interface; they say nothing of who the client is.
         addr = ipaddress.IPv6Address(host.partition("%")[0])
     except ValueError:
         return None

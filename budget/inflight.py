@@ -88,7 +88,15 @@ class InFlightBudget:
     Thread- and greenlet-safe: see :mod:`budget._lock`.
     """
 
-    __slots__ = ("_name", "_global_cap", "_per_key_cap", "_lock", "_counts", "_in_flight", "_refusals")
+    __slots__ = (
+        "_name",
+        "_global_cap",
+        "_per_key_cap",
+        "_lock",
+        "_counts",
+        "_in_flight",
+        "_refusals",
+    )
 
     def __init__(self, global_cap: int, per_key_cap: int | None, name: str = "") -> None:
         self._name = name

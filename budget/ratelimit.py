@@ -59,8 +59,17 @@ class RateLimiter:
     Thread- and greenlet-safe: see :mod:`budget._lock`.
     """
 
-    __slots__ = ("_max_requests", "_per_seconds", "_interval", "_slack", "_clock", "_max_keys", "_full_at", "_lock",
-                 "_refusals")
+    __slots__ = (
+        "_max_requests",
+        "_per_seconds",
+        "_interval",
+        "_slack",
+        "_clock",
+        "_max_keys",
+        "_full_at",
+        "_lock",
+        "_refusals",
+    )
 
     def __init__(
         self,
@@ -72,7 +81,9 @@ class RateLimiter:
         try:
             max_requests = operator.index(max_requests)
         except TypeError:
-            raise ValueError(f"max_requests must be an integer >= 1, got {max_requests!r}") from None
+            raise ValueError(
+                f"max_requests must be an integer >= 1, got {max_requests!r}"
+            ) from None
         if isinstance(max_requests, bool) or max_requests < 1:
             raise ValueError(f"max_requests must be an integer >= 1, got {max_requests!r}")
         per_seconds = float(per_seconds)

@@ -22,14 +22,35 @@ from homeserver.core.identifiers import is_valid_server_name
 DEFAULT_IP_RANGE_DENYLIST = (
     # IPv4: "this network", private, CGNAT, loopback, link-local, IETF, documentation,
     # benchmarking, multicast, reserved and broadcast.
-    "0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16",
-    "172.16.0.0/12", "192.0.0.0/24", "192.0.2.0/24", "192.168.0.0/16", "198.18.0.0/15",
-    "198.51.100.0/24", "203.0.113.0/24", "224.0.0.0/4", "240.0.0.0/4",
+    "0.0.0.0/8",
+    "10.0.0.0/8",
+    "100.64.0.0/10",
+    "127.0.0.0/8",
+    "169.254.0.0/16",
+    "172.16.0.0/12",
+    "192.0.0.0/24",
+    "192.0.2.0/24",
+    "192.168.0.0/16",
+    "198.18.0.0/15",
+    "198.51.100.0/24",
+    "203.0.113.0/24",
+    "224.0.0.0/4",
+    "240.0.0.0/4",
     "255.255.255.255/32",
     # IPv6: unspecified, loopback, IPv4-mapped, discard, documentation, unique local,
     # link-local, site-local, multicast, NAT64 and 6to4/Teredo transition ranges.
-    "::/128", "::1/128", "::ffff:0:0/96", "100::/64", "2001:db8::/32", "fc00::/7",
-    "fe80::/10", "fec0::/10", "ff00::/8", "64:ff9b::/96", "2001::/32", "2002::/16",
+    "::/128",
+    "::1/128",
+    "::ffff:0:0/96",
+    "100::/64",
+    "2001:db8::/32",
+    "fc00::/7",
+    "fe80::/10",
+    "fec0::/10",
+    "ff00::/8",
+    "64:ff9b::/96",
+    "2001::/32",
+    "2002::/16",
 )
 
 
@@ -119,7 +140,7 @@ def _cidrs(value: tuple) -> None:
         try:
             ipaddress.ip_network(item, strict=False)
         except ValueError:
-            raise ValidationError(f"Not a valid CIDR: {item!r}.")
+            raise ValidationError(f"Not a valid CIDR: {item!r}.") from None
 
 
 def _server_name(value: str) -> None:
@@ -206,8 +227,12 @@ class FederationConfig:
 @dataclass(frozen=True)
 class DatabaseConfig:
     url: str = setting(
-        fields.String(validate=validate.Regexp(r"^(sqlite:///|postgres(ql)?://)",
-                                               error="Expected sqlite:///... or postgresql://...")),
+        fields.String(
+            validate=validate.Regexp(
+                r"^(sqlite:///|postgres(ql)?://)",
+                error="Expected sqlite:///... or postgresql://...",
+            )
+        ),
         "sqlite:///data/homeserver.db",
     )
 
@@ -235,8 +260,9 @@ class MediaSecurityConfig:
 class TrustedKeyServer:
     server_name: str = setting(fields.String(validate=_server_name), "")
     # {key_id: base64 key}; empty = trust whatever the notary's own key document says.
-    verify_keys: dict = setting(fields.Dict(keys=fields.String(), values=fields.String(),
-                                            validate=_ed25519_keys), None)
+    verify_keys: dict = setting(
+        fields.Dict(keys=fields.String(), values=fields.String(), validate=_ed25519_keys), None
+    )
 
 
 @dataclass(frozen=True)
@@ -260,20 +286,23 @@ class RegistrationConfig:
 
 @dataclass(frozen=True)
 class RateLimitingConfig:
-    # Per client key (docs/architecture.md, "Budgets"); a refusal is 429 M_LIMIT_EXCEEDED with retry_after_ms.
+    # Per client key (docs/architecture.md, "Budgets"); a refusal is 429 M_LIMIT_EXCEEDED
+    # with retry_after_ms.
     login: RateConfig = section(RateConfig)
     registration: RateConfig = section(RateConfig)
     media_create: RateConfig = section(RateConfig)
     # Remote media requests that miss the cache and so may make us fetch from another server.
     # Generous: one room's first view asks for every image and thumbnail on screen at once.
-    remote_media: RateConfig = setting(fields.Nested(schema_for(RateConfig)),
-                                       RateConfig(max_requests=300, per_seconds=60.0))
+    remote_media: RateConfig = setting(
+        fields.Nested(schema_for(RateConfig)), RateConfig(max_requests=300, per_seconds=60.0)
+    )
 
 
 @dataclass(frozen=True)
 class LoggingConfig:
-    level: str = setting(fields.String(validate=validate.OneOf(
-        ["DEBUG", "INFO", "WARNING", "ERROR"])), "INFO")
+    level: str = setting(
+        fields.String(validate=validate.OneOf(["DEBUG", "INFO", "WARNING", "ERROR"])), "INFO"
+    )
     format: str = setting(fields.String(validate=validate.OneOf(["text", "json"])), "text")
 
 
@@ -289,8 +318,9 @@ class MetricsConfig:
 class Config:
     server_name: str = setting(fields.String(validate=_server_name), "localhost:8008")
     # What clients are told to use (.well-known/matrix/client): an absolute http(s) URL.
-    public_baseurl: str = setting(fields.Url(schemes={"http", "https"}, require_tld=False),
-                                  "http://localhost:8008/")
+    public_baseurl: str = setting(
+        fields.Url(schemes={"http", "https"}, require_tld=False), "http://localhost:8008/"
+    )
     data_dir: str = setting(fields.String(), "data")
     server: ServerConfig = section(ServerConfig)
     federation: FederationConfig = section(FederationConfig)
@@ -318,11 +348,13 @@ def _resolve_paths(config: Config, base: str) -> Config:
     """Relative paths in the config are relative to the config file's folder."""
 
     def resolve(path: str) -> str:
-        return path if not path or os.path.isabs(path) else os.path.normpath(os.path.join(base, path))
+        return (
+            path if not path or os.path.isabs(path) else os.path.normpath(os.path.join(base, path))
+        )
 
     url = config.database.url
     if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
-        url = "sqlite:///" + resolve(url[len("sqlite:///"):])
+        url = "sqlite:///" + resolve(url[len("sqlite:///") :])
     federation = dataclasses.replace(
         config.federation,
         tls_certificate=resolve(config.federation.tls_certificate),
@@ -343,8 +375,10 @@ def parse_config(data: dict, base_dir: str = ".") -> Config:
     except ValidationError as e:
         raise ConfigError(*_first_error(e.messages)) from None
     if bool(config.federation.tls_certificate) != bool(config.federation.tls_private_key):
-        raise ConfigError("federation.tls_private_key",
-                          "tls_certificate and tls_private_key must be set together.")
+        raise ConfigError(
+            "federation.tls_private_key",
+            "tls_certificate and tls_private_key must be set together.",
+        )
     return _resolve_paths(config, os.path.abspath(base_dir))
 
 
@@ -363,4 +397,4 @@ def load_config(path: str) -> Config:
 
 def sqlite_path(url: str) -> str | None:
     """The file of a sqlite:/// URL, or None for another engine."""
-    return url[len("sqlite:///"):] if url.startswith("sqlite:///") else None
+    return url[len("sqlite:///") :] if url.startswith("sqlite:///") else None

@@ -19,7 +19,8 @@ import time
 
 # The id of the request the current greenlet is serving (None outside a request).
 current_request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "weir_request_id", default=None)
+    "weir_request_id", default=None
+)
 
 
 def with_request_context(fn):
@@ -40,8 +41,7 @@ class RequestIdFilter(logging.Filter):
 class TextFormatter(logging.Formatter):
     def __init__(self, process: str = ""):
         label = f"[{process}] " if process else ""
-        super().__init__(
-            f"%(asctime)s %(levelname)s {label}%(name)s%(request_tag)s: %(message)s")
+        super().__init__(f"%(asctime)s %(levelname)s {label}%(name)s%(request_tag)s: %(message)s")
 
     def format(self, record: logging.LogRecord) -> str:
         request_id = getattr(record, "request_id", None)
@@ -75,8 +75,9 @@ class JsonFormatter(logging.Formatter):
 def configure_logging(config, process: str = "") -> None:
     """`process` names a worker process ("shard 2") in every line it logs."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter(process) if config.format == "json"
-                         else TextFormatter(process))
+    handler.setFormatter(
+        JsonFormatter(process) if config.format == "json" else TextFormatter(process)
+    )
     handler.addFilter(RequestIdFilter())
     root = logging.getLogger()
     root.handlers[:] = [handler]

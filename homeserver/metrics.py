@@ -40,10 +40,12 @@ class _LiveCollector:
 
     def collect(self):
         in_flight = GaugeMetricFamily("weir_budget_in_flight", "Slots taken now", labels=["budget"])
-        capacity = GaugeMetricFamily("weir_budget_capacity", "Global cap of the budget",
-                                     labels=["budget"])
-        refusals = CounterMetricFamily("weir_budget_refusals", "Requests refused by the budget",
-                                       labels=["budget"])
+        capacity = GaugeMetricFamily(
+            "weir_budget_capacity", "Global cap of the budget", labels=["budget"]
+        )
+        refusals = CounterMetricFamily(
+            "weir_budget_refusals", "Requests refused by the budget", labels=["budget"]
+        )
         for budget in self.budgets:
             snap = budget.snapshot()
             in_flight.add_metric([snap["name"]], snap["in_flight"])
@@ -51,14 +53,16 @@ class _LiveCollector:
             refusals.add_metric([snap["name"]], snap["refusals"])
         yield from (in_flight, capacity, refusals)
 
-        limited = CounterMetricFamily("weir_rate_limit_refusals",
-                                      "Requests refused by a rate limiter", labels=["limiter"])
+        limited = CounterMetricFamily(
+            "weir_rate_limit_refusals", "Requests refused by a rate limiter", labels=["limiter"]
+        )
         for name, limiter in self.rate_limiters:
             limited.add_metric([name], limiter.refusals)
         yield limited
 
-        occupancy = GaugeMetricFamily("weir_pool_greenlets", "Greenlets running in the pool",
-                                      labels=["pool"])
+        occupancy = GaugeMetricFamily(
+            "weir_pool_greenlets", "Greenlets running in the pool", labels=["pool"]
+        )
         size = GaugeMetricFamily("weir_pool_size", "Greenlets the pool may run", labels=["pool"])
         for name, count, limit in self.pools:
             occupancy.add_metric([name], count())
@@ -80,23 +84,40 @@ class Metrics:
         # connection is one.
         ProcessCollector(registry=self.registry)
         self.deadline_expiries = Counter(
-            "weir_outbound_deadline_expiries", "Outbound calls that ran out of their deadline",
-            ["call"], registry=self.registry)
+            "weir_outbound_deadline_expiries",
+            "Outbound calls that ran out of their deadline",
+            ["call"],
+            registry=self.registry,
+        )
         self.outbound_calls = Counter(
-            "weir_outbound_calls", "Client-triggered outbound calls by outcome",
-            ["call", "outcome"], registry=self.registry)
+            "weir_outbound_calls",
+            "Client-triggered outbound calls by outcome",
+            ["call", "outcome"],
+            registry=self.registry,
+        )
         self.cache_hits = Counter(
-            "weir_cache_hits", "Answers served from a cache without an outbound call",
-            ["cache"], registry=self.registry)
+            "weir_cache_hits",
+            "Answers served from a cache without an outbound call",
+            ["cache"],
+            registry=self.registry,
+        )
         self.cache_misses = Counter(
-            "weir_cache_misses", "Lookups a cache could not answer", ["cache"],
-            registry=self.registry)
+            "weir_cache_misses",
+            "Lookups a cache could not answer",
+            ["cache"],
+            registry=self.registry,
+        )
         self.coalesced = Counter(
-            "weir_coalesced_waits", "Requests that waited on an identical call in flight",
-            ["call"], registry=self.registry)
+            "weir_coalesced_waits",
+            "Requests that waited on an identical call in flight",
+            ["call"],
+            registry=self.registry,
+        )
         self.cooldown_refusals = Counter(
-            "weir_cooldown_refusals", "Calls refused at once because the address is cooling down",
-            registry=self.registry)
+            "weir_cooldown_refusals",
+            "Calls refused at once because the address is cooling down",
+            registry=self.registry,
+        )
 
     def track_budget(self, budget: InFlightBudget) -> None:
         self._live.budgets.append(budget)

@@ -45,6 +45,7 @@ from homeserver.media.remote import (
 from homeserver.media.service import MediaService
 from homeserver.metrics import Metrics
 from homeserver.rooms.creation import RoomCreator
+from homeserver.rooms.history import RoomHistory
 from homeserver.rooms.pdu_checks import PduChecker
 from homeserver.rooms.service import RoomService
 from homeserver.rooms.transactions import (
@@ -100,8 +101,14 @@ class component(Generic[T]):
 
 
 class HomeserverRuntime:
-    def __init__(self, config: Config, *, pools: bool = False, key_resolution_shards: int = 1,
-                 transaction_relay: Relay | None = None):
+    def __init__(
+        self,
+        config: Config,
+        *,
+        pools: bool = False,
+        key_resolution_shards: int = 1,
+        transaction_relay: Relay | None = None,
+    ):
         self.config = config
         self.server_name = config.server_name
         # What /.well-known/matrix/server delegates to: our host, the federation port.
@@ -122,8 +129,13 @@ class HomeserverRuntime:
     def close(self) -> None:
         """Closes what was built, and only that."""
         built = self.__dict__
-        for name, close in (("federation_client", "close"), ("notifier", "close"),
-                            ("typing", "close"), ("thumbnail_pool", "kill"), ("db", "close")):
+        for name, close in (
+            ("federation_client", "close"),
+            ("notifier", "close"),
+            ("typing", "close"),
+            ("thumbnail_pool", "kill"),
+            ("db", "close"),
+        ):
             if name in built:
                 getattr(built[name], close)()
 
@@ -171,10 +183,12 @@ class HomeserverRuntime:
     @component
     def address_cooldown(self) -> AddressCooldown:
         cooldown = AddressCooldown()
-        self.metrics.track_gauge("weir_cooldown_addresses", "Resolved addresses cooling down",
-                                 cooldown.cooling_count)
-        self.metrics.track_counter("weir_cooldowns_started", "Cool-downs started",
-                                   lambda: cooldown.cooldowns_started)
+        self.metrics.track_gauge(
+            "weir_cooldown_addresses", "Resolved addresses cooling down", cooldown.cooling_count
+        )
+        self.metrics.track_counter(
+            "weir_cooldowns_started", "Cool-downs started", lambda: cooldown.cooldowns_started
+        )
         return cooldown
 
     @component
@@ -192,8 +206,9 @@ class HomeserverRuntime:
         if not self.pools:
             return None
         http = self.config.server.http
-        budget = InFlightBudget(http.media_fetch_max_in_flight, http.media_fetch_max_per_client,
-                                name="media_fetch")
+        budget = InFlightBudget(
+            http.media_fetch_max_in_flight, http.media_fetch_max_per_client, name="media_fetch"
+        )
         self.metrics.track_budget(budget)
         return budget
 
@@ -239,8 +254,9 @@ class HomeserverRuntime:
 
     @component
     def shared_secret_registration(self) -> SharedSecretRegistration:
-        return SharedSecretRegistration(self.config.registration.shared_secret,
-                                        self.registration_sessions, self.accounts)
+        return SharedSecretRegistration(
+            self.config.registration.shared_secret, self.registration_sessions, self.accounts
+        )
 
     @component
     def profile_store(self) -> ProfileStore:
@@ -276,10 +292,17 @@ class HomeserverRuntime:
     @component
     def keyring(self) -> Keyring:
         keys = shard_key_resolution_budget(self.config, self._key_resolution_shards)
-        return Keyring(self.server_name, self.signing_key, ServerKeyStore(self.db),
-                       self.federation_client, self.key_resolution_budget,
-                       self.key_resolution_rate, keys.trusted_key_servers,
-                       self.config.federation.remote_timeout, metrics=self.metrics)
+        return Keyring(
+            self.server_name,
+            self.signing_key,
+            ServerKeyStore(self.db),
+            self.federation_client,
+            self.key_resolution_budget,
+            self.key_resolution_rate,
+            keys.trusted_key_servers,
+            self.config.federation.remote_timeout,
+            metrics=self.metrics,
+        )
 
     # --- rooms and the directory -----------------------------------------------------------
 
@@ -287,10 +310,16 @@ class HomeserverRuntime:
     def rooms(self) -> RoomService:
         """Rooms as signed events; member events carry each local user's profile. Every
         stored event wakes the syncs it concerns."""
-        rooms = RoomService(self.room_store, self.accounts, self.server_name,
-                            self.signing_key, self.profile_store)
+        rooms = RoomService(
+            self.room_store, self.accounts, self.server_name, self.signing_key, self.profile_store
+        )
         rooms.add_persist_listener(self.notifier.on_events_persisted)
         return rooms
+
+    @component
+    def room_history(self) -> RoomHistory:
+        """What a user may read of a room, as its history visibility allows."""
+        return RoomHistory(self.room_store, self.rooms.room_version)
 
     @component
     def room_store(self) -> RoomStore:
@@ -298,13 +327,15 @@ class HomeserverRuntime:
 
     @component
     def remote_directory(self) -> RemoteDirectory:
-        return RemoteDirectory(self.federation_client, self.client_outbound_budget,
-                               self.address_cooldown, self.metrics)
+        return RemoteDirectory(
+            self.federation_client, self.client_outbound_budget, self.address_cooldown, self.metrics
+        )
 
     @component
     def directory(self) -> DirectoryService:
-        return DirectoryService(DirectoryStore(self.db), self.rooms, self.server_name,
-                                self.remote_directory)
+        return DirectoryService(
+            DirectoryStore(self.db), self.rooms, self.server_name, self.remote_directory
+        )
 
     @component
     def room_creator(self) -> RoomCreator:
@@ -325,8 +356,9 @@ class HomeserverRuntime:
     @component
     def notifier(self) -> Notifier:
         notifier = Notifier(self.room_store.joined_users)
-        self.metrics.track_gauge("weir_sync_waiters", "Syncs registered to be woken",
-                                 notifier.waiting)
+        self.metrics.track_gauge(
+            "weir_sync_waiters", "Syncs registered to be woken", notifier.waiting
+        )
         return notifier
 
     @component
@@ -343,7 +375,9 @@ class HomeserverRuntime:
 
     @component
     def receipts(self) -> ReceiptService:
-        return ReceiptService(self.rooms, self.sync_store, self.account_data, self.notifier)
+        return ReceiptService(
+            self.rooms, self.room_history, self.sync_store, self.account_data, self.notifier
+        )
 
     @component
     def typing(self) -> TypingNotifications:
@@ -351,8 +385,9 @@ class HomeserverRuntime:
 
     @component
     def sync(self) -> SyncService:
-        return SyncService(self.rooms, self.sync_store, self.notifier, self.typing,
-                           self.filters)
+        return SyncService(
+            self.rooms, self.room_history, self.sync_store, self.notifier, self.typing, self.filters
+        )
 
     # --- media -----------------------------------------------------------------------------
 
@@ -367,14 +402,23 @@ class HomeserverRuntime:
     @component
     def remote_media(self) -> RemoteMediaRepository:
         """Pool mode hands a fetch off to the media pool; inline, it falls under ADR-0079."""
-        admission: FetchAdmission = (self.media_handoff
-                                     or InlineFetchAdmission(self.client_outbound_budget))
+        admission: FetchAdmission = self.media_handoff or InlineFetchAdmission(
+            self.client_outbound_budget
+        )
         remote = RemoteMediaRepository(
-            self.config.media, self.config.security.media, self.media_store, self.media_files,
-            self.federation_client, admission, self.remote_media_rate_limiter,
-            self.address_cooldown, self.metrics)
-        self.metrics.track_gauge("weir_remote_media_fetches", "Remote files being fetched",
-                                 lambda: len(remote.coalescer))
+            self.config.media,
+            self.config.security.media,
+            self.media_store,
+            self.media_files,
+            self.federation_client,
+            admission,
+            self.remote_media_rate_limiter,
+            self.address_cooldown,
+            self.metrics,
+        )
+        self.metrics.track_gauge(
+            "weir_remote_media_fetches", "Remote files being fetched", lambda: len(remote.coalescer)
+        )
         return remote
 
     @component
@@ -384,8 +428,14 @@ class HomeserverRuntime:
 
     @component
     def media(self) -> MediaService:
-        return MediaService(self.config.media, self.server_name, self.media_store,
-                            self.media_files, self.thumbnail_pool, self.remote_media)
+        return MediaService(
+            self.config.media,
+            self.server_name,
+            self.media_store,
+            self.media_files,
+            self.thumbnail_pool,
+            self.remote_media,
+        )
 
 
 def _host_of(server_name: str) -> str:

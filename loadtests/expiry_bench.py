@@ -33,8 +33,10 @@ V3 = "/_matrix/client/v3"
 
 
 def report(what: str, n: int, cpu: float, wall: float) -> None:
-    print(f"  {what:<44} {cpu * 1000:8.0f} ms CPU  {cpu * 1000 / n:6.2f} ms each"
-          f"  ({wall:5.2f} s wall)")
+    print(
+        f"  {what:<44} {cpu * 1000:8.0f} ms CPU  {cpu * 1000 / n:6.2f} ms each"
+        f"  ({wall:5.2f} s wall)"
+    )
 
 
 def measured(server, what: str, n: int, fn) -> None:
@@ -46,8 +48,12 @@ def measured(server, what: str, n: int, fn) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--lookups", type=int, default=200)
-    parser.add_argument("--deadline", type=float, default=5.0,
-                        help="federation.remote_timeout, which caps the 10 s deadline")
+    parser.add_argument(
+        "--deadline",
+        type=float,
+        default=5.0,
+        help="federation.remote_timeout, which caps the 10 s deadline",
+    )
     args = parser.parse_args()
     n = args.lookups
 
@@ -59,25 +65,41 @@ def main() -> None:
         for i, port in enumerate(ports):
             dns.add_a(f"t{i}.expiry.load", IP)
             names.append(f"t{i}.expiry.load:{port}")
-        settings = merge(base_settings(os.path.join(directory, "data")), {
-            "server": {"http": {"main_pool_size": 2 * n + 64,
-                                "trusted_proxies": ["127.0.0.0/8"]}},
-            "federation": {"remote_timeout": args.deadline, "dns_nameservers": [dns.nameserver],
-                           "ip_range_allowlist": [f"{IP}/32"]},
-            "logging": {"level": "WARNING"}})
+        settings = merge(
+            base_settings(os.path.join(directory, "data")),
+            {
+                "server": {
+                    "http": {"main_pool_size": 2 * n + 64, "trusted_proxies": ["127.0.0.0/8"]}
+                },
+                "federation": {
+                    "remote_timeout": args.deadline,
+                    "dns_nameservers": [dns.nameserver],
+                    "ip_range_allowlist": [f"{IP}/32"],
+                },
+                "logging": {"level": "WARNING"},
+            },
+        )
         server = WeirProcess(directory, settings).start()
         try:
-            def get(path, client, **params):
-                return requests.get(server.url(path), params=params, timeout=60,
-                                    headers={"X-Forwarded-For": client})
 
-            print(f"{n} lookups at a tarpit, deadline {args.deadline:g} s, "
-                  f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
+            def get(path, client, **params):
+                return requests.get(
+                    server.url(path), params=params, timeout=60, headers={"X-Forwarded-For": client}
+                )
+
+            print(
+                f"{n} lookups at a tarpit, deadline {args.deadline:g} s, "
+                f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}"
+            )
             lookups = []
 
             def admit():
-                lookups.extend(gevent.spawn(get, f"{V3}/publicRooms", f"10.77.{i // 250}.{i % 250}",
-                                            server=names[i]) for i in range(n))
+                lookups.extend(
+                    gevent.spawn(
+                        get, f"{V3}/publicRooms", f"10.77.{i // 250}.{i % 250}", server=names[i]
+                    )
+                    for i in range(n)
+                )
                 if not tarpit.wait_accepted(n, timeout=args.deadline):
                     raise SystemExit("the lookups were not all admitted before their deadline")
 
@@ -88,12 +110,26 @@ def main() -> None:
 
             holder = gevent.spawn(get, f"{V3}/publicRooms", "10.78.0.1", server=names[0])
             tarpit.wait_accepted(n + 1, timeout=args.deadline)
-            measured(server, "refused (429, one client over its cap)", n, lambda: gevent.joinall(
-                [gevent.spawn(get, f"{V3}/publicRooms", "10.78.0.1", server=names[i % n])
-                 for i in range(1, n + 1)]))
+            measured(
+                server,
+                "refused (429, one client over its cap)",
+                n,
+                lambda: gevent.joinall(
+                    [
+                        gevent.spawn(get, f"{V3}/publicRooms", "10.78.0.1", server=names[i % n])
+                        for i in range(1, n + 1)
+                    ]
+                ),
+            )
             holder.kill()
-            measured(server, "GET /versions (for comparison)", n, lambda: gevent.joinall(
-                [gevent.spawn(get, "/_matrix/client/versions", "10.79.0.1") for _ in range(n)]))
+            measured(
+                server,
+                "GET /versions (for comparison)",
+                n,
+                lambda: gevent.joinall(
+                    [gevent.spawn(get, "/_matrix/client/versions", "10.79.0.1") for _ in range(n)]
+                ),
+            )
         finally:
             server.stop()
 

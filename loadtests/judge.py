@@ -55,8 +55,12 @@ def _rounded(value: float | None) -> float | None:
 
 def latency_figures(samples: list[Sample]) -> dict:
     times = [s.ms for s in samples]
-    return {"requests": len(samples), "failures": sum(s.failed for s in samples),
-            "p50_ms": _rounded(percentile(times, 50)), "p99_ms": _rounded(percentile(times, 99))}
+    return {
+        "requests": len(samples),
+        "failures": sum(s.failed for s in samples),
+        "p50_ms": _rounded(percentile(times, 50)),
+        "p99_ms": _rounded(percentile(times, 99)),
+    }
 
 
 def by_endpoint(samples: list[Sample]) -> dict:
@@ -71,8 +75,15 @@ def per_second(samples: list[Sample], start: float) -> list[dict]:
     buckets: dict[int, list[float]] = defaultdict(list)
     for s in samples:
         buckets[int(s.t - start)].append(s.ms)
-    return [{"second": sec, "requests": len(ms), "p50_ms": percentile(ms, 50),
-             "p99_ms": percentile(ms, 99)} for sec, ms in sorted(buckets.items())]
+    return [
+        {
+            "second": sec,
+            "requests": len(ms),
+            "p50_ms": percentile(ms, 50),
+            "p99_ms": percentile(ms, 99),
+        }
+        for sec, ms in sorted(buckets.items())
+    ]
 
 
 def window(samples: list[Sample]) -> tuple[float, float]:
@@ -98,23 +109,28 @@ def refusals_in_log(lines, start: float, end: float) -> list[float]:
         if entry.get("logger") != "weir.access":
             continue
         match = _ACCESS.match(entry["message"])
-        if not match or match.group(3) != "429" or \
-                not match.group(5).startswith(ATTACKER_NETWORK):
+        if not match or match.group(3) != "429" or not match.group(5).startswith(ATTACKER_NETWORK):
             continue
-        t = datetime.strptime(entry["ts"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(
-            tzinfo=timezone.utc).timestamp()
+        t = (
+            datetime.strptime(entry["ts"], "%Y-%m-%dT%H:%M:%S.%fZ")
+            .replace(tzinfo=timezone.utc)
+            .timestamp()
+        )
         if start <= t <= end:
             found.append(float(match.group(4)))
     return found
 
 
-def phase_figures(local_run: list[Sample], attack_run: list[Sample] | None = None,
-                  weir_log: list[str] = ()) -> dict:
+def phase_figures(
+    local_run: list[Sample], attack_run: list[Sample] | None = None, weir_log: list[str] = ()
+) -> dict:
     figures = {"local": latency_figures([s for s in local_run if s.category == LOCAL])}
     for category, key in ((REMOTE, "remote_honest"), (ELEMENT, "element")):
         samples = [s for s in local_run if s.category == category]
-        figures[key] = {**latency_figures(samples),
-                        "refused": sum(s.kind == REFUSED for s in samples)}
+        figures[key] = {
+            **latency_figures(samples),
+            "refused": sum(s.kind == REFUSED for s in samples),
+        }
     attacks: list[Sample] = []
     if attack_run is not None:
         # The attack as the local users met it: the attackers' ramp-up (a burst of locust's
@@ -123,16 +139,22 @@ def phase_figures(local_run: list[Sample], attack_run: list[Sample] | None = Non
         attacks = [s for s in attack_run if s.category == ATTACK and start <= s.t <= end]
         seen = [s.ms for s in attacks if s.kind == REFUSED]
         refusals = refusals_in_log(weir_log, start, end)
-        figures["refusals"] = {"count": len(refusals),
-                               "p50_ms": _rounded(percentile(refusals, 50)),
-                               "p99_ms": _rounded(percentile(refusals, 99)),
-                               "measured": "by Weir (access log)",
-                               "seen_by_attackers": {
-                                   "count": len(seen), "p50_ms": _rounded(percentile(seen, 50)),
-                                   "p99_ms": _rounded(percentile(seen, 99))}}
-        figures["attack"] = {"requests": len(attacks),
-                             "failures": sum(s.failed for s in attacks),
-                             "outcomes": dict(Counter(s.kind for s in attacks))}
+        figures["refusals"] = {
+            "count": len(refusals),
+            "p50_ms": _rounded(percentile(refusals, 50)),
+            "p99_ms": _rounded(percentile(refusals, 99)),
+            "measured": "by Weir (access log)",
+            "seen_by_attackers": {
+                "count": len(seen),
+                "p50_ms": _rounded(percentile(seen, 50)),
+                "p99_ms": _rounded(percentile(seen, 99)),
+            },
+        }
+        figures["attack"] = {
+            "requests": len(attacks),
+            "failures": sum(s.failed for s in attacks),
+            "outcomes": dict(Counter(s.kind for s in attacks)),
+        }
     figures["by_endpoint"] = by_endpoint(local_run + attacks)
     return figures
 
@@ -141,51 +163,95 @@ def _rule(rule: str, value, limit, ok: bool) -> dict:
     return {"rule": rule, "value": value, "limit": limit, "ok": bool(ok)}
 
 
-def verdict(baseline: dict, attack: dict, peers: dict, caps: dict, budgets_after: dict,
-            main_pool: dict) -> dict:
+def verdict(
+    baseline: dict, attack: dict, peers: dict, caps: dict, budgets_after: dict, main_pool: dict
+) -> dict:
     """`caps`: each exported budget's global cap; `budgets_after`: in flight after the run
     (None for a budget this server does not have yet); `main_pool`: its size and the most
     greenlets seen in it."""
     rules = []
     b_local, a_local = baseline["local"], attack["local"]
     failures = b_local["failures"] + a_local["failures"]
-    rules.append(_rule("local requests failed, both phases", failures, 0,
-                       failures == 0 and b_local["requests"] > 0 and a_local["requests"] > 0))
+    rules.append(
+        _rule(
+            "local requests failed, both phases",
+            failures,
+            0,
+            failures == 0 and b_local["requests"] > 0 and a_local["requests"] > 0,
+        )
+    )
 
     limit = None
     if b_local["p99_ms"] is not None:
         limit = round(P99_FACTOR * b_local["p99_ms"] + P99_SLACK_MS, 2)
     value = a_local["p99_ms"]
-    rules.append(_rule(f"local p99 under attack (ms) <= {P99_FACTOR} x baseline p99 + "
-                       f"{P99_SLACK_MS:.0f}", value, limit,
-                       value is not None and limit is not None and value <= limit))
+    rules.append(
+        _rule(
+            f"local p99 under attack (ms) <= {P99_FACTOR} x baseline p99 + {P99_SLACK_MS:.0f}",
+            value,
+            limit,
+            value is not None and limit is not None and value <= limit,
+        )
+    )
 
     refusals = attack["refusals"]
-    rules.append(_rule(f"refusal p99 (ms, in Weir) < {REFUSAL_P99_LIMIT_MS:.0f}, over "
-                       f"{refusals['count']} refusals", refusals["p99_ms"], REFUSAL_P99_LIMIT_MS,
-                       refusals["count"] > 0 and refusals["p99_ms"] < REFUSAL_P99_LIMIT_MS))
+    rules.append(
+        _rule(
+            f"refusal p99 (ms, in Weir) < {REFUSAL_P99_LIMIT_MS:.0f}, over "
+            f"{refusals['count']} refusals",
+            refusals["p99_ms"],
+            REFUSAL_P99_LIMIT_MS,
+            refusals["count"] > 0 and refusals["p99_ms"] < REFUSAL_P99_LIMIT_MS,
+        )
+    )
 
-    rules.append(_rule("main pool: most greenlets at once (sampled) < its size",
-                       main_pool["max_greenlets"], main_pool["size"],
-                       main_pool["max_greenlets"] < main_pool["size"]))
+    rules.append(
+        _rule(
+            "main pool: most greenlets at once (sampled) < its size",
+            main_pool["max_greenlets"],
+            main_pool["size"],
+            main_pool["max_greenlets"] < main_pool["size"],
+        )
+    )
 
     guard = [b for b in ATTACK_BUDGETS if b in caps]
     bound = sum(caps[b] for b in guard) if guard else None
     guarded_by = " + ".join(guard) or "(budgets missing)"
-    for peer, figure in (("tarpit", peers["tarpit"]["max_concurrent"]),
-                         ("silent peers together", peers["silent_combined"]["max_concurrent"])):
-        rules.append(_rule(f"{peer}: most connections at once <= cap of {guarded_by}", figure,
-                           bound, bound is not None and figure <= bound))
+    for peer, figure in (
+        ("tarpit", peers["tarpit"]["max_concurrent"]),
+        ("silent peers together", peers["silent_combined"]["max_concurrent"]),
+    ):
+        rules.append(
+            _rule(
+                f"{peer}: most connections at once <= cap of {guarded_by}",
+                figure,
+                bound,
+                bound is not None and figure <= bound,
+            )
+        )
 
     present = {k: v for k, v in budgets_after.items() if v is not None}
     left = sum(present.values())
-    rules.append(_rule(f"slots in flight after the run ({', '.join(sorted(present))})", left, 0,
-                       bool(present) and left == 0))
+    rules.append(
+        _rule(
+            f"slots in flight after the run ({', '.join(sorted(present))})",
+            left,
+            0,
+            bool(present) and left == 0,
+        )
+    )
     return {"passed": all(r["ok"] for r in rules), "rules": rules}
 
 
-def summarize(samples: dict[str, list[Sample]], weir_log: list[str], peers: dict, caps: dict,
-              budgets_after: dict, main_pool: dict, **extra) -> dict:
+def summarize(
+    samples: dict[str, list[Sample]],
+    weir_log: list[str],
+    peers: dict,
+    caps: dict,
+    budgets_after: dict,
+    main_pool: dict,
+    **extra,
+) -> dict:
     """The summary.json document. `samples` has "baseline" (the local users' run), and
     "attack_local" and "attack" (the attackers' run) of the attack phase; `weir_log` is
     Weir's log, JSON lines."""
@@ -193,8 +259,10 @@ def summarize(samples: dict[str, list[Sample]], weir_log: list[str], peers: dict
     attack = phase_figures(samples["attack_local"], samples["attack"], weir_log)
     return {
         "phases": {"baseline": baseline, "attack": attack},
-        "tarpit": {"accepted": peers["tarpit"]["accepted"],
-                   "max_concurrent": peers["tarpit"]["max_concurrent"]},
+        "tarpit": {
+            "accepted": peers["tarpit"]["accepted"],
+            "max_concurrent": peers["tarpit"]["max_concurrent"],
+        },
         "budgets_after": {name: budgets_after.get(name) for name in BUDGETS},
         "verdict": verdict(baseline, attack, peers, caps, budgets_after, main_pool),
         "peers": peers,

@@ -109,8 +109,12 @@ def _options(parser):
     parser.add_argument("--weir-plan", default="", help="the runner's plan (JSON)")
     parser.add_argument("--weir-samples", default="", help="CSV file, one row per request")
     parser.add_argument("--weir-phase", default="baseline", help="whose images to view")
-    parser.add_argument("--weir-local-users", type=int, default=0,
-                        help="how many of the users are LocalUser (the rest: ElementUser)")
+    parser.add_argument(
+        "--weir-local-users",
+        type=int,
+        default=0,
+        help="how many of the users are LocalUser (the rest: ElementUser)",
+    )
     parser.add_argument("--weir-element-users", type=int, default=0)
 
 
@@ -118,8 +122,9 @@ def _options(parser):
 def _load_plan(environment, **_):
     options = environment.parsed_options
     if options is not None and options.weir_plan:
-        environment.weir = LoadPlan(options.weir_plan, options.weir_samples or "samples.csv",
-                                    options.weir_phase)
+        environment.weir = LoadPlan(
+            options.weir_plan, options.weir_samples or "samples.csv", options.weir_phase
+        )
         # Exact numbers of each, rather than locust's split by weight.
         if options.weir_local_users or options.weir_element_users:
             LocalUser.fixed_count = options.weir_local_users
@@ -140,8 +145,17 @@ def _probe_sync(environment, **_):
 
 
 @events.request.add_listener
-def _record(request_type, name, response_time, response_length, response=None, context=None,
-            exception=None, start_time=None, **_):
+def _record(
+    request_type,
+    name,
+    response_time,
+    response_length,
+    response=None,
+    context=None,
+    exception=None,
+    start_time=None,
+    **_,
+):
     plan = (context or {}).get("plan")
     if plan is None:  # not one of ours
         return
@@ -152,8 +166,15 @@ def _record(request_type, name, response_time, response_length, response=None, c
         kind = attack_outcome(status, _text(response))
     elif category in (REMOTE, ELEMENT) and status == 429:
         kind = REFUSED
-    plan.record(f"{start_time:.4f}", category, name, status, f"{response_time:.2f}",
-                int(exception is not None), kind)
+    plan.record(
+        f"{start_time:.4f}",
+        category,
+        name,
+        status,
+        f"{response_time:.2f}",
+        int(exception is not None),
+        kind,
+    )
 
 
 @events.quitting.add_listener
@@ -183,8 +204,9 @@ class LocalUser(FastHttpUser):
         self._use_token(self.account["access_token"])
         self.room_path = f"{V3}/rooms/{urllib.parse.quote(self.account['room_id'])}"
         self.since = None
-        self._login_later = gevent.spawn_later(random.uniform(0, plan.data["login_within_s"]),
-                                               self._login)
+        self._login_later = gevent.spawn_later(
+            random.uniform(0, plan.data["login_within_s"]), self._login
+        )
         if plan.sync:
             self._sync()
 
@@ -195,34 +217,47 @@ class LocalUser(FastHttpUser):
         self.headers = {**self.client_headers, "Authorization": f"Bearer {token}"}
 
     def _login(self):
-        r = self.client.post(f"{V3}/login", name="POST /login", headers=self.client_headers,
-                             json={"type": "m.login.password",
-                                   "identifier": {"type": "m.id.user",
-                                                  "user": self.account["localpart"]},
-                                   "password": self.account["password"]})
+        r = self.client.post(
+            f"{V3}/login",
+            name="POST /login",
+            headers=self.client_headers,
+            json={
+                "type": "m.login.password",
+                "identifier": {"type": "m.id.user", "user": self.account["localpart"]},
+                "password": self.account["password"],
+            },
+        )
         if r.status_code == 200:
             self._use_token(r.json()["access_token"])
 
     @task(2)
     def versions(self):
-        self.client.get("/_matrix/client/versions", name="GET /versions",
-                        headers=self.client_headers)
+        self.client.get(
+            "/_matrix/client/versions", name="GET /versions", headers=self.client_headers
+        )
 
     @task(2)
     def public_rooms(self):
-        self.client.get(f"{V3}/publicRooms?limit=20", name="GET /publicRooms",
-                        headers=self.client_headers)
+        self.client.get(
+            f"{V3}/publicRooms?limit=20", name="GET /publicRooms", headers=self.client_headers
+        )
 
     @task(2)
     def media_download(self):
-        self.client.get(f"/_matrix/client/v1/media/download/{self.environment.weir.data['media']}",
-                        name="GET media download", headers=self.headers)
+        self.client.get(
+            f"/_matrix/client/v1/media/download/{self.environment.weir.data['media']}",
+            name="GET media download",
+            headers=self.headers,
+        )
 
     @task(2)
     def send(self):
-        self.client.put(f"{self.room_path}/send/m.room.message/{uuid.uuid4().hex}",
-                        name="PUT send", headers=self.headers,
-                        json={"msgtype": "m.text", "body": "hello from the load test"})
+        self.client.put(
+            f"{self.room_path}/send/m.room.message/{uuid.uuid4().hex}",
+            name="PUT send",
+            headers=self.headers,
+            json={"msgtype": "m.text", "body": "hello from the load test"},
+        )
 
     @task(2)
     def sync(self):
@@ -233,17 +268,22 @@ class LocalUser(FastHttpUser):
         query = {"timeout": "0", "filter": '{"room":{"timeline":{"limit":10}}}'}
         if self.since:
             query["since"] = self.since
-        r = self.client.get(f"{V3}/sync?{urllib.parse.urlencode(query)}", name="GET /sync",
-                            headers=self.headers)
+        r = self.client.get(
+            f"{V3}/sync?{urllib.parse.urlencode(query)}", name="GET /sync", headers=self.headers
+        )
         if r.status_code == 200:
             self.since = r.json().get("next_batch", self.since)
 
     @task(1)
     def remote_public_rooms(self):
         server = self.environment.weir.data["honest"]
-        with self.client.get(f"{V3}/publicRooms?server={urllib.parse.quote(server)}&limit=10",
-                             name="GET remote publicRooms (honest peer)", headers=self.headers,
-                             context={"category": REMOTE}, catch_response=True) as r:
+        with self.client.get(
+            f"{V3}/publicRooms?server={urllib.parse.quote(server)}&limit=10",
+            name="GET remote publicRooms (honest peer)",
+            headers=self.headers,
+            context={"category": REMOTE},
+            catch_response=True,
+        ) as r:
             if r.status_code in (200, 429):
                 r.success()
             else:
@@ -260,8 +300,10 @@ class ElementUser(FastHttpUser):
     def on_start(self):
         plan = self.environment.weir
         index, account = plan.next_element()
-        self.headers = {"X-Forwarded-For": element_address(index),
-                        "Authorization": f"Bearer {account['access_token']}"}
+        self.headers = {
+            "X-Forwarded-For": element_address(index),
+            "Authorization": f"Bearer {account['access_token']}",
+        }
         self.origin = plan.data["honest"]
         self.images = plan.data["honest_images"][plan.phase]
 
@@ -270,19 +312,23 @@ class ElementUser(FastHttpUser):
         loads = []
         for media_id in random.sample(self.images, IMAGES_PER_SCREEN):
             location = f"{self.origin}/{media_id}"
-            loads.append(gevent.spawn(self._load, f"{CLIENT_MEDIA}/download/{location}",
-                                      "GET remote image"))
-            loads.append(gevent.spawn(
-                self._load, f"{CLIENT_MEDIA}/thumbnail/{location}?width=320&height=240"
-                            f"&method=scale", "GET remote thumbnail"))
+            loads.append(
+                gevent.spawn(self._load, f"{CLIENT_MEDIA}/download/{location}", "GET remote image")
+            )
+            loads.append(
+                gevent.spawn(
+                    self._load,
+                    f"{CLIENT_MEDIA}/thumbnail/{location}?width=320&height=240&method=scale",
+                    "GET remote thumbnail",
+                )
+            )
         try:
             gevent.joinall(loads)
         finally:  # the user stopped: its requests stop too
             gevent.killall(loads, block=False)
 
     def _load(self, path: str, name: str):
-        with self.client.get(path, name=name, headers=self.headers,
-                             catch_response=True) as r:
+        with self.client.get(path, name=name, headers=self.headers, catch_response=True) as r:
             if r.status_code in (200, 429):  # a 429 is recorded as refused
                 r.success()
             else:
@@ -304,14 +350,14 @@ class Attacker(FastHttpUser):
     def on_start(self):
         self.targets = self.environment.weir.data["attack"]
         index = self.environment.weir.next_attacker()
-        self.client_headers = {"X-Forwarded-For": attacker_address(index),
-                               "Connection": "close"}
+        self.client_headers = {"X-Forwarded-For": attacker_address(index), "Connection": "close"}
         self.media = index % MEDIA_ATTACKER_EVERY == MEDIA_ATTACKER_EVERY - 1
 
     @task
     def burst(self):
-        one, size = (self._media, MEDIA_ATTACK_BURST) if self.media else \
-            (self._directory, ATTACK_BURST)
+        one, size = (
+            (self._media, MEDIA_ATTACK_BURST) if self.media else (self._directory, ATTACK_BURST)
+        )
         requests = [gevent.spawn(one) for _ in range(size)]
         try:
             gevent.joinall(requests)
@@ -326,18 +372,23 @@ class Attacker(FastHttpUser):
             self._attack(f"{V3}/directory/room/{alias}", "attack: alias at tarpit")
         else:
             server = random.choice(self.targets[kind])
-            self._attack(f"{V3}/publicRooms?server={urllib.parse.quote(server)}",
-                         f"attack: publicRooms at {kind}")
+            self._attack(
+                f"{V3}/publicRooms?server={urllib.parse.quote(server)}",
+                f"attack: publicRooms at {kind}",
+            )
 
     def _media(self):
         # The legacy endpoint needs no account, and fetches remote media unless told not to.
         server = random.choice(self.targets["tarpit"])
-        self._attack(f"{LEGACY_MEDIA}/download/{server}/m{random.randrange(10**9)}",
-                     "attack: remote media at tarpit")
+        self._attack(
+            f"{LEGACY_MEDIA}/download/{server}/m{random.randrange(10**9)}",
+            "attack: remote media at tarpit",
+        )
 
     def _attack(self, path: str, name: str):
-        with self.client.get(path, name=name, headers=self.client_headers,
-                             catch_response=True) as r:
+        with self.client.get(
+            path, name=name, headers=self.client_headers, catch_response=True
+        ) as r:
             if attack_outcome(r.status_code, r.text or "") == UNEXPECTED:
                 r.failure(f"HTTP {r.status_code}")
             else:

@@ -55,7 +55,7 @@ def main() -> None:
         data = os.urandom(LARGE_MB << 20)
         rss_before = peak_rss_mb(server)
         r, upload_s = timed(lambda: client.post("/_matrix/media/v3/upload", data=data))
-        mxc = r.json()["content_uri"][len("mxc://"):]
+        mxc = r.json()["content_uri"][len("mxc://") :]
 
         def download():
             digest = hashlib.sha256()
@@ -72,17 +72,29 @@ def main() -> None:
 
         for fmt, content_type in (("JPEG", "image/jpeg"), ("PNG", "image/png")):
             image = photo(fmt)
-            r, seconds = timed(lambda: client.post(
-                "/_matrix/media/v3/upload", data=image, headers={"Content-Type": content_type}))
-            mxc = r.json()["content_uri"][len("mxc://"):]
-            print(f"12 Mpx {fmt} ({len(image) >> 10} KB) upload with 5 thumbnails: "
-                  f"{seconds:5.2f} s")
-            _, stored = timed(lambda: client.get(
-                f"/_matrix/client/v1/media/thumbnail/{mxc}?width=96&height=96&method=crop"))
-            _, on_demand = timed(lambda: client.get(
-                f"/_matrix/client/v1/media/thumbnail/{mxc}?width=1000&height=700&method=crop"))
-            print(f"  thumbnail served from store: {stored * 1000:6.1f} ms, "
-                  f"made on demand (1000x700 crop): {on_demand * 1000:6.1f} ms")
+            r, seconds = timed(
+                lambda: client.post(
+                    "/_matrix/media/v3/upload", data=image, headers={"Content-Type": content_type}
+                )
+            )
+            mxc = r.json()["content_uri"][len("mxc://") :]
+            print(
+                f"12 Mpx {fmt} ({len(image) >> 10} KB) upload with 5 thumbnails: {seconds:5.2f} s"
+            )
+            _, stored = timed(
+                lambda: client.get(
+                    f"/_matrix/client/v1/media/thumbnail/{mxc}?width=96&height=96&method=crop"
+                )
+            )
+            _, on_demand = timed(
+                lambda: client.get(
+                    f"/_matrix/client/v1/media/thumbnail/{mxc}?width=1000&height=700&method=crop"
+                )
+            )
+            print(
+                f"  thumbnail served from store: {stored * 1000:6.1f} ms, "
+                f"made on demand (1000x700 crop): {on_demand * 1000:6.1f} ms"
+            )
         print(f"server peak RSS at the end: {peak_rss_mb(server):.0f} MB")
     finally:
         server.stop()

@@ -69,8 +69,16 @@ HONEST_HOST = "honest.load"
 
 
 class LoadPeers:
-    def __init__(self, directory: str, ip: str, *, tarpit_addresses: int, names_per_address: int,
-                 drip_interval: float, honest_latency: float):
+    def __init__(
+        self,
+        directory: str,
+        ip: str,
+        *,
+        tarpit_addresses: int,
+        names_per_address: int,
+        drip_interval: float,
+        honest_latency: float,
+    ):
         self.directory = directory
         self.ip = ip
         self.tarpit_addresses = tarpit_addresses
@@ -84,24 +92,35 @@ class LoadPeers:
     def start(self) -> dict:
         ca = TestCA(os.path.join(self.directory, "ca"))
         # The hang first: port 443 is the one that may be taken.
-        self.hang = HangingPeer(ca, (f"*.{HANG_DOMAIN}",), self.ip, HANG_PORT,
-                                on_change=self._count_silent).start()
+        self.hang = HangingPeer(
+            ca, (f"*.{HANG_DOMAIN}",), self.ip, HANG_PORT, on_change=self._count_silent
+        ).start()
         self.tarpit = Tarpit(self.ip, 0, on_change=self._count_silent).start()
-        tarpit_ports = [self.tarpit.port] + [self.tarpit.listen(self.ip)[1]
-                                             for _ in range(self.tarpit_addresses - 1)]
-        self.drip = SlowDripPeer(ca, (f"*.{DRIP_DOMAIN}",), self.ip, 0,
-                                 interval=self.drip_interval,
-                                 on_change=self._count_silent).start()
+        tarpit_ports = [self.tarpit.port] + [
+            self.tarpit.listen(self.ip)[1] for _ in range(self.tarpit_addresses - 1)
+        ]
+        self.drip = SlowDripPeer(
+            ca,
+            (f"*.{DRIP_DOMAIN}",),
+            self.ip,
+            0,
+            interval=self.drip_interval,
+            on_change=self._count_silent,
+        ).start()
         self._silent = [self.tarpit, self.drip, self.hang]
 
-        self.honest = HonestPeer(HONEST_HOST, ca, self.ip, 0, cert_names=(HONEST_HOST,),
-                                 latency=self.honest_latency).start()
+        self.honest = HonestPeer(
+            HONEST_HOST, ca, self.ip, 0, cert_names=(HONEST_HOST,), latency=self.honest_latency
+        ).start()
         # Its port is known only now, and it is part of its server name.
         self.honest.server_name = f"{HONEST_HOST}:{self.honest.port}"
-        rooms = [room(f"!r{i}:{HONEST_HOST}", f"Honest room {i}", 100 - i, topic="load test")
-                 for i in range(HONEST_ROOMS)]
-        serve_directory(self.honest, rooms, aliases={f"#lobby:{self.honest.server_name}":
-                                                     rooms[0]["room_id"]})
+        rooms = [
+            room(f"!r{i}:{HONEST_HOST}", f"Honest room {i}", 100 - i, topic="load test")
+            for i in range(HONEST_ROOMS)
+        ]
+        serve_directory(
+            self.honest, rooms, aliases={f"#lobby:{self.honest.server_name}": rooms[0]["room_id"]}
+        )
         images = {phase: [f"{phase}-{i}" for i in range(HONEST_IMAGES)] for phase in PHASES}
         for n, media_id in enumerate(m for ids in images.values() for m in ids):
             self.honest.serve_media(media_id, photo(n), "image/png", f"{media_id}.png")
@@ -125,8 +144,7 @@ class LoadPeers:
             self.dns.add_a(host, self.ip)
             # Past the hanging well-known, discovery finds a tarpit port through SRV.
             i = j % len(tarpit_ports)
-            self.dns.add_srv(f"_matrix-fed._tcp.{host}", f"t{i}-0.{TARPIT_DOMAIN}",
-                             tarpit_ports[i])
+            self.dns.add_srv(f"_matrix-fed._tcp.{host}", f"t{i}-0.{TARPIT_DOMAIN}", tarpit_ports[i])
             hang_names.append(host)
         return {
             "ip": self.ip,
@@ -152,8 +170,10 @@ class LoadPeers:
             "tarpit": self.tarpit.counters(),
             "drip": self.drip.counters(),
             "hang": self.hang.counters(),
-            "silent_combined": {"current": self.silent_current,
-                                "max_concurrent": self.silent_max_concurrent},
+            "silent_combined": {
+                "current": self.silent_current,
+                "max_concurrent": self.silent_max_concurrent,
+            },
             "honest": {"requests": len(self.honest.requests), "by_path": honest_hits},
             "dns": {"queries": self.dns.total_queries},
         }
@@ -191,42 +211,72 @@ def print_table(counters: dict, out) -> None:
     print("peer      accepted  max concurrent  bytes in  bytes out", file=out)
     for name in ("tarpit", "drip", "hang"):
         c = counters[name]
-        print(f"{name:<8}  {c['accepted']:>8}  {c['max_concurrent']:>14}  "
-              f"{c['bytes_received']:>8}  {c['bytes_sent']:>9}", file=out)
-    print(f"silent peers together: max concurrent "
-          f"{counters['silent_combined']['max_concurrent']}", file=out)
-    print(f"honest peer: {counters['honest']['requests']} requests; "
-          f"DNS: {counters['dns']['queries']} queries", file=out)
+        print(
+            f"{name:<8}  {c['accepted']:>8}  {c['max_concurrent']:>14}  "
+            f"{c['bytes_received']:>8}  {c['bytes_sent']:>9}",
+            file=out,
+        )
+    print(
+        f"silent peers together: max concurrent {counters['silent_combined']['max_concurrent']}",
+        file=out,
+    )
+    print(
+        f"honest peer: {counters['honest']['requests']} requests; "
+        f"DNS: {counters['dns']['queries']} queries",
+        file=out,
+    )
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m loadtests.peers", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtests.peers",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--ip", default="auto", help="loopback address to listen on")
-    parser.add_argument("--tarpit-addresses", type=int, default=64,
-                        help="ports the tarpit listens on (each a separate address)")
-    parser.add_argument("--names-per-address", type=int, default=4,
-                        help="server names pointing at each tarpit port")
-    parser.add_argument("--drip-interval", type=float, default=2.0,
-                        help="seconds between two bytes of the slow drip")
-    parser.add_argument("--honest-latency", type=float, default=0.2,
-                        help="seconds the honest peer waits before each answer")
+    parser.add_argument(
+        "--tarpit-addresses",
+        type=int,
+        default=64,
+        help="ports the tarpit listens on (each a separate address)",
+    )
+    parser.add_argument(
+        "--names-per-address", type=int, default=4, help="server names pointing at each tarpit port"
+    )
+    parser.add_argument(
+        "--drip-interval",
+        type=float,
+        default=2.0,
+        help="seconds between two bytes of the slow drip",
+    )
+    parser.add_argument(
+        "--honest-latency",
+        type=float,
+        default=0.2,
+        help="seconds the honest peer waits before each answer",
+    )
     parser.add_argument("--directory", default=None, help="where the test CA is written")
     parser.add_argument("--counters", default=None, help="JSON file written at exit")
     args = parser.parse_args(argv)
 
     directory = args.directory or tempfile.mkdtemp(prefix="weir-load-peers-")
     ip = pick_ip() if args.ip == "auto" else args.ip
-    peers = LoadPeers(directory, ip, tarpit_addresses=args.tarpit_addresses,
-                      names_per_address=args.names_per_address,
-                      drip_interval=args.drip_interval, honest_latency=args.honest_latency)
+    peers = LoadPeers(
+        directory,
+        ip,
+        tarpit_addresses=args.tarpit_addresses,
+        names_per_address=args.names_per_address,
+        drip_interval=args.drip_interval,
+        honest_latency=args.honest_latency,
+    )
     info = peers.start()
 
     stop = Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         gevent.signal_handler(sig, stop.set)
-    gevent.signal_handler(signal.SIGUSR1,
-                          lambda: print("counters", json.dumps(peers.counters()), flush=True))
+    gevent.signal_handler(
+        signal.SIGUSR1, lambda: print("counters", json.dumps(peers.counters()), flush=True)
+    )
     print("peers ready", json.dumps(info), flush=True)
     stop.wait()
 

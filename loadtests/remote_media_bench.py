@@ -42,11 +42,13 @@ def room_view(peer: HonestPeer, images: int) -> list[str]:
     paths = []
     for i in range(images):
         media_id = uuid.uuid4().hex
-        peer.serve_media(media_id, solid(400 + i, 300, "PNG", color=(i * 20 % 255, 90, 160)),
-                         "image/png")
-        paths += [f"{CLIENT}/download/{peer.server_name}/{media_id}",
-                  f"{CLIENT}/thumbnail/{peer.server_name}/{media_id}?width=96&height=96"
-                  "&method=crop"]
+        peer.serve_media(
+            media_id, solid(400 + i, 300, "PNG", color=(i * 20 % 255, 90, 160)), "image/png"
+        )
+        paths += [
+            f"{CLIENT}/download/{peer.server_name}/{media_id}",
+            f"{CLIENT}/thumbnail/{peer.server_name}/{media_id}?width=96&height=96&method=crop",
+        ]
     return paths
 
 
@@ -77,10 +79,11 @@ def main() -> None:
 
     directory = tempfile.mkdtemp(prefix="weir-remote-media-bench-")
     ca = TestCA(os.path.join(directory, "ca"))
-    settings = merge(base_settings(os.path.join(directory, "data")), {
-        "federation": federation_settings(ca, remote_timeout=10)})
-    peer = HonestPeer(f"{PEER_IP}:8448", ca, host=PEER_IP, port=8448,
-                      latency=args.latency).start()
+    settings = merge(
+        base_settings(os.path.join(directory, "data")),
+        {"federation": federation_settings(ca, remote_timeout=10)},
+    )
+    peer = HonestPeer(f"{PEER_IP}:8448", ca, host=PEER_IP, port=8448, latency=args.latency).start()
     server = WeirProcess(directory, settings).start()
     try:
         client = MatrixClient(server.client_url)
@@ -96,35 +99,48 @@ def main() -> None:
         started = time.perf_counter()
         burst(server.client_url, paths, 6, headers)
         cached = time.perf_counter() - started
-        print(f"Element first view, {args.images} images + thumbnails, peer "
-              f"{args.latency * 1000:.0f} ms away: {first:.2f} s ({fetches} fetches); "
-              f"again from the cache: {cached:.3f} s")
+        print(
+            f"Element first view, {args.images} images + thumbnails, peer "
+            f"{args.latency * 1000:.0f} ms away: {first:.2f} s ({fetches} fetches); "
+            f"again from the cache: {cached:.3f} s"
+        )
 
         views = [room_view(peer, args.images) for _ in range(args.rooms)]
         started = time.perf_counter()
-        jobs = [gevent.spawn(burst, server.client_url, view, 6, headers, f"127.48.0.{i + 1}")
-                for i, view in enumerate(views)]
+        jobs = [
+            gevent.spawn(burst, server.client_url, view, 6, headers, f"127.48.0.{i + 1}")
+            for i, view in enumerate(views)
+        ]
         gevent.joinall(jobs, raise_error=True)
         wall = time.perf_counter() - started
         latencies = [(r.finished - started) * 1000 for job in jobs for r in job.value]
-        print(f"{args.rooms} first views at once ({args.rooms * len(paths)} requests, "
-              f"{args.rooms} addresses): {wall:.2f} s wall; finished after p50 "
-              f"{percentile(latencies, 0.5):.0f} ms, p95 {percentile(latencies, 0.95):.0f} ms")
+        print(
+            f"{args.rooms} first views at once ({args.rooms * len(paths)} requests, "
+            f"{args.rooms} addresses): {wall:.2f} s wall; finished after p50 "
+            f"{percentile(latencies, 0.5):.0f} ms, p95 {percentile(latencies, 0.95):.0f} ms"
+        )
 
         idle = time_versions(server)
         with Tarpit(TARPIT_IP, 8448) as tarpit:
-            flood = [gevent.spawn(Connection(server.client_url, source_ip=f"127.49.0.{c + 1}").get,
-                                  f"{CLIENT}/download/{TARPIT_IP}:8448/{uuid.uuid4().hex}",
-                                  headers)
-                     for c in range(9) for _ in range(10)]
+            flood = [
+                gevent.spawn(
+                    Connection(server.client_url, source_ip=f"127.49.0.{c + 1}").get,
+                    f"{CLIENT}/download/{TARPIT_IP}:8448/{uuid.uuid4().hex}",
+                    headers,
+                )
+                for c in range(9)
+                for _ in range(10)
+            ]
             tarpit.wait_accepted(16, timeout=10)
             busy = time_versions(server)
             gevent.joinall(flood)
         refused = sum(1 for g in flood if g.value is not None and g.value.status == 429)
-        print(f"/versions while idle: p50 {percentile(idle, 0.5):.2f} ms, p99 "
-              f"{percentile(idle, 0.99):.2f} ms; with 90 requests on a tarpit ({refused} refused "
-              f"at once): p50 {percentile(busy, 0.5):.2f} ms, p99 {percentile(busy, 0.99):.2f} ms"
-              f" (mean {statistics.mean(busy):.2f} ms)")
+        print(
+            f"/versions while idle: p50 {percentile(idle, 0.5):.2f} ms, p99 "
+            f"{percentile(idle, 0.99):.2f} ms; with 90 requests on a tarpit ({refused} refused "
+            f"at once): p50 {percentile(busy, 0.5):.2f} ms, p99 {percentile(busy, 0.99):.2f} ms"
+            f" (mean {statistics.mean(busy):.2f} ms)"
+        )
     finally:
         server.stop()
         peer.stop()

@@ -43,8 +43,9 @@ def main() -> None:
 
     data_dir = tempfile.mkdtemp(prefix="weir-bench-")
     url = args.database_url or f"sqlite:///{data_dir}/homeserver.db"
-    rt = HomeserverRuntime(parse_config({"server_name": "bench.test", "data_dir": data_dir,
-                                         "database": {"url": url}}))
+    rt = HomeserverRuntime(
+        parse_config({"server_name": "bench.test", "data_dir": data_dir, "database": {"url": url}})
+    )
     user = rt.accounts.register("bench", "pw")
     requester = Requester(user.user_id, user.device_id, False, "")
     print(f"database: {url.split('://')[0]}")
@@ -58,8 +59,17 @@ def main() -> None:
 
     rooms = [rt.room_creator.create(user.user_id, CreateRoomRequest()) for _ in range(8)]
     started = time.perf_counter()
-    jobs = [gevent.spawn(rt.rooms.send_message, requester, rooms[i % 8], "m.room.message",
-                         {"body": str(i)}, f"p{i}") for i in range(args.sends)]
+    jobs = [
+        gevent.spawn(
+            rt.rooms.send_message,
+            requester,
+            rooms[i % 8],
+            "m.room.message",
+            {"body": str(i)},
+            f"p{i}",
+        )
+        for i in range(args.sends)
+    ]
     gevent.joinall(jobs, raise_error=True)
     elapsed = time.perf_counter() - started
     print(f"sends across 8 rooms, all at once: {args.sends / elapsed:.0f}/s")
@@ -68,15 +78,19 @@ def main() -> None:
     created = 0
     for step in (100, 500, args.rooms):
         while created < step:
-            rt.room_creator.create(user.user_id, CreateRoomRequest(
-                visibility="public", name=f"Room {created}", topic="benchmark"))
+            rt.room_creator.create(
+                user.user_id,
+                CreateRoomRequest(visibility="public", name=f"Room {created}", topic="benchmark"),
+            )
             created += 1
         first = rt.directory.public_rooms(20, None, RoomFilter())
         page = timed(lambda: rt.directory.public_rooms(20, None, RoomFilter()))
         later = timed(lambda: rt.directory.public_rooms(20, first["next_batch"], RoomFilter()))
         found = timed(lambda: rt.directory.public_rooms(20, None, RoomFilter("room 4")))
-        print(f"{created:5d} published rooms: first page {page:.1f} ms, next page {later:.1f} ms,"
-              f" search {found:.1f} ms")
+        print(
+            f"{created:5d} published rooms: first page {page:.1f} ms, next page {later:.1f} ms,"
+            f" search {found:.1f} ms"
+        )
     rt.close()
 
 

@@ -84,8 +84,11 @@ class Child:
     def __init__(self, name: str, args: list[str], log_path: str, read: str = "stdout"):
         self.name = name
         self.log = open(log_path, "w")
-        streams = {"stdout": subprocess.PIPE, "stderr": self.log} if read == "stdout" else \
-            {"stdout": self.log, "stderr": subprocess.PIPE}
+        streams = (
+            {"stdout": subprocess.PIPE, "stderr": self.log}
+            if read == "stdout"
+            else {"stdout": self.log, "stderr": subprocess.PIPE}
+        )
         self.proc = subprocess.Popen(args, cwd=REPO, text=True, **streams)
         self.lines: list[str] = []
         self._changed = Event()
@@ -115,8 +118,10 @@ class Child:
             seen = len(self.lines)
             left = deadline - time.monotonic()
             if left <= 0 or (self.proc.poll() is not None and self._reader.dead):
-                raise RunFailed(f"{self.name}: no line matching {pattern!r} "
-                                f"(exit code {self.proc.poll()}); see {self.log.name}")
+                raise RunFailed(
+                    f"{self.name}: no line matching {pattern!r} "
+                    f"(exit code {self.proc.poll()}); see {self.log.name}"
+                )
             self._changed.wait(left)
 
     def wait(self, timeout: float) -> int:
@@ -135,12 +140,23 @@ class Child:
 
 class Peers(Child):
     def __init__(self, directory: str, args):
-        super().__init__("peers", [
-            sys.executable, "-m", "loadtests.peers", "--directory", directory,
-            "--tarpit-addresses", str(args.tarpit_addresses),
-            "--drip-interval", str(args.drip_interval),
-            "--counters", os.path.join(directory, "counters.json")],
-            os.path.join(directory, "peers.log"))
+        super().__init__(
+            "peers",
+            [
+                sys.executable,
+                "-m",
+                "loadtests.peers",
+                "--directory",
+                directory,
+                "--tarpit-addresses",
+                str(args.tarpit_addresses),
+                "--drip-interval",
+                str(args.drip_interval),
+                "--counters",
+                os.path.join(directory, "counters.json"),
+            ],
+            os.path.join(directory, "peers.log"),
+        )
 
     def wait_ready(self) -> dict:
         """Where everything is: the DNS server, the CA, the attack targets."""
@@ -163,11 +179,22 @@ class Scraper:
 
     def read(self) -> dict:
         samples = read_metrics(self.client_url)
-        row: dict = {"t": time.time(), "in_flight": {}, "capacity": {}, "refusals": {},
-                     "pool": {}, "pool_size": {}, "deadline_expiries": 0.0}
-        families = {"weir_budget_in_flight": "in_flight", "weir_budget_capacity": "capacity",
-                    "weir_budget_refusals_total": "refusals", "weir_pool_greenlets": "pool",
-                    "weir_pool_size": "pool_size"}
+        row: dict = {
+            "t": time.time(),
+            "in_flight": {},
+            "capacity": {},
+            "refusals": {},
+            "pool": {},
+            "pool_size": {},
+            "deadline_expiries": 0.0,
+        }
+        families = {
+            "weir_budget_in_flight": "in_flight",
+            "weir_budget_capacity": "capacity",
+            "weir_budget_refusals_total": "refusals",
+            "weir_pool_greenlets": "pool",
+            "weir_pool_size": "pool_size",
+        }
         for (name, labels), value in samples.items():
             labels = dict(labels)
             if name in families:
@@ -212,10 +239,19 @@ class LoadTest:
             "server_name": "weir.load",
             "public_baseurl": "http://127.0.0.1/",
             "data_dir": self.path("weir", "data"),
-            "server": {"http": {"port": 0, "main_pool_size": self.args.main_pool_size,
-                                "trusted_proxies": ["127.0.0.0/8"]}},
-            "federation": {"port": 0, "dns_nameservers": [info["dns"]],
-                           "ca_file": info["ca_file"], "ip_range_allowlist": [info["allow"]]},
+            "server": {
+                "http": {
+                    "port": 0,
+                    "main_pool_size": self.args.main_pool_size,
+                    "trusted_proxies": ["127.0.0.0/8"],
+                }
+            },
+            "federation": {
+                "port": 0,
+                "dns_nameservers": [info["dns"]],
+                "ca_file": info["ca_file"],
+                "ip_range_allowlist": [info["allow"]],
+            },
             "registration": {"enabled": True},
             # The setup registers every user from this one address.
             "ratelimiting": {"registration": {"max_requests": 100000, "per_seconds": 1}},
@@ -233,59 +269,104 @@ class LoadTest:
         """Accounts, rooms of ten (public, so the local room list has them) and one media
         file; returns the plan file for locust."""
         url = self.weir.client_url
-        users = [{"localpart": f"load{i}", "password": f"pw-{i}-{os.urandom(4).hex()}"}
-                 for i in range(self.args.users)]
+        users = [
+            {"localpart": f"load{i}", "password": f"pw-{i}-{os.urandom(4).hex()}"}
+            for i in range(self.args.users)
+        ]
         clients = [MatrixClient(url) for _ in users]
 
         def register(i: int) -> None:
             user = users[i]
-            user["access_token"] = clients[i].register(user["localpart"],
-                                                       user["password"])["access_token"]
+            user["access_token"] = clients[i].register(user["localpart"], user["password"])[
+                "access_token"
+            ]
 
         Pool(8).map(register, range(len(users)))
         for start in range(0, len(users), USERS_PER_ROOM):
             creator = clients[start]
-            r = creator.post("/_matrix/client/v3/createRoom", json={
-                "preset": "public_chat", "visibility": "public",
-                "name": f"Load room {start // USERS_PER_ROOM}"})
+            r = creator.post(
+                "/_matrix/client/v3/createRoom",
+                json={
+                    "preset": "public_chat",
+                    "visibility": "public",
+                    "name": f"Load room {start // USERS_PER_ROOM}",
+                },
+            )
             r.raise_for_status()
             room_id = r.json()["room_id"]
             for i in range(start, min(start + USERS_PER_ROOM, len(users))):
                 if i != start:
                     clients[i].post(f"/_matrix/client/v3/join/{room_id}").raise_for_status()
                 users[i]["room_id"] = room_id
-        r = clients[0].post("/_matrix/media/v3/upload?filename=load.bin",
-                            data=os.urandom(MEDIA_BYTES),
-                            headers={"Content-Type": "application/octet-stream"})
+        r = clients[0].post(
+            "/_matrix/media/v3/upload?filename=load.bin",
+            data=os.urandom(MEDIA_BYTES),
+            headers={"Content-Type": "application/octet-stream"},
+        )
         r.raise_for_status()
-        plan = {"users": users, "media": r.json()["content_uri"][len("mxc://"):],
-                "honest": self.peer_info["honest"],
-                "honest_images": self.peer_info["honest_images"],
-                "attack": self.peer_info["targets"],
-                # Each user logs in once per phase, at a random moment within this.
-                "login_within_s": self.args.duration * 0.9}
+        plan = {
+            "users": users,
+            "media": r.json()["content_uri"][len("mxc://") :],
+            "honest": self.peer_info["honest"],
+            "honest_images": self.peer_info["honest_images"],
+            "attack": self.peer_info["targets"],
+            # Each user logs in once per phase, at a random moment within this.
+            "login_within_s": self.args.duration * 0.9,
+        }
         path = self.path("plan.json")
         write_plan(path, plan)
         return path
 
     # -- phases ----------------------------------------------------------------------------
 
-    def locust(self, name: str, user_classes: dict[str, int], spawn_rate: float, plan: str,
-               phase: str, run_time: float | None = None) -> Child:
+    def locust(
+        self,
+        name: str,
+        user_classes: dict[str, int],
+        spawn_rate: float,
+        plan: str,
+        phase: str,
+        run_time: float | None = None,
+    ) -> Child:
         """A headless locust process running `user_classes` ({class name: how many})."""
         users = sum(user_classes.values())
-        args = [sys.executable, "-m", "locust", "-f", LOCUSTFILE, "--headless",
-                "--host", self.weir.client_url, "-u", str(users), "-r", f"{spawn_rate:g}",
-                "--csv", self.path(name), "--only-summary", "--stop-timeout", "0",
-                "--weir-plan", plan, "--weir-samples", self.path(f"{name}-samples.csv"),
-                "--weir-phase", phase]
+        args = [
+            sys.executable,
+            "-m",
+            "locust",
+            "-f",
+            LOCUSTFILE,
+            "--headless",
+            "--host",
+            self.weir.client_url,
+            "-u",
+            str(users),
+            "-r",
+            f"{spawn_rate:g}",
+            "--csv",
+            self.path(name),
+            "--only-summary",
+            "--stop-timeout",
+            "0",
+            "--weir-plan",
+            plan,
+            "--weir-samples",
+            self.path(f"{name}-samples.csv"),
+            "--weir-phase",
+            phase,
+        ]
         if "ElementUser" in user_classes:
-            args += ["--weir-local-users", str(user_classes["LocalUser"]),
-                     "--weir-element-users", str(user_classes["ElementUser"])]
+            args += [
+                "--weir-local-users",
+                str(user_classes["LocalUser"]),
+                "--weir-element-users",
+                str(user_classes["ElementUser"]),
+            ]
         if run_time is not None:
             args += ["-t", f"{run_time:g}s"]
-        child = Child(f"locust {name}", args + list(user_classes), self.path(f"{name}.log"),
-                      read="stderr")
+        child = Child(
+            f"locust {name}", args + list(user_classes), self.path(f"{name}.log"), read="stderr"
+        )
         self.children.append(child)
         return child
 
@@ -293,8 +374,9 @@ class LoadTest:
         """The local users and the Element users, in a locust process of their own."""
         duration = self.args.duration
         users = {"LocalUser": self.args.users, "ElementUser": self.args.element_users}
-        local = self.locust(name, users, max(1.0, sum(users.values()) / 2), plan, phase,
-                            run_time=duration)
+        local = self.locust(
+            name, users, max(1.0, sum(users.values()) / 2), plan, phase, run_time=duration
+        )
         local.wait(duration + 120)
         local.stop()
 
@@ -304,8 +386,13 @@ class LoadTest:
 
     def attack(self, plan: str) -> None:
         with self.phase("attack"):
-            attackers = self.locust("attack", {"Attacker": self.args.attackers},
-                                    max(1.0, self.args.attackers / 2), plan, "attack")
+            attackers = self.locust(
+                "attack",
+                {"Attacker": self.args.attackers},
+                max(1.0, self.args.attackers / 2),
+                plan,
+                "attack",
+            )
             attackers.wait_line(r"All users spawned", 120)
             started = time.time()
             self.run_local_users("attack-local", plan, "attack")
@@ -368,67 +455,113 @@ def run(args) -> int:
         return 2
     exit_codes = test.close()
 
-    samples = {"baseline": read_samples(test.path("baseline-samples.csv")),
-               "attack_local": read_samples(test.path("attack-local-samples.csv")),
-               "attack": read_samples(test.path("attack-samples.csv"))}
+    samples = {
+        "baseline": read_samples(test.path("baseline-samples.csv")),
+        "attack_local": read_samples(test.path("attack-local-samples.csv")),
+        "attack": read_samples(test.path("attack-samples.csv")),
+    }
     caps = {name: int(v) for name, v in after["capacity"].items()}
     budgets_after = {name: int(v) for name, v in after["in_flight"].items()}
-    main_pool = {"size": args.main_pool_size,
-                 "max_greenlets": int(max(row["pool"].get("main", 0)
-                                          for row in test.scraper.rows + [after]))}
+    main_pool = {
+        "size": args.main_pool_size,
+        "max_greenlets": int(
+            max(row["pool"].get("main", 0) for row in test.scraper.rows + [after])
+        ),
+    }
     with open(test.weir.stderr_path) as f:
         weir_log = f.readlines()
     summary = judge.summarize(
-        samples, weir_log, peers, caps, budgets_after, main_pool,
-        config={"duration_s": args.duration, "users": args.users,
-                "element_users": args.element_users, "attackers": args.attackers,
-                "main_pool_size": args.main_pool_size,
-                "tarpit_addresses": args.tarpit_addresses},
+        samples,
+        weir_log,
+        peers,
+        caps,
+        budgets_after,
+        main_pool,
+        config={
+            "duration_s": args.duration,
+            "users": args.users,
+            "element_users": args.element_users,
+            "attackers": args.attackers,
+            "main_pool_size": args.main_pool_size,
+            "tarpit_addresses": args.tarpit_addresses,
+        },
         machine={"before": machine_before, "after": machine()},
         peers_after_baseline=peers_after_baseline,
-        drained_in_s=round(drained_in, 2), exit_codes=exit_codes,
-        phase_times=test.phases, weir_cpu_s=test.weir_cpu)
+        drained_in_s=round(drained_in, 2),
+        exit_codes=exit_codes,
+        phase_times=test.phases,
+        weir_cpu_s=test.weir_cpu,
+    )
     with open(os.path.join(results, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     with open(os.path.join(results, "metrics.jsonl"), "w") as f:
         f.writelines(json.dumps(row) + "\n" for row in test.scraper.rows)
-    report.write_html(os.path.join(results, "report.html"), summary, samples, test.phases,
-                      test.scraper.rows)
+    report.write_html(
+        os.path.join(results, "report.html"), summary, samples, test.phases, test.scraper.rows
+    )
     print(report.summary_table(summary))
     print(f"results: {results}")
     return 0 if summary["verdict"]["passed"] else 1
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m loadtests.run", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtests.run",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--duration", type=float, default=60, help="seconds per phase")
     parser.add_argument("--users", type=int, default=20, help="local users")
-    parser.add_argument("--element-users", type=int, default=4,
-                        help="users viewing the honest peer's images as Element does")
+    parser.add_argument(
+        "--element-users",
+        type=int,
+        default=4,
+        help="users viewing the honest peer's images as Element does",
+    )
     parser.add_argument("--attackers", type=int, default=100, help="attacking users")
-    parser.add_argument("--main-pool-size", type=int, default=144,
-                        help="Weir's server.http.main_pool_size; the client outbound budget "
-                             "is half of it (see the module's doc)")
-    parser.add_argument("--tarpit-addresses", type=int, default=64,
-                        help="ports the tarpit listens on (the cool-down is per address)")
-    parser.add_argument("--drip-interval", type=float, default=2.0,
-                        help="seconds between two bytes of the slow drip")
-    parser.add_argument("--results", default=None,
-                        help="output folder (default loadtests/results/<timestamp>)")
-    parser.add_argument("--keep-data", action="store_true",
-                        help="keep Weir's data folder (database, media) in the results")
+    parser.add_argument(
+        "--main-pool-size",
+        type=int,
+        default=144,
+        help="Weir's server.http.main_pool_size; the client outbound budget "
+        "is half of it (see the module's doc)",
+    )
+    parser.add_argument(
+        "--tarpit-addresses",
+        type=int,
+        default=64,
+        help="ports the tarpit listens on (the cool-down is per address)",
+    )
+    parser.add_argument(
+        "--drip-interval",
+        type=float,
+        default=2.0,
+        help="seconds between two bytes of the slow drip",
+    )
+    parser.add_argument(
+        "--results", default=None, help="output folder (default loadtests/results/<timestamp>)"
+    )
+    parser.add_argument(
+        "--keep-data",
+        action="store_true",
+        help="keep Weir's data folder (database, media) in the results",
+    )
     args = parser.parse_args(argv)
     cap = args.main_pool_size // 2
     directory_attackers = args.attackers - args.attackers // MEDIA_ATTACKER_EVERY
     if directory_attackers <= cap:
-        print(f"note: {directory_attackers} directory attackers never fill the client outbound "
-              f"budget ({cap}); only its per-client cap will refuse them", file=sys.stderr)
+        print(
+            f"note: {directory_attackers} directory attackers never fill the client outbound "
+            f"budget ({cap}); only its per-client cap will refuse them",
+            file=sys.stderr,
+        )
     local = args.users + ELEMENT_CONNECTIONS * args.element_users
     if local + cap > args.main_pool_size:
-        print(f"note: {local} local connections and {cap} held lookups do not fit in a "
-              f"main pool of {args.main_pool_size}: connections will wait for a place",
-              file=sys.stderr)
+        print(
+            f"note: {local} local connections and {cap} held lookups do not fit in a "
+            f"main pool of {args.main_pool_size}: connections will wait for a place",
+            file=sys.stderr,
+        )
     return run(args)
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 # Request categories. Only "local" requests are judged: they never leave the server.
 LOCAL = "local"
-REMOTE = "remote"   # a local user's lookup at the honest peer: served, cached or refused (429)
+REMOTE = "remote"  # a local user's lookup at the honest peer: served, cached or refused (429)
 ELEMENT = "element"  # remote images and thumbnails from the honest peer, as Element loads them
 ATTACK = "attack"
 
@@ -27,11 +27,11 @@ MEDIA_ATTACKER_EVERY = 5
 MEDIA_ATTACK_BURST = 4
 
 # Outcomes of an attack request.
-REFUSED = "refused"          # 429 at once: a budget had no room (the defence)
-DEADLINE = "deadline"        # 504 after the total deadline: it held a slot until then
-COOLING = "cooling"          # 502/504 at once: the address was cooling down
+REFUSED = "refused"  # 429 at once: a budget had no room (the defence)
+DEADLINE = "deadline"  # 504 after the total deadline: it held a slot until then
+COOLING = "cooling"  # 502/504 at once: the address was cooling down
 UNREACHABLE = "unreachable"  # 502: the peer refused, or the TLS or DNS step failed
-UNEXPECTED = "unexpected"    # anything else is a failure
+UNEXPECTED = "unexpected"  # anything else is a failure
 
 SAMPLE_FIELDS = ("t", "category", "name", "status", "ms", "failed", "kind")
 
@@ -66,19 +66,29 @@ def attacker_address(i: int) -> str:
 
 @dataclass(frozen=True)
 class Sample:
-    t: float          # when the request started (Unix time, seconds)
+    t: float  # when the request started (Unix time, seconds)
     category: str
     name: str
-    status: int       # 0: no HTTP answer
+    status: int  # 0: no HTTP answer
     ms: float
     failed: bool
-    kind: str         # an attack's outcome; empty for the others
+    kind: str  # an attack's outcome; empty for the others
 
 
 def read_samples(path: str) -> list[Sample]:
     with open(path, newline="") as f:
-        return [Sample(float(r["t"]), r["category"], r["name"], int(r["status"]), float(r["ms"]),
-                       r["failed"] == "1", r["kind"]) for r in csv.DictReader(f)]
+        return [
+            Sample(
+                float(r["t"]),
+                r["category"],
+                r["name"],
+                int(r["status"]),
+                float(r["ms"]),
+                r["failed"] == "1",
+                r["kind"],
+            )
+            for r in csv.DictReader(f)
+        ]
 
 
 def write_plan(path: str, plan: dict) -> None:

@@ -43,9 +43,14 @@ PDUS_PER_TRANSACTION = 5
 def signed(origin, txn_id: str, pdus: list) -> tuple[str, bytes, dict]:
     uri = f"/_matrix/federation/v1/send/{quote(txn_id, safe='')}"
     content = transaction_body(origin, pdus)
-    return uri, json.dumps(content).encode(), {
-        "Authorization": origin.sign_request("weir.test", "PUT", uri, content),
-        "Content-Type": "application/json"}
+    return (
+        uri,
+        json.dumps(content).encode(),
+        {
+            "Authorization": origin.sign_request("weir.test", "PUT", uri, content),
+            "Content-Type": "application/json",
+        },
+    )
 
 
 def server_cpu_seconds(weir: WeirProcess) -> float:
@@ -72,8 +77,9 @@ def run(weir: WeirProcess, lanes: list[list[tuple]]) -> tuple[float, float]:
             for uri, body, headers in transactions:
                 response = client.request("PUT", uri, body=body, headers=headers)
                 answer = json.loads(response.read())
-                assert response.status_code == 200 and \
-                    all(v == {} for v in answer["pdus"].values()), answer
+                assert response.status_code == 200 and all(
+                    v == {} for v in answer["pdus"].values()
+                ), answer
         finally:
             client.close()
 
@@ -87,13 +93,24 @@ def run(weir: WeirProcess, lanes: list[list[tuple]]) -> tuple[float, float]:
 
 def bench(shards: int, args, ca, dns, keys) -> tuple[tuple, tuple]:
     directory = tempfile.mkdtemp(prefix=f"weir-shards-bench-{shards}-")
-    settings = merge(base_settings(os.path.join(directory, "data")), {
-        "federation": {"ca_file": ca.ca_path, "dns_nameservers": [dns.nameserver],
-                       "ip_range_allowlist": ["127.0.0.0/8"], "worker": {"shards": shards}},
-        # Not what is measured: every sender's key is fetched once, from this one address.
-        "security": {"federation": {"key_resolution_per_ip_rate": {"max_requests": 1000,
-                                                                   "per_seconds": 60}}},
-        "logging": {"level": "WARNING"}})
+    settings = merge(
+        base_settings(os.path.join(directory, "data")),
+        {
+            "federation": {
+                "ca_file": ca.ca_path,
+                "dns_nameservers": [dns.nameserver],
+                "ip_range_allowlist": ["127.0.0.0/8"],
+                "worker": {"shards": shards},
+            },
+            # Not what is measured: every sender's key is fetched once, from this one address.
+            "security": {
+                "federation": {
+                    "key_resolution_per_ip_rate": {"max_requests": 1000, "per_seconds": 60}
+                }
+            },
+            "logging": {"level": "WARNING"},
+        },
+    )
     weir = WeirProcess(directory, settings).start()
     try:
         alice = MatrixClient(weir.client_url)
@@ -109,8 +126,13 @@ def bench(shards: int, args, ca, dns, keys) -> tuple[tuple, tuple]:
         for origin, room, tip in zip(origins, rooms, tips):
             transactions, auth = [], room.auth_for(origin.user("bob"))
             for i in range(per_lane):
-                ids, pdus = room.messages(origin, "bob", [f"m{i}-{n}" for n in range(
-                    PDUS_PER_TRANSACTION)], prev=tip, auth=auth)
+                ids, pdus = room.messages(
+                    origin,
+                    "bob",
+                    [f"m{i}-{n}" for n in range(PDUS_PER_TRANSACTION)],
+                    prev=tip,
+                    auth=auth,
+                )
                 tip = ids[-1]
                 transactions.append(signed(origin, f"p{i}", pdus))
             with_pdus.append(transactions)
@@ -127,17 +149,23 @@ def main() -> None:
     parser.add_argument("--shards", default="0,1,2,4")
     args = parser.parse_args()
     ca = TestCA(tempfile.mkdtemp(prefix="weir-shards-bench-ca-"))
-    print(f"cores: {os.cpu_count()}; {args.senders} senders on keep-alive connections; "
-          f"SQLite")
+    print(f"cores: {os.cpu_count()}; {args.senders} senders on keep-alive connections; SQLite")
     print("server CPU ms/txn: CPU time of main and shards per transaction (lower is cheaper)")
-    print(f"{'shards':>6}  {'empty txn/s':>11} {'CPU ms':>6}  "
-          f"{f'{PDUS_PER_TRANSACTION}-PDU txn/s':>11} {'CPU ms':>6}  {'PDUs/s':>6}")
-    with DnsServer("127.0.0.1") as dns, \
-            OriginKeyServer("bench.test", ca, dns, host="127.63.0.1") as keys:
+    print(
+        f"{'shards':>6}  {'empty txn/s':>11} {'CPU ms':>6}  "
+        f"{f'{PDUS_PER_TRANSACTION}-PDU txn/s':>11} {'CPU ms':>6}  {'PDUs/s':>6}"
+    )
+    with (
+        DnsServer("127.0.0.1") as dns,
+        OriginKeyServer("bench.test", ca, dns, host="127.63.0.1") as keys,
+    ):
         for shards in (int(n) for n in args.shards.split(",")):
             (empty, empty_cpu), (with_pdus, pdus_cpu) = bench(shards, args, ca, dns, keys)
-            print(f"{shards:>6}  {empty:>11.0f} {empty_cpu:>6.2f}  {with_pdus:>11.0f} "
-                  f"{pdus_cpu:>6.2f}  {with_pdus * PDUS_PER_TRANSACTION:>6.0f}", flush=True)
+            print(
+                f"{shards:>6}  {empty:>11.0f} {empty_cpu:>6.2f}  {with_pdus:>11.0f} "
+                f"{pdus_cpu:>6.2f}  {with_pdus * PDUS_PER_TRANSACTION:>6.0f}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -81,8 +81,7 @@ def populate(settings: dict, users: int, groups: list[int]) -> tuple[list[str], 
     for size in groups:
         room_id = rt.room_creator.create(sender, CreateRoomRequest(preset="public_chat"))
         for i in range(first, first + size):
-            rt.rooms.update_membership(f"@u{i}:bench.test", room_id, f"@u{i}:bench.test",
-                                       "join")
+            rt.rooms.update_membership(f"@u{i}:bench.test", room_id, f"@u{i}:bench.test", "join")
         rooms.append(room_id)
         first += size
     rt.close()
@@ -108,8 +107,9 @@ class Client:
             while True:
                 sock.sendall(
                     f"GET {SYNC_PATH}?since={quote(self.since)}&timeout={PARK_TIMEOUT_MS}"
-                    f" HTTP/1.1\r\nHost: bench\r\nAuthorization: Bearer {self.token}\r\n\r\n"
-                    .encode())
+                    f" HTTP/1.1\r\nHost: bench\r\n"
+                    f"Authorization: Bearer {self.token}\r\n\r\n".encode()
+                )
                 if first:
                     admitted.release()
                     first = False
@@ -194,8 +194,11 @@ def main() -> int:
     parser.add_argument("--members", type=int, default=100)
     parser.add_argument("--few", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--database-url", default=None, help="an empty PostgreSQL database;"
-                        " default: SQLite in a temporary folder")
+    parser.add_argument(
+        "--database-url",
+        default=None,
+        help="an empty PostgreSQL database; default: SQLite in a temporary folder",
+    )
     args = parser.parse_args()
     if args.members + args.few > args.parked:
         parser.error("--members + --few must not exceed --parked")
@@ -206,7 +209,8 @@ def main() -> int:
         print(f"warning: open-file limit {fd_limit} is low for {args.parked} parked syncs")
     directory = tempfile.mkdtemp(prefix="weir-sync-bench-")
     settings = {
-        "server_name": "bench.test", "data_dir": os.path.join(directory, "data"),
+        "server_name": "bench.test",
+        "data_dir": os.path.join(directory, "data"),
         "database": {"url": args.database_url or f"sqlite:///{directory}/data/homeserver.db"},
         "server": {"http": {"port": 0, "main_pool_size": args.parked + 200}},
         "federation": {"port": 0},
@@ -214,13 +218,18 @@ def main() -> int:
     }
     started = time.perf_counter()
     tokens, (big_room, small_room) = populate(settings, args.parked, [args.members, args.few])
-    print(f"setup: {args.parked} users, rooms of {args.members} and {args.few} waiting members,"
-          f" {settings['database']['url'].split(':')[0]} ({time.perf_counter() - started:.0f} s)")
+    print(
+        f"setup: {args.parked} users, rooms of {args.members} and {args.few} waiting members,"
+        f" {settings['database']['url'].split(':')[0]} ({time.perf_counter() - started:.0f} s)"
+    )
 
     config_path = os.path.join(directory, "config.toml")
     write_config(config_path, settings)
-    server = subprocess.Popen([sys.executable, os.path.join(REPO, "app.py"), "--config",
-                               config_path], stdout=subprocess.PIPE, cwd=directory)
+    server = subprocess.Popen(
+        [sys.executable, os.path.join(REPO, "app.py"), "--config", config_path],
+        stdout=subprocess.PIPE,
+        cwd=directory,
+    )
     try:
         for line in server.stdout:
             match = READY.match(line.decode())
@@ -235,8 +244,9 @@ def main() -> int:
 
         sender = requests.Session()
         sender.headers["Authorization"] = f"Bearer {tokens[-1]}"
-        since = sender.get(url + SYNC_PATH, params={"filter": json.dumps(
-            {"room": {"rooms": []}})}, timeout=60).json()["next_batch"]
+        since = sender.get(
+            url + SYNC_PATH, params={"filter": json.dumps({"room": {"rooms": []}})}, timeout=60
+        ).json()["next_batch"]
         clients = [Client(address, tokens[i], since, bench) for i in range(args.parked)]
         admitted = BoundedSemaphore(100)  # connecting at most this many at once
         started = time.perf_counter()
@@ -244,38 +254,55 @@ def main() -> int:
         bench.wait_parked(args.parked)
         print(f"parked {args.parked} syncs in {time.perf_counter() - started:.1f} s")
         rss = rss_kb(server.pid)
-        print(f"server RSS with {args.parked} waiting syncs: {rss / 1024:.0f} MB"
-              f" ({rss / args.parked:.1f} KB per sync, process included)")
+        print(
+            f"server RSS with {args.parked} waiting syncs: {rss / 1024:.0f} MB"
+            f" ({rss / args.parked:.1f} KB per sync, process included)"
+        )
 
         transaction_ids = iter(range(10**9))  # a repeated one would send nothing new
 
         def sender_for(room_id):
             def send():
-                r = sender.put(f"{url}/_matrix/client/v3/rooms/{room_id}/send/m.room.message/"
-                               f"t{next(transaction_ids)}", json={"body": "wake up"},
-                               timeout=60)
+                r = sender.put(
+                    f"{url}/_matrix/client/v3/rooms/{room_id}/send/m.room.message/"
+                    f"t{next(transaction_ids)}",
+                    json={"body": "wake up"},
+                    timeout=60,
+                )
                 r.raise_for_status()
+
             return send
 
         scenarios = [
-            (f"{args.members} waiting members of the room", clients[:args.members], big_room),
-            (f"{args.few} concerned of {args.parked} parked",
-             clients[args.members:args.members + args.few], small_room)]
+            (f"{args.members} waiting members of the room", clients[: args.members], big_room),
+            (
+                f"{args.few} concerned of {args.parked} parked",
+                clients[args.members : args.members + args.few],
+                small_room,
+            ),
+        ]
         for park_at_once in (False, True):
             bench.park_at_once = park_at_once
-            print("woken clients sync again " + (
-                "at once, as real clients do:" if park_at_once else
-                "once the whole round is woken (the wake-up alone):"))
+            print(
+                "woken clients sync again "
+                + (
+                    "at once, as real clients do:"
+                    if park_at_once
+                    else "once the whole round is woken (the wake-up alone):"
+                )
+            )
             for label, members, room_id in scenarios:
                 samples, bench.send_ms = [], []
                 send = sender_for(room_id)
                 for _ in range(args.rounds):
                     bench.wait_parked(args.parked)
                     samples += bench.round(members, send)
-                print(f"  send -> wake-up, {label}: p50 {percentile(samples, 50):.1f} ms,"
-                      f" p99 {percentile(samples, 99):.1f} ms, max {max(samples):.1f} ms"
-                      f" ({len(samples)} wake-ups over {args.rounds} sends; the send itself:"
-                      f" p50 {percentile(bench.send_ms, 50):.1f} ms)")
+                print(
+                    f"  send -> wake-up, {label}: p50 {percentile(samples, 50):.1f} ms,"
+                    f" p99 {percentile(samples, 99):.1f} ms, max {max(samples):.1f} ms"
+                    f" ({len(samples)} wake-ups over {args.rounds} sends; the send itself:"
+                    f" p50 {percentile(bench.send_ms, 50):.1f} ms)"
+                )
         print(f"server RSS at the end: {rss_kb(server.pid) / 1024:.0f} MB")
         gevent.killall(greenlets, block=True, timeout=30)
     finally:

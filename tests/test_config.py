@@ -1,3 +1,4 @@
+import dataclasses
 import os
 
 import pytest
@@ -25,36 +26,80 @@ def test_shipped_config_toml_is_valid_and_matches_defaults():
     assert shipped == parse_config({}, REPO)
 
 
-@pytest.mark.parametrize("data, key, reason", [
-    ({"server": {"http": {"port": "x"}}}, "server.http.port", "Not a valid integer."),
-    ({"server": {"http": {"port": 70000}}}, "server.http.port", "less than or equal to 65535"),
-    ({"nonsense": 1}, "nonsense", "Unknown field."),
-    ({"federation": {"worker": {"shard": 2}}}, "federation.worker.shard", "Unknown field."),
-    ({"registration": {"enabled": "yes"}}, "registration.enabled", "Not a valid boolean."),
-    ({"server": {"http": {"trusted_proxies": ["nope"]}}}, "server.http.trusted_proxies",
-     "Not a valid CIDR"),
-    ({"security": {"federation": {"key_resolution_per_ip_rate": {"max_requests": 0}}}},
-     "security.federation.key_resolution_per_ip_rate.max_requests", "greater than or equal to 1"),
-    ({"database": {"url": "mysql://x"}}, "database.url", "Expected sqlite"),
-    ({"federation": {"dns_nameservers": ["127.0.0.1"]}}, "federation.dns_nameservers",
-     "host:port"),
-    # Values the server used to start with, and then failed on at the first request.
-    ({"server_name": "my server"}, "server_name", "Not a server name"),
-    ({"server_name": "example.org:99999"}, "server_name", "Not a server name"),
-    ({"public_baseurl": "localhost:8008"}, "public_baseurl", "Not a valid URL"),
-    ({"federation": {"dns_nameservers": ["127.0.0.1:99999"]}}, "federation.dns_nameservers",
-     "host:port"),
-    ({"federation": {"dns_nameservers": ["dns.example:53"]}}, "federation.dns_nameservers",
-     "host:port"),
-    ({"security": {"federation": {"trusted_key_servers": [{"server_name": "a b"}]}}},
-     "security.federation.trusted_key_servers.0.server_name", "Not a server name"),
-    ({"security": {"federation": {"trusted_key_servers": [
-        {"server_name": "matrix.org", "verify_keys": {"ed25519:a": "not base64!"}}]}}},
-     "security.federation.trusted_key_servers.0.verify_keys", "Not an ed25519 key"),
-    ({"security": {"federation": {"trusted_key_servers": [
-        {"server_name": "matrix.org", "verify_keys": {"a": "AAAA"}}]}}},
-     "security.federation.trusted_key_servers.0.verify_keys", "Not an ed25519 key"),
-])
+@pytest.mark.parametrize(
+    "data, key, reason",
+    [
+        ({"server": {"http": {"port": "x"}}}, "server.http.port", "Not a valid integer."),
+        ({"server": {"http": {"port": 70000}}}, "server.http.port", "less than or equal to 65535"),
+        ({"nonsense": 1}, "nonsense", "Unknown field."),
+        ({"federation": {"worker": {"shard": 2}}}, "federation.worker.shard", "Unknown field."),
+        ({"registration": {"enabled": "yes"}}, "registration.enabled", "Not a valid boolean."),
+        (
+            {"server": {"http": {"trusted_proxies": ["nope"]}}},
+            "server.http.trusted_proxies",
+            "Not a valid CIDR",
+        ),
+        (
+            {"security": {"federation": {"key_resolution_per_ip_rate": {"max_requests": 0}}}},
+            "security.federation.key_resolution_per_ip_rate.max_requests",
+            "greater than or equal to 1",
+        ),
+        ({"database": {"url": "mysql://x"}}, "database.url", "Expected sqlite"),
+        (
+            {"federation": {"dns_nameservers": ["127.0.0.1"]}},
+            "federation.dns_nameservers",
+            "host:port",
+        ),
+        # Values the server used to start with, and then failed on at the first request.
+        ({"server_name": "my server"}, "server_name", "Not a server name"),
+        ({"server_name": "example.org:99999"}, "server_name", "Not a server name"),
+        ({"public_baseurl": "localhost:8008"}, "public_baseurl", "Not a valid URL"),
+        (
+            {"federation": {"dns_nameservers": ["127.0.0.1:99999"]}},
+            "federation.dns_nameservers",
+            "host:port",
+        ),
+        (
+            {"federation": {"dns_nameservers": ["dns.example:53"]}},
+            "federation.dns_nameservers",
+            "host:port",
+        ),
+        (
+            {"security": {"federation": {"trusted_key_servers": [{"server_name": "a b"}]}}},
+            "security.federation.trusted_key_servers.0.server_name",
+            "Not a server name",
+        ),
+        (
+            {
+                "security": {
+                    "federation": {
+                        "trusted_key_servers": [
+                            {
+                                "server_name": "matrix.org",
+                                "verify_keys": {"ed25519:a": "not base64!"},
+                            }
+                        ]
+                    }
+                }
+            },
+            "security.federation.trusted_key_servers.0.verify_keys",
+            "Not an ed25519 key",
+        ),
+        (
+            {
+                "security": {
+                    "federation": {
+                        "trusted_key_servers": [
+                            {"server_name": "matrix.org", "verify_keys": {"a": "AAAA"}}
+                        ]
+                    }
+                }
+            },
+            "security.federation.trusted_key_servers.0.verify_keys",
+            "Not an ed25519 key",
+        ),
+    ],
+)
 def test_invalid_values_name_the_dotted_key(data, key, reason):
     with pytest.raises(ConfigError) as info:
         parse_config(data)
@@ -64,15 +109,21 @@ def test_invalid_values_name_the_dotted_key(data, key, reason):
 
 def test_config_is_frozen():
     config = Config()
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         config.server_name = "x"  # type: ignore[misc]
 
 
 def test_relative_paths_resolve_against_the_config_folder(tmp_path):
     path = tmp_path / "conf" / "weir.toml"
     path.parent.mkdir()
-    write_config(str(path), {"data_dir": "state", "database": {"url": "sqlite:///db/hs.db"},
-                             "federation": {"ca_file": "ca.pem"}})
+    write_config(
+        str(path),
+        {
+            "data_dir": "state",
+            "database": {"url": "sqlite:///db/hs.db"},
+            "federation": {"ca_file": "ca.pem"},
+        },
+    )
     config = load_config(str(path))
     assert config.data_dir == str(tmp_path / "conf" / "state")
     assert config.database.url == f"sqlite:///{tmp_path}/conf/db/hs.db"
@@ -93,13 +144,15 @@ def test_invalid_config_exits_2_with_one_line_naming_the_key(tmp_path):
 
 def test_invalid_server_name_exits_2_instead_of_starting(tmp_path):
     # A server_name that is not one would make every user ID invalid: refuse it at start.
-    write_config(str(tmp_path / "bad.toml"), {"server_name": "my server",
-                                              "server": {"http": {"port": 0}},
-                                              "federation": {"port": 0}})
+    write_config(
+        str(tmp_path / "bad.toml"),
+        {"server_name": "my server", "server": {"http": {"port": 0}}, "federation": {"port": 0}},
+    )
     result = run_app(["--config", str(tmp_path / "bad.toml")], cwd=str(tmp_path), timeout=30)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        "config: server_name: Not a server name: 'my server'."]
+        "config: server_name: Not a server name: 'my server'."
+    ]
 
 
 def test_unparseable_toml_exits_2(tmp_path):
@@ -110,10 +163,13 @@ def test_unparseable_toml_exits_2(tmp_path):
     assert "not valid TOML" in result.stderr
 
 
-@pytest.mark.parametrize("make", [
-    lambda d: os.mkdir(d / "bad.toml"),  # a directory where the file should be
-    lambda d: (d / "bad.toml").write_bytes(b'server_name = "\xff"\n'),  # not UTF-8
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda d: os.mkdir(d / "bad.toml"),  # a directory where the file should be
+        lambda d: (d / "bad.toml").write_bytes(b'server_name = "\xff"\n'),  # not UTF-8
+    ],
+)
 def test_a_config_that_cannot_be_read_exits_2_with_one_line(tmp_path, make):
     make(tmp_path)
     result = run_app(["--config", str(tmp_path / "bad.toml")], cwd=str(tmp_path))
@@ -130,11 +186,14 @@ def test_a_port_in_use_exits_1_with_one_line(tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        write_config(str(tmp_path / "weir.toml"), {
-            "server": {"http": {"bind_address": "127.0.0.1", "port": port}},
-            "federation": {"port": 0}})
-        result = run_app(["--config", str(tmp_path / "weir.toml")], cwd=str(tmp_path),
-                         timeout=30)
+        write_config(
+            str(tmp_path / "weir.toml"),
+            {
+                "server": {"http": {"bind_address": "127.0.0.1", "port": port}},
+                "federation": {"port": 0},
+            },
+        )
+        result = run_app(["--config", str(tmp_path / "weir.toml")], cwd=str(tmp_path), timeout=30)
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     assert f"127.0.0.1:{port}" in result.stderr and "in use" in result.stderr

@@ -18,8 +18,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Bottom first. The first prefix that matches a module places it.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("budget", ("budget",)),
-    ("kernel", ("homeserver.core", "homeserver.config", "homeserver.logs",
-                "homeserver.metrics")),
+    ("kernel", ("homeserver.core", "homeserver.config", "homeserver.logs", "homeserver.metrics")),
     ("storage", ("homeserver.storage",)),
     ("federation transport", ("homeserver.federation",)),
     ("accounts", ("homeserver.accounts",)),
@@ -103,8 +102,10 @@ def upward_imports(imports: list[Import]) -> list[str]:
     for imp in imports:
         source, target = layer_of(imp.source), layer_of(imp.target)
         if source is not None and target is not None and target > source:
-            found.append(f"{imp.source}:{imp.line} ({LAYERS[source][0]}) imports {imp.target} "
-                         f"({LAYERS[target][0]})")
+            found.append(
+                f"{imp.source}:{imp.line} ({LAYERS[source][0]}) imports {imp.target} "
+                f"({LAYERS[target][0]})"
+            )
     return found
 
 
@@ -147,8 +148,11 @@ def package_cycles(imports: list[Import]) -> list[list[str]]:
 
 def budget_escapes(imports: list[Import]) -> list[str]:
     allowed = set(sys.stdlib_module_names) | set(BUDGET_MAY_IMPORT) | {"budget", "__future__"}
-    return [f"{imp.source}:{imp.line} imports {imp.target}" for imp in imports
-            if imp.source.split(".")[0] == "budget" and imp.target.split(".")[0] not in allowed]
+    return [
+        f"{imp.source}:{imp.line} imports {imp.target}"
+        for imp in imports
+        if imp.source.split(".")[0] == "budget" and imp.target.split(".")[0] not in allowed
+    ]
 
 
 def unplaced(modules: set[str]) -> list[str]:
@@ -156,6 +160,7 @@ def unplaced(modules: set[str]) -> list[str]:
 
 
 # --- the checks, on this repository -------------------------------------------------------
+
 
 def test_no_module_imports_a_layer_above_its_own():
     _, imports = read_imports(REPO)
@@ -179,6 +184,7 @@ def test_every_module_has_a_layer():
 
 # --- the checks can fail: each on a small tree with one wrong import ------------------------
 
+
 def _tree(tmp_path, files: dict[str, str]) -> str:
     for name, text in files.items():
         path = tmp_path / name
@@ -188,31 +194,47 @@ def _tree(tmp_path, files: dict[str, str]) -> str:
 
 
 def test_a_store_importing_a_service_is_caught(tmp_path):
-    root = _tree(tmp_path, {
-        "homeserver/__init__.py": "",
-        "homeserver/storage/__init__.py": "",
-        "homeserver/storage/rooms.py": "from homeserver.rooms.service import RoomService\n",
-        "homeserver/rooms/__init__.py": "",
-        "homeserver/rooms/service.py": "from ..storage import rooms\n",
-    })
+    root = _tree(
+        tmp_path,
+        {
+            "homeserver/__init__.py": "",
+            "homeserver/storage/__init__.py": "",
+            "homeserver/storage/rooms.py": "from homeserver.rooms.service import RoomService\n",
+            "homeserver/rooms/__init__.py": "",
+            "homeserver/rooms/service.py": "from ..storage import rooms\n",
+        },
+    )
     _, imports = read_imports(root)
     assert upward_imports(imports) == [
-        "homeserver.storage.rooms:1 (storage) imports homeserver.rooms.service (rooms)"]
+        "homeserver.storage.rooms:1 (storage) imports homeserver.rooms.service (rooms)"
+    ]
     assert package_cycles(imports) == [["homeserver.rooms", "homeserver.storage"]]
 
 
 def test_budget_importing_the_homeserver_or_flask_is_caught(tmp_path):
-    root = _tree(tmp_path, {
-        "budget/__init__.py": "import gevent\nimport flask\n",
-        "budget/inflight.py": "from homeserver.core.errors import MatrixError\n",
-    })
+    root = _tree(
+        tmp_path,
+        {
+            "budget/__init__.py": "import gevent\nimport flask\n",
+            "budget/inflight.py": "from homeserver.core.errors import MatrixError\n",
+        },
+    )
     _, imports = read_imports(root)
     assert sorted(budget_escapes(imports)) == [
-        "budget.inflight:1 imports homeserver.core.errors", "budget:2 imports flask"]
+        "budget.inflight:1 imports homeserver.core.errors",
+        "budget:2 imports flask",
+    ]
 
 
 def test_a_package_outside_the_map_is_caught(tmp_path):
-    root = _tree(tmp_path, {"homeserver/__init__.py": "", "homeserver/sender/__init__.py": "",
-                            "homeserver/sender/queue.py": "", "homeserver/core/clock.py": ""})
+    root = _tree(
+        tmp_path,
+        {
+            "homeserver/__init__.py": "",
+            "homeserver/sender/__init__.py": "",
+            "homeserver/sender/queue.py": "",
+            "homeserver/core/clock.py": "",
+        },
+    )
     modules, _ = read_imports(root)
     assert unplaced(modules) == ["homeserver.sender", "homeserver.sender.queue"]

@@ -38,8 +38,9 @@ def test_metrics_can_be_switched_off(start_weir):
 def test_rate_limiter_refusals_are_counted_per_limiter(start_weir):
     weir = start_weir({"ratelimiting": {"login": {"max_requests": 1, "per_seconds": 600}}})
     body = {"type": "m.login.password", "user": "nobody", "password": "x"}
-    statuses = [requests.post(weir.url("/_matrix/client/v3/login"), json=body).status_code
-                for _ in range(3)]
+    statuses = [
+        requests.post(weir.url("/_matrix/client/v3/login"), json=body).status_code for _ in range(3)
+    ]
     assert statuses == [403, 429, 429]
     text = requests.get(weir.url("/metrics")).text
     assert 'weir_rate_limit_refusals_total{limiter="login"} 2.0' in text

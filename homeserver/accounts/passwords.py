@@ -19,8 +19,9 @@ _MAXMEM = 64 * 1024 * 1024
 
 
 def _scrypt(password: str, salt: bytes, n: int, r: int, p: int) -> bytes:
-    return hashlib.scrypt(password.encode("utf-8"), salt=salt, n=n, r=r, p=p, maxmem=_MAXMEM,
-                          dklen=32)
+    return hashlib.scrypt(
+        password.encode("utf-8"), salt=salt, n=n, r=r, p=p, maxmem=_MAXMEM, dklen=32
+    )
 
 
 def hash_password(password: str) -> str:
@@ -42,7 +43,8 @@ def check_password(password: str, stored: str | None) -> bool:
             return False
         expected = base64.b64decode(digest)
         actual = gevent.get_hub().threadpool.apply(
-            _scrypt, (password, base64.b64decode(salt), int(n), int(r), int(p)))
+            _scrypt, (password, base64.b64decode(salt), int(n), int(r), int(p))
+        )
     except ValueError:
         return False
     return hmac.compare_digest(expected, actual)

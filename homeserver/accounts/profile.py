@@ -41,8 +41,9 @@ class ProfileService:
     @staticmethod
     def _check_key(key: str) -> None:
         if len(key.encode("utf-8")) > MAX_KEY_BYTES:
-            raise MatrixError(400, Codes.KEY_TOO_LARGE, f"Profile keys are at most "
-                                                      f"{MAX_KEY_BYTES} bytes")
+            raise MatrixError(
+                400, Codes.KEY_TOO_LARGE, f"Profile keys are at most {MAX_KEY_BYTES} bytes"
+            )
         if not _KEY.fullmatch(key):
             raise MatrixError(400, Codes.INVALID_PARAM, f"Not a valid profile key: {key}")
 
@@ -69,21 +70,26 @@ class ProfileService:
     def set_field(self, requester, user_id: str, key: str, value) -> None:
         self._check_key(key)
         self._check_may_change(requester, user_id)
-        if key == "displayname" and not (isinstance(value, str)
-                                         and len(value) <= MAX_DISPLAYNAME_LENGTH):
-            raise bad_json(f"displayname must be a string of at most "
-                           f"{MAX_DISPLAYNAME_LENGTH} characters")
-        if key == "avatar_url" and not (isinstance(value, str)
-                                        and len(value) <= MAX_AVATAR_URL_LENGTH
-                                        and (value == "" or _MXC.fullmatch(value))):
+        if key == "displayname" and not (
+            isinstance(value, str) and len(value) <= MAX_DISPLAYNAME_LENGTH
+        ):
+            raise bad_json(
+                f"displayname must be a string of at most {MAX_DISPLAYNAME_LENGTH} characters"
+            )
+        if key == "avatar_url" and not (
+            isinstance(value, str)
+            and len(value) <= MAX_AVATAR_URL_LENGTH
+            and (value == "" or _MXC.fullmatch(value))
+        ):
             raise bad_json("avatar_url must be an mxc:// URI")
         if key == "m.tz" and not isinstance(value, str):
             raise bad_json("m.tz must be a string")
         try:
             self.store.set_field(user_id, key, value, MAX_PROFILE_BYTES)
         except ProfileTooLarge:
-            raise MatrixError(400, Codes.PROFILE_TOO_LARGE,
-                              f"A profile is at most {MAX_PROFILE_BYTES} bytes") from None
+            raise MatrixError(
+                400, Codes.PROFILE_TOO_LARGE, f"A profile is at most {MAX_PROFILE_BYTES} bytes"
+            ) from None
         if key in MEMBER_FIELDS:
             self.rooms.update_member_profile(user_id)
 

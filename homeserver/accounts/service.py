@@ -45,8 +45,11 @@ class AccountService:
 
     def validate_localpart(self, localpart: str) -> str:
         if not localpart or not _LOCALPART.fullmatch(localpart):
-            raise MatrixError(400, Codes.INVALID_USERNAME,
-                              "User ID may only contain a-z, 0-9, '.', '_', '=', '-', '/' and '+'")
+            raise MatrixError(
+                400,
+                Codes.INVALID_USERNAME,
+                "User ID may only contain a-z, 0-9, '.', '_', '=', '-', '/' and '+'",
+            )
         if len(self.user_id_for(localpart)) > MAX_USER_ID_LENGTH:
             raise MatrixError(400, Codes.INVALID_USERNAME, "User ID is too long")
         return localpart
@@ -69,30 +72,42 @@ class AccountService:
 
     # --- registration and login --------------------------------------------------------
 
-    def register(self, localpart: str | None, password: str | None, *, admin: bool = False,
-                 device_id: str | None = None, display_name: str | None = None,
-                 inhibit_login: bool = False) -> LoginResult:
+    def register(
+        self,
+        localpart: str | None,
+        password: str | None,
+        *,
+        admin: bool = False,
+        device_id: str | None = None,
+        display_name: str | None = None,
+        inhibit_login: bool = False,
+    ) -> LoginResult:
         password_hash = hash_password(password) if password else None
         if localpart is None:
             # No name asked for: pick a random one, as Synapse picks a numeric one.
             for _ in range(10):
                 candidate = secrets.token_hex(6)
-                if self.store.create_user(self.user_id_for(candidate), password_hash, admin, now_ms()):
+                if self.store.create_user(
+                    self.user_id_for(candidate), password_hash, admin, now_ms()
+                ):
                     localpart = candidate
                     break
             else:  # pragma: no cover - 48 random bits colliding ten times
                 raise MatrixError(500, Codes.UNKNOWN, "Could not pick a free user ID")
         else:
             self.validate_localpart(localpart)
-            if not self.store.create_user(self.user_id_for(localpart), password_hash, admin, now_ms()):
+            if not self.store.create_user(
+                self.user_id_for(localpart), password_hash, admin, now_ms()
+            ):
                 raise MatrixError(400, Codes.USER_IN_USE, "User ID already taken.")
         user_id = self.user_id_for(localpart)
         if inhibit_login:
             return LoginResult(user_id, None, None)
         return self._new_session(user_id, device_id, display_name)
 
-    def login_with_password(self, user: str, password: str, device_id: str | None,
-                            display_name: str | None) -> LoginResult:
+    def login_with_password(
+        self, user: str, password: str, device_id: str | None, display_name: str | None
+    ) -> LoginResult:
         user_id = self.user_id_for(self.localpart_of(user))
         row = self.store.get_user(user_id)
         # Hash even for an unknown user, so timing does not reveal which accounts exist.
@@ -106,8 +121,9 @@ class AccountService:
             self._dummy_hash = hash_password(secrets.token_hex(16))
         return self._dummy_hash
 
-    def _new_session(self, user_id: str, device_id: str | None,
-                     display_name: str | None) -> LoginResult:
+    def _new_session(
+        self, user_id: str, device_id: str | None, display_name: str | None
+    ) -> LoginResult:
         if device_id is not None and not (0 < len(device_id) <= 255):
             raise invalid_param("device_id must be 1 to 255 characters")
         device_id = device_id or "".join(secrets.choice(_DEVICE_ALPHABET) for _ in range(10))

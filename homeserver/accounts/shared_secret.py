@@ -11,8 +11,9 @@ from homeserver.accounts.service import AccountService, LoginResult
 from homeserver.core.errors import Codes, MatrixError, forbidden
 
 
-def expected_mac(shared_secret: str, nonce: str, username: str, password: str, admin: bool,
-                 user_type: str | None) -> str:
+def expected_mac(
+    shared_secret: str, nonce: str, username: str, password: str, admin: bool, user_type: str | None
+) -> str:
     mac = hmac.new(shared_secret.encode("utf-8"), digestmod=hashlib.sha1)
     parts = [nonce, username, password, "admin" if admin else "notadmin"]
     if user_type:
@@ -22,8 +23,9 @@ def expected_mac(shared_secret: str, nonce: str, username: str, password: str, a
 
 
 class SharedSecretRegistration:
-    def __init__(self, shared_secret: str, sessions: RegistrationSessions,
-                 accounts: AccountService):
+    def __init__(
+        self, shared_secret: str, sessions: RegistrationSessions, accounts: AccountService
+    ):
         self._secret = shared_secret
         self._sessions = sessions
         self._accounts = accounts
@@ -37,8 +39,9 @@ class SharedSecretRegistration:
         self.require_enabled()
         return self._sessions.admin_nonces.new()
 
-    def register(self, nonce: str, username: str, password: str, admin: bool,
-                 user_type: str | None, mac: str) -> LoginResult:
+    def register(
+        self, nonce: str, username: str, password: str, admin: bool, user_type: str | None, mac: str
+    ) -> LoginResult:
         secret = self.require_enabled()
         if not self._sessions.admin_nonces.take(nonce):
             raise MatrixError(400, Codes.UNKNOWN, "unrecognised nonce")

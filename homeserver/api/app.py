@@ -97,5 +97,6 @@ def create_flask_app(runtime, listeners: tuple[str, ...] = (CLIENT, FEDERATION))
 
     # Flask's documented way to add WSGI middleware; mypy sees wsgi_app only as a method.
     app.wsgi_app = RequestContextMiddleware(  # type: ignore[method-assign]
-        app.wsgi_app, runtime.trusted_proxies)
+        app.wsgi_app, runtime.trusted_proxies
+    )
     return app

@@ -28,8 +28,9 @@ def optional_requester() -> Requester | None:
         if token is not None:
             g.requester = runtime().accounts.authenticate(token)
             if g.requester is None:
-                raise MatrixError(401, Codes.UNKNOWN_TOKEN, "Unrecognised access token",
-                                  soft_logout=False)
+                raise MatrixError(
+                    401, Codes.UNKNOWN_TOKEN, "Unrecognised access token", soft_logout=False
+                )
     return g.requester
 
 

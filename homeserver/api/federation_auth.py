@@ -60,8 +60,12 @@ def authenticate_request(max_body_bytes: int = FEDERATION_MAX_BODY_BYTES) -> str
     """Verifies the X-Matrix signature of the current request; returns the origin."""
     rt = runtime()
     # WSGI joins repeated headers with commas: split them again before each "X-Matrix".
-    headers = [h for value in request.headers.getlist("Authorization")
-               for h in _SEPARATE_HEADERS.split(value) if h[:8].lower() == "x-matrix"]
+    headers = [
+        h
+        for value in request.headers.getlist("Authorization")
+        for h in _SEPARATE_HEADERS.split(value)
+        if h[:8].lower() == "x-matrix"
+    ]
     if not headers:
         raise _unauthorized("Missing Authorization headers")
     try:
@@ -84,8 +88,9 @@ def authenticate_request(max_body_bytes: int = FEDERATION_MAX_BODY_BYTES) -> str
     raw = read_body(max_body_bytes)
     if raw.strip():
         content = parse_json(raw)  # kept for the handler: a large body is parsed once
-    signed = request_object(request.method, request_target(), origin,
-                            auths[0].destination or rt.server_name, content)
+    signed = request_object(
+        request.method, request_target(), origin, auths[0].destination or rt.server_name, content
+    )
     signed["signatures"] = {origin: {a.key_id: a.sig for a in auths}}
     try:
         rt.keyring.verify_json(signed, origin, client_key())

@@ -24,18 +24,43 @@ from homeserver.media.files import MediaFile, safe_content_type
 from homeserver.media.thumbnails import base_type
 
 # The spec's "Serving inline content" list: types a browser will not run as a document.
-INLINE_CONTENT_TYPES = frozenset({
-    "text/css", "text/plain", "text/csv", "application/json", "application/ld+json",
-    "image/jpeg", "image/gif", "image/png", "image/apng", "image/webp", "image/avif",
-    "video/mp4", "video/webm", "video/ogg", "video/quicktime",
-    "audio/mp4", "audio/webm", "audio/aac", "audio/mpeg", "audio/ogg", "audio/wave",
-    "audio/wav", "audio/x-wav", "audio/x-pn-wav", "audio/flac", "audio/x-flac",
-})
+INLINE_CONTENT_TYPES = frozenset(
+    {
+        "text/css",
+        "text/plain",
+        "text/csv",
+        "application/json",
+        "application/ld+json",
+        "image/jpeg",
+        "image/gif",
+        "image/png",
+        "image/apng",
+        "image/webp",
+        "image/avif",
+        "video/mp4",
+        "video/webm",
+        "video/ogg",
+        "video/quicktime",
+        "audio/mp4",
+        "audio/webm",
+        "audio/aac",
+        "audio/mpeg",
+        "audio/ogg",
+        "audio/wave",
+        "audio/wav",
+        "audio/x-wav",
+        "audio/x-pn-wav",
+        "audio/flac",
+        "audio/x-flac",
+    }
+)
 
 # The spec's recommended policy for everything the content repository serves.
-CONTENT_SECURITY_POLICY = ("sandbox; default-src 'none'; script-src 'none'; "
-                           "plugin-types application/pdf; style-src 'unsafe-inline'; "
-                           "object-src 'self';")
+CONTENT_SECURITY_POLICY = (
+    "sandbox; default-src 'none'; script-src 'none'; "
+    "plugin-types application/pdf; style-src 'unsafe-inline'; "
+    "object-src 'self';"
+)
 
 # Media is immutable, so browsers may keep it for a year. "private": responses to
 # authenticated requests must not be served by a shared cache to someone else.
@@ -96,12 +121,17 @@ def file_response(media: MediaFile, environ: dict) -> Response:
     response = Response(FileWrapper(f, CHUNK_SIZE), headers=headers, direct_passthrough=True)
     try:
         # Werkzeug applies Range (a single range) by seeking the wrapped file: still streamed.
-        response.make_conditional(_range_environ(environ, size), accept_ranges=True,
-                                  complete_length=size)
+        response.make_conditional(
+            _range_environ(environ, size), accept_ranges=True, complete_length=size
+        )
     except RequestedRangeNotSatisfiable:
         f.close()
-        raise MatrixError(416, Codes.UNKNOWN, "Requested range not satisfiable",
-                          headers={"Content-Range": f"bytes */{size}"}) from None
+        raise MatrixError(
+            416,
+            Codes.UNKNOWN,
+            "Requested range not satisfiable",
+            headers={"Content-Range": f"bytes */{size}"},
+        ) from None
     return response
 
 
@@ -132,18 +162,20 @@ def _without_range(environ: dict) -> dict:
 def multipart_response(media: MediaFile) -> Response:
     """The file as a federation media response, in the shape Synapse sends and reads:
 
-        \\r\\n--B\\r\\nContent-Type: application/json\\r\\n\\r\\n{}
-        \\r\\n--B\\r\\nContent-Type: T\\r\\nContent-Disposition: D\\r\\n\\r\\n<bytes>
-        \\r\\n--B--\\r\\n
+    \\r\\n--B\\r\\nContent-Type: application/json\\r\\n\\r\\n{}
+    \\r\\n--B\\r\\nContent-Type: T\\r\\nContent-Disposition: D\\r\\n\\r\\n<bytes>
+    \\r\\n--B--\\r\\n
     """
     f, size = _open(media)
     content_type = safe_content_type(media.content_type)  # as stored: the peer stores it too
     # 128 random bits: the chance that the file contains the boundary is nil.
     boundary = uuid.uuid4().hex
-    head = (f"\r\n--{boundary}\r\nContent-Type: application/json\r\n\r\n{{}}"
-            f"\r\n--{boundary}\r\nContent-Type: {content_type}\r\n"
-            f"Content-Disposition: {content_disposition(content_type, media.filename)}"
-            "\r\n\r\n").encode("ascii")
+    head = (
+        f"\r\n--{boundary}\r\nContent-Type: application/json\r\n\r\n{{}}"
+        f"\r\n--{boundary}\r\nContent-Type: {content_type}\r\n"
+        f"Content-Disposition: {content_disposition(content_type, media.filename)}"
+        "\r\n\r\n"
+    ).encode("ascii")
     tail = f"\r\n--{boundary}--\r\n".encode("ascii")
 
     headers = {

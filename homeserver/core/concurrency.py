@@ -65,6 +65,7 @@ class SingleFlight:
         finally:
             del self._calls[key]
 
+
 class KeyedLocks:
     """`with locks.hold(room_id):` serialises the greenlets working on one room, and no
     other. An entry is dropped when its last holder or waiter leaves, so memory stays

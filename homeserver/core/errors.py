@@ -42,8 +42,7 @@ class ContentTooLarge(Exception):
 
 
 class MatrixError(Exception):
-    def __init__(self, status: int, errcode: str, error: str, headers: dict | None = None,
-                 **extra):
+    def __init__(self, status: int, errcode: str, error: str, headers: dict | None = None, **extra):
         super().__init__(f"{status} {errcode}: {error}")
         self.status = status
         self.errcode = errcode
@@ -59,8 +58,13 @@ def limit_exceeded(retry_after_ms: int, error: str = "Too many requests") -> Mat
     """429 with both the body field and the header, so any client backs off."""
     retry_after_ms = max(1, int(retry_after_ms))
     seconds = max(1, -(-retry_after_ms // 1000))
-    return MatrixError(429, Codes.LIMIT_EXCEEDED, error, headers={"Retry-After": str(seconds)},
-                       retry_after_ms=retry_after_ms)
+    return MatrixError(
+        429,
+        Codes.LIMIT_EXCEEDED,
+        error,
+        headers={"Retry-After": str(seconds)},
+        retry_after_ms=retry_after_ms,
+    )
 
 
 def not_found(error: str = "Not found") -> MatrixError:

@@ -22,7 +22,7 @@ def is_valid_server_name(name: str) -> bool:
         end = name.find("]")
         if end < 0:
             return False
-        host, rest = name[1:end], name[end + 1:]
+        host, rest = name[1:end], name[end + 1 :]
         if not _IPV6_CHARS.fullmatch(host):
             return False
         try:
@@ -36,8 +36,13 @@ def is_valid_server_name(name: str) -> bool:
             return False
     if rest:
         port = rest[1:]
-        return (rest[0] == ":" and port.isascii() and port.isdigit() and 1 <= len(port) <= 5
-                and 0 < int(port) < 65536)
+        return (
+            rest[0] == ":"
+            and port.isascii()
+            and port.isdigit()
+            and 1 <= len(port) <= 5
+            and 0 < int(port) < 65536
+        )
     return True
 
 

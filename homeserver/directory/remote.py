@@ -110,8 +110,11 @@ def _public_rooms_body(server: str, body: Any) -> dict:
         raise MalformedResponse(server, "publicRooms answer has no chunk list")
     chunk = []
     for entry in body["chunk"]:
-        if not isinstance(entry, dict) or not isinstance(entry.get("room_id"), str) or \
-                not isinstance(entry.get("num_joined_members"), int):
+        if (
+            not isinstance(entry, dict)
+            or not isinstance(entry.get("room_id"), str)
+            or not isinstance(entry.get("num_joined_members"), int)
+        ):
             raise MalformedResponse(server, "publicRooms entry without room_id or member count")
         chunk.append(entry)
     result: dict[str, Any] = {"chunk": chunk}
@@ -129,9 +132,14 @@ def _falls_back_to_get(exc: RemoteError) -> bool:
 
 
 class RemoteDirectory:
-    def __init__(self, client: FederationClient, budget: InFlightBudget,
-                 cooldown: AddressCooldown, metrics: Metrics,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        client: FederationClient,
+        budget: InFlightBudget,
+        cooldown: AddressCooldown,
+        metrics: Metrics,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self._client = client
         self._budget = budget
         self._cooldown = cooldown
@@ -160,29 +168,49 @@ class RemoteDirectory:
 
         def shared_fetch(deadline):
             return self._flight.run(
-                key, lambda: fetch(deadline),
-                on_wait=self._metrics.coalesced.labels("public_rooms").inc)
+                key,
+                lambda: fetch(deadline),
+                on_wait=self._metrics.coalesced.labels("public_rooms").inc,
+            )
 
         return self._call("public_rooms", server, caller, shared_fetch)
 
     def _fetch_public_rooms(self, server: str, query: PublicRoomsQuery, deadline) -> dict:
         if not query.has_filter:
-            body = self._client.get_json(server, PUBLIC_ROOMS_PATH, query.federation_query(),
-                                         deadline=deadline, max_bytes=PUBLIC_ROOMS_MAX_BYTES,
-                                         target_health=self._cooldown)
+            body = self._client.get_json(
+                server,
+                PUBLIC_ROOMS_PATH,
+                query.federation_query(),
+                deadline=deadline,
+                max_bytes=PUBLIC_ROOMS_MAX_BYTES,
+                target_health=self._cooldown,
+            )
             return _public_rooms_body(server, body)
         try:
-            body = self._client.post_json(server, PUBLIC_ROOMS_PATH, query.federation_body(),
-                                          deadline=deadline, max_bytes=PUBLIC_ROOMS_MAX_BYTES,
-                                          target_health=self._cooldown)
+            body = self._client.post_json(
+                server,
+                PUBLIC_ROOMS_PATH,
+                query.federation_body(),
+                deadline=deadline,
+                max_bytes=PUBLIC_ROOMS_MAX_BYTES,
+                target_health=self._cooldown,
+            )
             return _public_rooms_body(server, body)
         except RemoteError as e:
             if not _falls_back_to_get(e):
                 raise
         # The remote cannot filter: fetch the unfiltered page and filter it here.
-        body = _public_rooms_body(server, self._client.get_json(
-            server, PUBLIC_ROOMS_PATH, query.federation_query(), deadline=deadline,
-            max_bytes=PUBLIC_ROOMS_MAX_BYTES, target_health=self._cooldown))
+        body = _public_rooms_body(
+            server,
+            self._client.get_json(
+                server,
+                PUBLIC_ROOMS_PATH,
+                query.federation_query(),
+                deadline=deadline,
+                max_bytes=PUBLIC_ROOMS_MAX_BYTES,
+                target_health=self._cooldown,
+            ),
+        )
         body["chunk"] = [entry for entry in body["chunk"] if query.matches(entry)]
         return body
 
@@ -190,9 +218,14 @@ class RemoteDirectory:
 
     def resolve_alias(self, alias: str, server: str, caller: Caller) -> tuple[str, list[str]]:
         def fetch(deadline):
-            body = self._client.get_json(server, QUERY_DIRECTORY_PATH, {"room_alias": alias},
-                                         deadline=deadline, max_bytes=ALIAS_MAX_BYTES,
-                                         target_health=self._cooldown)
+            body = self._client.get_json(
+                server,
+                QUERY_DIRECTORY_PATH,
+                {"room_alias": alias},
+                deadline=deadline,
+                max_bytes=ALIAS_MAX_BYTES,
+                target_health=self._cooldown,
+            )
             if not isinstance(body, dict) or not isinstance(body.get("room_id"), str):
                 raise MalformedResponse(server, "query/directory answer has no room_id")
             servers = body.get("servers", [])
@@ -212,8 +245,9 @@ class RemoteDirectory:
             if known:
                 self._cooldown.refuse_if_all_cooling(server, known)  # before taking a slot
             with admitted(self._budget, caller):
-                deadline = self._client.deadline(DIRECTORY_DEADLINE_SECONDS,
-                                                 what=f"{call} on {server}")
+                deadline = self._client.deadline(
+                    DIRECTORY_DEADLINE_SECONDS, what=f"{call} on {server}"
+                )
                 with deadline:
                     result = fn(deadline)
         except (FederationError, DeadlineExceeded) as e:

@@ -43,17 +43,27 @@ VISIBILITIES = ("public", "private")
 
 
 def _encode_since(snapshot: Snapshot, cursor: Cursor, backwards: bool) -> str:
-    raw = json.dumps([int(backwards), snapshot.events_position, snapshot.directory_position,
-                      cursor.ranked_members, cursor.room_id], separators=(",", ":"))
+    raw = json.dumps(
+        [
+            int(backwards),
+            snapshot.events_position,
+            snapshot.directory_position,
+            cursor.ranked_members,
+            cursor.room_id,
+        ],
+        separators=(",", ":"),
+    )
     return encode_base64(raw.encode("utf-8"), urlsafe=True)
 
 
 def _decode_since(token: str) -> tuple[Snapshot, Cursor, bool]:
     try:
         backwards, events, directory, ranked, room_id = json.loads(
-            decode_base64(token).decode("utf-8"))
-        if not all(isinstance(n, int) for n in (backwards, events, directory, ranked)) or \
-                not isinstance(room_id, str):
+            decode_base64(token).decode("utf-8")
+        )
+        if not all(
+            isinstance(n, int) for n in (backwards, events, directory, ranked)
+        ) or not isinstance(room_id, str):
             raise ValueError(token)
     except (ValueError, TypeError, UnicodeDecodeError):
         raise invalid_param("since is not a valid pagination token") from None
@@ -67,18 +77,23 @@ def _chunk_entry(room: PublishedRoom) -> dict:
         "world_readable": room.history_visibility == "world_readable",
         "guest_can_join": room.guest_access == "can_join",
     }
-    for key, value in (("name", room.name), ("topic", room.topic),
-                       ("canonical_alias", room.canonical_alias),
-                       ("avatar_url", room.avatar_url), ("join_rule", room.join_rule),
-                       ("room_type", room.room_type)):
+    for key, value in (
+        ("name", room.name),
+        ("topic", room.topic),
+        ("canonical_alias", room.canonical_alias),
+        ("avatar_url", room.avatar_url),
+        ("join_rule", room.join_rule),
+        ("room_type", room.room_type),
+    ):
         if value is not None:
             entry[key] = value
     return entry
 
 
 class DirectoryService:
-    def __init__(self, store: DirectoryStore, rooms: RoomService, server_name: str,
-                 remote: RemoteDirectory):
+    def __init__(
+        self, store: DirectoryStore, rooms: RoomService, server_name: str, remote: RemoteDirectory
+    ):
         self.store = store
         self.rooms = rooms
         self.server_name = server_name
@@ -139,8 +154,7 @@ class DirectoryService:
         self.check_new_alias(alias)
         if not self.rooms.room_exists(room_id):
             raise not_found("Unknown room")
-        if not requester.is_admin and \
-                self.rooms.membership(room_id, requester.user_id) != "join":
+        if not requester.is_admin and self.rooms.membership(room_id, requester.user_id) != "join":
             raise forbidden("You must be in the room to create an alias for it")
         if not self.store.add_alias(alias, room_id, requester.user_id, now_ms()):
             raise self._alias_taken(alias, Codes.UNKNOWN)
@@ -153,8 +167,10 @@ class DirectoryService:
             raise not_found(f"Room alias {alias} not found.")
         room_id, creator = found
         if requester.user_id != creator and not self.rooms.is_moderator(requester, room_id):
-            raise forbidden("You may not delete this alias: you did not create it and lack"
-                            " the power to change the room's aliases")
+            raise forbidden(
+                "You may not delete this alias: you did not create it and lack"
+                " the power to change the room's aliases"
+            )
         if not self.store.delete_alias(alias):
             raise not_found(f"Room alias {alias} not found.")
 
@@ -209,22 +225,41 @@ class DirectoryService:
 
     # --- the public room list -----------------------------------------------------------
 
-    def list_public_rooms(self, server: str | None, limit: int | None, since: str | None,
-                          room_filter: RoomFilter, include_all_networks: bool,
-                          third_party_instance_id: str | None, caller: Caller) -> dict:
+    def list_public_rooms(
+        self,
+        server: str | None,
+        limit: int | None,
+        since: str | None,
+        room_filter: RoomFilter,
+        include_all_networks: bool,
+        third_party_instance_id: str | None,
+        caller: Caller,
+    ) -> dict:
         """GET/POST /publicRooms: ours, or another server's (under the outbound budget)."""
         if server is None or server == self.server_name:
-            return self.public_rooms(limit, since, room_filter, include_all_networks,
-                                     third_party_instance_id)
+            return self.public_rooms(
+                limit, since, room_filter, include_all_networks, third_party_instance_id
+            )
         if not is_valid_server_name(server):
             raise invalid_param("server is not a valid server name")
-        query = PublicRoomsQuery(limit, since, room_filter.search_term, room_filter.room_types,
-                                 include_all_networks, third_party_instance_id)
+        query = PublicRoomsQuery(
+            limit,
+            since,
+            room_filter.search_term,
+            room_filter.room_types,
+            include_all_networks,
+            third_party_instance_id,
+        )
         return self.remote.public_rooms(server, query, caller)
 
-    def public_rooms(self, limit: int | None, since: str | None, room_filter: RoomFilter,
-                     include_all_networks: bool = False,
-                     third_party_instance_id: str | None = None) -> dict:
+    def public_rooms(
+        self,
+        limit: int | None,
+        since: str | None,
+        room_filter: RoomFilter,
+        include_all_networks: bool = False,
+        third_party_instance_id: str | None = None,
+    ) -> dict:
         """Our published rooms, largest first, in pages (see storage/directory.py)."""
         limit = min(limit or DEFAULT_PUBLIC_ROOMS_LIMIT, MAX_PUBLIC_ROOMS_LIMIT)
         if third_party_instance_id is not None and not include_all_networks:
@@ -239,8 +274,10 @@ class DirectoryService:
         rows = rows[:limit]
         if backwards:
             rows.reverse()
-        body: dict = {"chunk": [_chunk_entry(r) for r in rows],
-                      "total_room_count_estimate": self.store.count_public_rooms(room_filter)}
+        body: dict = {
+            "chunk": [_chunk_entry(r) for r in rows],
+            "total_room_count_estimate": self.store.count_public_rooms(room_filter),
+        }
         if rows:
             first = Cursor(rows[0].ranked_members, rows[0].room_id)
             last = Cursor(rows[-1].ranked_members, rows[-1].room_id)

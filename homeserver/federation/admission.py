@@ -64,7 +64,8 @@ class Caller:
     client_key: str
     environ: dict = field(default_factory=dict, compare=False)
     watch_hang_up: Callable[[], AbstractContextManager[object]] = field(
-        default=contextlib.nullcontext, compare=False)
+        default=contextlib.nullcontext, compare=False
+    )
 
 
 @contextlib.contextmanager
@@ -75,8 +76,10 @@ def admitted(budget: InFlightBudget, caller: Caller) -> Iterator[Slot]:
     """
     slot = budget.try_acquire(caller.client_key)
     if slot is None:
-        raise limit_exceeded(REFUSAL_RETRY_AFTER_MS,
-                             "Too many concurrent requests to remote servers; try again shortly")
+        raise limit_exceeded(
+            REFUSAL_RETRY_AFTER_MS,
+            "Too many concurrent requests to remote servers; try again shortly",
+        )
     with slot, caller.watch_hang_up():
         yield slot
 

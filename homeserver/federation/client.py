@@ -47,8 +47,14 @@ ERROR_BODY_MAX_BYTES = 64 * 1024
 
 
 class FederationClient:
-    def __init__(self, server_name: str, signing_key, discovery: ServerDiscovery,
-                 transport: OutboundTransport, remote_timeout: float):
+    def __init__(
+        self,
+        server_name: str,
+        signing_key,
+        discovery: ServerDiscovery,
+        transport: OutboundTransport,
+        remote_timeout: float,
+    ):
         self.server_name = server_name
         self.signing_key = signing_key
         self.discovery = discovery
@@ -56,18 +62,29 @@ class FederationClient:
         self.remote_timeout = remote_timeout
 
     @classmethod
-    def from_config(cls, config, signing_key, *, target_health: TargetHealth | None = None,
-                    clock: Callable[[], float] = time.monotonic) -> FederationClient:
+    def from_config(
+        cls,
+        config,
+        signing_key,
+        *,
+        target_health: TargetHealth | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> FederationClient:
         """The client as the runtime builds it from ``[federation]``. ``clock`` drives the
         discovery caches (tests pass a fake one to cross TTLs without waiting)."""
         fed = config.federation
         if not fed.verify_tls:
             log.warning("federation.verify_tls is false: outbound TLS is NOT verified (tests only)")
         ip_filter = IpFilter(fed.ip_range_denylist, fed.ip_range_allowlist)
-        transport = OutboundTransport(make_ssl_context(fed.verify_tls, fed.ca_file), ip_filter,
-                                      verify_tls=fed.verify_tls, target_health=target_health)
-        discovery = ServerDiscovery(transport, ip_filter, DnsResolver(fed.dns_nameservers, clock),
-                                    clock)
+        transport = OutboundTransport(
+            make_ssl_context(fed.verify_tls, fed.ca_file),
+            ip_filter,
+            verify_tls=fed.verify_tls,
+            target_health=target_health,
+        )
+        discovery = ServerDiscovery(
+            transport, ip_filter, DnsResolver(fed.dns_nameservers, clock), clock
+        )
         return cls(config.server_name, signing_key, discovery, transport, fed.remote_timeout)
 
     @property
@@ -91,30 +108,85 @@ class FederationClient:
 
     # -- JSON API calls --------------------------------------------------------------------
 
-    def get_json(self, destination: str, path: str, query: dict | None = None, *,
-                 deadline: OutboundDeadline | None = None, max_bytes: int = JSON_MAX_BYTES,
-                 signed: bool = True, target_health: TargetHealth | None = None) -> Any:
-        return self.request_json("GET", destination, path, query=query, deadline=deadline,
-                                 max_bytes=max_bytes, signed=signed, target_health=target_health)
+    def get_json(
+        self,
+        destination: str,
+        path: str,
+        query: dict | None = None,
+        *,
+        deadline: OutboundDeadline | None = None,
+        max_bytes: int = JSON_MAX_BYTES,
+        signed: bool = True,
+        target_health: TargetHealth | None = None,
+    ) -> Any:
+        return self.request_json(
+            "GET",
+            destination,
+            path,
+            query=query,
+            deadline=deadline,
+            max_bytes=max_bytes,
+            signed=signed,
+            target_health=target_health,
+        )
 
-    def post_json(self, destination: str, path: str, content: Any, query: dict | None = None, *,
-                  deadline: OutboundDeadline | None = None, max_bytes: int = JSON_MAX_BYTES,
-                  target_health: TargetHealth | None = None) -> Any:
-        return self.request_json("POST", destination, path, query=query, content=content,
-                                 deadline=deadline, max_bytes=max_bytes,
-                                 target_health=target_health)
+    def post_json(
+        self,
+        destination: str,
+        path: str,
+        content: Any,
+        query: dict | None = None,
+        *,
+        deadline: OutboundDeadline | None = None,
+        max_bytes: int = JSON_MAX_BYTES,
+        target_health: TargetHealth | None = None,
+    ) -> Any:
+        return self.request_json(
+            "POST",
+            destination,
+            path,
+            query=query,
+            content=content,
+            deadline=deadline,
+            max_bytes=max_bytes,
+            target_health=target_health,
+        )
 
-    def put_json(self, destination: str, path: str, content: Any, query: dict | None = None, *,
-                 deadline: OutboundDeadline | None = None, max_bytes: int = JSON_MAX_BYTES,
-                 target_health: TargetHealth | None = None) -> Any:
-        return self.request_json("PUT", destination, path, query=query, content=content,
-                                 deadline=deadline, max_bytes=max_bytes,
-                                 target_health=target_health)
+    def put_json(
+        self,
+        destination: str,
+        path: str,
+        content: Any,
+        query: dict | None = None,
+        *,
+        deadline: OutboundDeadline | None = None,
+        max_bytes: int = JSON_MAX_BYTES,
+        target_health: TargetHealth | None = None,
+    ) -> Any:
+        return self.request_json(
+            "PUT",
+            destination,
+            path,
+            query=query,
+            content=content,
+            deadline=deadline,
+            max_bytes=max_bytes,
+            target_health=target_health,
+        )
 
-    def request_json(self, method: str, destination: str, path: str, *, query: dict | None = None,
-                     content: Any = None, deadline: OutboundDeadline | None = None,
-                     max_bytes: int = JSON_MAX_BYTES, signed: bool = True,
-                     target_health: TargetHealth | None = None) -> Any:
+    def request_json(
+        self,
+        method: str,
+        destination: str,
+        path: str,
+        *,
+        query: dict | None = None,
+        content: Any = None,
+        deadline: OutboundDeadline | None = None,
+        max_bytes: int = JSON_MAX_BYTES,
+        signed: bool = True,
+        target_health: TargetHealth | None = None,
+    ) -> Any:
         """One signed request with a JSON body (``content``, optional) and a JSON answer.
 
         ``path`` is already percent-encoded. ``target_health`` (optional) is told this
@@ -125,8 +197,9 @@ class FederationClient:
         """
         deadline = deadline or self.deadline(what=f"{method} {destination}{path}")
         with deadline:
-            response = self._send(method, destination, path, query, content, deadline, signed,
-                                  target_health)
+            response = self._send(
+                method, destination, path, query, content, deadline, signed, target_health
+            )
             self._raise_for_status(destination, response)
             body = read_body(destination, response, max_bytes)
         try:
@@ -136,39 +209,58 @@ class FederationClient:
 
     # -- streams (media) -------------------------------------------------------------------
 
-    def open_stream(self, destination: str, path: str, query: dict | None = None, *,
-                    deadline: OutboundDeadline | None = None, max_bytes: int,
-                    signed: bool = True, target_health: TargetHealth | None = None
-                    ) -> StreamingResponse:
+    def open_stream(
+        self,
+        destination: str,
+        path: str,
+        query: dict | None = None,
+        *,
+        deadline: OutboundDeadline | None = None,
+        max_bytes: int,
+        signed: bool = True,
+        target_health: TargetHealth | None = None,
+    ) -> StreamingResponse:
         """A signed GET whose 2xx body the caller reads (``read(n)``/``stream()``), at most
         ``max_bytes`` of it and within ``deadline``. The caller must close it (``with``).
         A non-2xx answer raises ``RemoteError`` here."""
         deadline = deadline or self.deadline(what=f"GET {destination}{path}")
         with deadline:
-            response = self._send("GET", destination, path, query, None, deadline, signed,
-                                  target_health)
+            response = self._send(
+                "GET", destination, path, query, None, deadline, signed, target_health
+            )
             self._raise_for_status(destination, response)
         return StreamingResponse(destination, response, max_bytes, deadline)
 
-    def open_url(self, url: str, *, deadline: OutboundDeadline | None = None, max_bytes: int,
-                 headers: dict | None = None, target_health: TargetHealth | None = None
-                 ) -> StreamingResponse:
+    def open_url(
+        self,
+        url: str,
+        *,
+        deadline: OutboundDeadline | None = None,
+        max_bytes: int,
+        headers: dict | None = None,
+        target_health: TargetHealth | None = None,
+    ) -> StreamingResponse:
         """An unsigned GET of an https URL (a media ``Location``): resolved with plain DNS,
         with the same IP filter, TLS verification and size cap, redirects followed up to 5
         times with the same checks. Same contract as :meth:`open_stream`."""
         deadline = deadline or self.deadline(what=f"GET {url[:100]}")
         with deadline:
             response = self.transport.get_following_redirects(
-                url, resolve=self.discovery.resolve_host, deadline=deadline, headers=headers,
-                target_health=target_health)
+                url,
+                resolve=self.discovery.resolve_host,
+                deadline=deadline,
+                headers=headers,
+                target_health=target_health,
+            )
             host = urlsplit(url).hostname or url
             self._raise_for_status(host, response)
         return StreamingResponse(host, response, max_bytes, deadline)
 
     # -- insides ---------------------------------------------------------------------------
 
-    def _send(self, method, destination, path, query, content, deadline, signed,
-              target_health=None):
+    def _send(
+        self, method, destination, path, query, content, deadline, signed, target_health=None
+    ):
         if not path.startswith("/"):
             raise ValueError(f"path must start with /: {path!r}")
         uri = f"{path}?{urlencode(query, doseq=True)}" if query else path
@@ -178,12 +270,21 @@ class FederationClient:
             body = encode_canonical_json(content)
             headers["Content-Type"] = "application/json"
         if signed:
-            headers["Authorization"] = sign_request(self.signing_key, self.server_name,
-                                                    destination, method, uri, content)
+            headers["Authorization"] = sign_request(
+                self.signing_key, self.server_name, destination, method, uri, content
+            )
         resolved = self.discovery.resolve(destination, deadline)
         log.debug("%s %s%s via %s", method, destination, uri, resolved.targets)
-        return self.transport.send(destination, resolved.endpoint, method, uri, headers=headers,
-                                   body=body, deadline=deadline, target_health=target_health)
+        return self.transport.send(
+            destination,
+            resolved.endpoint,
+            method,
+            uri,
+            headers=headers,
+            body=body,
+            deadline=deadline,
+            target_health=target_health,
+        )
 
     @staticmethod
     def _raise_for_status(destination: str, response) -> None:
@@ -199,5 +300,6 @@ class FederationClient:
             pass
         finally:
             discard(response)
-        raise RemoteError(destination, response.status, errcode, body,
-                          response.headers.get("Location"))
+        raise RemoteError(
+            destination, response.status, errcode, body, response.headers.get("Location")
+        )

@@ -88,8 +88,9 @@ class AddressCooldown:
         cooling = [c for c in coolings if c is not None]
         if coolings and len(cooling) == len(coolings):
             first = min(cooling, key=lambda c: c.seconds_left)
-            raise AddressCoolingDown(destination, f"{first.ip}:{first.port}", first.seconds_left,
-                                     first.timed_out)
+            raise AddressCoolingDown(
+                destination, f"{first.ip}:{first.port}", first.seconds_left, first.timed_out
+            )
 
     def cooling_count(self) -> int:
         now = self._clock()

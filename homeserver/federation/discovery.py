@@ -77,10 +77,10 @@ class ResolvedServer:
     """Where to send requests for ``server_name``."""
 
     server_name: str
-    host_header: str          # the Host header value
-    tls_server_name: str      # SNI (unless an IP) and the name the certificate must match
+    host_header: str  # the Host header value
+    tls_server_name: str  # SNI (unless an IP) and the name the certificate must match
     targets: tuple[tuple[str, int], ...]  # (ip, port) in the order to try, already filtered
-    expires_at: float         # on the discovery's clock: until then the answer is cached
+    expires_at: float  # on the discovery's clock: until then the answer is cached
 
     @property
     def endpoint(self) -> Endpoint:
@@ -95,7 +95,7 @@ def split_server_name(server_name: str) -> tuple[str, int | None]:
         raise ValueError(f"not a valid server name: {server_name[:300]!r}")
     if server_name.startswith("["):
         end = server_name.index("]")
-        host, rest = server_name[1:end], server_name[end + 1:]
+        host, rest = server_name[1:end], server_name[end + 1 :]
     else:
         host, sep, port = server_name.partition(":")
         rest = sep + port
@@ -120,12 +120,15 @@ class DnsResolver:
     ``nameservers`` (``"host:port"``) replace the system resolver when given.
     """
 
-    def __init__(self, nameservers: tuple[str, ...] = (),
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, nameservers: tuple[str, ...] = (), clock: Callable[[], float] = time.monotonic
+    ):
         if nameservers:
             resolver = dns.resolver.Resolver(configure=False)
-            resolver.nameservers = [dns.nameserver.Do53Nameserver(h.strip("[]"), int(p))
-                                    for h, _, p in (n.rpartition(":") for n in nameservers)]
+            resolver.nameservers = [
+                dns.nameserver.Do53Nameserver(h.strip("[]"), int(p))
+                for h, _, p in (n.rpartition(":") for n in nameservers)
+            ]
         else:
             resolver = dns.resolver.Resolver()
         resolver.cache = None  # cached here instead, on our clock, negative answers too
@@ -141,8 +144,9 @@ class DnsResolver:
             records, expires_at = cached
             return records, max(0.0, expires_at - self._clock())
         try:
-            answer = self._resolver.resolve(name, rdtype, search=False,
-                                            lifetime=deadline.step_timeout(DNS_TIMEOUT))
+            answer = self._resolver.resolve(
+                name, rdtype, search=False, lifetime=deadline.step_timeout(DNS_TIMEOUT)
+            )
             if answer.rrset is None:
                 # Not with resolve()'s default raise_on_no_answer, which raises NoAnswer:
                 # an empty answer all the same.
@@ -195,7 +199,7 @@ class DnsResolver:
 
 @dataclass(frozen=True)
 class _WellKnown:
-    delegated: str | None   # the m.server value, or None when the lookup failed
+    delegated: str | None  # the m.server value, or None when the lookup failed
     error: str = ""
 
 
@@ -203,8 +207,13 @@ class ServerDiscovery:
     """``resolve(server_name, deadline) -> ResolvedServer``; ``cached(server_name)`` answers
     from memory only (no network), for callers deciding whether a lookup would block."""
 
-    def __init__(self, transport: OutboundTransport, ip_filter: IpFilter, dns_resolver: DnsResolver,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        transport: OutboundTransport,
+        ip_filter: IpFilter,
+        dns_resolver: DnsResolver,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.transport = transport
         self.ip_filter = ip_filter
         self.dns = dns_resolver
@@ -255,8 +264,9 @@ class ServerDiscovery:
                 log.info("%s: every address is denied: %s", server_name, candidates)
                 raise DestinationUnreachable(server_name, "denied address")
             raise DestinationUnreachable(server_name, "no address")
-        resolved = ResolvedServer(server_name, host_header, tls_name, tuple(dict.fromkeys(targets)),
-                                  self._clock() + ttl)
+        resolved = ResolvedServer(
+            server_name, host_header, tls_name, tuple(dict.fromkeys(targets)), self._clock() + ttl
+        )
         self._servers.put(server_name, resolved, ttl)
         return resolved
 
@@ -265,10 +275,10 @@ class ServerDiscovery:
     def _discover(self, server_name, host, port, deadline):
         """(candidate targets, Host header, TLS name, ttl)."""
         literal = ip_literal(host)
-        if literal is not None:                                      # step 1
+        if literal is not None:  # step 1
             targets = [(literal, port or DEFAULT_FEDERATION_PORT)]
             return targets, server_name, literal, WELL_KNOWN_MAX_CACHE
-        if port is not None:                                         # step 2
+        if port is not None:  # step 2
             addrs, ttl = self.dns.addresses(host, deadline)
             return [(a, port) for a in addrs], server_name, host, ttl
 
@@ -279,15 +289,19 @@ class ServerDiscovery:
             except ValueError:  # validated when fetched; kept defensive
                 raise DestinationUnreachable(server_name, "invalid delegated name") from None
             d_literal = ip_literal(d_host)
-            if d_literal is not None:                                # 3.1
-                return ([(d_literal, d_port or DEFAULT_FEDERATION_PORT)], well_known.delegated,
-                        d_literal, wk_ttl)
-            if d_port is not None:                                   # 3.2
+            if d_literal is not None:  # 3.1
+                return (
+                    [(d_literal, d_port or DEFAULT_FEDERATION_PORT)],
+                    well_known.delegated,
+                    d_literal,
+                    wk_ttl,
+                )
+            if d_port is not None:  # 3.2
                 addrs, ttl = self.dns.addresses(d_host, deadline)
                 return [(a, d_port) for a in addrs], well_known.delegated, d_host, min(ttl, wk_ttl)
-            targets, ttl = self._srv_or_default(d_host, deadline)    # 3.3 - 3.5
+            targets, ttl = self._srv_or_default(d_host, deadline)  # 3.3 - 3.5
             return targets, d_host, d_host, min(ttl, wk_ttl)
-        targets, ttl = self._srv_or_default(host, deadline)          # steps 4 - 6
+        targets, ttl = self._srv_or_default(host, deadline)  # steps 4 - 6
         return targets, host, host, min(ttl, wk_ttl)
 
     def _srv_or_default(self, host: str, deadline: OutboundDeadline):
@@ -318,8 +332,9 @@ class ServerDiscovery:
         if cached is not None:
             result, expires_at = cached
             return result, max(0.0, expires_at - self._clock())
-        step = OutboundDeadline(min(WELL_KNOWN_TIMEOUT, deadline.remaining() / 2),
-                                what=f"well-known of {host}")
+        step = OutboundDeadline(
+            min(WELL_KNOWN_TIMEOUT, deadline.remaining() / 2), what=f"well-known of {host}"
+        )
         try:
             with step:
                 delegated, ttl = self._fetch_well_known(host, step)
@@ -331,8 +346,12 @@ class ServerDiscovery:
         except FederationError as e:
             result, ttl = _WellKnown(None, str(e)), WELL_KNOWN_ERROR_CACHE
         if result.delegated is None:
-            log.info("well-known of %s: %s; using SRV or port %d", host, result.error,
-                     DEFAULT_FEDERATION_PORT)
+            log.info(
+                "well-known of %s: %s; using SRV or port %d",
+                host,
+                result.error,
+                DEFAULT_FEDERATION_PORT,
+            )
         if ttl > 0:
             self._well_known.put(host, (result, self._clock() + ttl), ttl)
         return result, ttl  # 0: nor is the server resolved without it cached
@@ -340,7 +359,9 @@ class ServerDiscovery:
     def _fetch_well_known(self, host: str, deadline: OutboundDeadline) -> tuple[str, float]:
         response = self.transport.get_following_redirects(
             f"https://{_host_with_port(host, None)}{WELL_KNOWN_PATH}",
-            resolve=self.resolve_host, deadline=deadline)
+            resolve=self.resolve_host,
+            deadline=deadline,
+        )
         if response.status != 200:
             discard(response)
             raise MalformedResponse(host, f"well-known answered HTTP {response.status}")
@@ -355,8 +376,9 @@ class ServerDiscovery:
             raise MalformedResponse(host, f"invalid well-known: {e}") from None
         return delegated, _cache_period(cache_control)
 
-    def resolve_host(self, host: str, port: int,
-                     deadline: OutboundDeadline) -> list[tuple[str, int]]:
+    def resolve_host(
+        self, host: str, port: int, deadline: OutboundDeadline
+    ) -> list[tuple[str, int]]:
         """Plain host resolution for URLs (well-known, media redirects), filtered.
         Raises ``DestinationUnreachable`` for no address or only denied ones."""
         literal = ip_literal(host)
@@ -371,8 +393,11 @@ class ServerDiscovery:
 
 def _cache_period(cache_control: str) -> float:
     """Seconds to cache a valid well-known: max-age within the bounds, else 24 h."""
-    directives = {d.strip().lower().partition("=")[0]: d.strip().partition("=")[2]
-                  for d in cache_control.split(",") if d.strip()}
+    directives = {
+        d.strip().lower().partition("=")[0]: d.strip().partition("=")[2]
+        for d in cache_control.split(",")
+        if d.strip()
+    }
     if "no-store" in directives or "no-cache" in directives:
         return WELL_KNOWN_MIN_CACHE
     max_age = directives.get("max-age", "").strip('"')

@@ -1,7 +1,8 @@
 """What can go wrong when this server calls another one, and what a client then sees.
 
 Every outbound failure is one of a few types, so that a handler maps them all the same way
-(docs/architecture.md, "Budgets") with :func:`to_client_error`. The deadline is ``budget.DeadlineExceeded``.
+with :func:`to_client_error` (docs/architecture.md, "Budgets"). The deadline is
+``budget.DeadlineExceeded``.
 """
 
 from __future__ import annotations
@@ -45,8 +46,11 @@ class AddressCoolingDown(DestinationUnreachable):
     refused a client-triggered call, and is cooling down (``federation.cooldown``)."""
 
     def __init__(self, destination: str, address: str, seconds_left: float, timed_out: bool):
-        super().__init__(destination, f"{address} is cooling down for {seconds_left:.0f}s after"
-                                      f" {'a timeout' if timed_out else 'a connection failure'}")
+        super().__init__(
+            destination,
+            f"{address} is cooling down for {seconds_left:.0f}s after"
+            f" {'a timeout' if timed_out else 'a connection failure'}",
+        )
         self.address = address
         self.seconds_left = seconds_left
         self.timed_out = timed_out
@@ -56,8 +60,14 @@ class RemoteError(FederationError):
     """The remote answered with an HTTP error (or a redirect, which API calls never follow;
     ``location`` then says where it pointed, for a caller that follows one itself)."""
 
-    def __init__(self, destination: str, status: int, errcode: str | None = None,
-                 body: object = None, location: str | None = None):
+    def __init__(
+        self,
+        destination: str,
+        status: int,
+        errcode: str | None = None,
+        body: object = None,
+        location: str | None = None,
+    ):
         super().__init__(destination, f"HTTP {status} {errcode or ''}".rstrip())
         self.status = status
         self.errcode = errcode
@@ -79,7 +89,8 @@ class ResponseTooLarge(MalformedResponse, ContentTooLarge):
 
 class KeyResolutionRefused(FederationError):
     """A network key fetch was refused by the key-resolution budget or the per-IP rate
-    (docs/architecture.md, "Budgets"). The inbound request that needed it gets 429 and is retried later."""
+    (docs/architecture.md, "Budgets"). The inbound request that needed it gets 429 and is
+    retried later."""
 
     def __init__(self, destination: str, retry_after_ms: int, why: str):
         super().__init__(destination, f"key resolution refused: {why}")
@@ -91,7 +102,8 @@ class InvalidSignature(Exception):
 
 
 def to_client_error(exc: Exception, destination: str | None = None) -> MatrixError:
-    """The client-facing error for an outbound failure, per the table in docs/architecture.md, "Budgets".
+    """The client-facing error for an outbound failure (the table in docs/architecture.md,
+    "Budgets").
 
     ``destination`` names the server in the message when the exception does not.
     """

@@ -75,11 +75,13 @@ def shard_key_resolution_budget(config: Config, shards: int) -> FederationSecuri
     the per-IP rate's ``max_requests`` divided (rounded down, at least 1), the rest as is
     (adr/key-resolution-shards.md)."""
     sec = config.security.federation
-    in_flight, max_requests = split_budget(sec.key_resolution_max_in_flight,
-                                           sec.key_resolution_per_ip_rate.max_requests, shards)
+    in_flight, max_requests = split_budget(
+        sec.key_resolution_max_in_flight, sec.key_resolution_per_ip_rate.max_requests, shards
+    )
     rate = dataclasses.replace(sec.key_resolution_per_ip_rate, max_requests=max_requests)
-    return dataclasses.replace(sec, key_resolution_max_in_flight=in_flight,
-                               key_resolution_per_ip_rate=rate)
+    return dataclasses.replace(
+        sec, key_resolution_max_in_flight=in_flight, key_resolution_per_ip_rate=rate
+    )
 
 
 def _now_ms() -> int:
@@ -87,10 +89,18 @@ def _now_ms() -> int:
 
 
 class Keyring:
-    def __init__(self, server_name: str, signing_key, store: ServerKeyStore, client,
-                 budget: InFlightBudget, rate: RateLimiter,
-                 trusted_key_servers: Iterable[TrustedKeyServer] = (),
-                 remote_timeout: float = KEY_FETCH_SECONDS, metrics: Metrics | None = None):
+    def __init__(
+        self,
+        server_name: str,
+        signing_key,
+        store: ServerKeyStore,
+        client,
+        budget: InFlightBudget,
+        rate: RateLimiter,
+        trusted_key_servers: Iterable[TrustedKeyServer] = (),
+        remote_timeout: float = KEY_FETCH_SECONDS,
+        metrics: Metrics | None = None,
+    ):
         self.server_name = server_name
         self.signing_key = signing_key
         self.store = store
@@ -109,8 +119,15 @@ class Keyring:
 
     # -- looking keys up -------------------------------------------------------------------
 
-    def resolve(self, server_name: str, key_ids: Iterable[str], minimum_valid_until_ts: int,
-                source_ip: str | None, *, deadline: OutboundDeadline | None = None) -> dict:
+    def resolve(
+        self,
+        server_name: str,
+        key_ids: Iterable[str],
+        minimum_valid_until_ts: int,
+        source_ip: str | None,
+        *,
+        deadline: OutboundDeadline | None = None,
+    ) -> dict:
         """``{key_id: VerifyKey}`` for those of ``key_ids`` that ``server_name`` says are
         valid at ``minimum_valid_until_ts``; the others are absent.
 
@@ -123,18 +140,28 @@ class Keyring:
         key_ids = list(dict.fromkeys(key_ids))
         if server_name == self.server_name:
             return {k: self._own_verify_key for k in key_ids if k == self._own_key_id}
-        found, missing = self._usable(self.store.get_keys(server_name), key_ids,
-                                      minimum_valid_until_ts)
+        found, missing = self._usable(
+            self.store.get_keys(server_name), key_ids, minimum_valid_until_ts
+        )
         (self._metrics.cache_misses if missing else self._metrics.cache_hits).labels(
-            "server_keys").inc()
+            "server_keys"
+        ).inc()
         if missing:
             self._fetch_once(server_name, missing, minimum_valid_until_ts, source_ip, deadline)
-            found, _ = self._usable(self.store.get_keys(server_name), key_ids,
-                                    minimum_valid_until_ts)
+            found, _ = self._usable(
+                self.store.get_keys(server_name), key_ids, minimum_valid_until_ts
+            )
         return found
 
-    def verify_json(self, obj: dict, server_name: str, source_ip: str | None, *,
-                    at_ts: int | None = None, deadline: OutboundDeadline | None = None) -> str:
+    def verify_json(
+        self,
+        obj: dict,
+        server_name: str,
+        source_ip: str | None,
+        *,
+        at_ts: int | None = None,
+        deadline: OutboundDeadline | None = None,
+    ) -> str:
         """Checks that ``obj`` is signed by ``server_name`` with a key valid at ``at_ts``
         (default: now). Returns the key id that verified. Raises ``InvalidSignature`` or
         ``KeyResolutionRefused``."""
@@ -145,8 +172,13 @@ class Keyring:
         key_ids = [k for k in ours if isinstance(k, str) and k.startswith("ed25519:")]
         if not key_ids:
             raise InvalidSignature(f"no ed25519 signature by {server_name}")
-        keys = self.resolve(server_name, key_ids, _now_ms() if at_ts is None else at_ts,
-                            source_ip, deadline=deadline)
+        keys = self.resolve(
+            server_name,
+            key_ids,
+            _now_ms() if at_ts is None else at_ts,
+            source_ip,
+            deadline=deadline,
+        )
         if not keys:
             raise InvalidSignature(f"no valid key of {server_name} among {sorted(key_ids)}")
         for key in keys.values():
@@ -169,8 +201,9 @@ class Keyring:
 
     # -- notary ----------------------------------------------------------------------------
 
-    def key_documents(self, queries: dict[str, tuple[list[str], int]],
-                      source_ip: str | None) -> list[dict]:
+    def key_documents(
+        self, queries: dict[str, tuple[list[str], int]], source_ip: str | None
+    ) -> list[dict]:
         """The notary's answer: for each server, its latest key document as its origin
         signed it, with our signature added. ``queries`` maps a server name to
         ``(key_ids, minimum_valid_until_ts)`` (no key ids: any); a document not valid until
@@ -178,9 +211,12 @@ class Keyring:
         left out; a fetch refused by the budget refuses the whole query."""
         if len(queries) > MAX_NOTARY_QUERY_SERVERS:
             raise invalid_param(f"at most {MAX_NOTARY_QUERY_SERVERS} servers per query")
-        jobs = [gevent.spawn(with_request_context(self._notarised_document), server, key_ids,
-                             min_ts, source_ip)
-                for server, (key_ids, min_ts) in queries.items()]
+        jobs = [
+            gevent.spawn(
+                with_request_context(self._notarised_document), server, key_ids, min_ts, source_ip
+            )
+            for server, (key_ids, min_ts) in queries.items()
+        ]
         try:
             gevent.joinall(jobs)
         finally:
@@ -190,8 +226,9 @@ class Keyring:
                 raise job.exception
         return [job.value for job in jobs if job.successful() and job.value is not None]
 
-    def _notarised_document(self, server_name: str, key_ids: list[str], min_ts: int,
-                            source_ip: str | None) -> dict | None:
+    def _notarised_document(
+        self, server_name: str, key_ids: list[str], min_ts: int, source_ip: str | None
+    ) -> dict | None:
         if server_name == self.server_name:
             return own_key_document(self.server_name, self.signing_key)
         if not is_valid_server_name(server_name):
@@ -214,8 +251,14 @@ class Keyring:
 
     # -- fetching --------------------------------------------------------------------------
 
-    def _fetch_once(self, server_name: str, key_ids: list[str], min_ts: int,
-                    source_ip: str | None, deadline: OutboundDeadline | None) -> None:
+    def _fetch_once(
+        self,
+        server_name: str,
+        key_ids: list[str],
+        min_ts: int,
+        source_ip: str | None,
+        deadline: OutboundDeadline | None,
+    ) -> None:
         """Starts a fetch of ``server_name``'s keys unless one is running, then waits for it
         (within ``deadline``, or the fetch's own time)."""
         pending = self._fetches.get(server_name)
@@ -224,21 +267,26 @@ class Keyring:
                 return  # failed a moment ago: the caller finds no key, at no cost
             slot = self.budget.try_acquire(server_name)
             if slot is None:
-                raise KeyResolutionRefused(server_name, BUDGET_REFUSAL_RETRY_MS,
-                                           "too many key fetches in flight")
+                raise KeyResolutionRefused(
+                    server_name, BUDGET_REFUSAL_RETRY_MS, "too many key fetches in flight"
+                )
             if source_ip is not None:
                 decision = self.rate.check(source_ip)
                 if not decision.allowed:
                     slot.release()
-                    raise KeyResolutionRefused(server_name, decision.retry_after_ms,
-                                               f"key fetch rate exceeded for {source_ip}")
+                    raise KeyResolutionRefused(
+                        server_name,
+                        decision.retry_after_ms,
+                        f"key fetch rate exceeded for {source_ip}",
+                    )
             pending = self._fetches[server_name] = AsyncResult()
             self.network_fetches += 1
             # Its own greenlet: the fetch (and its slot) outlives a requester that hangs up,
             # and everyone waiting gets its result. It logs under the id of the request that
             # started it.
-            gevent.spawn(with_request_context(self._run_fetch), server_name, key_ids, min_ts,
-                         slot, pending)
+            gevent.spawn(
+                with_request_context(self._run_fetch), server_name, key_ids, min_ts, slot, pending
+            )
         else:
             self._metrics.coalesced.labels("key_fetch").inc()
         wait = deadline.remaining() if deadline is not None else self.fetch_seconds + 1
@@ -272,8 +320,10 @@ class Keyring:
         notaries = [n for n in self.trusted_key_servers if n.server_name != self.server_name]
         # With notaries to fall back on, the origin gets half the time: a silent origin must
         # not leave the notaries none.
-        direct = OutboundDeadline(deadline.remaining() / 2 if notaries else deadline.remaining(),
-                                  what=f"keys of {server_name} from itself")
+        direct = OutboundDeadline(
+            deadline.remaining() / 2 if notaries else deadline.remaining(),
+            what=f"keys of {server_name} from itself",
+        )
         fetched = self._fetch_direct(server_name, direct)
         if fetched and self._satisfied(server_name, key_ids, min_ts):
             return
@@ -296,14 +346,19 @@ class Keyring:
         self._unreachable[server_name] = now + UNREACHABLE_RETRY_SECONDS
 
     def _satisfied(self, server_name: str, key_ids: list[str], min_ts: int) -> bool:
-        _, missing = self._usable(self.store.get_keys(server_name),
-                                  [k for k in key_ids if k != "*"], min_ts)
+        _, missing = self._usable(
+            self.store.get_keys(server_name), [k for k in key_ids if k != "*"], min_ts
+        )
         return not missing
 
     def _fetch_direct(self, server_name: str, deadline: OutboundDeadline) -> bool:
         try:
-            document = self.client.get_json(server_name, "/_matrix/key/v2/server",
-                                            deadline=deadline, max_bytes=KEY_RESPONSE_MAX_BYTES)
+            document = self.client.get_json(
+                server_name,
+                "/_matrix/key/v2/server",
+                deadline=deadline,
+                max_bytes=KEY_RESPONSE_MAX_BYTES,
+            )
             self._accept_document(server_name, document)
             return True
         except (FederationError, DeadlineExceeded, InvalidSignature) as e:
@@ -311,16 +366,26 @@ class Keyring:
             log.info("keys of %s from itself: %s", server_name, e)
             return False
 
-    def _fetch_from_notary(self, notary: TrustedKeyServer, server_name: str, key_ids: list[str],
-                           min_ts: int, deadline: OutboundDeadline) -> bool:
+    def _fetch_from_notary(
+        self,
+        notary: TrustedKeyServer,
+        server_name: str,
+        key_ids: list[str],
+        min_ts: int,
+        deadline: OutboundDeadline,
+    ) -> bool:
         try:
             notary_keys = self._notary_keys(notary, deadline)
             if not notary_keys:
                 raise InvalidSignature(f"no verify key for notary {notary.server_name}")
             query = {k: {"minimum_valid_until_ts": min_ts} for k in key_ids if k != "*"}
-            answer = self.client.post_json(notary.server_name, "/_matrix/key/v2/query",
-                                           {"server_keys": {server_name: query}},
-                                           deadline=deadline, max_bytes=KEY_RESPONSE_MAX_BYTES)
+            answer = self.client.post_json(
+                notary.server_name,
+                "/_matrix/key/v2/query",
+                {"server_keys": {server_name: query}},
+                deadline=deadline,
+                max_bytes=KEY_RESPONSE_MAX_BYTES,
+            )
             documents = answer.get("server_keys") if isinstance(answer, dict) else None
             if not isinstance(documents, list):
                 raise MalformedResponse(notary.server_name, "no server_keys list")
@@ -328,12 +393,14 @@ class Keyring:
             for document in documents:
                 if isinstance(document, dict) and document.get("server_name") == server_name:
                     try:
-                        self._accept_document(server_name, document, notary.server_name,
-                                              notary_keys)
+                        self._accept_document(
+                            server_name, document, notary.server_name, notary_keys
+                        )
                         accepted = True
                     except (InvalidSignature, MalformedResponse) as e:
-                        log.warning("keys of %s from notary %s: %s", server_name,
-                                    notary.server_name, e)
+                        log.warning(
+                            "keys of %s from notary %s: %s", server_name, notary.server_name, e
+                        )
             return accepted
         except (FederationError, DeadlineExceeded, InvalidSignature) as e:
             self._count_expiry(e)
@@ -353,20 +420,27 @@ class Keyring:
         usable = [k for k in stored.values() if k.valid_until_ts >= now]
         if not usable:
             self._fetch_direct(notary.server_name, deadline)
-            usable = [k for k in self.store.get_keys(notary.server_name).values()
-                      if k.valid_until_ts >= now]
+            usable = [
+                k
+                for k in self.store.get_keys(notary.server_name).values()
+                if k.valid_until_ts >= now
+            ]
         return [decode_verify_key(k.key_id, k.verify_key) for k in usable]
 
-    def _accept_document(self, server_name: str, document, notary: str | None = None,
-                         notary_keys: list | None = None) -> None:
+    def _accept_document(
+        self, server_name: str, document, notary: str | None = None, notary_keys: list | None = None
+    ) -> None:
         """Verifies a key document (self-signature, and the notary's if any) and stores it."""
         if not isinstance(document, dict) or document.get("server_name") != server_name:
             raise MalformedResponse(server_name, "key document for another server")
         valid_until = document.get("valid_until_ts")
         verify_keys = document.get("verify_keys")
         old_keys = document.get("old_verify_keys") or {}
-        if not isinstance(valid_until, int) or not isinstance(verify_keys, dict) \
-                or not isinstance(old_keys, dict):
+        if (
+            not isinstance(valid_until, int)
+            or not isinstance(verify_keys, dict)
+            or not isinstance(old_keys, dict)
+        ):
             raise MalformedResponse(server_name, "malformed key document")
         current = _current_verify_keys(server_name, verify_keys)
         signatures = _check_self_signed(document, server_name, current)
@@ -379,8 +453,9 @@ class Keyring:
         keys += _expired_keys(old_keys, current)
         # Served again by our notary endpoint: keep only the origin's own signatures.
         kept = dict(document, signatures={server_name: signatures})
-        self.store.store_document(server_name, encode_canonical_json(kept).decode(),
-                                  valid_until, keys, now)
+        self.store.store_document(
+            server_name, encode_canonical_json(kept).decode(), valid_until, keys, now
+        )
 
     @staticmethod
     def _verify_by_any(document: dict, signer: str, keys: list) -> None:
@@ -393,6 +468,7 @@ class Keyring:
 
 
 # --- key documents ----------------------------------------------------------------------
+
 
 def _current_verify_keys(server_name: str, verify_keys: dict) -> dict:
     """A key document's `verify_keys`, decoded: the ed25519 ones must all be valid."""

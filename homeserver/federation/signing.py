@@ -35,11 +35,16 @@ class MalformedAuthHeader(ValueError):
     pass
 
 
-def request_object(method: str, uri: str, origin: str, destination: str,
-                   content: object = None) -> dict:
+def request_object(
+    method: str, uri: str, origin: str, destination: str, content: object = None
+) -> dict:
     """The JSON object whose signature is the request's ``sig``."""
     obj: dict[str, object] = {
-        "method": method.upper(), "uri": uri, "origin": origin, "destination": destination}
+        "method": method.upper(),
+        "uri": uri,
+        "origin": origin,
+        "destination": destination,
+    }
     if content is not None:
         obj["content"] = content
     return obj
@@ -49,21 +54,26 @@ def _quote(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def sign_request(signing_key, origin: str, destination: str, method: str, uri: str,
-                 content: object = None) -> str:
+def sign_request(
+    signing_key, origin: str, destination: str, method: str, uri: str, content: object = None
+) -> str:
     """The ``Authorization`` header value for one request from ``origin`` to ``destination``."""
     key_id = f"{signing_key.alg}:{signing_key.version}"
-    signed = sign_json(request_object(method, uri, origin, destination, content), origin,
-                       signing_key)
+    signed = sign_json(
+        request_object(method, uri, origin, destination, content), origin, signing_key
+    )
     sig = signed["signatures"][origin][key_id]
-    return (f"{SCHEME} origin={_quote(origin)},destination={_quote(destination)},"
-            f"key={_quote(key_id)},sig={_quote(sig)}")
+    return (
+        f"{SCHEME} origin={_quote(origin)},destination={_quote(destination)},"
+        f"key={_quote(key_id)},sig={_quote(sig)}"
+    )
 
 
 # One parameter: name = token | quoted-string (RFC 9110 auth-param), with the
 # separating commas and optional whitespace around them.
 _PARAM = re.compile(
-    r'[ \t]*([A-Za-z0-9_.-]+)[ \t]*=[ \t]*(?:"((?:[^"\\]|\\.)*)"|([^",\s]*))[ \t]*(?:,|$)')
+    r'[ \t]*([A-Za-z0-9_.-]+)[ \t]*=[ \t]*(?:"((?:[^"\\]|\\.)*)"|([^",\s]*))[ \t]*(?:,|$)'
+)
 
 
 def parse_x_matrix(header: str) -> XMatrixAuth:
@@ -79,7 +89,7 @@ def parse_x_matrix(header: str) -> XMatrixAuth:
     while pos < len(rest):
         m = _PARAM.match(rest, pos)
         if m is None or m.end() == pos:
-            raise MalformedAuthHeader(f"cannot parse parameters at {rest[pos:pos + 20]!r}")
+            raise MalformedAuthHeader(f"cannot parse parameters at {rest[pos : pos + 20]!r}")
         name, quoted, token = m.groups()
         value = re.sub(r"\\(.)", r"\1", quoted) if quoted is not None else token
         params.setdefault(name.lower(), value)
@@ -87,8 +97,9 @@ def parse_x_matrix(header: str) -> XMatrixAuth:
     missing = [p for p in ("origin", "key", "sig") if not params.get(p)]
     if missing:
         raise MalformedAuthHeader(f"missing {', '.join(missing)}")
-    return XMatrixAuth(params["origin"], params["key"], params["sig"],
-                       params.get("destination") or None)
+    return XMatrixAuth(
+        params["origin"], params["key"], params["sig"], params.get("destination") or None
+    )
 
 
 def decode_verify_key(key_id: str, key_base64: str):

@@ -124,7 +124,8 @@ class _PinnedHTTPSConnection(HTTPSConnection):
         except socket.timeout as e:
             sock.close()
             raise ConnectTimeoutError(
-                self, f"connect to {self._dns_host}:{self.port} timed out") from e
+                self, f"connect to {self._dns_host}:{self.port} timed out"
+            ) from e
         except OSError as e:
             sock.close()
             raise NewConnectionError(self, f"Failed to establish a new connection: {e}") from e
@@ -177,8 +178,14 @@ class _NotConnected(Exception):
 
 
 class OutboundTransport:
-    def __init__(self, ssl_context: ssl.SSLContext, ip_filter: IpFilter, *,
-                 verify_tls: bool = True, target_health: TargetHealth | None = None):
+    def __init__(
+        self,
+        ssl_context: ssl.SSLContext,
+        ip_filter: IpFilter,
+        *,
+        verify_tls: bool = True,
+        target_health: TargetHealth | None = None,
+    ):
         self.ssl_context = ssl_context
         self.ip_filter = ip_filter
         self.verify_tls = verify_tls
@@ -194,10 +201,16 @@ class OutboundTransport:
             self._pools.move_to_end(key)
             return pool
         pool = _PinnedPool(
-            ip, port, maxsize=CONNECTIONS_PER_POOL, block=False, retries=False,
-            ssl_context=self.ssl_context, server_hostname=tls_server_name,
+            ip,
+            port,
+            maxsize=CONNECTIONS_PER_POOL,
+            block=False,
+            retries=False,
+            ssl_context=self.ssl_context,
+            server_hostname=tls_server_name,
             assert_hostname=tls_server_name if self.verify_tls else False,
-            cert_reqs=ssl.CERT_REQUIRED if self.verify_tls else ssl.CERT_NONE)
+            cert_reqs=ssl.CERT_REQUIRED if self.verify_tls else ssl.CERT_NONE,
+        )
         self._pools[key] = pool
         while len(self._pools) > MAX_POOLS:
             _, old = self._pools.popitem(last=False)
@@ -210,9 +223,18 @@ class OutboundTransport:
 
     # -- requests --------------------------------------------------------------------------
 
-    def send(self, destination: str, endpoint: Endpoint, method: str, uri: str, *,
-             headers: dict, body: bytes | None, deadline: OutboundDeadline,
-             target_health: TargetHealth | None = None) -> urllib3.BaseHTTPResponse:
+    def send(
+        self,
+        destination: str,
+        endpoint: Endpoint,
+        method: str,
+        uri: str,
+        *,
+        headers: dict,
+        body: bytes | None,
+        deadline: OutboundDeadline,
+        target_health: TargetHealth | None = None,
+    ) -> urllib3.BaseHTTPResponse:
         """Sends one request to the first target that accepts a connection, and returns the
         response with its body unread (read it with :func:`read_body` or wrap it in a
         :class:`StreamingResponse`). Raises ``DestinationUnreachable``; the deadline's own
@@ -220,8 +242,12 @@ class OutboundTransport:
         the transport's own for this call.
         """
         health = target_health or self.target_health
-        headers = {"Host": endpoint.host_header, "User-Agent": USER_AGENT,
-                   "Accept-Encoding": "identity", **headers}
+        headers = {
+            "Host": endpoint.host_header,
+            "User-Agent": USER_AGENT,
+            "Accept-Encoding": "identity",
+            **headers,
+        }
         request = _Request(destination, method, uri, headers, body, deadline)
         reason = "no address"
         skipped: DestinationUnreachable | None = None
@@ -247,8 +273,9 @@ class OutboundTransport:
             raise skipped
         raise DestinationUnreachable(destination, reason)
 
-    def _send_to(self, request: _Request, ip: str, port: int, tls_server_name: str,
-                 health: TargetHealth) -> urllib3.BaseHTTPResponse:
+    def _send_to(
+        self, request: _Request, ip: str, port: int, tls_server_name: str, health: TargetHealth
+    ) -> urllib3.BaseHTTPResponse:
         """One attempt at one address, whose outcome `health` is told. Raises `_NotConnected`
         when no connection was made (nothing was sent, so the next address may be tried),
         and ``DestinationUnreachable`` when the request may have gone out."""
@@ -257,12 +284,21 @@ class OutboundTransport:
         ok = timed_out = False
         outcome_known = True
         try:
-            timeout = urllib3.Timeout(connect=deadline.step_timeout(CONNECT_TIMEOUT_CAP),
-                                      read=deadline.step_timeout())
-            response = pool.urlopen(request.method, request.uri, body=request.body,
-                                    headers=request.headers, retries=False, redirect=False,
-                                    timeout=timeout, preload_content=False,
-                                    release_conn=False, assert_same_host=False)
+            timeout = urllib3.Timeout(
+                connect=deadline.step_timeout(CONNECT_TIMEOUT_CAP), read=deadline.step_timeout()
+            )
+            response = pool.urlopen(
+                request.method,
+                request.uri,
+                body=request.body,
+                headers=request.headers,
+                retries=False,
+                redirect=False,
+                timeout=timeout,
+                preload_content=False,
+                release_conn=False,
+                assert_same_host=False,
+            )
             ok = True
             return response
         except NewConnectionError as e:
@@ -282,8 +318,9 @@ class OutboundTransport:
             raise DestinationUnreachable(destination, f"{ip}:{port} did not answer") from None
         except (ProtocolError, HTTPError, OSError) as e:
             # The request may have been sent: not retried on another address.
-            raise DestinationUnreachable(destination,
-                                         f"connection to {ip}:{port} failed: {e}") from None
+            raise DestinationUnreachable(
+                destination, f"connection to {ip}:{port} failed: {e}"
+            ) from None
         except BaseException as e:
             # The deadline's gevent.Timeout (or its DeadlineExceeded from step_timeout)
             # means the address stayed silent. Anything else (the client hung up: a
@@ -295,10 +332,16 @@ class OutboundTransport:
             if outcome_known:
                 health.record(ip, port, ok, timed_out)
 
-    def get_following_redirects(self, url: str, *, resolve: Resolve, deadline: OutboundDeadline,
-                                max_redirects: int = MAX_REDIRECTS, headers: dict | None = None,
-                                target_health: TargetHealth | None = None
-                                ) -> urllib3.BaseHTTPResponse:
+    def get_following_redirects(
+        self,
+        url: str,
+        *,
+        resolve: Resolve,
+        deadline: OutboundDeadline,
+        max_redirects: int = MAX_REDIRECTS,
+        headers: dict | None = None,
+        target_health: TargetHealth | None = None,
+    ) -> urllib3.BaseHTTPResponse:
         """GET an https URL, following up to ``max_redirects`` redirects (never a loop), each
         hop resolved with ``resolve(host, port, deadline) -> targets`` and filtered like any
         other address. Returns the final non-redirect response, body unread.
@@ -316,8 +359,16 @@ class OutboundTransport:
             host_header = parts.netloc.rpartition("@")[2]
             endpoint = Endpoint(host_header, host, tuple(resolve(host, port, deadline)))
             target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-            response = self.send(host, endpoint, "GET", target, headers=headers or {},
-                                 body=None, deadline=deadline, target_health=target_health)
+            response = self.send(
+                host,
+                endpoint,
+                "GET",
+                target,
+                headers=headers or {},
+                body=None,
+                deadline=deadline,
+                target_health=target_health,
+            )
             if response.status not in (301, 302, 303, 307, 308):
                 return response
             location = response.headers.get("Location")
@@ -354,8 +405,13 @@ class StreamingResponse:
     only after the body was read to its end, otherwise it is closed.
     """
 
-    def __init__(self, destination: str, response: urllib3.BaseHTTPResponse, max_bytes: int,
-                 deadline: OutboundDeadline | None):
+    def __init__(
+        self,
+        destination: str,
+        response: urllib3.BaseHTTPResponse,
+        max_bytes: int,
+        deadline: OutboundDeadline | None,
+    ):
         self.destination = destination
         self._response = response
         self.max_bytes = max_bytes

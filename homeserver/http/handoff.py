@@ -1,4 +1,5 @@
-"""Pool mode's handoff of remote media requests to the media pool (ADR-0121; docs/architecture.md, "Processes").
+"""Pool mode's handoff of remote media requests to the media pool (ADR-0121;
+docs/architecture.md, "Processes").
 
 pywsgi serves each client connection in one greenlet, and the main pool counts those
 greenlets. A remote media request that misses the cache would hold its main-pool place for
@@ -61,8 +62,10 @@ class MediaFetchHandoff:
             raise shutting_down()
         slot = self.budget.try_acquire(caller.client_key)
         if slot is None:
-            raise limit_exceeded(REFUSAL_RETRY_AFTER_MS,
-                                 "Too many remote media requests in flight; try again shortly")
+            raise limit_exceeded(
+                REFUSAL_RETRY_AFTER_MS,
+                "Too many remote media requests in flight; try again shortly",
+            )
         current = getcurrent()
         if current not in self.main_pool:
             slot.release()

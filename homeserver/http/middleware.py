@@ -34,8 +34,10 @@ class RequestContextMiddleware:
         # Every line logged while serving this request carries its id (homeserver/logs.py).
         current_request_id.set(environ["weir.request_id"])
         environ["weir.client_key"] = client_key(
-            environ.get("REMOTE_ADDR", ""), environ.get("HTTP_X_FORWARDED_FOR"),
-            self.trusted_proxies)
+            environ.get("REMOTE_ADDR", ""),
+            environ.get("HTTP_X_FORWARDED_FOR"),
+            self.trusted_proxies,
+        )
         status_holder = []
 
         def recording_start_response(status, headers, exc_info=None):
@@ -57,10 +59,15 @@ def log_request(environ: dict, status: str, started: float) -> None:
     # A federation request names the server it was verified to come from.
     origin = environ.get("weir.origin")
     access_log.info(
-        "%s %s %s %.1fms %s%s", environ.get("REQUEST_METHOD"),
-        redacted_path(environ), status, (time.monotonic() - started) * 1000,
-        environ["weir.client_key"], f" origin={origin}" if origin else "",
-        extra={"request_id": environ["weir.request_id"]})
+        "%s %s %s %.1fms %s%s",
+        environ.get("REQUEST_METHOD"),
+        redacted_path(environ),
+        status,
+        (time.monotonic() - started) * 1000,
+        environ["weir.client_key"],
+        f" origin={origin}" if origin else "",
+        extra={"request_id": environ["weir.request_id"]},
+    )
     current_request_id.set(None)
 
 

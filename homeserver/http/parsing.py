@@ -119,23 +119,27 @@ def validate(schema: Schema, data: dict) -> dict:
         raise _field_error(e.messages) from None
 
 
-def validated_json(schema: Schema, max_bytes: int = DEFAULT_MAX_JSON_BYTES,
-                   allow_empty: bool = False) -> dict:
+def validated_json(
+    schema: Schema, max_bytes: int = DEFAULT_MAX_JSON_BYTES, allow_empty: bool = False
+) -> dict:
     return validate(schema, json_object(max_bytes, allow_empty))
 
 
 @overload
-def query_int(name: str, default: int, minimum: int | None = None,
-              maximum: int | None = None) -> int: ...
+def query_int(
+    name: str, default: int, minimum: int | None = None, maximum: int | None = None
+) -> int: ...
 
 
 @overload
-def query_int(name: str, default: None = None, minimum: int | None = None,
-              maximum: int | None = None) -> int | None: ...
+def query_int(
+    name: str, default: None = None, minimum: int | None = None, maximum: int | None = None
+) -> int | None: ...
 
 
-def query_int(name: str, default: int | None = None, minimum: int | None = None,
-              maximum: int | None = None) -> int | None:
+def query_int(
+    name: str, default: int | None = None, minimum: int | None = None, maximum: int | None = None
+) -> int | None:
     """The parameter as an integer, capped at `maximum`; `default` when absent or empty
     (so never None when `default` is an int)."""
     raw = request.args.get(name)

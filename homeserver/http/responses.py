@@ -27,8 +27,12 @@ _WERKZEUG_ERRCODES = {
 
 
 def json_response(body, status: int = 200, headers: dict | None = None) -> Response:
-    return Response(json.dumps(body, ensure_ascii=False, separators=(",", ":")), status=status,
-                    headers=headers, mimetype="application/json")
+    return Response(
+        json.dumps(body, ensure_ascii=False, separators=(",", ":")),
+        status=status,
+        headers=headers,
+        mimetype="application/json",
+    )
 
 
 def error_response(error: MatrixError) -> Response:

@@ -83,7 +83,8 @@ class WeirHandler(WSGIHandler):
         # Shutting down, a response says that its connection ends with it: a proxy then
         # never sends another request on a connection that we are about to close.
         if (self.server.draining or _unread_rest_is_unbounded(self.wsgi_input)) and not any(
-                name.lower() == "connection" for name, _ in headers):
+            name.lower() == "connection" for name, _ in headers
+        ):
             headers = [*headers, ("Connection", "close")]
         return super().start_response(status, headers, exc_info)
 
@@ -154,8 +155,7 @@ class _LingeringDiscard:
 class WeirWSGIServer(WSGIServer):
     handler_class = WeirHandler
 
-    def __init__(self, listener, application, *, pool: Pool, keepalive_timeout: float,
-                 **ssl_args):
+    def __init__(self, listener, application, *, pool: Pool, keepalive_timeout: float, **ssl_args):
         if ssl_args:
             # The handshake runs in the handler, under the idle timeout, not in the accept loop.
             ssl_args["do_handshake_on_connect"] = False

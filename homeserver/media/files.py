@@ -101,8 +101,9 @@ class MediaFileStore:
             base = os.path.join(self.root, "local")
         else:
             # The origin is a remote's word: it names a folder only through its hash.
-            base = os.path.join(self.root, "remote",
-                                hashlib.sha256(origin.encode("utf-8")).hexdigest()[:32])
+            base = os.path.join(
+                self.root, "remote", hashlib.sha256(origin.encode("utf-8")).hexdigest()[:32]
+            )
         # Two levels of shards from a hash of the id keep directories small and evenly filled,
         # whatever the ids look like (a remote's may be short, or all alike).
         shard = hashlib.sha256(media_id.encode("ascii")).hexdigest()
@@ -112,14 +113,21 @@ class MediaFileStore:
         return os.path.join(self._media_dir(origin, media_id), "original")
 
     def thumbnail_path(self, origin: str, media_id: str, key: ThumbnailKey) -> str:
-        name = (f"{int(key.width)}x{int(key.height)}-{'crop' if key.method == 'crop' else 'scale'}"
-                f"{'-animated' if key.animated else ''}.{THUMBNAIL_EXTENSIONS[key.content_type]}")
+        name = (
+            f"{int(key.width)}x{int(key.height)}-{'crop' if key.method == 'crop' else 'scale'}"
+            f"{'-animated' if key.animated else ''}.{THUMBNAIL_EXTENSIONS[key.content_type]}"
+        )
         return os.path.join(self._media_dir(origin, media_id), "thumbnails", name)
 
     # --- writing -------------------------------------------------------------------------
 
-    def store_file(self, path: str, chunks: Iterable[bytes], max_bytes: int,
-                   record: Callable[[StoredFile], object]) -> StoredFile:
+    def store_file(
+        self,
+        path: str,
+        chunks: Iterable[bytes],
+        max_bytes: int,
+        record: Callable[[StoredFile], object],
+    ) -> StoredFile:
         """Stores `chunks` at `path` whole or not at all, then calls `record` (the caller's
         "insert the row if absent").
 

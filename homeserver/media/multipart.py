@@ -30,8 +30,9 @@ from homeserver.federation.errors import MalformedResponse
 MAX_JSON_PART_BYTES = 64 * 1024
 
 # filename*=charset'language'percent-encoded-value (RFC 5987)
-_EXTENDED_FILENAME = re.compile(r"(?:^|;)\s*filename\*\s*=\s*([\w!#$%&+^`{}~-]+)'[^']*'([^;\s]*)",
-                                re.IGNORECASE)
+_EXTENDED_FILENAME = re.compile(
+    r"(?:^|;)\s*filename\*\s*=\s*([\w!#$%&+^`{}~-]+)'[^']*'([^;\s]*)", re.IGNORECASE
+)
 
 
 @dataclass(frozen=True)
@@ -79,16 +80,19 @@ class MultipartMediaReader:
         self._ended = False
         self._error: str | None = None
         try:
-            self._parser = MultipartParser(boundary, {
-                "on_part_begin": self._on_part_begin,
-                "on_header_field": self._on_header_field,
-                "on_header_value": self._on_header_value,
-                "on_header_end": self._on_header_end,
-                "on_headers_finished": self._on_headers_finished,
-                "on_part_data": self._on_part_data,
-                "on_part_end": self._on_part_end,
-                "on_end": self._on_end,
-            })
+            self._parser = MultipartParser(
+                boundary,
+                {
+                    "on_part_begin": self._on_part_begin,
+                    "on_header_field": self._on_header_field,
+                    "on_header_value": self._on_header_value,
+                    "on_header_end": self._on_header_end,
+                    "on_headers_finished": self._on_headers_finished,
+                    "on_part_data": self._on_part_data,
+                    "on_part_end": self._on_part_end,
+                    "on_end": self._on_end,
+                },
+            )
         except ValueError as e:  # a boundary python-multipart refuses (too long)
             raise self._malformed(str(e)) from None
 
@@ -100,9 +104,11 @@ class MultipartMediaReader:
                 raise self._malformed("body ended before the file part")
             self._write(chunk)
         headers = self._file_headers
-        return FilePart(headers.get("content-type"),
-                        upload_name_from(headers.get("content-disposition")),
-                        headers.get("location"))
+        return FilePart(
+            headers.get("content-type"),
+            upload_name_from(headers.get("content-disposition")),
+            headers.get("location"),
+        )
 
     def file_chunks(self) -> Iterator[bytes]:
         """The file part's bytes as they arrive. Ends only once the closing boundary was read:
@@ -165,8 +171,11 @@ class MultipartMediaReader:
             self._json += data[start:end]
             if len(self._json) > MAX_JSON_PART_BYTES:
                 self._fail("metadata part too large")
-        elif self._parts == 2 and self._file_headers is not None \
-                and "location" not in self._file_headers:
+        elif (
+            self._parts == 2
+            and self._file_headers is not None
+            and "location" not in self._file_headers
+        ):
             self._file_data.append(data[start:end])
 
     def _on_part_end(self) -> None:

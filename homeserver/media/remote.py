@@ -1,4 +1,5 @@
-"""Remote media: other servers' mxc:// URIs, fetched once and kept (ADR-0121; docs/architecture.md, "Processes").
+"""Remote media: other servers' mxc:// URIs, fetched once and kept (ADR-0121;
+docs/architecture.md, "Processes").
 
 `RemoteMediaRepository.original` is the one way to another server's file, for downloads and
 thumbnails alike (a thumbnail is made here, from the cached original, by the local code):
@@ -120,8 +121,13 @@ class RemoteMediaFetchCoalescer:
     def __init__(self):
         self._flight = SingleFlight()
 
-    def fetch(self, origin: str, media_id: str, fetch: Callable[[], RemoteMedia],
-              on_wait: Callable[[], None] | None = None) -> RemoteMedia:
+    def fetch(
+        self,
+        origin: str,
+        media_id: str,
+        fetch: Callable[[], RemoteMedia],
+        on_wait: Callable[[], None] | None = None,
+    ) -> RemoteMedia:
         return self._flight.run((origin, media_id), fetch, on_wait)
 
     def __len__(self) -> int:
@@ -139,9 +145,18 @@ class _RemoteFile:
 
 
 class RemoteMediaRepository:
-    def __init__(self, config: MediaConfig, security: MediaSecurityConfig, store: MediaStore,
-                 files: MediaFileStore, client: FederationClient, admission: FetchAdmission,
-                 rate_limiter: RateLimiter, cooldown: AddressCooldown, metrics: Metrics):
+    def __init__(
+        self,
+        config: MediaConfig,
+        security: MediaSecurityConfig,
+        store: MediaStore,
+        files: MediaFileStore,
+        client: FederationClient,
+        admission: FetchAdmission,
+        rate_limiter: RateLimiter,
+        cooldown: AddressCooldown,
+        metrics: Metrics,
+    ):
         self.config = config
         self.security = security
         self.store = store
@@ -225,8 +240,9 @@ class RemoteMediaRepository:
 
         try:
             with self.admission.admitted(request.caller), deadline:
-                return self.coalescer.fetch(origin, media_id, fetch,
-                                            on_wait=self.metrics.coalesced.labels(CALL).inc)
+                return self.coalescer.fetch(
+                    origin, media_id, fetch, on_wait=self.metrics.coalesced.labels(CALL).inc
+                )
         except (FederationError, DeadlineExceeded, ContentTooLarge) as e:
             raise self._client_error(e, origin) from None
 
@@ -239,14 +255,19 @@ class RemoteMediaRepository:
 
     def _client_error(self, e: Exception, origin: str) -> MatrixError:
         if isinstance(e, ContentTooLarge):
-            return MatrixError(502, Codes.TOO_LARGE, f"Media from {origin} is larger than this "
-                               f"server accepts ({self.config.max_upload_size} bytes)")
+            return MatrixError(
+                502,
+                Codes.TOO_LARGE,
+                f"Media from {origin} is larger than this "
+                f"server accepts ({self.config.max_upload_size} bytes)",
+            )
         return to_client_error(e, origin)
 
     # --- fetching ----------------------------------------------------------------------------
 
-    def _fetch_counted(self, origin: str, media_id: str, deadline: OutboundDeadline,
-                       authenticated: bool) -> RemoteMedia:
+    def _fetch_counted(
+        self, origin: str, media_id: str, deadline: OutboundDeadline, authenticated: bool
+    ) -> RemoteMedia:
         try:
             # The deadline is entered here too, so that its expiry reaches the waiters as a
             # shared failure (DeadlineExceeded) rather than as a leader that vanished, which
@@ -260,72 +281,118 @@ class RemoteMediaRepository:
         self.metrics.outbound_calls.labels(CALL, "ok").inc()
         return media
 
-    def _fetch(self, origin: str, media_id: str, deadline: OutboundDeadline,
-               authenticated: bool) -> RemoteMedia:
+    def _fetch(
+        self, origin: str, media_id: str, deadline: OutboundDeadline, authenticated: bool
+    ) -> RemoteMedia:
         with contextlib.ExitStack() as responses:
             remote = self._open(origin, media_id, deadline, responses)
             content_type = safe_content_type(remote.content_type)
 
             def record(stored) -> None:
-                self.store.insert_remote_media(RemoteMedia(
-                    origin, media_id, content_type, remote.upload_name, stored.length,
-                    stored.sha256, now_ms(), authenticated))
+                self.store.insert_remote_media(
+                    RemoteMedia(
+                        origin,
+                        media_id,
+                        content_type,
+                        remote.upload_name,
+                        stored.length,
+                        stored.sha256,
+                        now_ms(),
+                        authenticated,
+                    )
+                )
 
-            self.files.store_file(self.files.original_path(origin, media_id), remote.chunks,
-                                  self.config.max_upload_size, record)
+            self.files.store_file(
+                self.files.original_path(origin, media_id),
+                remote.chunks,
+                self.config.max_upload_size,
+                record,
+            )
         # Our row, or one an earlier fetch left (its file was kept, ours dropped).
         media = self.store.get_remote_media(origin, media_id)
         assert media is not None
         return media
 
-    def _open(self, origin: str, media_id: str, deadline: OutboundDeadline,
-              responses: contextlib.ExitStack) -> _RemoteFile:
+    def _open(
+        self,
+        origin: str,
+        media_id: str,
+        deadline: OutboundDeadline,
+        responses: contextlib.ExitStack,
+    ) -> _RemoteFile:
         max_bytes = self.config.max_upload_size + MULTIPART_OVERHEAD_BYTES
         try:
-            response = responses.enter_context(self.client.open_stream(
-                origin, FEDERATION_DOWNLOAD_PATH + media_id, _timeout_query(deadline),
-                deadline=deadline, max_bytes=max_bytes, target_health=self.cooldown))
+            response = responses.enter_context(
+                self.client.open_stream(
+                    origin,
+                    FEDERATION_DOWNLOAD_PATH + media_id,
+                    _timeout_query(deadline),
+                    deadline=deadline,
+                    max_bytes=max_bytes,
+                    target_health=self.cooldown,
+                )
+            )
         except RemoteError as e:
             if e.status in (404, 405) and e.errcode == Codes.UNRECOGNIZED:
                 return self._open_legacy(origin, media_id, deadline, responses)
             raise
-        reader = MultipartMediaReader(origin, response.headers.get("Content-Type"),
-                                      response.stream())
+        reader = MultipartMediaReader(
+            origin, response.headers.get("Content-Type"), response.stream()
+        )
         part = reader.file_part()
         if part.location is None:
             return _RemoteFile(part.content_type, part.upload_name, reader.file_chunks())
         response.close()  # the rest of this body is of no use
         return self._open_url(part.location, deadline, responses)
 
-    def _open_legacy(self, origin: str, media_id: str, deadline: OutboundDeadline,
-                     responses: contextlib.ExitStack) -> _RemoteFile:
+    def _open_legacy(
+        self,
+        origin: str,
+        media_id: str,
+        deadline: OutboundDeadline,
+        responses: contextlib.ExitStack,
+    ) -> _RemoteFile:
         """The remote has no federation media endpoint: its client API's download, told not to
         fetch from elsewhere (no loops) and allowed to redirect."""
         query = {"allow_remote": "false", "allow_redirect": "true", **_timeout_query(deadline)}
         try:
-            response = responses.enter_context(self.client.open_stream(
-                origin, f"{LEGACY_DOWNLOAD_PATH}{quote(origin, safe=':')}/{media_id}", query,
-                deadline=deadline, max_bytes=self.config.max_upload_size,
-                target_health=self.cooldown))
+            response = responses.enter_context(
+                self.client.open_stream(
+                    origin,
+                    f"{LEGACY_DOWNLOAD_PATH}{quote(origin, safe=':')}/{media_id}",
+                    query,
+                    deadline=deadline,
+                    max_bytes=self.config.max_upload_size,
+                    target_health=self.cooldown,
+                )
+            )
         except RemoteError as e:
             if e.status in REDIRECT_STATUSES and e.location:
                 return self._open_url(e.location, deadline, responses)
             raise
         return _plain_file(response)
 
-    def _open_url(self, url: str, deadline: OutboundDeadline,
-                  responses: contextlib.ExitStack) -> _RemoteFile:
+    def _open_url(
+        self, url: str, deadline: OutboundDeadline, responses: contextlib.ExitStack
+    ) -> _RemoteFile:
         """Where a `Location` points: the same IP filter, TLS verification and size cap."""
-        response = responses.enter_context(self.client.open_url(
-            url, deadline=deadline, max_bytes=self.config.max_upload_size,
-            target_health=self.cooldown))
+        response = responses.enter_context(
+            self.client.open_url(
+                url,
+                deadline=deadline,
+                max_bytes=self.config.max_upload_size,
+                target_health=self.cooldown,
+            )
+        )
         return _plain_file(response)
 
 
 def _plain_file(response) -> _RemoteFile:
-    return _RemoteFile(response.headers.get("Content-Type"),
-                       upload_name_from(response.headers.get("Content-Disposition")),
-                       response.stream())
+    return _RemoteFile(
+        response.headers.get("Content-Type"),
+        upload_name_from(response.headers.get("Content-Disposition")),
+        response.stream(),
+    )
 
 
 def _timeout_query(deadline: OutboundDeadline) -> dict:

@@ -65,9 +65,15 @@ def _cannot_thumbnail() -> MatrixError:
 
 
 class MediaService:
-    def __init__(self, config: MediaConfig, server_name: str, store: MediaStore,
-                 files: MediaFileStore, thumbnail_pool: ThreadPool,
-                 remote: RemoteMediaRepository):
+    def __init__(
+        self,
+        config: MediaConfig,
+        server_name: str,
+        store: MediaStore,
+        files: MediaFileStore,
+        thumbnail_pool: ThreadPool,
+        remote: RemoteMediaRepository,
+    ):
         self.config = config
         self.server_name = server_name
         self.store = store
@@ -85,8 +91,14 @@ class MediaService:
 
     # --- uploads -------------------------------------------------------------------------
 
-    def upload(self, user_id: str, body: Iterable[bytes], declared_length: int | None,
-               content_type: str | None, filename: str | None) -> str:
+    def upload(
+        self,
+        user_id: str,
+        body: Iterable[bytes],
+        declared_length: int | None,
+        content_type: str | None,
+        filename: str | None,
+    ) -> str:
         """Stores new content; returns its mxc:// URI."""
         self._check_declared_length(declared_length)
         content_type = safe_content_type(content_type)
@@ -94,8 +106,16 @@ class MediaService:
         now = now_ms()
 
         def record(stored):
-            media = LocalMedia(media_id, user_id, content_type, filename or None, stored.length,
-                               stored.sha256, now, self.config.enable_authenticated_media)
+            media = LocalMedia(
+                media_id,
+                user_id,
+                content_type,
+                filename or None,
+                stored.length,
+                stored.sha256,
+                now,
+                self.config.enable_authenticated_media,
+            )
             if not self.store.insert_local_media(media, now):
                 raise MatrixError(500, Codes.UNKNOWN, "Media id collision")
 
@@ -109,15 +129,27 @@ class MediaService:
         lifetime_ms = int(self.config.unused_expiration_time * 1000)
         media_id = new_media_id()
         oldest = self.store.create_pending(
-            media_id, user_id, now, now - lifetime_ms, self.config.max_pending_uploads,
-            self.config.enable_authenticated_media)
+            media_id,
+            user_id,
+            now,
+            now - lifetime_ms,
+            self.config.max_pending_uploads,
+            self.config.enable_authenticated_media,
+        )
         if oldest is not None:
             raise limit_exceeded(oldest + lifetime_ms - now, "Too many pending media uploads")
         return {"content_uri": self._mxc(media_id), "unused_expires_at": now + lifetime_ms}
 
-    def upload_to(self, user_id: str, server_name: str, media_id: str, body: Iterable[bytes],
-                  declared_length: int | None, content_type: str | None,
-                  filename: str | None) -> None:
+    def upload_to(
+        self,
+        user_id: str,
+        server_name: str,
+        media_id: str,
+        body: Iterable[bytes],
+        declared_length: int | None,
+        content_type: str | None,
+        filename: str | None,
+    ) -> None:
         """Gives content to an mxc:// URI from `create`."""
         if server_name != self.server_name or not is_valid_media_id(media_id):
             raise not_found("Unknown media ID")
@@ -129,8 +161,9 @@ class MediaService:
             if media is None or self._expired(media):
                 raise not_found("Unknown media ID")
             if media.user_id != user_id:
-                raise MatrixError(403, Codes.FORBIDDEN,
-                                  "Only the creator of the media ID can upload to it")
+                raise MatrixError(
+                    403, Codes.FORBIDDEN, "Only the creator of the media ID can upload to it"
+                )
             if media.uploaded:
                 raise MatrixError(409, Codes.CANNOT_OVERWRITE_MEDIA, "Media ID already has content")
             self._check_declared_length(declared_length)
@@ -140,10 +173,12 @@ class MediaService:
             self.files.remove(self.files.original_path(self.server_name, media_id))
 
             def record(stored):
-                if not self.store.complete_pending(media_id, content_type, filename or None,
-                                                   stored.length, stored.sha256, now_ms()):
-                    raise MatrixError(409, Codes.CANNOT_OVERWRITE_MEDIA,
-                                      "Media ID already has content")
+                if not self.store.complete_pending(
+                    media_id, content_type, filename or None, stored.length, stored.sha256, now_ms()
+                ):
+                    raise MatrixError(
+                        409, Codes.CANNOT_OVERWRITE_MEDIA, "Media ID already has content"
+                    )
 
             self._store_original(media_id, body, record)
         finally:
@@ -164,18 +199,23 @@ class MediaService:
 
     # --- downloads -----------------------------------------------------------------------
 
-    def original(self, server_name: str, media_id: str,
-                 request: MediaRequest) -> LocalMedia | RemoteMedia:
+    def original(
+        self, server_name: str, media_id: str, request: MediaRequest
+    ) -> LocalMedia | RemoteMedia:
         """The stored original of an mxc:// URI: ours, or another server's fetched and cached."""
         if server_name != self.server_name:
             return self.remote.original(server_name, media_id, request)
         return self.local_media(media_id, legacy=request.legacy, timeout_ms=request.timeout_ms)
 
-    def download(self, server_name: str, media_id: str, filename: str | None,
-                 request: MediaRequest) -> MediaFile:
+    def download(
+        self, server_name: str, media_id: str, filename: str | None, request: MediaRequest
+    ) -> MediaFile:
         media = self.original(server_name, media_id, request)
-        return MediaFile(self.files.original_path(server_name, media_id),
-                         media.content_type, filename or media.upload_name)
+        return MediaFile(
+            self.files.original_path(server_name, media_id),
+            media.content_type,
+            filename or media.upload_name,
+        )
 
     def local_media(self, media_id: str, *, legacy: bool, timeout_ms: int) -> LocalMedia:
         """Local media with its content, waiting up to `timeout_ms` for an async upload.
@@ -193,13 +233,16 @@ class MediaService:
                 if media is None or self._expired(media):
                     raise not_found("Media not found")
                 if legacy and self.config.enable_authenticated_media and media.authenticated:
-                    raise not_found("Media not found: use the authenticated "
-                                    "/_matrix/client/v1/media API")
+                    raise not_found(
+                        "Media not found: use the authenticated /_matrix/client/v1/media API"
+                    )
                 if media.uploaded:
                     return media
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise MatrixError(504, Codes.NOT_YET_UPLOADED, "Media has not been uploaded yet")
+                    raise MatrixError(
+                        504, Codes.NOT_YET_UPLOADED, "Media has not been uploaded yet"
+                    )
                 # Woken or timed out, read again: content uploaded through another process
                 # (a federation shard's downloads) wakes nobody here.
                 uploaded.wait(remaining)
@@ -210,14 +253,31 @@ class MediaService:
 
     # --- thumbnails ----------------------------------------------------------------------
 
-    def thumbnail(self, server_name: str, media_id: str, width: int, height: int, method: str,
-                  animated: bool, request: MediaRequest) -> MediaFile:
+    def thumbnail(
+        self,
+        server_name: str,
+        media_id: str,
+        width: int,
+        height: int,
+        method: str,
+        animated: bool,
+        request: MediaRequest,
+    ) -> MediaFile:
         media = self.original(server_name, media_id, request)
-        return self.thumbnail_of(server_name, media_id, media.content_type, width, height,
-                                 method, animated)
+        return self.thumbnail_of(
+            server_name, media_id, media.content_type, width, height, method, animated
+        )
 
-    def thumbnail_of(self, origin: str, media_id: str, content_type: str | None, width: int,
-                     height: int, method: str, animated: bool) -> MediaFile:
+    def thumbnail_of(
+        self,
+        origin: str,
+        media_id: str,
+        content_type: str | None,
+        width: int,
+        height: int,
+        method: str,
+        animated: bool,
+    ) -> MediaFile:
         """A thumbnail of a stored original (local, or a cached remote copy): the nearest
         stored one at least as large, or one made now and kept."""
         if not is_thumbnailable(content_type):
@@ -228,12 +288,15 @@ class MediaService:
         chosen = select_thumbnail(stored, wanted)
         if chosen is None and len(stored) >= MAX_STORED_THUMBNAILS:
             # A still request must never get an animation (the spec's MUST NOT).
-            chosen = max((t for t in stored if t.method == method
-                          and (wanted.animated or not t.animated)),
-                         key=lambda t: t.width * t.height, default=None)
+            chosen = max(
+                (t for t in stored if t.method == method and (wanted.animated or not t.animated)),
+                key=lambda t: t.width * t.height,
+                default=None,
+            )
         if chosen is not None:
-            key = ThumbnailKey(chosen.width, chosen.height, chosen.method, chosen.content_type,
-                               chosen.animated)
+            key = ThumbnailKey(
+                chosen.width, chosen.height, chosen.method, chosen.content_type, chosen.animated
+            )
             served = self._thumbnail_file(origin, media_id, key)
             if os.path.exists(served.path):
                 return served
@@ -271,22 +334,34 @@ class MediaService:
         original = self.files.original_path(origin, media_id)
         try:
             encoded = self.thumbnail_pool.apply(
-                render, (original, keys, self.config.max_image_pixels))
+                render, (original, keys, self.config.max_image_pixels)
+            )
         except ImageTooLarge:
             raise _image_too_large() from None
         except NotAnImage:
             raise _cannot_thumbnail() from None
         for key, data in zip(keys, encoded):
+
             def record(stored, key=key):
-                self.store.add_thumbnail(origin, media_id, StoredThumbnail(
-                    key.width, key.height, key.method, key.content_type, key.animated,
-                    stored.length), now_ms())
+                self.store.add_thumbnail(
+                    origin,
+                    media_id,
+                    StoredThumbnail(
+                        key.width,
+                        key.height,
+                        key.method,
+                        key.content_type,
+                        key.animated,
+                        stored.length,
+                    ),
+                    now_ms(),
+                )
 
-            self.files.store_file(self.files.thumbnail_path(origin, media_id, key), [data],
-                                  len(data), record)
+            self.files.store_file(
+                self.files.thumbnail_path(origin, media_id, key), [data], len(data), record
+            )
 
-    def _pregenerate_thumbnails(self, origin: str, media_id: str,
-                                content_type: str | None) -> None:
+    def _pregenerate_thumbnails(self, origin: str, media_id: str, content_type: str | None) -> None:
         """The spec's sizes, made once at upload. The upload succeeds whatever happens here."""
         if not is_thumbnailable(content_type):
             return

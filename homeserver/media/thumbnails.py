@@ -18,14 +18,18 @@ from PIL import Image, ImageOps, ImageSequence
 from homeserver.media.files import ThumbnailKey
 
 # The content types we try to thumbnail; anything else gets 400 M_UNKNOWN, as from Synapse.
-THUMBNAILABLE_TYPES = frozenset({"image/jpeg", "image/jpg", "image/png", "image/gif",
-                                 "image/webp"})
+THUMBNAILABLE_TYPES = frozenset({"image/jpeg", "image/jpg", "image/png", "image/gif", "image/webp"})
 # Only these decoders ever see untrusted bytes: each one is attack surface.
 _PILLOW_FORMATS = ("JPEG", "PNG", "GIF", "WEBP")
 
 # The spec's recommended sizes, made when an image is uploaded.
-PREGENERATED_SIZES = ((32, 32, "crop"), (96, 96, "crop"), (320, 240, "scale"),
-                      (640, 480, "scale"), (800, 600, "scale"))
+PREGENERATED_SIZES = (
+    (32, 32, "crop"),
+    (96, 96, "crop"),
+    (320, 240, "scale"),
+    (640, 480, "scale"),
+    (800, 600, "scale"),
+)
 
 # Each frame of an animation is decoded at full size: an animated thumbnail may decode this
 # many times max_image_pixels in all, or it is made from the first frame only.
@@ -69,8 +73,10 @@ def base_type(content_type: str | None) -> str:
 
 # --- sizes -------------------------------------------------------------------------------
 
-def thumbnail_size(source_width: int, source_height: int, width: int, height: int,
-                   method: str) -> tuple[int, int]:
+
+def thumbnail_size(
+    source_width: int, source_height: int, width: int, height: int, method: str
+) -> tuple[int, int]:
     """The size of the thumbnail for a request. Never larger than the source.
 
     scale: the source's aspect ratio, fitting within width x height.
@@ -90,8 +96,14 @@ def thumbnail_size(source_width: int, source_height: int, width: int, height: in
     return max(1, source_width * height // source_height), height
 
 
-def key_for(source: SourceImage, source_type: str | None, width: int, height: int,
-            method: str, animated: bool) -> ThumbnailKey:
+def key_for(
+    source: SourceImage,
+    source_type: str | None,
+    width: int,
+    height: int,
+    method: str,
+    animated: bool,
+) -> ThumbnailKey:
     """What thumbnail answers a request: its size, method and content type."""
     w, h = thumbnail_size(source.width, source.height, width, height, method)
     animated = animated and source.animated
@@ -105,23 +117,31 @@ def key_for(source: SourceImage, source_type: str | None, width: int, height: in
 
 
 def pregenerated_keys(source: SourceImage, source_type: str | None) -> list[ThumbnailKey]:
-    keys = [key_for(source, source_type, w, h, method, animated=False)
-            for w, h, method in PREGENERATED_SIZES]
+    keys = [
+        key_for(source, source_type, w, h, method, animated=False)
+        for w, h, method in PREGENERATED_SIZES
+    ]
     return list(dict.fromkeys(keys))  # a small source gives the same size more than once
 
 
 def select_thumbnail(stored, wanted: ThumbnailKey):
     """The smallest stored thumbnail that serves `wanted`: same method and type, at least as
     large, and for crop the same aspect ratio. None if there is none."""
-    fits = [t for t in stored
-            if t.method == wanted.method and t.content_type == wanted.content_type
-            and t.animated == wanted.animated
-            and t.width >= wanted.width and t.height >= wanted.height
-            and (wanted.method != "crop" or t.width * wanted.height == t.height * wanted.width)]
+    fits = [
+        t
+        for t in stored
+        if t.method == wanted.method
+        and t.content_type == wanted.content_type
+        and t.animated == wanted.animated
+        and t.width >= wanted.width
+        and t.height >= wanted.height
+        and (wanted.method != "crop" or t.width * wanted.height == t.height * wanted.width)
+    ]
     return min(fits, key=lambda t: t.width * t.height, default=None)
 
 
 # --- decoding ----------------------------------------------------------------------------
+
 
 def _open(path: str, max_pixels: int) -> Image.Image:
     """Opens an image and reads its header only; refuses it if it has too many pixels."""
@@ -236,8 +256,9 @@ def _encode(image: Image.Image, content_type: str) -> bytes:
     return out.getvalue()
 
 
-def _render_animated(image: Image.Image, key: ThumbnailKey, orientation: int,
-                     max_pixels: int) -> bytes:
+def _render_animated(
+    image: Image.Image, key: ThumbnailKey, orientation: int, max_pixels: int
+) -> bytes:
     frames, durations = [], []
     budget = ANIMATION_PIXEL_FACTOR * max_pixels
     decoded = 0
@@ -250,6 +271,13 @@ def _render_animated(image: Image.Image, key: ThumbnailKey, orientation: int,
         duration = frame.info.get("duration")
         durations.append(image.info.get("duration", 100) if duration is None else duration)
     out = io.BytesIO()
-    frames[0].save(out, "WEBP", save_all=True, append_images=frames[1:], duration=durations,
-                   loop=image.info.get("loop", 0), quality=80)
+    frames[0].save(
+        out,
+        "WEBP",
+        save_all=True,
+        append_images=frames[1:],
+        duration=durations,
+        loop=image.info.get("loop", 0),
+        quality=80,
+    )
     return out.getvalue()

@@ -41,9 +41,9 @@ _READ_CHUNK = 1024 * 1024
 
 
 class FrameType(enum.IntEnum):
-    HELLO = 1     # shard -> main, once connected and serving: {"shard", "pid"}
-    HEALTH = 2    # main -> shard: liveness; the reply carries the shard's figures
-    RELAY = 3     # shard -> main: a transaction's checked PDUs; the reply is the answer
+    HELLO = 1  # shard -> main, once connected and serving: {"shard", "pid"}
+    HEALTH = 2  # main -> shard: liveness; the reply carries the shard's figures
+    RELAY = 3  # shard -> main: a transaction's checked PDUs; the reply is the answer
 
 
 class IpcError(Exception):
@@ -66,8 +66,13 @@ class FrameConnection:
     """One end of a connection: sends requests and waits for their replies, and answers the
     other end's requests with ``handlers`` (one greenlet per request)."""
 
-    def __init__(self, sock: socket.socket, handlers: dict[int, Handler], name: str,
-                 on_close: Callable[["FrameConnection"], None] | None = None):
+    def __init__(
+        self,
+        sock: socket.socket,
+        handlers: dict[int, Handler],
+        name: str,
+        on_close: Callable[["FrameConnection"], None] | None = None,
+    ):
         self.sock = sock
         self.handlers = handlers
         self.name = name
@@ -128,8 +133,12 @@ class FrameConnection:
                     return
                 length, frame_type, request_id = HEADER.unpack(header)
                 if length > MAX_FRAME_BYTES:
-                    log.warning("ipc %s: dropping a frame of %d bytes (over %d)", self.name,
-                                length, MAX_FRAME_BYTES)
+                    log.warning(
+                        "ipc %s: dropping a frame of %d bytes (over %d)",
+                        self.name,
+                        length,
+                        MAX_FRAME_BYTES,
+                    )
                     if not self._skip(length):
                         return
                     self._refuse(frame_type, request_id, "frame too large")
@@ -142,8 +151,11 @@ class FrameConnection:
                     if not isinstance(body, dict):
                         raise ValueError("not an object")
                 except ValueError as e:
-                    log.warning("ipc %s: dropping a frame whose body is not a JSON object (%s)",
-                                self.name, e)
+                    log.warning(
+                        "ipc %s: dropping a frame whose body is not a JSON object (%s)",
+                        self.name,
+                        e,
+                    )
                     self._refuse(frame_type, request_id, "body is not a JSON object")
                     continue
                 self._dispatch(frame_type, request_id, body)
@@ -178,8 +190,7 @@ class FrameConnection:
         if frame_type & REPLY:
             waiting = self._pending.get(request_id)
             if waiting is None:
-                log.warning("ipc %s: dropping a reply to unknown request %d", self.name,
-                            request_id)
+                log.warning("ipc %s: dropping a reply to unknown request %d", self.name, request_id)
                 return
             sent_type, result = waiting
             if frame_type == ERROR:
@@ -241,8 +252,12 @@ class FrameConnection:
 class IpcServer:
     """Main's end: a Unix socket in a directory only our user may enter."""
 
-    def __init__(self, path: str, handlers: dict[int, Handler],
-                 on_close: Callable[[FrameConnection], None] | None = None):
+    def __init__(
+        self,
+        path: str,
+        handlers: dict[int, Handler],
+        on_close: Callable[[FrameConnection], None] | None = None,
+    ):
         self.path = path
         self.handlers = handlers
         self.on_close = on_close
@@ -256,8 +271,9 @@ class IpcServer:
         os.chmod(directory, 0o700)
         if os.path.exists(self.path):
             if _answers(self.path):
-                raise RuntimeError(f"another server is serving {self.path}: one data_dir, "
-                                   "one server")
+                raise RuntimeError(
+                    f"another server is serving {self.path}: one data_dir, one server"
+                )
             os.unlink(self.path)  # left by a main that did not stop cleanly
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.bind(self.path)
@@ -271,8 +287,7 @@ class IpcServer:
         while True:
             conn, _ = sock.accept()
             n += 1
-            connection = FrameConnection(conn, self.handlers, f"shard connection {n}",
-                                         self._closed)
+            connection = FrameConnection(conn, self.handlers, f"shard connection {n}", self._closed)
             self.connections.add(connection)
             connection.start()
 
@@ -306,8 +321,12 @@ def _answers(path: str) -> bool:
         probe.close()
 
 
-def connect(path: str, handlers: dict[int, Handler], name: str = "main",
-            on_close: Callable[[FrameConnection], None] | None = None) -> FrameConnection:
+def connect(
+    path: str,
+    handlers: dict[int, Handler],
+    name: str = "main",
+    on_close: Callable[[FrameConnection], None] | None = None,
+) -> FrameConnection:
     """A shard's end: connects to main's socket. Raises OSError."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:

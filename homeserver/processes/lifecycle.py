@@ -24,9 +24,14 @@ def stop_on_signals() -> Event:
     return stop
 
 
-def wait_then_drain(stop: Event, server: HomeserverServer, runtime: HomeserverRuntime, *,
-                    before: Iterable[Callable[[], None]] = (),
-                    after: Iterable[Callable[[], None]] = ()) -> None:
+def wait_then_drain(
+    stop: Event,
+    server: HomeserverServer,
+    runtime: HomeserverRuntime,
+    *,
+    before: Iterable[Callable[[], None]] = (),
+    after: Iterable[Callable[[], None]] = (),
+) -> None:
     """Waits for `stop`, then drains: `before`, the listeners (in-flight requests finish
     within the grace), `after`, and the runtime last."""
     stop.wait()

@@ -7,7 +7,6 @@ import logging
 import time
 
 import gevent
-
 from gevent.pool import Pool
 
 from homeserver.api.app import CLIENT, FEDERATION, create_flask_app
@@ -23,8 +22,9 @@ class HomeserverServer:
     one (main, when worker shards serve federation), or only the federation one (a shard,
     on the listening socket main bound and handed down as `federation_listener`)."""
 
-    def __init__(self, runtime, federation_listener=None,
-                 listeners: tuple[str, ...] = (CLIENT, FEDERATION)):
+    def __init__(
+        self, runtime, federation_listener=None, listeners: tuple[str, ...] = (CLIENT, FEDERATION)
+    ):
         self.runtime = runtime
         config = runtime.config
         http = config.server.http
@@ -34,8 +34,11 @@ class HomeserverServer:
         if CLIENT in listeners:
             self.client_app = create_flask_app(runtime, (CLIENT,))
             self.client_server = WeirWSGIServer(
-                (http.bind_address, http.port), self.client_app, pool=runtime.main_pool,
-                keepalive_timeout=http.keepalive_timeout)
+                (http.bind_address, http.port),
+                self.client_app,
+                pool=runtime.main_pool,
+                keepalive_timeout=http.keepalive_timeout,
+            )
             self.servers.append(self.client_server)
 
         if FEDERATION in listeners:
@@ -46,8 +49,12 @@ class HomeserverServer:
                 ssl_args = {"certfile": fed.tls_certificate, "keyfile": fed.tls_private_key}
             self.federation_app = create_flask_app(runtime, (FEDERATION,))
             self.federation_server = WeirWSGIServer(
-                federation_listener or (fed.bind_address, fed.port), self.federation_app,
-                pool=self.federation_pool, keepalive_timeout=http.keepalive_timeout, **ssl_args)
+                federation_listener or (fed.bind_address, fed.port),
+                self.federation_app,
+                pool=self.federation_pool,
+                keepalive_timeout=http.keepalive_timeout,
+                **ssl_args,
+            )
             self.servers.append(self.federation_server)
 
     @property
@@ -108,6 +115,9 @@ class HomeserverServer:
             pool.join(timeout=max(0.0, deadline - time.monotonic()))
         for pool in pools:
             if len(pool):
-                log.warning("shutdown: %d requests still running after %.0fs; stopping them",
-                            len(pool), grace)
+                log.warning(
+                    "shutdown: %d requests still running after %.0fs; stopping them",
+                    len(pool),
+                    grace,
+                )
                 pool.kill(timeout=1)

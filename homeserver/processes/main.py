@@ -42,7 +42,11 @@ def serve(config: Config, config_path: str) -> int:
     if federation_url:
         # One parseable line: tests and scripts wait for it instead of polling.
         print(f"weir ready client={server.client_url} federation={federation_url}", flush=True)
-        log.info("serving %s: client %s, federation %s", config.server_name, server.client_url,
-                 federation_url)
+        log.info(
+            "serving %s: client %s, federation %s",
+            config.server_name,
+            server.client_url,
+            federation_url,
+        )
     wait_then_drain(stop, server, runtime, before=[shards.stop] if shards else [])
     return 0 if federation_url else 1

@@ -38,35 +38,51 @@ class MainLink:
         # Main created the socket before starting us; a few tries cover a slow start.
         for _ in range(50):
             try:
-                return connect(path, {FrameType.HEALTH: self._health},
-                               on_close=lambda _conn: stopped.set())
+                return connect(
+                    path, {FrameType.HEALTH: self._health}, on_close=lambda _conn: stopped.set()
+                )
             except OSError as e:
                 error = e
                 gevent.sleep(0.1)
         raise RuntimeError(f"cannot reach main at {path}: {error}")
 
     def hello(self) -> None:
-        self.connection.request(FrameType.HELLO, {"shard": self.index, "pid": os.getpid()},
-                                RELAY_TIMEOUT_SECONDS)
+        self.connection.request(
+            FrameType.HELLO, {"shard": self.index, "pid": os.getpid()}, RELAY_TIMEOUT_SECONDS
+        )
 
-    def relay(self, origin: str, txn_id: str, pdus: list, results: dict,
-              source_ip: str | None) -> dict:
+    def relay(
+        self, origin: str, txn_id: str, pdus: list, results: dict, source_ip: str | None
+    ) -> dict:
         """Main's answer to a checked transaction (``federation.transactions.Relay``)."""
         try:
             reply = self.connection.request(
-                FrameType.RELAY, {"origin": origin, "txn_id": txn_id, "pdus": pdus,
-                                  "results": results, "source_ip": source_ip},
-                RELAY_TIMEOUT_SECONDS)
+                FrameType.RELAY,
+                {
+                    "origin": origin,
+                    "txn_id": txn_id,
+                    "pdus": pdus,
+                    "results": results,
+                    "source_ip": source_ip,
+                },
+                RELAY_TIMEOUT_SECONDS,
+            )
         except IpcError as e:
             # Main may or may not have applied it: the retry gets main's recorded answer.
             log.warning("relaying transaction %s from %s: %s", txn_id, origin, e)
-            raise MatrixError(503, Codes.UNKNOWN, "The transaction could not be finished "
-                              "now; retry it", headers={"Retry-After": "1"}) from None
+            raise MatrixError(
+                503,
+                Codes.UNKNOWN,
+                "The transaction could not be finished now; retry it",
+                headers={"Retry-After": "1"},
+            ) from None
         refused = reply.get("refused")
         if isinstance(refused, dict):
-            raise KeyResolutionRefused(str(refused.get("server")),
-                                       int(refused.get("retry_after_ms") or 1000),
-                                       "main's key budget")
+            raise KeyResolutionRefused(
+                str(refused.get("server")),
+                int(refused.get("retry_after_ms") or 1000),
+                "main's key budget",
+            )
         answer = reply.get("answer")
         if not isinstance(answer, dict):
             raise MatrixError(500, Codes.UNKNOWN, "Malformed answer from the main process")
@@ -74,8 +90,11 @@ class MainLink:
 
     def _health(self, connection: FrameConnection, body: dict) -> dict:
         rt = self.runtime
-        return {"shard": self.index, "pid": os.getpid(),
-                "key_resolution_in_flight": rt.key_resolution_budget.in_flight if rt else 0}
+        return {
+            "shard": self.index,
+            "pid": os.getpid(),
+            "key_resolution_in_flight": rt.key_resolution_budget.in_flight if rt else 0,
+        }
 
 
 def die_with_parent() -> None:
@@ -101,9 +120,12 @@ def run_shard(config: Config, index: int, listen_fd: int, parent_pid: int) -> in
     except RuntimeError as e:
         log.error("%s", e)
         return 1
-    runtime = HomeserverRuntime(config, pools=True,
-                                key_resolution_shards=config.federation.worker.shards,
-                                transaction_relay=link.relay)
+    runtime = HomeserverRuntime(
+        config,
+        pools=True,
+        key_resolution_shards=config.federation.worker.shards,
+        transaction_relay=link.relay,
+    )
     link.runtime = runtime
     listener = socket.socket(fileno=listen_fd)
     server = HomeserverServer(runtime, federation_listener=listener, listeners=(FEDERATION,))

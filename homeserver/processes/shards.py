@@ -51,8 +51,9 @@ from homeserver.processes.listeners import SHUTDOWN_GRACE_SECONDS
 
 log = logging.getLogger(__name__)
 
-APP_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))), "app.py")
+APP_PATH = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "app.py"
+)
 
 RESTART_BACKOFF_SECONDS = 0.5
 RESTART_BACKOFF_MAX_SECONDS = 30.0
@@ -70,8 +71,10 @@ _MAX_SOCKET_PATH = 107
 def ipc_socket_path(config: Config) -> str:
     path = os.path.join(config.data_dir, "ipc", "shards.sock")
     if len(path.encode()) > _MAX_SOCKET_PATH:
-        raise RuntimeError(f"data_dir is too long for the shard IPC socket ({path}): "
-                           f"a Unix socket path may have at most {_MAX_SOCKET_PATH} bytes")
+        raise RuntimeError(
+            f"data_dir is too long for the shard IPC socket ({path}): "
+            f"a Unix socket path may have at most {_MAX_SOCKET_PATH} bytes"
+        )
     return path
 
 
@@ -113,16 +116,25 @@ class FederationShards:
         self._stopping = Event()
         self._changed = Event()
         metrics = runtime.metrics
-        metrics.track_gauge("weir_federation_shards_alive",
-                            "Federation worker shards running and answering health checks",
-                            self.alive)
-        metrics.track_counter("weir_federation_shard_restarts",
-                              "Federation worker shards restarted after dying",
-                              lambda: sum(s.restarts for s in self.shards))
-        metrics.track_gauge("weir_federation_shards_key_resolution_in_flight",
-                            "Key fetches in flight in all shards, at their last health check",
-                            lambda: sum(s.health.get("key_resolution_in_flight", 0)
-                                        for s in self.shards if s.connection is not None))
+        metrics.track_gauge(
+            "weir_federation_shards_alive",
+            "Federation worker shards running and answering health checks",
+            self.alive,
+        )
+        metrics.track_counter(
+            "weir_federation_shard_restarts",
+            "Federation worker shards restarted after dying",
+            lambda: sum(s.restarts for s in self.shards),
+        )
+        metrics.track_gauge(
+            "weir_federation_shards_key_resolution_in_flight",
+            "Key fetches in flight in all shards, at their last health check",
+            lambda: sum(
+                s.health.get("key_resolution_in_flight", 0)
+                for s in self.shards
+                if s.connection is not None
+            ),
+        )
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -131,9 +143,11 @@ class FederationShards:
         the federation URL. Raises RuntimeError if they do not all come up in time, or if
         ``cancelled`` is set first (a SIGTERM while starting)."""
         fed = self.config.federation
-        self.ipc = IpcServer(ipc_socket_path(self.config),
-                             {FrameType.HELLO: self._hello, FrameType.RELAY: self._relay},
-                             on_close=self._disconnected).start()
+        self.ipc = IpcServer(
+            ipc_socket_path(self.config),
+            {FrameType.HELLO: self._hello, FrameType.RELAY: self._relay},
+            on_close=self._disconnected,
+        ).start()
         try:
             self.listener = _bind_listener(fed.bind_address, fed.port)
         except OSError as e:
@@ -158,8 +172,9 @@ class FederationShards:
         is killed."""
         self._stopping.set()
         gevent.killall(self._greenlets)
-        running = [s.process for s in self.shards
-                   if s.process is not None and s.process.poll() is None]
+        running = [
+            s.process for s in self.shards if s.process is not None and s.process.poll() is None
+        ]
         for process in running:
             process.send_signal(signal.SIGTERM)
         end = time.monotonic() + self.config.server.http.shutdown_drain_delay + grace + 5
@@ -179,8 +194,14 @@ class FederationShards:
     def alive(self) -> int:
         """Shards whose process runs and that answered a health check lately."""
         recent = time.monotonic() - 3 * HEALTH_INTERVAL_SECONDS
-        return sum(1 for s in self.shards if s.process is not None and s.process.poll() is None
-                   and s.connection is not None and s.last_seen >= recent)
+        return sum(
+            1
+            for s in self.shards
+            if s.process is not None
+            and s.process.poll() is None
+            and s.connection is not None
+            and s.last_seen >= recent
+        )
 
     # -- supervision -----------------------------------------------------------------------
 
@@ -193,8 +214,12 @@ class FederationShards:
             except OSError as e:
                 # Out of descriptors or processes for now: try again later, rather than end
                 # this shard's supervision for the life of the server.
-                log.error("federation shard %d could not be started: %s; retrying in %.1fs",
-                          shard.index, e, backoff)
+                log.error(
+                    "federation shard %d could not be started: %s; retrying in %.1fs",
+                    shard.index,
+                    e,
+                    backoff,
+                )
                 self._stopping.wait(backoff)
                 backoff = min(backoff * 2, RESTART_BACKOFF_MAX_SECONDS)
                 continue
@@ -206,28 +231,49 @@ class FederationShards:
             if ran >= STABLE_SECONDS:
                 backoff = RESTART_BACKOFF_SECONDS
             how = f"signal {-code}" if code < 0 else f"status {code}"
-            log.warning("federation shard %d (pid %d) exited with %s after %.1fs; restarting "
-                        "in %.1fs", shard.index, shard.process.pid, how, ran, backoff)
+            log.warning(
+                "federation shard %d (pid %d) exited with %s after %.1fs; restarting in %.1fs",
+                shard.index,
+                shard.process.pid,
+                how,
+                ran,
+                backoff,
+            )
             shard.restarts += 1
             self._stopping.wait(backoff)
             backoff = min(backoff * 2, RESTART_BACKOFF_MAX_SECONDS)
 
     def _spawn(self, shard: _Shard) -> subprocess.Popen:
         if self.listener is None:
-            raise RuntimeError("federation shards are spawned only once start() has bound the "
-                               "listener")
+            raise RuntimeError(
+                "federation shards are spawned only once start() has bound the listener"
+            )
         fd = self.listener.fileno()
         return subprocess.Popen(
-            [sys.executable, APP_PATH, "--config", self.config_path, "federation-shard",
-             "--index", str(shard.index), "--listen-fd", str(fd),
-             "--parent-pid", str(os.getpid())],
-            pass_fds=(fd,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+            [
+                sys.executable,
+                APP_PATH,
+                "--config",
+                self.config_path,
+                "federation-shard",
+                "--index",
+                str(shard.index),
+                "--listen-fd",
+                str(fd),
+                "--parent-pid",
+                str(os.getpid()),
+            ],
+            pass_fds=(fd,),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+        )
 
     def _check_health(self) -> None:
         while True:
             self._stopping.wait(HEALTH_INTERVAL_SECONDS)
-            jobs = [gevent.spawn(self._check_one, s) for s in self.shards
-                    if s.connection is not None]
+            jobs = [
+                gevent.spawn(self._check_one, s) for s in self.shards if s.connection is not None
+            ]
             gevent.joinall(jobs)
 
     def _check_one(self, shard: _Shard) -> None:
@@ -275,9 +321,14 @@ def answer_relay(processor, body: dict) -> dict:
     origin, txn_id = body.get("origin"), body.get("txn_id")
     pdus, results = body.get("pdus"), body.get("results")
     source_ip = body.get("source_ip")
-    if not (isinstance(origin, str) and isinstance(txn_id, str) and isinstance(pdus, list)
-            and all(isinstance(p, dict) for p in pdus) and isinstance(results, dict)
-            and (source_ip is None or isinstance(source_ip, str))):
+    if not (
+        isinstance(origin, str)
+        and isinstance(txn_id, str)
+        and isinstance(pdus, list)
+        and all(isinstance(p, dict) for p in pdus)
+        and isinstance(results, dict)
+        and (source_ip is None or isinstance(source_ip, str))
+    ):
         raise ValueError("malformed relay")
     try:
         answer = processor.receive(origin, txn_id, pdus, source_ip, results)

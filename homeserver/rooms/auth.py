@@ -34,8 +34,15 @@ POWER_LEVELS = "m.room.power_levels"
 JOIN_RULES = "m.room.join_rules"
 THIRD_PARTY_INVITE = "m.room.third_party_invite"
 
-_PL_INT_KEYS = ("users_default", "events_default", "state_default", "ban", "redact", "kick",
-                "invite")
+_PL_INT_KEYS = (
+    "users_default",
+    "events_default",
+    "state_default",
+    "ban",
+    "redact",
+    "kick",
+    "invite",
+)
 _PL_MAP_KEYS = ("events", "notifications")
 
 
@@ -45,8 +52,10 @@ class AuthError(Exception):
 
 # --- auth events selection (server-server spec) ------------------------------------------
 
-def auth_types_for_event(version: RoomVersion, event_type: str, sender: str,
-                         state_key: str | None, content: dict) -> list[StateKey]:
+
+def auth_types_for_event(
+    version: RoomVersion, event_type: str, sender: str, state_key: str | None, content: dict
+) -> list[StateKey]:
     """The (type, state_key) pairs whose current events are this event's `auth_events`."""
     if event_type == CREATE:
         return []
@@ -62,16 +71,29 @@ def auth_types_for_event(version: RoomVersion, event_type: str, sender: str,
             if token is not None:
                 wanted.append((THIRD_PARTY_INVITE, token))
         authoriser = content.get("join_authorised_via_users_server")
-        if (membership == "join" and version.restricted_join_rule
-                and isinstance(authoriser, str) and authoriser not in (sender, state_key)):
+        if (
+            membership == "join"
+            and version.restricted_join_rule
+            and isinstance(authoriser, str)
+            and authoriser not in (sender, state_key)
+        ):
             wanted.append((MEMBER, authoriser))
     return wanted
 
 
-def select_auth_events(version: RoomVersion, event_type: str, sender: str,
-                       state_key: str | None, content: dict, state: StateMap) -> list[Event]:
-    return [state[k] for k in auth_types_for_event(version, event_type, sender, state_key,
-                                                   content) if k in state]
+def select_auth_events(
+    version: RoomVersion,
+    event_type: str,
+    sender: str,
+    state_key: str | None,
+    content: dict,
+    state: StateMap,
+) -> list[Event]:
+    return [
+        state[k]
+        for k in auth_types_for_event(version, event_type, sender, state_key, content)
+        if k in state
+    ]
 
 
 def _third_party_token(content: dict) -> str | None:
@@ -84,8 +106,13 @@ def _third_party_token(content: dict) -> str | None:
 
 # --- entry points -----------------------------------------------------------------------
 
-def check_auth_events(version: RoomVersion, event: Event, auth_events: Iterable[Event],
-                      verify_server_signature: SignatureCheck | None = None) -> None:
+
+def check_auth_events(
+    version: RoomVersion,
+    event: Event,
+    auth_events: Iterable[Event],
+    verify_server_signature: SignatureCheck | None = None,
+) -> None:
     """Checks `event` against the events it lists as `auth_events` (rules 1 to 10)."""
     if event.type == CREATE:
         _check_create(version, event)
@@ -98,8 +125,9 @@ def check_auth_events(version: RoomVersion, event: Event, auth_events: Iterable[
         if key in by_key:
             raise AuthError(f"duplicate auth event for {key}")  # 2.1
         by_key[key] = auth_event
-    allowed = set(auth_types_for_event(version, event.type, event.sender, event.state_key,
-                                       event.content))
+    allowed = set(
+        auth_types_for_event(version, event.type, event.sender, event.state_key, event.content)
+    )
     for key, auth_event in by_key.items():
         if key not in allowed:
             raise AuthError(f"unexpected auth event {key}")  # 2.2
@@ -110,21 +138,30 @@ def check_auth_events(version: RoomVersion, event: Event, auth_events: Iterable[
     _check_rules(version, event, by_key, verify_server_signature)
 
 
-def check_against_state(version: RoomVersion, event: Event, state: StateMap,
-                        verify_server_signature: SignatureCheck | None = None) -> None:
+def check_against_state(
+    version: RoomVersion,
+    event: Event,
+    state: StateMap,
+    verify_server_signature: SignatureCheck | None = None,
+) -> None:
     """Checks `event` against a room state (the state before it, or the current state)."""
     if event.type == CREATE:
         _check_create(version, event)
         return
     if (CREATE, "") not in state:
         raise AuthError("the room has no m.room.create event")
-    auth = {k: state[k] for k in auth_types_for_event(version, event.type, event.sender,
-                                                     event.state_key, event.content)
-            if k in state}
+    auth = {
+        k: state[k]
+        for k in auth_types_for_event(
+            version, event.type, event.sender, event.state_key, event.content
+        )
+        if k in state
+    }
     _check_rules(version, event, auth, verify_server_signature)
 
 
 # --- the rules --------------------------------------------------------------------------
+
 
 def _check_create(version: RoomVersion, event: Event) -> None:
     # Rule 1 (v11 drops 1.4, the creator property).
@@ -132,19 +169,23 @@ def _check_create(version: RoomVersion, event: Event) -> None:
         raise AuthError("m.room.create must not have prev_events")
     if server_of(event.room_id) != server_of(event.sender):
         raise AuthError("m.room.create sender and room ID are on different servers")
-    if "room_version" in event.content and \
-            event.content["room_version"] not in KNOWN_ROOM_VERSIONS:
+    if "room_version" in event.content and event.content["room_version"] not in KNOWN_ROOM_VERSIONS:
         raise AuthError(f"unknown room version {event.content['room_version']!r}")
     if not version.implicit_room_creator and "creator" not in event.content:
         raise AuthError("m.room.create has no creator")
 
 
-def _check_rules(version: RoomVersion, event: Event, auth: dict[StateKey, Event],
-                 verify_server_signature: SignatureCheck | None) -> None:
+def _check_rules(
+    version: RoomVersion,
+    event: Event,
+    auth: dict[StateKey, Event],
+    verify_server_signature: SignatureCheck | None,
+) -> None:
     create = auth[(CREATE, "")]
     # Rule 3: m.federate false keeps other servers out.
-    if create.content.get("m.federate", True) is False and \
-            server_of(event.sender) != server_of(create.sender):
+    if create.content.get("m.federate", True) is False and server_of(event.sender) != server_of(
+        create.sender
+    ):
         raise AuthError("this room does not federate")
 
     if event.type == MEMBER:
@@ -165,8 +206,11 @@ def _check_rules(version: RoomVersion, event: Event, auth: dict[StateKey, Event]
     if required > sender_level:  # 7
         raise AuthError(f"sending {event.type} needs power level {required}")
 
-    if event.state_key is not None and event.state_key.startswith("@") and \
-            event.state_key != event.sender:  # 8
+    if (
+        event.state_key is not None
+        and event.state_key.startswith("@")
+        and event.state_key != event.sender
+    ):  # 8
         raise AuthError("state keys starting with @ are reserved for that user")
 
     if event.type == POWER_LEVELS:  # 9
@@ -191,23 +235,33 @@ class _MemberEvent:
         return user_power_level(self.version, user_id, self.auth)
 
 
-def _check_membership(version: RoomVersion, event: Event, auth: dict[StateKey, Event],
-                      verify_server_signature: SignatureCheck | None) -> None:
+def _check_membership(
+    version: RoomVersion,
+    event: Event,
+    auth: dict[StateKey, Event],
+    verify_server_signature: SignatureCheck | None,
+) -> None:
     target = event.state_key
     membership = event.content.get("membership")
     if target is None or not isinstance(membership, str):  # 4.1
         raise AuthError("m.room.member needs a state_key and content.membership")
     _check_authorising_server(event, verify_server_signature)  # 4.2
-    member = _MemberEvent(version, event, auth, target, _membership(auth, event.sender),
-                          _membership(auth, target), _join_rule(auth))
+    member = _MemberEvent(
+        version,
+        event,
+        auth,
+        target,
+        _membership(auth, event.sender),
+        _membership(auth, target),
+        _join_rule(auth),
+    )
     rule = _MEMBERSHIP_RULES.get(membership)
     if rule is None:
         raise AuthError(f"unknown membership {membership!r}")  # 4.8
     rule(member)
 
 
-def _check_authorising_server(event: Event,
-                              verify_server_signature: SignatureCheck | None) -> None:
+def _check_authorising_server(event: Event, verify_server_signature: SignatureCheck | None) -> None:
     # Rule 4.2: a restricted join names a member who admitted it, and that member's server
     # must have signed the event.
     authoriser = event.content.get("join_authorised_via_users_server")
@@ -215,8 +269,7 @@ def _check_authorising_server(event: Event,
         return
     if not isinstance(authoriser, str) or not is_valid_user_id(authoriser):
         raise AuthError("join_authorised_via_users_server is not a user ID")
-    if verify_server_signature is None or \
-            not verify_server_signature(event, server_of(authoriser)):
+    if verify_server_signature is None or not verify_server_signature(event, server_of(authoriser)):
         raise AuthError("join not signed by the authorising server")
 
 
@@ -224,8 +277,7 @@ def _check_join(member: _MemberEvent) -> None:
     # Rule 4.3.
     event, auth, version = member.event, member.auth, member.version
     create = auth[(CREATE, "")]
-    creator = create.sender if version.implicit_room_creator else \
-        create.content.get("creator")
+    creator = create.sender if version.implicit_room_creator else create.content.get("creator")
     if event.prev_event_ids == [create.event_id] and member.target == creator:
         return  # 4.3.1: the creator's own first join
     if event.sender != member.target:  # 4.3.2
@@ -239,17 +291,22 @@ def _check_join_rule(member: _MemberEvent) -> None:
     # Rules 4.3.4 to 4.3.7: what the room's join rule lets a (not banned) user do.
     version, join_rule = member.version, member.join_rule
     if join_rule in ("invite", "knock") and (
-            join_rule == "invite" or version.knock_join_rule):  # 4.3.4
+        join_rule == "invite" or version.knock_join_rule
+    ):  # 4.3.4
         if member.sender_membership in ("invite", "join"):
             return
         raise AuthError("you are not invited to this room")
-    if (join_rule == "restricted" and version.restricted_join_rule) or \
-            (join_rule == "knock_restricted" and version.knock_restricted_join_rule):  # 4.3.5
+    if (join_rule == "restricted" and version.restricted_join_rule) or (
+        join_rule == "knock_restricted" and version.knock_restricted_join_rule
+    ):  # 4.3.5
         if member.sender_membership in ("join", "invite"):
             return
         authoriser = member.event.content.get("join_authorised_via_users_server")
-        if not isinstance(authoriser, str) or _membership(member.auth, authoriser) != "join" \
-                or member.level(authoriser) < _named_level(member.auth, "invite", 0):
+        if (
+            not isinstance(authoriser, str)
+            or _membership(member.auth, authoriser) != "join"
+            or member.level(authoriser) < _named_level(member.auth, "invite", 0)
+        ):
             raise AuthError("join is not authorised by a member who may invite")
         return
     if join_rule == "public":  # 4.3.6
@@ -266,8 +323,10 @@ def _check_invite(member: _MemberEvent) -> None:
     if member.sender_membership != "join":  # 4.4.2
         raise AuthError("you are not in the room")
     if target_membership in ("join", "ban"):  # 4.4.3
-        raise AuthError(f"{member.target} is already "
-                        f"{'in the room' if target_membership == 'join' else 'banned'}")
+        raise AuthError(
+            f"{member.target} is already "
+            f"{'in the room' if target_membership == 'join' else 'banned'}"
+        )
     if member.level(event.sender) >= _named_level(member.auth, "invite", 0):  # 4.4.4
         return
     raise AuthError("power level too low to invite")
@@ -285,8 +344,10 @@ def _check_leave(member: _MemberEvent) -> None:
     sender_level = member.level(event.sender)
     if member.target_membership == "ban" and sender_level < _named_level(auth, "ban", 50):
         raise AuthError("power level too low to unban")  # 4.5.3
-    if sender_level >= _named_level(auth, "kick", 50) and \
-            member.level(member.target) < sender_level:  # 4.5.4
+    if (
+        sender_level >= _named_level(auth, "kick", 50)
+        and member.level(member.target) < sender_level
+    ):  # 4.5.4
         return
     raise AuthError("power level too low to kick this user")
 
@@ -296,8 +357,10 @@ def _check_ban(member: _MemberEvent) -> None:
     if member.sender_membership != "join":
         raise AuthError("you are not in the room")
     sender_level = member.level(member.event.sender)
-    if sender_level >= _named_level(member.auth, "ban", 50) and \
-            member.level(member.target) < sender_level:
+    if (
+        sender_level >= _named_level(member.auth, "ban", 50)
+        and member.level(member.target) < sender_level
+    ):
         return
     raise AuthError("power level too low to ban this user")
 
@@ -326,8 +389,9 @@ _MEMBERSHIP_RULES: dict[str, Callable[[_MemberEvent], None]] = {
 }
 
 
-def _check_third_party_invite(event: Event, auth: dict[StateKey, Event],
-                              target_membership: str | None) -> None:
+def _check_third_party_invite(
+    event: Event, auth: dict[StateKey, Event], target_membership: str | None
+) -> None:
     # Rule 4.4.1: an invite that redeems an m.room.third_party_invite.
     if target_membership == "ban":
         raise AuthError("the invited user is banned")
@@ -385,8 +449,9 @@ def _signed_by_any(signed: dict, signatures: dict, keys: list[str]) -> bool:
     return False
 
 
-def _check_power_levels(version: RoomVersion, event: Event, auth: dict[StateKey, Event],
-                        sender_level: int) -> None:
+def _check_power_levels(
+    version: RoomVersion, event: Event, auth: dict[StateKey, Event], sender_level: int
+) -> None:
     new = event.content
     _check_power_levels_format(version, new)  # 9.1 to 9.3
     old_event = auth.get((POWER_LEVELS, ""))
@@ -404,12 +469,14 @@ def _check_power_levels_format(version: RoomVersion, new: dict) -> None:
             if key in new and not _is_int(new[key]):
                 raise AuthError(f"power levels: {key} must be an integer")
         for key in _PL_MAP_KEYS:  # 9.2
-            if key in new and not (isinstance(new[key], dict)
-                                   and all(_is_int(v) for v in new[key].values())):
+            if key in new and not (
+                isinstance(new[key], dict) and all(_is_int(v) for v in new[key].values())
+            ):
                 raise AuthError(f"power levels: {key} must map to integers")
     users = new.get("users", {})
     if not isinstance(users, dict) or not all(
-            is_valid_user_id(u) and _is_int(v) for u, v in users.items()):  # 9.3
+        is_valid_user_id(u) and _is_int(v) for u, v in users.items()
+    ):  # 9.3
         raise AuthError("power levels: users must map user IDs to integers")
 
 
@@ -439,14 +506,14 @@ def _check_user_level_changes(old: dict, new: dict, sender: str, sender_level: i
     for user in set(old_users) | set(users):
         if old_users.get(user) == users.get(user):
             continue
-        if user != sender and user in old_users and \
-                _as_int(old_users[user]) >= sender_level:  # 9.8
+        if user != sender and user in old_users and _as_int(old_users[user]) >= sender_level:  # 9.8
             raise AuthError(f"power levels: cannot change the level of {user}")
         if user in users and _as_int(users[user]) > sender_level:  # 9.9
             raise AuthError("power levels: cannot give a level above your own")
 
 
 # --- power levels and membership lookups ------------------------------------------------
+
 
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)

@@ -80,10 +80,12 @@ def default_power_levels(creator: str, preset: Preset, invitees: tuple) -> dict:
     }
 
 
-def plan_room(version: RoomVersion, creator: str, request: CreateRoomRequest,
-              alias: str | None) -> list[PlannedEvent]:
-    preset = PRESETS[request.preset or ("public_chat" if request.visibility == "public"
-                                        else "private_chat")]
+def plan_room(
+    version: RoomVersion, creator: str, request: CreateRoomRequest, alias: str | None
+) -> list[PlannedEvent]:
+    preset = PRESETS[
+        request.preset or ("public_chat" if request.visibility == "public" else "private_chat")
+    ]
     initial: dict[tuple[str, str], dict] = {}
     for item in request.initial_state:
         initial[(item["type"], item.get("state_key", ""))] = item["content"]
@@ -91,8 +93,10 @@ def plan_room(version: RoomVersion, creator: str, request: CreateRoomRequest,
     def state(event_type: str, content: dict, state_key: str = "") -> PlannedEvent:
         return PlannedEvent(creator, event_type, content, state_key)
 
-    planned = [state("m.room.create", _create_content(version, creator, request)),
-               state("m.room.member", {"membership": "join"}, creator)]
+    planned = [
+        state("m.room.create", _create_content(version, creator, request)),
+        state("m.room.member", {"membership": "join"}, creator),
+    ]
 
     power_levels = initial.pop(("m.room.power_levels", ""), None)
     if power_levels is None:
@@ -104,8 +108,11 @@ def plan_room(version: RoomVersion, creator: str, request: CreateRoomRequest,
         planned.append(state("m.room.canonical_alias", {"alias": alias}))
 
     # The preset's state, unless initial_state sets the same thing.
-    planned += [state(event_type, content) for event_type, content in _preset_state(preset)
-                if (event_type, "") not in initial]
+    planned += [
+        state(event_type, content)
+        for event_type, content in _preset_state(preset)
+        if (event_type, "") not in initial
+    ]
 
     # The request's name and topic replace initial_state's, and come after it.
     named = _name_and_topic(request)
@@ -114,8 +121,9 @@ def plan_room(version: RoomVersion, creator: str, request: CreateRoomRequest,
     planned += [state(t, content, key) for (t, key), content in initial.items()]
     planned += [state(event_type, content) for event_type, content in named]
 
-    planned += [state("m.room.member", _invite_content(request), invitee)
-                for invitee in request.invite]
+    planned += [
+        state("m.room.member", _invite_content(request), invitee) for invitee in request.invite
+    ]
     return planned
 
 
@@ -130,9 +138,11 @@ def _create_content(version: RoomVersion, creator: str, request: CreateRoomReque
 
 
 def _preset_state(preset: Preset) -> list[tuple[str, dict]]:
-    return [("m.room.join_rules", {"join_rule": preset.join_rule}),
-            ("m.room.history_visibility", {"history_visibility": preset.history_visibility}),
-            ("m.room.guest_access", {"guest_access": preset.guest_access})]
+    return [
+        ("m.room.join_rules", {"join_rule": preset.join_rule}),
+        ("m.room.history_visibility", {"history_visibility": preset.history_visibility}),
+        ("m.room.guest_access", {"guest_access": preset.guest_access}),
+    ]
 
 
 def _name_and_topic(request: CreateRoomRequest) -> list[tuple[str, dict]]:
@@ -140,9 +150,15 @@ def _name_and_topic(request: CreateRoomRequest) -> list[tuple[str, dict]]:
     if request.name is not None:
         named.append(("m.room.name", {"name": request.name}))
     if request.topic is not None:
-        named.append(("m.room.topic", {
-            "topic": request.topic,
-            "m.topic": {"m.text": [{"mimetype": "text/plain", "body": request.topic}]}}))
+        named.append(
+            (
+                "m.room.topic",
+                {
+                    "topic": request.topic,
+                    "m.topic": {"m.text": [{"mimetype": "text/plain", "body": request.topic}]},
+                },
+            )
+        )
     return named
 
 
@@ -177,7 +193,8 @@ class RoomCreator:
         alias = None
         if request.room_alias_name is not None:
             alias = self.directory.check_new_alias(
-                f"#{request.room_alias_name}:{self.server_name}", taken_errcode=Codes.ROOM_IN_USE)
+                f"#{request.room_alias_name}:{self.server_name}", taken_errcode=Codes.ROOM_IN_USE
+            )
 
         room_id = new_room_id(self.server_name)
         extra_writes = []
@@ -185,8 +202,9 @@ class RoomCreator:
             extra_writes.append(self.directory.alias_writer(alias, room_id, creator))
         if request.visibility == "public":
             extra_writes.append(self.directory.publish_writer(room_id))
-        self.rooms.create_room(room_id, version, creator,
-                               plan_room(version, creator, request, alias), extra_writes)
+        self.rooms.create_room(
+            room_id, version, creator, plan_room(version, creator, request, alias), extra_writes
+        )
         return room_id
 
     @staticmethod
@@ -195,6 +213,7 @@ class RoomCreator:
             return DEFAULT_ROOM_VERSION
         version = KNOWN_ROOM_VERSIONS.get(identifier)
         if version is None:
-            raise MatrixError(400, Codes.UNSUPPORTED_ROOM_VERSION,
-                              f"Room version {identifier!r} is not supported")
+            raise MatrixError(
+                400, Codes.UNSUPPORTED_ROOM_VERSION, f"Room version {identifier!r} is not supported"
+            )
         return version

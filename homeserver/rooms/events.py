@@ -37,10 +37,22 @@ class InvalidEvent(ValueError):
 
 # --- redaction --------------------------------------------------------------------------
 
-_KEPT_TOP_LEVEL = frozenset({
-    "event_id", "type", "room_id", "sender", "state_key", "content", "hashes", "signatures",
-    "depth", "prev_events", "auth_events", "origin_server_ts",
-})
+_KEPT_TOP_LEVEL = frozenset(
+    {
+        "event_id",
+        "type",
+        "room_id",
+        "sender",
+        "state_key",
+        "content",
+        "hashes",
+        "signatures",
+        "depth",
+        "prev_events",
+        "auth_events",
+        "origin_server_ts",
+    }
+)
 # Kept before v11 only.
 _KEPT_TOP_LEVEL_OLD = frozenset({"prev_state", "origin", "membership"})
 
@@ -48,16 +60,27 @@ _KEPT_CONTENT = {
     "m.room.member": ("membership", "join_authorised_via_users_server"),
     "m.room.create": ("creator",),
     "m.room.join_rules": ("join_rule", "allow"),
-    "m.room.power_levels": ("ban", "events", "events_default", "kick", "redact",
-                            "state_default", "users", "users_default"),
+    "m.room.power_levels": (
+        "ban",
+        "events",
+        "events_default",
+        "kick",
+        "redact",
+        "state_default",
+        "users",
+        "users_default",
+    ),
     "m.room.history_visibility": ("history_visibility",),
 }
 
 
 def redact(version: RoomVersion, pdu: dict) -> dict:
     """The event with everything the redaction algorithm strips removed (a new dict)."""
-    kept = _KEPT_TOP_LEVEL if version.updated_redaction_rules else (
-        _KEPT_TOP_LEVEL | _KEPT_TOP_LEVEL_OLD)
+    kept = (
+        _KEPT_TOP_LEVEL
+        if version.updated_redaction_rules
+        else (_KEPT_TOP_LEVEL | _KEPT_TOP_LEVEL_OLD)
+    )
     out = {k: copy.deepcopy(v) for k, v in pdu.items() if k in kept}
     content = pdu.get("content")
     if not isinstance(content, dict):
@@ -73,16 +96,21 @@ def redact(version: RoomVersion, pdu: dict) -> dict:
         elif event_type == "m.room.redaction":
             keys.append("redacts")
     new_content = {k: copy.deepcopy(content[k]) for k in keys if k in content}
-    if (version.updated_redaction_rules and event_type == "m.room.member"
-            and isinstance(content.get("third_party_invite"), dict)
-            and "signed" in content["third_party_invite"]):
+    if (
+        version.updated_redaction_rules
+        and event_type == "m.room.member"
+        and isinstance(content.get("third_party_invite"), dict)
+        and "signed" in content["third_party_invite"]
+    ):
         new_content["third_party_invite"] = {
-            "signed": copy.deepcopy(content["third_party_invite"]["signed"])}
+            "signed": copy.deepcopy(content["third_party_invite"]["signed"])
+        }
     out["content"] = new_content
     return out
 
 
 # --- hashes, IDs and signatures ---------------------------------------------------------
+
 
 def compute_content_hash(pdu: dict) -> bytes:
     """sha256 of the canonical JSON of the whole event minus unsigned, signatures, hashes."""
@@ -102,8 +130,9 @@ def event_id_for(version: RoomVersion, pdu: dict) -> str:
     return "$" + encode_base64(compute_reference_hash(version, pdu), urlsafe=True)
 
 
-def add_hashes_and_signatures(version: RoomVersion, pdu: dict, server_name: str,
-                              signing_key) -> None:
+def add_hashes_and_signatures(
+    version: RoomVersion, pdu: dict, server_name: str, signing_key
+) -> None:
     """Sets `hashes.sha256` over the full event, then signs the redacted event with our key
     and copies the signature back (so it stays valid if the event is later redacted)."""
     pdu["hashes"] = {"sha256": encode_base64(compute_content_hash(pdu))}
@@ -112,6 +141,7 @@ def add_hashes_and_signatures(version: RoomVersion, pdu: dict, server_name: str,
 
 
 # --- format checks ----------------------------------------------------------------------
+
 
 def check_canonical_values(value: Any, path: str = "content") -> None:
     """Room versions 6+ reject floats and integers outside the canonical JSON range."""
@@ -148,10 +178,21 @@ def check_size_limits(event: Event) -> None:
 
 # --- building ---------------------------------------------------------------------------
 
-def build_event(version: RoomVersion, *, room_id: str, sender: str, event_type: str,
-                content: dict, state_key: str | None, prev_events: list[Event],
-                auth_event_ids: list[str], origin_server_ts: int, server_name: str,
-                signing_key) -> Event:
+
+def build_event(
+    version: RoomVersion,
+    *,
+    room_id: str,
+    sender: str,
+    event_type: str,
+    content: dict,
+    state_key: str | None,
+    prev_events: list[Event],
+    auth_event_ids: list[str],
+    origin_server_ts: int,
+    server_name: str,
+    signing_key,
+) -> Event:
     """A signed event of ours. `prev_events` are the room's forward extremities."""
     if len(prev_events) > MAX_PREV_EVENTS or len(auth_event_ids) > MAX_AUTH_EVENTS:
         raise InvalidEvent("too many prev_events or auth_events")
@@ -178,9 +219,18 @@ def build_event(version: RoomVersion, *, room_id: str, sender: str, event_type: 
 
 # --- received PDUs ----------------------------------------------------------------------
 
-_PDU_FIELDS = {"auth_events": list, "content": dict, "depth": int, "hashes": dict,
-               "origin_server_ts": int, "prev_events": list, "room_id": str, "sender": str,
-               "signatures": dict, "type": str}
+_PDU_FIELDS = {
+    "auth_events": list,
+    "content": dict,
+    "depth": int,
+    "hashes": dict,
+    "origin_server_ts": int,
+    "prev_events": list,
+    "room_id": str,
+    "sender": str,
+    "signatures": dict,
+    "type": str,
+}
 
 
 def check_pdu_format(version: RoomVersion, event: Event) -> None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 from homeserver.storage.rooms import StoredEvent
 
 
-def client_event(stored: StoredEvent, now_ms: int, txn_id: str | None = None,
-                 membership: str | None = None) -> dict:
+def client_event(
+    stored: StoredEvent, now_ms: int, txn_id: str | None = None, membership: str | None = None
+) -> dict:
     """`membership`: the requesting user's membership just after this event, when known."""
     pdu = stored.event.pdu
     out = {

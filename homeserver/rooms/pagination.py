@@ -29,8 +29,7 @@ class EventFilter:
     contains_url: bool | None = None  # only events with (True) or without (False) content.url
 
     def keeps_type(self, event_type: str) -> bool:
-        if self.types is not None and not any(_glob(t).fullmatch(event_type)
-                                              for t in self.types):
+        if self.types is not None and not any(_glob(t).fullmatch(event_type) for t in self.types):
             return False
         return not any(_glob(t).fullmatch(event_type) for t in self.not_types)
 
@@ -44,8 +43,11 @@ class EventFilter:
 
     def keeps(self, stored: StoredEvent) -> bool:
         event = stored.event
-        return (self.keeps_type(event.type) and self.keeps_sender(event.sender)
-                and self.keeps_content(event.content))
+        return (
+            self.keeps_type(event.type)
+            and self.keeps_sender(event.sender)
+            and self.keeps_content(event.content)
+        )
 
 
 @functools.lru_cache(maxsize=1024)

@@ -82,9 +82,14 @@ def signing_servers(pdu: dict, version: RoomVersion) -> list[str]:
     servers = [server_of(pdu["sender"])]
     content = pdu["content"]
     authoriser = content.get("join_authorised_via_users_server")
-    if (version.restricted_join_rule and pdu["type"] == "m.room.member"
-            and content.get("membership") == "join" and isinstance(authoriser, str)
-            and server_of(authoriser) not in servers and server_of(authoriser)):
+    if (
+        version.restricted_join_rule
+        and pdu["type"] == "m.room.member"
+        and content.get("membership") == "join"
+        and isinstance(authoriser, str)
+        and server_of(authoriser) not in servers
+        and server_of(authoriser)
+    ):
         servers.append(server_of(authoriser))
     return servers
 
@@ -105,8 +110,10 @@ class PduChecker:
                 checked.append(_identify(pdu, room_versions))
             except Exception as e:  # not even an event ID: nothing to tell the sender
                 log.info("dropping a PDU without an event ID: %s", e)
-        jobs = [gevent.spawn(self.verify, item, source_ip) if item.error is None else None
-                for item in checked]
+        jobs = [
+            gevent.spawn(self.verify, item, source_ip) if item.error is None else None
+            for item in checked
+        ]
         running = [job for job in jobs if job is not None]
         try:
             for job in gevent.iwait(running):
@@ -129,8 +136,7 @@ class PduChecker:
                 versions[room_id] = KNOWN_ROOM_VERSIONS[room.room_version]
         return versions
 
-    def verify(self, item: CheckedPdu,
-                source_ip: str | None) -> CheckedPdu | KeyResolutionRefused:
+    def verify(self, item: CheckedPdu, source_ip: str | None) -> CheckedPdu | KeyResolutionRefused:
         """Steps 2 and 3 for one PDU. A refusal is returned, not raised: the caller raises
         it (a greenlet dying of it would only be logged as a crash)."""
         pdu, version = item.pdu, item.version
@@ -138,19 +144,20 @@ class PduChecker:
         servers = signing_servers(pdu, version)
         for server in servers:
             try:
-                self.keyring.verify_json(redacted, server, source_ip,
-                                         at_ts=pdu["origin_server_ts"])
+                self.keyring.verify_json(redacted, server, source_ip, at_ts=pdu["origin_server_ts"])
             except InvalidSignature as e:
                 return _failed(item, f"signature of {server} not valid: {e}")
             except KeyResolutionRefused as e:
                 return e
         stored = {k: v for k, v in pdu.items() if k != "unsigned"}
         if compute_content_hash(pdu) != _decoded_hash(pdu):
-            log.warning("event %s does not match its content hash: keeping it redacted",
-                        item.event_id)
+            log.warning(
+                "event %s does not match its content hash: keeping it redacted", item.event_id
+            )
             stored = redacted
-        return CheckedPdu(item.event_id, pdu, version, Event(item.event_id, stored),
-                          frozenset(servers))
+        return CheckedPdu(
+            item.event_id, pdu, version, Event(item.event_id, stored), frozenset(servers)
+        )
 
 
 def _decoded_hash(pdu: dict) -> bytes | None:

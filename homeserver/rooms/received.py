@@ -19,8 +19,13 @@ class ReceivedEventRefused(Exception):
     what the sender is told for it."""
 
 
-def authorise_received_event(store: RoomStore, version: RoomVersion, event: Event,
-                             known: dict[str, StoredEvent], signed_by: frozenset[str]) -> None:
+def authorise_received_event(
+    store: RoomStore,
+    version: RoomVersion,
+    event: Event,
+    known: dict[str, StoredEvent],
+    signed_by: frozenset[str],
+) -> None:
     """Steps 4 to 6 of the spec's "Checks performed on receipt of a PDU", kept minimal: the
     event must pass the auth rules against its auth_events, against the state before it,
     and against the current state; else `ReceivedEventRefused`. Run under the room's lock;
@@ -32,23 +37,21 @@ def authorise_received_event(store: RoomStore, version: RoomVersion, event: Even
     the current state when its prev_events are the room's forward extremities (the linear
     case), else the state at the newest of them in stream order."""
     room_id = event.room_id
-    missing = [e for e in event.prev_event_ids + event.auth_event_ids
-               if e not in known]
+    missing = [e for e in event.prev_event_ids + event.auth_event_ids if e not in known]
     if missing:
         raise ReceivedEventRefused(
             f"unknown prev_events or auth_events ({', '.join(missing[:3])}); "
-            "missing events are not fetched")
+            "missing events are not fetched"
+        )
 
     def signed(ev: Event, server: str) -> bool:
         return server in signed_by
 
     try:
-        check_auth_events(version, event,
-                          [known[e].event for e in event.auth_event_ids], signed)
+        check_auth_events(version, event, [known[e].event for e in event.auth_event_ids], signed)
     except AuthError as e:
         raise ReceivedEventRefused(f"rejected by its auth events: {e}") from None
-    keys = auth_types_for_event(version, event.type, event.sender, event.state_key,
-                                event.content)
+    keys = auth_types_for_event(version, event.type, event.sender, event.state_key, event.content)
     extremities = {e.event_id for e in store.forward_extremities(room_id)}
     linear = set(event.prev_event_ids) == extremities
     if not linear:
@@ -57,13 +60,14 @@ def authorise_received_event(store: RoomStore, version: RoomVersion, event: Even
         try:
             check_against_state(version, event, before, signed)
         except AuthError as e:
-            raise ReceivedEventRefused(
-                f"rejected by the state before it: {e}") from None
+            raise ReceivedEventRefused(f"rejected by the state before it: {e}") from None
     current = {k: s.event for k, s in store.current_state(room_id, keys).items()}
     try:
         check_against_state(version, event, current, signed)
     except AuthError as e:
         # In the linear case the current state is the state before the event.
         raise ReceivedEventRefused(
-            f"rejected by the state before it: {e}" if linear
-            else f"soft-failed against the current state: {e}") from None
+            f"rejected by the state before it: {e}"
+            if linear
+            else f"soft-failed against the current state: {e}"
+        ) from None

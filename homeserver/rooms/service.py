@@ -43,17 +43,8 @@ from homeserver.rooms.auth import (
     user_power_level,
 )
 from homeserver.rooms.events import MAX_PREV_EVENTS, InvalidEvent, build_event, redact
-from homeserver.rooms.format import client_event
-from homeserver.rooms.pagination import (
-    EventFilter,
-    EventScan,
-    MessagesPage,
-    parse_stream_token,
-    stream_token,
-)
 from homeserver.rooms.received import ReceivedEventRefused, authorise_received_event
 from homeserver.rooms.versions import KNOWN_ROOM_VERSIONS, RoomVersion
-from homeserver.rooms.visibility import HistoryView
 from homeserver.storage.profiles import ProfileStore
 from homeserver.storage.rooms import (
     NewRoom,
@@ -68,10 +59,6 @@ log = logging.getLogger(__name__)
 # A room whose extremities keep moving under us (another process writing) is retried this
 # many times before the request gives up.
 _PERSIST_ATTEMPTS = 3
-# /messages: the most events one request returns, and how many batches it may read while
-# skipping events the user may not see, so hidden history cannot make a request unbounded.
-MAX_MESSAGES_LIMIT = 1000
-_MAX_SCAN_ROUNDS = 10
 
 MEMBERSHIPS = ("join", "invite", "knock", "leave", "ban")
 
@@ -91,8 +78,14 @@ class PlannedEvent:
 
 
 class RoomService:
-    def __init__(self, store: RoomStore, accounts, server_name: str, signing_key,
-                 profiles: ProfileStore | None = None):
+    def __init__(
+        self,
+        store: RoomStore,
+        accounts,
+        server_name: str,
+        signing_key,
+        profiles: ProfileStore | None = None,
+    ):
         self.store = store
         self.accounts = accounts
         # Local users' displayname and avatar_url, copied into their member events.
@@ -140,8 +133,10 @@ class RoomService:
         if member is not None and member.event.membership == "join":
             return True
         visibility = state.get(("m.room.history_visibility", ""))
-        return visibility is not None and \
-            visibility.event.content.get("history_visibility") == "world_readable"
+        return (
+            visibility is not None
+            and visibility.event.content.get("history_visibility") == "world_readable"
+        )
 
     def joined_rooms(self, user_id: str) -> list[str]:
         return self.store.rooms_for_user(user_id, "join")
@@ -158,8 +153,11 @@ class RoomService:
         if requester.is_admin:
             return True
         version = self.room_version(room_id)
-        keys = [("m.room.create", ""), ("m.room.power_levels", ""),
-                ("m.room.member", requester.user_id)]
+        keys = [
+            ("m.room.create", ""),
+            ("m.room.power_levels", ""),
+            ("m.room.member", requester.user_id),
+        ]
         state = {k: s.event for k, s in self.store.current_state(room_id, keys).items()}
         member = state.get(("m.room.member", requester.user_id))
         if member is None or member.membership != "join":
@@ -169,23 +167,40 @@ class RoomService:
 
     # --- building, authorising and persisting -------------------------------------------
 
-    def _build(self, version: RoomVersion, planned: PlannedEvent, room_id: str,
-               prev_events: list[Event], state: dict, ts: int) -> Event:
+    def _build(
+        self,
+        version: RoomVersion,
+        planned: PlannedEvent,
+        room_id: str,
+        prev_events: list[Event],
+        state: dict,
+        ts: int,
+    ) -> Event:
         """Builds, signs and auth-checks one event. Raises AuthError for the caller to map."""
-        auth_events = select_auth_events(version, planned.event_type, planned.sender,
-                                         planned.state_key, planned.content, state)
+        auth_events = select_auth_events(
+            version, planned.event_type, planned.sender, planned.state_key, planned.content, state
+        )
         try:
             event = build_event(
-                version, room_id=room_id, sender=planned.sender, event_type=planned.event_type,
-                content=planned.content, state_key=planned.state_key, prev_events=prev_events,
-                auth_event_ids=[e.event_id for e in auth_events], origin_server_ts=ts,
-                server_name=self.server_name, signing_key=self.signing_key)
+                version,
+                room_id=room_id,
+                sender=planned.sender,
+                event_type=planned.event_type,
+                content=planned.content,
+                state_key=planned.state_key,
+                prev_events=prev_events,
+                auth_event_ids=[e.event_id for e in auth_events],
+                origin_server_ts=ts,
+                server_name=self.server_name,
+                signing_key=self.signing_key,
+            )
         except InvalidEvent as e:
             if e.too_large:
                 raise MatrixError(413, Codes.TOO_LARGE, str(e)) from None
             raise bad_json(str(e)) from None
-        check_auth_events(version, event, auth_events,
-                          lambda ev, server: self._signed_by_us(version, ev, server))
+        check_auth_events(
+            version, event, auth_events, lambda ev, server: self._signed_by_us(version, ev, server)
+        )
         return event
 
     def _signed_by_us(self, version: RoomVersion, event: Event, server: str) -> bool:
@@ -208,8 +223,13 @@ class RoomService:
                 log.exception("persist listener failed")
         return stored
 
-    def _append(self, room_id: str, planned: PlannedEvent, txn: TxnKey | None = None,
-                skip_if_unchanged: bool = False) -> str:
+    def _append(
+        self,
+        room_id: str,
+        planned: PlannedEvent,
+        txn: TxnKey | None = None,
+        skip_if_unchanged: bool = False,
+    ) -> str:
         """Adds one event to an existing room; returns its event ID."""
         version = self.room_version(room_id)
         with self._locks.hold(room_id):
@@ -224,19 +244,29 @@ class RoomService:
                     continue
         raise MatrixError(503, Codes.UNKNOWN, "The room is busy; try again")
 
-    def _append_once(self, version: RoomVersion, room_id: str, planned: PlannedEvent,
-                     txn: TxnKey | None, skip_if_unchanged: bool) -> str:
+    def _append_once(
+        self,
+        version: RoomVersion,
+        room_id: str,
+        planned: PlannedEvent,
+        txn: TxnKey | None,
+        skip_if_unchanged: bool,
+    ) -> str:
         """One attempt of `_append`, under the room's lock. Raises StaleExtremities if another
         process wrote to the room since its state was read."""
-        keys = auth_types_for_event(version, planned.event_type, planned.sender,
-                                    planned.state_key, planned.content)
+        keys = auth_types_for_event(
+            version, planned.event_type, planned.sender, planned.state_key, planned.content
+        )
         if planned.state_key is not None:
             keys.append((planned.event_type, planned.state_key))
         state = {k: s.event for k, s in self.store.current_state(room_id, keys).items()}
         if skip_if_unchanged and planned.state_key is not None:
             current = state.get((planned.event_type, planned.state_key))
-            if current is not None and current.sender == planned.sender \
-                    and current.content == planned.content:
+            if (
+                current is not None
+                and current.sender == planned.sender
+                and current.content == planned.content
+            ):
                 return current.event_id  # nothing would change: no new event
         # Events received over federation may fork the room: the newest
         # extremities, as many as an event may name.
@@ -257,8 +287,14 @@ class RoomService:
                     return existing
             raise
 
-    def create_room(self, room_id: str, version: RoomVersion, creator: str,
-                    planned: list[PlannedEvent], extra_writes: Iterable[Callable] = ()) -> None:
+    def create_room(
+        self,
+        room_id: str,
+        version: RoomVersion,
+        creator: str,
+        planned: list[PlannedEvent],
+        extra_writes: Iterable[Callable] = (),
+    ) -> None:
         """Builds every initial event of a new room and stores them all, with
         `extra_writes`, in one transaction: a room is created whole or not at all."""
         ts = now_ms()
@@ -268,13 +304,17 @@ class RoomService:
             try:
                 event = self._build(version, item, room_id, events[-1:], state, ts)
             except AuthError as e:
-                raise MatrixError(400, Codes.INVALID_ROOM_STATE,
-                                  f"{item.event_type} would not be allowed: {e}") from None
+                raise MatrixError(
+                    400, Codes.INVALID_ROOM_STATE, f"{item.event_type} would not be allowed: {e}"
+                ) from None
             events.append(event)
             if event.is_state:
                 state[(event.type, event.state_key)] = event
-        self._persist(events, new_room=NewRoom(room_id, version.identifier, creator, ts),
-                      extra_writes=extra_writes)
+        self._persist(
+            events,
+            new_room=NewRoom(room_id, version.identifier, creator, ts),
+            extra_writes=extra_writes,
+        )
 
     # --- events received over federation -------------------------------------------------
 
@@ -282,8 +322,7 @@ class RoomService:
         """Is one of our users joined to the room? Only then are its events taken in."""
         return any(server_of(u) == self.server_name for u in self.store.joined_users(room_id))
 
-    def receive_event(self, version: RoomVersion, event: Event,
-                      signed_by: frozenset[str]) -> bool:
+    def receive_event(self, version: RoomVersion, event: Event, signed_by: frozenset[str]) -> bool:
         """Authorises a PDU received over federation and stores it, through the same persist
         point as our own events (so listeners, and /sync, see it). The caller has checked
         its format, signatures and hashes (spec "Checks performed on receipt of a PDU",
@@ -299,7 +338,8 @@ class RoomService:
         room_id = event.room_id
         with self._locks.hold(room_id):
             known = self.store.events_in_room(
-                room_id, [event.event_id, *event.prev_event_ids, *event.auth_event_ids])
+                room_id, [event.event_id, *event.prev_event_ids, *event.auth_event_ids]
+            )
             if event.event_id in known:
                 return False
             authorise_received_event(self.store, version, event, known, signed_by)
@@ -313,44 +353,53 @@ class RoomService:
 
     # --- sending ------------------------------------------------------------------------
 
-    def send_message(self, requester: Requester, room_id: str, event_type: str, content: dict,
-                     txn_id: str) -> str:
+    def send_message(
+        self, requester: Requester, room_id: str, event_type: str, content: dict, txn_id: str
+    ) -> str:
         if event_type == "m.room.redaction":
             # Redacting needs the redact endpoint and applying redactions when serving.
             raise MatrixError(400, Codes.UNRECOGNIZED, "Redactions are not supported yet")
         txn = TxnKey(requester.user_id, requester.device_id, room_id, event_type, txn_id)
-        return self._append(room_id, PlannedEvent(requester.user_id, event_type, content),
-                            txn=txn)
+        return self._append(room_id, PlannedEvent(requester.user_id, event_type, content), txn=txn)
 
-    def set_state(self, requester: Requester, room_id: str, event_type: str, state_key: str,
-                  content: dict) -> str:
+    def set_state(
+        self, requester: Requester, room_id: str, event_type: str, state_key: str, content: dict
+    ) -> str:
         if event_type == "m.room.member":
             membership = content.get("membership")
             if membership not in MEMBERSHIPS:
                 raise bad_json("content.membership must be one of " + ", ".join(MEMBERSHIPS))
-            return self.update_membership(requester.user_id, room_id, state_key, membership,
-                                          content)
+            return self.update_membership(
+                requester.user_id, room_id, state_key, membership, content
+            )
         validator = self._state_validators.get(event_type)
         if validator is not None:
             self.room_version(room_id)
             old = self.store.current_state(room_id, [(event_type, state_key)])
             old_event = old.get((event_type, state_key))
             validator(room_id, content, old_event.event.content if old_event else None)
-        return self._append(room_id, PlannedEvent(requester.user_id, event_type, content,
-                                                  state_key), skip_if_unchanged=True)
+        return self._append(
+            room_id,
+            PlannedEvent(requester.user_id, event_type, content, state_key),
+            skip_if_unchanged=True,
+        )
 
     # --- membership ---------------------------------------------------------------------
 
-    def update_membership(self, sender: str, room_id: str, target: str, membership: str,
-                          content: dict | None = None) -> str:
+    def update_membership(
+        self, sender: str, room_id: str, target: str, membership: str, content: dict | None = None
+    ) -> str:
         """join, invite, leave, ban or knock, by `sender` for `target`. `content` may carry
         reason, is_direct and profile fields; membership is set from the argument."""
         if not is_valid_user_id(target):
             raise invalid_param(f"Not a valid user ID: {target}")
         content = dict(content or {})
         content["membership"] = membership
-        if membership in ("join", "invite", "knock") and self.profiles is not None \
-                and server_of(target) == self.server_name:
+        if (
+            membership in ("join", "invite", "knock")
+            and self.profiles is not None
+            and server_of(target) == self.server_name
+        ):
             # The spec asks servers to put their users' profile in these member events.
             for key, value in self.profiles.member_fields(target).items():
                 content.setdefault(key, value)
@@ -365,12 +414,17 @@ class RoomService:
             raise not_found(f"Unknown user {target}")
         if membership == "join" and sender == target:
             self._authorise_restricted_join(room_id, target, content)
-        if membership == "leave" and sender == target and \
-                self.membership(room_id, target) == "leave":
-            return self.store.current_state(
-                room_id, [("m.room.member", target)])[("m.room.member", target)].event.event_id
-        return self._append(room_id, PlannedEvent(sender, "m.room.member", content, target),
-                            skip_if_unchanged=True)
+        if (
+            membership == "leave"
+            and sender == target
+            and self.membership(room_id, target) == "leave"
+        ):
+            return self.store.current_state(room_id, [("m.room.member", target)])[
+                ("m.room.member", target)
+            ].event.event_id
+        return self._append(
+            room_id, PlannedEvent(sender, "m.room.member", content, target), skip_if_unchanged=True
+        )
 
     def update_member_profile(self, user_id: str) -> None:
         """After a profile change: a new join event with the user's current displayname and
@@ -379,24 +433,31 @@ class RoomService:
         profile = self.profiles.member_fields(user_id) if self.profiles is not None else {}
         for room_id in self.joined_rooms(user_id):
             member = self.store.current_state(room_id, [("m.room.member", user_id)]).get(
-                ("m.room.member", user_id))
+                ("m.room.member", user_id)
+            )
             if member is None or member.event.membership != "join":
                 continue
-            content = {k: v for k, v in member.event.content.items()
-                       if k not in ("displayname", "avatar_url",
-                                    "join_authorised_via_users_server")}
+            content = {
+                k: v
+                for k, v in member.event.content.items()
+                if k not in ("displayname", "avatar_url", "join_authorised_via_users_server")
+            }
             content.update(profile)
             try:
-                self._append(room_id, PlannedEvent(user_id, "m.room.member", content, user_id),
-                             skip_if_unchanged=True)
+                self._append(
+                    room_id,
+                    PlannedEvent(user_id, "m.room.member", content, user_id),
+                    skip_if_unchanged=True,
+                )
             except MatrixError as e:
                 log.warning("profile update not sent to %s: %s", room_id, e)
 
     @staticmethod
     def remote_membership_unavailable() -> MatrixError:
         """Joining remote rooms and inviting remote users needs federation: not yet."""
-        return MatrixError(501, Codes.UNRECOGNIZED,
-                           "Joins and invites across servers are not available yet")
+        return MatrixError(
+            501, Codes.UNRECOGNIZED, "Joins and invites across servers are not available yet"
+        )
 
     def kick(self, requester: Requester, room_id: str, target: str, reason: str | None) -> str:
         self.room_version(room_id)
@@ -409,8 +470,12 @@ class RoomService:
         """For a restricted room, names a local member who may invite as the authoriser of a
         join by someone who is in one of the allowed rooms (room version 8+ rules)."""
         version = self.room_version(room_id)
-        keys = [("m.room.join_rules", ""), ("m.room.member", user_id),
-                ("m.room.power_levels", ""), ("m.room.create", "")]
+        keys = [
+            ("m.room.join_rules", ""),
+            ("m.room.member", user_id),
+            ("m.room.power_levels", ""),
+            ("m.room.create", ""),
+        ]
         state = {k: s.event for k, s in self.store.current_state(room_id, keys).items()}
         rules = state.get(("m.room.join_rules", ""))
         rule = rules.content.get("join_rule") if rules else None
@@ -419,157 +484,23 @@ class RoomService:
         member = state.get(("m.room.member", user_id))
         if member is not None and member.membership in ("join", "invite"):
             return
-        allowed = {a.get("room_id") for a in rules.content.get("allow") or []
-                   if isinstance(a, dict) and a.get("type") == "m.room_membership"}
+        allowed = {
+            a.get("room_id")
+            for a in rules.content.get("allow") or []
+            if isinstance(a, dict) and a.get("type") == "m.room_membership"
+        }
         if not allowed & set(self.joined_rooms(user_id)):
             raise forbidden("You are not in any of the rooms this room admits members of")
-        invite_level = (state[("m.room.power_levels", "")].content.get("invite", 0)
-                        if ("m.room.power_levels", "") in state else 0)
-        candidates = [u for u in self.store.joined_users(room_id)
-                      if server_of(u) == self.server_name]
+        invite_level = (
+            state[("m.room.power_levels", "")].content.get("invite", 0)
+            if ("m.room.power_levels", "") in state
+            else 0
+        )
+        candidates = [
+            u for u in self.store.joined_users(room_id) if server_of(u) == self.server_name
+        ]
         powers = {u: user_power_level(version, u, state) for u in candidates}
         able = [u for u in candidates if powers[u] >= invite_level]
         if not able:
             raise forbidden("No member of this server may admit you to the room")
         content["join_authorised_via_users_server"] = max(able, key=lambda u: (powers[u], u))
-
-    # --- reading ------------------------------------------------------------------------
-
-    def history_view(self, room_id: str, user_id: str) -> HistoryView:
-        member, visibility = ("m.room.member", user_id), ("m.room.history_visibility", "")
-        changes = self.store.state_changes(room_id, [member, visibility])
-        return HistoryView(user_id, changes[member], changes[visibility])
-
-    def _readable_state_position(self, room_id: str, user_id: str,
-                                 view: HistoryView) -> int | None:
-        """Where the state a user may read is taken: None for the current state, or the
-        position they left at. Raises 403 when they may read none."""
-        if view.current_membership == "join" or view.world_readable_now:
-            return None
-        if view.leave_position is not None:
-            return view.leave_position
-        raise forbidden("You aren't a member of the room and weren't previously a member")
-
-    def _readable_state(self, room_id: str, user_id: str,
-                        event_type: str | None = None) -> dict:
-        self.room_version(room_id)
-        position = self._readable_state_position(room_id, user_id,
-                                                 self.history_view(room_id, user_id))
-        if position is None:
-            return self.store.current_state(room_id, event_type=event_type)
-        return self.store.state_at(room_id, position, event_type)
-
-    def state(self, requester: Requester, room_id: str) -> list[dict]:
-        now = now_ms()
-        events = sorted(self._readable_state(room_id, requester.user_id).values(),
-                        key=lambda s: s.stream_ordering)
-        return [client_event(s, now) for s in events]
-
-    def state_event(self, requester: Requester, room_id: str, event_type: str,
-                    state_key: str) -> dict:
-        stored = self._readable_state(room_id, requester.user_id, event_type).get(
-            (event_type, state_key))
-        if stored is None:
-            raise not_found("Event not found")
-        return client_event(stored, now_ms())
-
-    def members(self, requester: Requester, room_id: str, at: str | None = None,
-                membership: str | None = None, not_membership: str | None = None) -> list[dict]:
-        self.room_version(room_id)
-        view = self.history_view(room_id, requester.user_id)
-        position = self._readable_state_position(room_id, requester.user_id, view)
-        if at is not None:
-            at_position = parse_stream_token(at, "at")
-            position = at_position if position is None else min(position, at_position)
-        if position is None:
-            state = self.store.current_state(room_id, event_type="m.room.member")
-        else:
-            state = self.store.state_at(room_id, position, "m.room.member")
-        now = now_ms()
-        out = []
-        for stored in sorted(state.values(), key=lambda s: s.event.state_key or ""):
-            value = stored.event.membership
-            if membership is None and not_membership is None:
-                wanted = True
-            else:
-                wanted = (membership is not None and value == membership) or \
-                         (not_membership is not None and value != not_membership)
-            if wanted:
-                out.append(client_event(stored, now))
-        return out
-
-    def event(self, requester: Requester, room_id: str, event_id: str) -> dict:
-        self.room_version(room_id)
-        stored = self.store.get_event(event_id)
-        view = self.history_view(room_id, requester.user_id)
-        if stored is None or stored.event.room_id != room_id or not view.can_see(stored):
-            raise not_found("Event not found")
-        txn_ids = self.store.txn_ids_for(requester.user_id, requester.device_id, [event_id])
-        return client_event(stored, now_ms(), txn_ids.get(event_id),
-                            view.membership_after(stored.stream_ordering) or "leave")
-
-    def visible_events(self, room_id: str, view: HistoryView, after: int, up_to: int,
-                       backwards: bool, limit: int, event_filter: EventFilter) -> EventScan:
-        """Up to `limit` events with `after < position <= up_to` that `view` may see and the
-        filter keeps, newest first when `backwards`. It reads at most _MAX_SCAN_ROUNDS
-        batches, so history hidden from the user cannot make one call unbounded."""
-        position = up_to if backwards else after
-        found: list[StoredEvent] = []
-        for _ in range(_MAX_SCAN_ROUNDS):
-            low, high = (after, position) if backwards else (position, up_to)
-            if low >= high:
-                return EventScan(found, position, True)
-            wanted = limit - len(found)
-            batch = self.store.room_events(
-                room_id, low, high, backwards, wanted, event_filter.types,
-                event_filter.not_types, event_filter.senders, event_filter.not_senders)
-            for stored in batch:
-                position = stored.stream_ordering - 1 if backwards else stored.stream_ordering
-                if view.can_see(stored) and event_filter.keeps_content(stored.event.content):
-                    found.append(stored)
-            if len(batch) < wanted:
-                return EventScan(found, position, True)
-            if len(found) >= limit:
-                break
-        return EventScan(found, position, False)
-
-    def messages(self, requester: Requester, room_id: str, from_token: str | None,
-                 to_token: str | None, backwards: bool, limit: int,
-                 event_filter: EventFilter) -> MessagesPage:
-        self.room_version(room_id)
-        view = self.history_view(room_id, requester.user_id)
-        self._readable_state_position(room_id, requester.user_id, view)  # 403 if none
-        if event_filter.limit is not None:
-            limit = min(limit, event_filter.limit)
-        limit = max(1, min(limit, MAX_MESSAGES_LIMIT))
-        current = self.store.stream_position()
-        if view.current_membership != "join" and view.leave_position is not None:
-            current = view.leave_position  # a past member reads up to where they left
-        if from_token is None:
-            position = current if backwards else 0
-        else:
-            position = min(parse_stream_token(from_token, "from"), current)
-        start = stream_token(position)
-        bound = parse_stream_token(to_token, "to") if to_token is not None else None
-
-        if backwards:
-            scan = self.visible_events(room_id, view, bound or 0, position, True, limit,
-                                       event_filter)
-        else:
-            scan = self.visible_events(room_id, view, position,
-                                       current if bound is None else min(bound, current),
-                                       False, limit, event_filter)
-        visible, position, exhausted = scan.events, scan.position, scan.exhausted
-
-        now = now_ms()
-        txn_ids = self.store.txn_ids_for(requester.user_id, requester.device_id,
-                                         [s.event.event_id for s in visible])
-        chunk = [client_event(s, now, txn_ids.get(s.event.event_id),
-                              view.membership_after(s.stream_ordering) or "leave")
-                 for s in visible]
-        # Going back, running out means the start of the room (no `end`), unless it was
-        # the `to` token that stopped us: older events remain. Going forward, more may come
-        # later, so a page with events always says where to resume.
-        reached_start = backwards and not bound
-        end = None if (exhausted and (reached_start or not chunk)) else stream_token(position)
-        return MessagesPage(chunk, start, end)

@@ -43,15 +43,20 @@ Relay = Callable[[str, str, list, dict, "str | None"], dict]
 class TransactionProcessor:
     """Main's side: check, authorise and store the PDUs, once per (origin, txn_id)."""
 
-    def __init__(self, checker: PduChecker, rooms: RoomService,
-                 store: ReceivedTransactionStore):
+    def __init__(self, checker: PduChecker, rooms: RoomService, store: ReceivedTransactionStore):
         self.checker = checker
         self.rooms = rooms
         self.store = store
         self._locks = KeyedLocks()
 
-    def receive(self, origin: str, txn_id: str, pdus: list[dict], source_ip: str | None,
-                results: dict | None = None) -> dict:
+    def receive(
+        self,
+        origin: str,
+        txn_id: str,
+        pdus: list[dict],
+        source_ip: str | None,
+        results: dict | None = None,
+    ) -> dict:
         """The answer, ``{"pdus": {event_id: {} | {"error": ...}}}``. ``results`` are answers
         already decided for PDUs not passed in (a shard's). Raises ``KeyResolutionRefused``
         with nothing applied."""
@@ -92,8 +97,7 @@ class ShardTransactionReceiver:
         self.store = store
         self.relay = relay
 
-    def receive(self, origin: str, txn_id: str, pdus: list[dict],
-                source_ip: str | None) -> dict:
+    def receive(self, origin: str, txn_id: str, pdus: list[dict], source_ip: str | None) -> dict:
         if not pdus:
             return {"pdus": {}}  # EDUs only: nothing for main to apply
         # A retry of an answered transaction costs no key resolution at all.
@@ -102,6 +106,7 @@ class ShardTransactionReceiver:
             return answer
         checked = self.checker.check(pdus, source_ip)
         passed = [item.pdu for item in checked if item.error is None]
-        dropped = {item.event_id: {"error": item.error} for item in checked
-                   if item.error is not None}
+        dropped = {
+            item.event_id: {"error": item.error} for item in checked if item.error is not None
+        }
         return self.relay(origin, txn_id, passed, dropped, source_ip)

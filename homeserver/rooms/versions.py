@@ -53,8 +53,9 @@ ROOM_V10 = RoomVersion(
 )
 
 # Room version 11 is version 10 with the clarified redaction rules and no `creator`.
-ROOM_V11 = dataclasses.replace(ROOM_V10, identifier="11", implicit_room_creator=True,
-                               updated_redaction_rules=True)
+ROOM_V11 = dataclasses.replace(
+    ROOM_V10, identifier="11", implicit_room_creator=True, updated_redaction_rules=True
+)
 
 KNOWN_ROOM_VERSIONS: dict[str, RoomVersion] = {v.identifier: v for v in (ROOM_V10, ROOM_V11)}
 

@@ -24,8 +24,12 @@ def _visibility_of(event: StoredEvent) -> str:
 
 
 class HistoryView:
-    def __init__(self, user_id: str, memberships: list[tuple[int, StoredEvent]],
-                 visibilities: list[tuple[int, StoredEvent]]):
+    def __init__(
+        self,
+        user_id: str,
+        memberships: list[tuple[int, StoredEvent]],
+        visibilities: list[tuple[int, StoredEvent]],
+    ):
         """`memberships`: the user's member events, `visibilities`: the room's
         history_visibility events, each as (stream position, event), oldest first."""
         self.user_id = user_id
@@ -89,7 +93,8 @@ class HistoryView:
         membership = self.membership_after(position)
         if membership == "join":
             return True
-        if visibility == SHARED and (self.current_membership == "join"
-                                     or self.leave_position is not None):
+        if visibility == SHARED and (
+            self.current_membership == "join" or self.leave_position is not None
+        ):
             return True  # shared history is for members, past ones included
         return visibility == INVITED and membership == "invite"

@@ -26,29 +26,36 @@ class AccountStore:
     def __init__(self, db: Database):
         self.db = db
 
-    def create_user(self, user_id: str, password_hash: str | None, admin: bool, now_ms: int) -> bool:
+    def create_user(
+        self, user_id: str, password_hash: str | None, admin: bool, now_ms: int
+    ) -> bool:
         """Inserts the user; False if the ID is taken."""
 
         def tx(tx):
             cur = tx.execute(
                 "INSERT INTO users (user_id, password_hash, admin, created_ts) VALUES (?, ?, ?, ?)"
                 " ON CONFLICT (user_id) DO NOTHING",
-                (user_id, password_hash, int(admin), now_ms))
+                (user_id, password_hash, int(admin), now_ms),
+            )
             return cur.rowcount == 1
 
         return self.db.write(tx)
 
     def get_user(self, user_id: str) -> UserRow | None:
-        row = self.db.read(lambda tx: tx.fetchone(
-            "SELECT user_id, password_hash, admin, deactivated FROM users WHERE user_id = ?",
-            (user_id,)))
+        row = self.db.read(
+            lambda tx: tx.fetchone(
+                "SELECT user_id, password_hash, admin, deactivated FROM users WHERE user_id = ?",
+                (user_id,),
+            )
+        )
         return UserRow(row[0], row[1], bool(row[2]), bool(row[3])) if row else None
 
     def count_users(self) -> int:
         return self.db.read(lambda tx: tx.fetchone("SELECT COUNT(*) FROM users"))[0]
 
-    def add_device_token(self, user_id: str, device_id: str, display_name: str | None,
-                         token_hash: str, now_ms: int) -> None:
+    def add_device_token(
+        self, user_id: str, device_id: str, display_name: str | None, token_hash: str, now_ms: int
+    ) -> None:
         """Records a login: the device (kept if it exists) and a new token for it.
 
         Logging in again with an existing device_id replaces that device's old tokens, as the
@@ -60,27 +67,40 @@ class AccountStore:
                 "INSERT INTO devices (user_id, device_id, display_name, created_ts, last_seen_ts)"
                 " VALUES (?, ?, ?, ?, ?) ON CONFLICT (user_id, device_id) DO UPDATE"
                 " SET last_seen_ts = excluded.last_seen_ts",
-                (user_id, device_id, display_name, now_ms, now_ms))
-            tx.execute("DELETE FROM access_tokens WHERE user_id = ? AND device_id = ?",
-                       (user_id, device_id))
-            tx.execute("INSERT INTO access_tokens (token_hash, user_id, device_id, created_ts)"
-                       " VALUES (?, ?, ?, ?)", (token_hash, user_id, device_id, now_ms))
+                (user_id, device_id, display_name, now_ms, now_ms),
+            )
+            tx.execute(
+                "DELETE FROM access_tokens WHERE user_id = ? AND device_id = ?",
+                (user_id, device_id),
+            )
+            tx.execute(
+                "INSERT INTO access_tokens (token_hash, user_id, device_id, created_ts)"
+                " VALUES (?, ?, ?, ?)",
+                (token_hash, user_id, device_id, now_ms),
+            )
 
         self.db.write(tx)
 
     def token_owner(self, token_hash: str) -> TokenOwner | None:
-        row = self.db.read(lambda tx: tx.fetchone(
-            "SELECT t.user_id, t.device_id, u.admin FROM access_tokens t"
-            " JOIN users u ON u.user_id = t.user_id"
-            " WHERE t.token_hash = ? AND u.deactivated = 0", (token_hash,)))
+        row = self.db.read(
+            lambda tx: tx.fetchone(
+                "SELECT t.user_id, t.device_id, u.admin FROM access_tokens t"
+                " JOIN users u ON u.user_id = t.user_id"
+                " WHERE t.token_hash = ? AND u.deactivated = 0",
+                (token_hash,),
+            )
+        )
         return TokenOwner(row[0], row[1], bool(row[2])) if row else None
 
     def remove_device(self, user_id: str, device_id: str) -> None:
         def tx(tx):
-            tx.execute("DELETE FROM access_tokens WHERE user_id = ? AND device_id = ?",
-                       (user_id, device_id))
-            tx.execute("DELETE FROM devices WHERE user_id = ? AND device_id = ?",
-                       (user_id, device_id))
+            tx.execute(
+                "DELETE FROM access_tokens WHERE user_id = ? AND device_id = ?",
+                (user_id, device_id),
+            )
+            tx.execute(
+                "DELETE FROM devices WHERE user_id = ? AND device_id = ?", (user_id, device_id)
+            )
 
         self.db.write(tx)
 

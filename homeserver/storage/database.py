@@ -32,7 +32,7 @@ IN_LIST_CHUNK = 500
 def in_lists(values: list) -> Iterator[tuple[list, str]]:
     """`values` in chunks for `IN (...)` lists, each with its `?, ?, ...` placeholders."""
     for start in range(0, len(values), IN_LIST_CHUNK):
-        chunk = values[start:start + IN_LIST_CHUNK]
+        chunk = values[start : start + IN_LIST_CHUNK]
         yield chunk, ", ".join("?" for _ in chunk)
 
 
@@ -95,11 +95,17 @@ class SqliteDatabase(Database):
 
     def _connect(self, readonly: bool) -> sqlite3.Connection:
         if readonly:
-            conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True,
-                                   check_same_thread=False, isolation_level=None, timeout=30)
+            conn = sqlite3.connect(
+                f"file:{self.path}?mode=ro",
+                uri=True,
+                check_same_thread=False,
+                isolation_level=None,
+                timeout=30,
+            )
         else:
-            conn = sqlite3.connect(self.path, check_same_thread=False,
-                                   isolation_level=None, timeout=30)
+            conn = sqlite3.connect(
+                self.path, check_same_thread=False, isolation_level=None, timeout=30
+            )
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute("PRAGMA foreign_keys=ON")
@@ -150,8 +156,9 @@ class SqliteDatabase(Database):
 class PostgresDatabase(Database):
     dialect = "postgres"
 
-    def __init__(self, url: str, min_size: int = 1, max_size: int = 10,
-                 statement_timeout_ms: int = 30000):
+    def __init__(
+        self, url: str, min_size: int = 1, max_size: int = 10, statement_timeout_ms: int = 30000
+    ):
         # Imported here, never at module level: psycopg must see the patched socket module.
         import psycopg
         from psycopg_pool import ConnectionPool
@@ -161,9 +168,12 @@ class PostgresDatabase(Database):
         # A server-side statement timeout bounds every query even if the caller is killed
         # mid-wait; a gevent.Timeout alone would leave the query running on the server.
         self._pool = ConnectionPool(
-            conninfo, min_size=min_size, max_size=max_size, open=True, timeout=30,
-            kwargs={"options": f"-c statement_timeout={statement_timeout_ms}",
-                    "autocommit": True},
+            conninfo,
+            min_size=min_size,
+            max_size=max_size,
+            open=True,
+            timeout=30,
+            kwargs={"options": f"-c statement_timeout={statement_timeout_ms}", "autocommit": True},
         )
 
     def _run(self, fn, args):
@@ -194,5 +204,5 @@ class PostgresDatabase(Database):
 
 def open_database(url: str) -> Database:
     if url.startswith("sqlite:///"):
-        return SqliteDatabase(url[len("sqlite:///"):])
+        return SqliteDatabase(url[len("sqlite:///") :])
     return PostgresDatabase(url)

@@ -70,11 +70,13 @@ def _filter_sql(room_filter: RoomFilter) -> tuple[str, list]:
     sql, params = "", []
     if room_filter.search_term:
         pattern = _like_contains(room_filter.search_term)
-        sql += (" AND (LOWER(s.name) LIKE LOWER(?) ESCAPE '\\'"
-                " OR LOWER(s.topic) LIKE LOWER(?) ESCAPE '\\'"
-                " OR LOWER(s.canonical_alias) LIKE LOWER(?) ESCAPE '\\'"
-                " OR EXISTS (SELECT 1 FROM room_aliases a WHERE a.room_id = p.room_id"
-                " AND LOWER(a.room_alias) LIKE LOWER(?) ESCAPE '\\'))")
+        sql += (
+            " AND (LOWER(s.name) LIKE LOWER(?) ESCAPE '\\'"
+            " OR LOWER(s.topic) LIKE LOWER(?) ESCAPE '\\'"
+            " OR LOWER(s.canonical_alias) LIKE LOWER(?) ESCAPE '\\'"
+            " OR EXISTS (SELECT 1 FROM room_aliases a WHERE a.room_id = p.room_id"
+            " AND LOWER(a.room_alias) LIKE LOWER(?) ESCAPE '\\'))"
+        )
         params += [pattern] * 4
     if room_filter.room_types is not None:
         named = [t for t in room_filter.room_types if t is not None]
@@ -97,9 +99,11 @@ class DirectoryStore:
     @staticmethod
     def add_alias_in(tx, alias: str, room_id: str, creator: str, now_ms: int) -> bool:
         """Within a transaction: adds the alias; False if it is taken."""
-        cur = tx.execute("INSERT INTO room_aliases (room_alias, room_id, creator, created_ts)"
-                         " VALUES (?, ?, ?, ?) ON CONFLICT (room_alias) DO NOTHING",
-                         (alias, room_id, creator, now_ms))
+        cur = tx.execute(
+            "INSERT INTO room_aliases (room_alias, room_id, creator, created_ts)"
+            " VALUES (?, ?, ?, ?) ON CONFLICT (room_alias) DO NOTHING",
+            (alias, room_id, creator, now_ms),
+        )
         return cur.rowcount == 1
 
     def add_alias(self, alias: str, room_id: str, creator: str, now_ms: int) -> bool:
@@ -107,18 +111,27 @@ class DirectoryStore:
 
     def get_alias(self, alias: str) -> tuple[str, str] | None:
         """(room_id, creator) of an alias."""
-        row = self.db.read(lambda tx: tx.fetchone(
-            "SELECT room_id, creator FROM room_aliases WHERE room_alias = ?", (alias,)))
+        row = self.db.read(
+            lambda tx: tx.fetchone(
+                "SELECT room_id, creator FROM room_aliases WHERE room_alias = ?", (alias,)
+            )
+        )
         return (row[0], row[1]) if row else None
 
     def delete_alias(self, alias: str) -> bool:
-        return self.db.write(lambda tx: tx.execute(
-            "DELETE FROM room_aliases WHERE room_alias = ?", (alias,)).rowcount == 1)
+        return self.db.write(
+            lambda tx: (
+                tx.execute("DELETE FROM room_aliases WHERE room_alias = ?", (alias,)).rowcount == 1
+            )
+        )
 
     def aliases_for_room(self, room_id: str) -> list[str]:
-        rows = self.db.read(lambda tx: tx.fetchall(
-            "SELECT room_alias FROM room_aliases WHERE room_id = ? ORDER BY room_alias",
-            (room_id,)))
+        rows = self.db.read(
+            lambda tx: tx.fetchall(
+                "SELECT room_alias FROM room_aliases WHERE room_id = ? ORDER BY room_alias",
+                (room_id,),
+            )
+        )
         return [r[0] for r in rows]
 
     # --- visibility ---------------------------------------------------------------------
@@ -128,29 +141,47 @@ class DirectoryStore:
         """Within a transaction: lists the room. A room already listed keeps its place (the
         position taken then goes unused: gaps in a stream are harmless)."""
         position = streams.advance(tx, DIRECTORY_STREAM)
-        tx.execute("INSERT INTO published_rooms (room_id, published_at, published_ts)"
-                   " VALUES (?, ?, ?) ON CONFLICT (room_id) DO NOTHING",
-                   (room_id, position, now_ms))
+        tx.execute(
+            "INSERT INTO published_rooms (room_id, published_at, published_ts)"
+            " VALUES (?, ?, ?) ON CONFLICT (room_id) DO NOTHING",
+            (room_id, position, now_ms),
+        )
 
     def publish(self, room_id: str, now_ms: int) -> None:
         self.db.write(self.publish_in, room_id, now_ms)
 
     def unpublish(self, room_id: str) -> None:
-        self.db.write(lambda tx: tx.execute("DELETE FROM published_rooms WHERE room_id = ?",
-                                            (room_id,)))
+        self.db.write(
+            lambda tx: tx.execute("DELETE FROM published_rooms WHERE room_id = ?", (room_id,))
+        )
 
     def is_published(self, room_id: str) -> bool:
-        return self.db.read(lambda tx: tx.fetchone(
-            "SELECT 1 FROM published_rooms WHERE room_id = ?", (room_id,))) is not None
+        return (
+            self.db.read(
+                lambda tx: tx.fetchone(
+                    "SELECT 1 FROM published_rooms WHERE room_id = ?", (room_id,)
+                )
+            )
+            is not None
+        )
 
     # --- the public room list -----------------------------------------------------------
 
     def snapshot(self) -> Snapshot:
-        return self.db.read(lambda tx: Snapshot(streams.current(tx, EVENTS_STREAM),
-                                                streams.current(tx, DIRECTORY_STREAM)))
+        return self.db.read(
+            lambda tx: Snapshot(
+                streams.current(tx, EVENTS_STREAM), streams.current(tx, DIRECTORY_STREAM)
+            )
+        )
 
-    def public_rooms(self, snapshot: Snapshot, cursor: Cursor | None, backwards: bool,
-                     limit: int, room_filter: RoomFilter) -> list[PublishedRoom]:
+    def public_rooms(
+        self,
+        snapshot: Snapshot,
+        cursor: Cursor | None,
+        backwards: bool,
+        limit: int,
+        room_filter: RoomFilter,
+    ) -> list[PublishedRoom]:
         """Up to `limit` rooms after `cursor` in the session's order (before it, nearest
         first, when `backwards`)."""
         filter_sql, filter_params = _filter_sql(room_filter)
@@ -166,7 +197,8 @@ class DirectoryStore:
             " FROM published_rooms p JOIN room_stats s ON s.room_id = p.room_id"
             f" WHERE p.published_at <= ?{filter_sql})"
             " SELECT room_id, ranked_members, joined_members, name, topic, canonical_alias,"
-            " avatar_url, join_rule, history_visibility, guest_access, room_type FROM ranked")
+            " avatar_url, join_rule, history_visibility, guest_access, room_type FROM ranked"
+        )
         params: list = [snapshot.events_position, snapshot.directory_position, *filter_params]
         if cursor is not None:
             if backwards:
@@ -174,14 +206,21 @@ class DirectoryStore:
             else:
                 sql += " WHERE (ranked_members < ? OR (ranked_members = ? AND room_id > ?))"
             params += [cursor.ranked_members, cursor.ranked_members, cursor.room_id]
-        sql += (" ORDER BY ranked_members ASC, room_id DESC" if backwards
-                else " ORDER BY ranked_members DESC, room_id ASC") + " LIMIT ?"
+        sql += (
+            " ORDER BY ranked_members ASC, room_id DESC"
+            if backwards
+            else " ORDER BY ranked_members DESC, room_id ASC"
+        ) + " LIMIT ?"
         params.append(limit)
         rows = self.db.read(lambda tx: tx.fetchall(sql, params))
         return [PublishedRoom(*row) for row in rows]
 
     def count_public_rooms(self, room_filter: RoomFilter) -> int:
         filter_sql, params = _filter_sql(room_filter)
-        return self.db.read(lambda tx: tx.fetchone(
-            "SELECT COUNT(*) FROM published_rooms p JOIN room_stats s ON s.room_id = p.room_id"
-            f" WHERE 1 = 1{filter_sql}", params))[0]
+        return self.db.read(
+            lambda tx: tx.fetchone(
+                "SELECT COUNT(*) FROM published_rooms p JOIN room_stats s ON s.room_id = p.room_id"
+                f" WHERE 1 = 1{filter_sql}",
+                params,
+            )
+        )[0]

@@ -48,8 +48,10 @@ def migrate(db: Database) -> int:
     """Applies every migration not yet applied; returns the schema version."""
 
     def current(tx) -> set[int]:
-        tx.execute("CREATE TABLE IF NOT EXISTS schema_version ("
-                   " version INTEGER PRIMARY KEY, name TEXT NOT NULL)")
+        tx.execute(
+            "CREATE TABLE IF NOT EXISTS schema_version ("
+            " version INTEGER PRIMARY KEY, name TEXT NOT NULL)"
+        )
         return {row[0] for row in tx.fetchall("SELECT version FROM schema_version")}
 
     applied = db.write(current)
@@ -58,7 +60,9 @@ def migrate(db: Database) -> int:
         if number in applied:
             continue
 
-        def apply(tx, statements=_statements(path, db.dialect)):
+        statements = _statements(path, db.dialect)
+
+        def apply(tx):
             for sql in statements:
                 tx.execute(sql)
             tx.execute("INSERT INTO schema_version (version, name) VALUES (?, ?)", (number, name))

@@ -87,8 +87,9 @@ _EVENT_COLUMNS = "e.stream_ordering, e.event_id, e.json, e.unsigned"
 
 
 def _stored(row) -> StoredEvent:
-    return StoredEvent(Event(row[1], json.loads(row[2])), row[0],
-                       json.loads(row[3]) if row[3] else {})
+    return StoredEvent(
+        Event(row[1], json.loads(row[2])), row[0], json.loads(row[3]) if row[3] else {}
+    )
 
 
 def _state_key_of(stored: StoredEvent) -> StateKey:
@@ -113,8 +114,9 @@ def _keys_clause(table: str, keys: list[StateKey], params: list) -> str:
     """SQL keeping only the state `keys` of `table`; their values are appended to `params`."""
     for event_type, state_key in keys:
         params += [event_type, state_key]
-    return " AND (" + " OR ".join(f"({table}.type = ? AND {table}.state_key = ?)"
-                                  for _ in keys) + ")"
+    return (
+        " AND (" + " OR ".join(f"({table}.type = ? AND {table}.state_key = ?)" for _ in keys) + ")"
+    )
 
 
 class RoomStore:
@@ -123,10 +125,16 @@ class RoomStore:
 
     # --- writes -------------------------------------------------------------------------
 
-    def persist_events(self, events: list[Event], *, new_room: NewRoom | None = None,
-                       txn: TxnKey | None = None, now_ms: int = 0,
-                       extra_writes: Iterable[Callable] = (),
-                       received: bool = False) -> list[StoredEvent]:
+    def persist_events(
+        self,
+        events: list[Event],
+        *,
+        new_room: NewRoom | None = None,
+        txn: TxnKey | None = None,
+        now_ms: int = 0,
+        extra_writes: Iterable[Callable] = (),
+        received: bool = False,
+    ) -> list[StoredEvent]:
         """Stores `events` (in order, one room) in one transaction, with their effects on
         current state, stats and extremities. `extra_writes` are `fn(tx)` run in the same
         transaction (an alias and a directory entry for a new room). Raises
@@ -135,19 +143,26 @@ class RoomStore:
         (or, for a `received` event, if the event is already stored). A `received` event
         (over federation) may extend any part of the room's graph: its prev_events were
         checked to be stored, and it becomes an extremity beside the others."""
-        return self.db.write(self._persist, events, new_room, txn, now_ms, list(extra_writes),
-                             received)
+        return self.db.write(
+            self._persist, events, new_room, txn, now_ms, list(extra_writes), received
+        )
 
     def _persist(self, tx, events, new_room, txn, now_ms, extra_writes, received):
         room_id = events[0].room_id
         if new_room is not None:
-            tx.execute("INSERT INTO rooms (room_id, room_version, creator, created_ts)"
-                       " VALUES (?, ?, ?, ?)", (new_room.room_id, new_room.room_version,
-                                                new_room.creator, new_room.created_ts))
+            tx.execute(
+                "INSERT INTO rooms (room_id, room_version, creator, created_ts)"
+                " VALUES (?, ?, ?, ?)",
+                (new_room.room_id, new_room.room_version, new_room.creator, new_room.created_ts),
+            )
             tx.execute("INSERT INTO room_stats (room_id) VALUES (?)", (room_id,))
         elif not received:
-            current = {r[0] for r in tx.fetchall(
-                "SELECT event_id FROM event_forward_extremities WHERE room_id = ?", (room_id,))}
+            current = {
+                r[0]
+                for r in tx.fetchall(
+                    "SELECT event_id FROM event_forward_extremities WHERE room_id = ?", (room_id,)
+                )
+            }
             if not set(events[0].prev_event_ids) <= current:
                 raise StaleExtremities(room_id)
 
@@ -156,10 +171,19 @@ class RoomStore:
         for position, event in enumerate(events, start=last - len(events) + 1):
             stored.append(self._insert_event(tx, event, position))
         if txn is not None:
-            tx.execute("INSERT INTO event_txn_ids (user_id, device_id, room_id, event_type,"
-                       " txn_id, event_id, created_ts) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                       (txn.user_id, txn.device_id, txn.room_id, txn.event_type, txn.txn_id,
-                        events[-1].event_id, now_ms))
+            tx.execute(
+                "INSERT INTO event_txn_ids (user_id, device_id, room_id, event_type,"
+                " txn_id, event_id, created_ts) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    txn.user_id,
+                    txn.device_id,
+                    txn.room_id,
+                    txn.event_type,
+                    txn.txn_id,
+                    events[-1].event_id,
+                    now_ms,
+                ),
+            )
         for write in extra_writes:
             write(tx)
         return stored
@@ -173,31 +197,50 @@ class RoomStore:
                 "SELECT e.event_id, e.json, e.membership FROM current_state c"
                 " JOIN events e ON e.event_id = c.event_id"
                 " WHERE c.room_id = ? AND c.type = ? AND c.state_key = ?",
-                (room_id, event.type, event.state_key))
+                (room_id, event.type, event.state_key),
+            )
             if prev is not None:
                 prev_pdu = json.loads(prev[1])
-                unsigned = {"replaces_state": prev[0], "prev_content": prev_pdu["content"],
-                            "prev_sender": prev_pdu["sender"]}
+                unsigned = {
+                    "replaces_state": prev[0],
+                    "prev_content": prev_pdu["content"],
+                    "prev_sender": prev_pdu["sender"],
+                }
                 previous_membership = prev[2]
         tx.execute(
             "INSERT INTO events (stream_ordering, event_id, room_id, type, state_key, sender,"
             " depth, origin_server_ts, membership, json, unsigned)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (position, event.event_id, room_id, event.type, event.state_key, event.sender,
-             event.depth, event.origin_server_ts, event.membership,
-             encode_canonical_json(event.pdu).decode("utf-8"),
-             json.dumps(unsigned) if unsigned else None))
+            (
+                position,
+                event.event_id,
+                room_id,
+                event.type,
+                event.state_key,
+                event.sender,
+                event.depth,
+                event.origin_server_ts,
+                event.membership,
+                encode_canonical_json(event.pdu).decode("utf-8"),
+                json.dumps(unsigned) if unsigned else None,
+            ),
+        )
         for prev_id in event.prev_event_ids:
-            tx.execute("DELETE FROM event_forward_extremities WHERE room_id = ? AND event_id = ?",
-                       (room_id, prev_id))
-        tx.execute("INSERT INTO event_forward_extremities (room_id, event_id) VALUES (?, ?)",
-                   (room_id, event.event_id))
+            tx.execute(
+                "DELETE FROM event_forward_extremities WHERE room_id = ? AND event_id = ?",
+                (room_id, prev_id),
+            )
+        tx.execute(
+            "INSERT INTO event_forward_extremities (room_id, event_id) VALUES (?, ?)",
+            (room_id, event.event_id),
+        )
         if event.is_state:
             tx.execute(
                 "INSERT INTO current_state (room_id, type, state_key, event_id, membership)"
                 " VALUES (?, ?, ?, ?, ?) ON CONFLICT (room_id, type, state_key) DO UPDATE"
                 " SET event_id = excluded.event_id, membership = excluded.membership",
-                (room_id, event.type, event.state_key, event.event_id, event.membership))
+                (room_id, event.type, event.state_key, event.event_id, event.membership),
+            )
             self._update_stats(tx, event, previous_membership, position)
         return StoredEvent(event, position, unsigned)
 
@@ -211,24 +254,34 @@ class RoomStore:
                 row = tx.fetchone(
                     "UPDATE room_stats SET joined_members = joined_members + ?,"
                     " invited_members = invited_members + ? WHERE room_id = ?"
-                    " RETURNING joined_members", (joined, invited, room_id))
+                    " RETURNING joined_members",
+                    (joined, invited, room_id),
+                )
                 if joined:
-                    tx.execute("INSERT INTO room_joined_count_history (room_id, stream_ordering,"
-                               " joined_members) VALUES (?, ?, ?)", (room_id, position, row[0]))
+                    tx.execute(
+                        "INSERT INTO room_joined_count_history (room_id, stream_ordering,"
+                        " joined_members) VALUES (?, ?, ?)",
+                        (room_id, position, row[0]),
+                    )
             return
         column = _STATS_COLUMNS.get(event.type)
         if column is None or event.state_key != "":
             return
         value = event.content.get(column[1])
         # The column names come from the fixed table above, never from input.
-        tx.execute(f"UPDATE room_stats SET {column[0]} = ? WHERE room_id = ?",
-                   (value if isinstance(value, str) else None, room_id))
+        tx.execute(
+            f"UPDATE room_stats SET {column[0]} = ? WHERE room_id = ?",
+            (value if isinstance(value, str) else None, room_id),
+        )
 
     # --- rooms --------------------------------------------------------------------------
 
     def get_room(self, room_id: str) -> RoomRow | None:
-        row = self.db.read(lambda tx: tx.fetchone(
-            "SELECT room_id, room_version, creator FROM rooms WHERE room_id = ?", (room_id,)))
+        row = self.db.read(
+            lambda tx: tx.fetchone(
+                "SELECT room_id, room_version, creator FROM rooms WHERE room_id = ?", (room_id,)
+            )
+        )
         return RoomRow(*row) if row else None
 
     def stream_position(self) -> int:
@@ -237,8 +290,11 @@ class RoomStore:
     # --- events and state ---------------------------------------------------------------
 
     def get_event(self, event_id: str) -> StoredEvent | None:
-        row = self.db.read(lambda tx: tx.fetchone(
-            f"SELECT {_EVENT_COLUMNS} FROM events e WHERE e.event_id = ?", (event_id,)))
+        row = self.db.read(
+            lambda tx: tx.fetchone(
+                f"SELECT {_EVENT_COLUMNS} FROM events e WHERE e.event_id = ?", (event_id,)
+            )
+        )
         return _stored(row) if row else None
 
     def events_in_room(self, room_id: str, event_ids: Iterable[str]) -> dict[str, StoredEvent]:
@@ -247,23 +303,34 @@ class RoomStore:
         if not event_ids:
             return {}
         marks = ", ".join("?" for _ in event_ids)
-        rows = self.db.read(lambda tx: tx.fetchall(
-            f"SELECT {_EVENT_COLUMNS} FROM events e WHERE e.room_id = ?"
-            f" AND e.event_id IN ({marks})", (room_id, *event_ids)))
+        rows = self.db.read(
+            lambda tx: tx.fetchall(
+                f"SELECT {_EVENT_COLUMNS} FROM events e WHERE e.room_id = ?"
+                f" AND e.event_id IN ({marks})",
+                (room_id, *event_ids),
+            )
+        )
         return {s.event.event_id: s for s in map(_stored, rows)}
 
     def forward_extremities(self, room_id: str) -> list[Event]:
-        rows = self.db.read(lambda tx: tx.fetchall(
-            f"SELECT {_EVENT_COLUMNS} FROM event_forward_extremities x"
-            " JOIN events e ON e.event_id = x.event_id WHERE x.room_id = ?"
-            " ORDER BY e.stream_ordering", (room_id,)))
+        rows = self.db.read(
+            lambda tx: tx.fetchall(
+                f"SELECT {_EVENT_COLUMNS} FROM event_forward_extremities x"
+                " JOIN events e ON e.event_id = x.event_id WHERE x.room_id = ?"
+                " ORDER BY e.stream_ordering",
+                (room_id,),
+            )
+        )
         return [_stored(r).event for r in rows]
 
-    def current_state(self, room_id: str, keys: Iterable[StateKey] | None = None,
-                      event_type: str | None = None) -> dict[StateKey, StoredEvent]:
+    def current_state(
+        self, room_id: str, keys: Iterable[StateKey] | None = None, event_type: str | None = None
+    ) -> dict[StateKey, StoredEvent]:
         """The room's current state; only `keys`, or only `event_type`, when given."""
-        sql = (f"SELECT {_EVENT_COLUMNS} FROM current_state c"
-               " JOIN events e ON e.event_id = c.event_id WHERE c.room_id = ?")
+        sql = (
+            f"SELECT {_EVENT_COLUMNS} FROM current_state c"
+            " JOIN events e ON e.event_id = c.event_id WHERE c.room_id = ?"
+        )
         params: list = [room_id]
         if keys is not None:
             keys = list(keys)
@@ -276,19 +343,26 @@ class RoomStore:
         rows = self.db.read(lambda tx: tx.fetchall(sql, params))
         return {_state_key_of(s): s for s in map(_stored, rows)}
 
-    def state_at(self, room_id: str, position: int, event_type: str | None = None,
-                 changed_after: int = 0,
-                 keys: Iterable[StateKey] | None = None) -> dict[StateKey, StoredEvent]:
+    def state_at(
+        self,
+        room_id: str,
+        position: int,
+        event_type: str | None = None,
+        changed_after: int = 0,
+        keys: Iterable[StateKey] | None = None,
+    ) -> dict[StateKey, StoredEvent]:
         """The room's state just after stream position `position`. Rooms are linear here
         (local events only), so that is the latest state event per key at or before it.
         With `changed_after`, only the keys set after that position (a state delta); with
         `keys` or `event_type`, only those."""
-        sql = (f"SELECT {_EVENT_COLUMNS} FROM events e WHERE e.room_id = ?"
-               " AND e.state_key IS NOT NULL AND e.stream_ordering <= ?"
-               " AND e.stream_ordering > ?"
-               " AND e.stream_ordering = (SELECT MAX(e2.stream_ordering) FROM events e2"
-               "  WHERE e2.room_id = e.room_id AND e2.type = e.type"
-               "  AND e2.state_key = e.state_key AND e2.stream_ordering <= ?)")
+        sql = (
+            f"SELECT {_EVENT_COLUMNS} FROM events e WHERE e.room_id = ?"
+            " AND e.state_key IS NOT NULL AND e.stream_ordering <= ?"
+            " AND e.stream_ordering > ?"
+            " AND e.stream_ordering = (SELECT MAX(e2.stream_ordering) FROM events e2"
+            "  WHERE e2.room_id = e.room_id AND e2.type = e.type"
+            "  AND e2.state_key = e.state_key AND e2.stream_ordering <= ?)"
+        )
         params: list = [room_id, position, changed_after, position]
         if keys is not None:
             keys = list(keys)
@@ -301,12 +375,23 @@ class RoomStore:
         rows = self.db.read(lambda tx: tx.fetchall(sql, params))
         return {_state_key_of(s): s for s in map(_stored, rows)}
 
-    def room_events(self, room_id: str, after: int, up_to: int, backwards: bool, limit: int,
-                    types=None, not_types=None, senders=None,
-                    not_senders=None) -> list[StoredEvent]:
+    def room_events(
+        self,
+        room_id: str,
+        after: int,
+        up_to: int,
+        backwards: bool,
+        limit: int,
+        types=None,
+        not_types=None,
+        senders=None,
+        not_senders=None,
+    ) -> list[StoredEvent]:
         """Events with `after < stream_ordering <= up_to`, oldest first or newest first."""
-        sql = (f"SELECT {_EVENT_COLUMNS} FROM events e WHERE e.room_id = ?"
-               " AND e.stream_ordering > ? AND e.stream_ordering <= ?")
+        sql = (
+            f"SELECT {_EVENT_COLUMNS} FROM events e WHERE e.room_id = ?"
+            " AND e.stream_ordering > ? AND e.stream_ordering <= ?"
+        )
         params: list = [room_id, after, up_to]
         dialect = self.db.dialect
         if types is not None:
@@ -332,25 +417,33 @@ class RoomStore:
         rows = self.db.read(lambda tx: tx.fetchall(sql, params))
         return [_stored(r) for r in rows]
 
-    def state_changes(self, room_id: str,
-                      keys: list[StateKey]) -> dict[StateKey, list[tuple[int, StoredEvent]]]:
+    def state_changes(
+        self, room_id: str, keys: list[StateKey]
+    ) -> dict[StateKey, list[tuple[int, StoredEvent]]]:
         """Every event ever set for each of `keys`, oldest first, read in one transaction:
         membership and history visibility timelines for deciding what a user may see."""
-        sql = (f"SELECT {_EVENT_COLUMNS} FROM events e WHERE e.room_id = ? AND e.type = ?"
-               " AND e.state_key = ? ORDER BY e.stream_ordering")
+        sql = (
+            f"SELECT {_EVENT_COLUMNS} FROM events e WHERE e.room_id = ? AND e.type = ?"
+            " AND e.state_key = ? ORDER BY e.stream_ordering"
+        )
 
         def read(tx):
-            return {key: [(r[0], _stored(r)) for r in tx.fetchall(sql, (room_id, *key))]
-                    for key in keys}
+            return {
+                key: [(r[0], _stored(r)) for r in tx.fetchall(sql, (room_id, *key))] for key in keys
+            }
 
         return self.db.read(read)
 
     # --- memberships --------------------------------------------------------------------
 
     def rooms_for_user(self, user_id: str, membership: str = "join") -> list[str]:
-        rows = self.db.read(lambda tx: tx.fetchall(
-            "SELECT room_id FROM current_state WHERE state_key = ? AND type = 'm.room.member'"
-            " AND membership = ? ORDER BY room_id", (user_id, membership)))
+        rows = self.db.read(
+            lambda tx: tx.fetchall(
+                "SELECT room_id FROM current_state WHERE state_key = ? AND type = 'm.room.member'"
+                " AND membership = ? ORDER BY room_id",
+                (user_id, membership),
+            )
+        )
         return [r[0] for r in rows]
 
     # Two reads for /sync, which runs them in one transaction with others (storage/sync.py).
@@ -359,11 +452,15 @@ class RoomStore:
     def memberships_in(tx, user_id: str) -> list[tuple[str, str, int]]:
         """(room_id, membership, stream position of that member event) for every room the
         user has a member event in, whatever it says now."""
-        return [tuple(r) for r in tx.fetchall(
-            "SELECT c.room_id, c.membership, e.stream_ordering FROM current_state c"
-            " JOIN events e ON e.event_id = c.event_id"
-            " WHERE c.state_key = ? AND c.type = 'm.room.member' ORDER BY c.room_id",
-            (user_id,))]
+        return [
+            tuple(r)
+            for r in tx.fetchall(
+                "SELECT c.room_id, c.membership, e.stream_ordering FROM current_state c"
+                " JOIN events e ON e.event_id = c.event_id"
+                " WHERE c.state_key = ? AND c.type = 'm.room.member' ORDER BY c.room_id",
+                (user_id,),
+            )
+        ]
 
     @staticmethod
     def rooms_with_events_in(tx, room_ids: list[str], after: int, up_to: int) -> set[str]:
@@ -371,50 +468,76 @@ class RoomStore:
         probe per room, however long the range."""
         found: set[str] = set()
         for chunk, marks in in_lists(room_ids):
-            found.update(r[0] for r in tx.fetchall(
-                f"SELECT DISTINCT room_id FROM events WHERE room_id IN ({marks})"
-                " AND stream_ordering > ? AND stream_ordering <= ?", (*chunk, after, up_to)))
+            found.update(
+                r[0]
+                for r in tx.fetchall(
+                    f"SELECT DISTINCT room_id FROM events WHERE room_id IN ({marks})"
+                    " AND stream_ordering > ? AND stream_ordering <= ?",
+                    (*chunk, after, up_to),
+                )
+            )
         return found
 
     def member_counts(self, room_id: str) -> RoomCounts:
-        row = self.db.read(lambda tx: tx.fetchone(
-            "SELECT joined_members, invited_members, name, canonical_alias FROM room_stats"
-            " WHERE room_id = ?", (room_id,)))
+        row = self.db.read(
+            lambda tx: tx.fetchone(
+                "SELECT joined_members, invited_members, name, canonical_alias FROM room_stats"
+                " WHERE room_id = ?",
+                (room_id,),
+            )
+        )
         return RoomCounts(*row) if row else RoomCounts(0, 0, None, None)
 
     def heroes(self, room_id: str, exclude: str, limit: int) -> list[str]:
         """What a client names a room without a name after: the first members other than
         `exclude` to have joined or been invited, in stream order; only if there are none,
         those who left or were banned."""
-        rows = self.db.read(lambda tx: tx.fetchall(
-            "SELECT c.state_key, CASE WHEN c.membership IN ('join', 'invite') THEN 0 ELSE 1 END"
-            " AS departed FROM current_state c JOIN events e ON e.event_id = c.event_id"
-            " WHERE c.room_id = ? AND c.type = 'm.room.member'"
-            " AND c.membership IN ('join', 'invite', 'leave', 'ban') AND c.state_key <> ?"
-            " ORDER BY departed, e.stream_ordering LIMIT ?", (room_id, exclude, limit)))
+        rows = self.db.read(
+            lambda tx: tx.fetchall(
+                "SELECT c.state_key, CASE WHEN c.membership IN ('join', 'invite') THEN 0 ELSE 1 END"
+                " AS departed FROM current_state c JOIN events e ON e.event_id = c.event_id"
+                " WHERE c.room_id = ? AND c.type = 'm.room.member'"
+                " AND c.membership IN ('join', 'invite', 'leave', 'ban') AND c.state_key <> ?"
+                " ORDER BY departed, e.stream_ordering LIMIT ?",
+                (room_id, exclude, limit),
+            )
+        )
         present = [r[0] for r in rows if r[1] == 0]
         return present or [r[0] for r in rows]
 
     def joined_users(self, room_id: str) -> list[str]:
-        rows = self.db.read(lambda tx: tx.fetchall(
-            "SELECT state_key FROM current_state WHERE room_id = ? AND type = 'm.room.member'"
-            " AND membership = 'join' ORDER BY state_key", (room_id,)))
+        rows = self.db.read(
+            lambda tx: tx.fetchall(
+                "SELECT state_key FROM current_state WHERE room_id = ? AND type = 'm.room.member'"
+                " AND membership = 'join' ORDER BY state_key",
+                (room_id,),
+            )
+        )
         return [r[0] for r in rows]
 
     # --- transaction IDs ----------------------------------------------------------------
 
     def event_for_txn(self, txn: TxnKey) -> str | None:
-        row = self.db.read(lambda tx: tx.fetchone(
-            "SELECT event_id FROM event_txn_ids WHERE user_id = ? AND device_id = ?"
-            " AND room_id = ? AND event_type = ? AND txn_id = ?",
-            (txn.user_id, txn.device_id, txn.room_id, txn.event_type, txn.txn_id)))
+        row = self.db.read(
+            lambda tx: tx.fetchone(
+                "SELECT event_id FROM event_txn_ids WHERE user_id = ? AND device_id = ?"
+                " AND room_id = ? AND event_type = ? AND txn_id = ?",
+                (txn.user_id, txn.device_id, txn.room_id, txn.event_type, txn.txn_id),
+            )
+        )
         return row[0] if row else None
 
     def txn_ids_for(self, user_id: str, device_id: str, event_ids: list[str]) -> dict[str, str]:
         """{event_id: txn_id} for those of `event_ids` this device sent."""
         found: dict[str, str] = {}
         for chunk, marks in in_lists(event_ids):
-            found.update(self.db.read(lambda tx: tx.fetchall(
-                f"SELECT event_id, txn_id FROM event_txn_ids WHERE event_id IN ({marks})"
-                " AND user_id = ? AND device_id = ?", (*chunk, user_id, device_id))))
+            found.update(
+                self.db.read(
+                    lambda tx: tx.fetchall(
+                        f"SELECT event_id, txn_id FROM event_txn_ids WHERE event_id IN ({marks})"
+                        " AND user_id = ? AND device_id = ?",
+                        (*chunk, user_id, device_id),
+                    )
+                )
+            )
         return found

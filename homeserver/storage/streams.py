@@ -10,13 +10,17 @@ from __future__ import annotations
 
 def advance(tx, stream_name: str, count: int = 1) -> int:
     """Takes `count` new positions; returns the last of them."""
-    row = tx.fetchone("UPDATE stream_positions SET position = position + ? WHERE stream_name = ?"
-                      " RETURNING position", (count, stream_name))
+    row = tx.fetchone(
+        "UPDATE stream_positions SET position = position + ? WHERE stream_name = ?"
+        " RETURNING position",
+        (count, stream_name),
+    )
     if row is None:
         raise RuntimeError(f"unknown stream {stream_name!r}")
     return row[0]
 
 
 def current(tx, stream_name: str) -> int:
-    return tx.fetchone("SELECT position FROM stream_positions WHERE stream_name = ?",
-                       (stream_name,))[0]
+    return tx.fetchone(
+        "SELECT position FROM stream_positions WHERE stream_name = ?", (stream_name,)
+    )[0]

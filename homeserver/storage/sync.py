@@ -74,11 +74,14 @@ class SyncStore:
             memberships = RoomStore.memberships_in(tx, user_id)
             with_events = None
             if events_after is not None:
-                joined = [room_id for room_id, membership, at in memberships
-                          if membership == "join" and at <= positions.events
-                          and keeps_room(room_id)]
-                with_events = RoomStore.rooms_with_events_in(tx, joined, events_after,
-                                                             positions.events)
+                joined = [
+                    room_id
+                    for room_id, membership, at in memberships
+                    if membership == "join" and at <= positions.events and keeps_room(room_id)
+                ]
+                with_events = RoomStore.rooms_with_events_in(
+                    tx, joined, events_after, positions.events
+                )
             return SyncSnapshot(positions, memberships, with_events)
 
         return self.db.read(read)
@@ -91,24 +94,30 @@ class SyncStore:
         digest = hashlib.sha256(filter_json.encode("utf-8")).hexdigest()
 
         def write(tx):
-            tx.execute("INSERT INTO user_filters (user_id, filter_hash, filter_json, created_ts)"
-                       " VALUES (?, ?, ?, ?) ON CONFLICT (user_id, filter_hash) DO NOTHING",
-                       (user_id, digest, filter_json, now_ms))
-            return tx.fetchone("SELECT filter_id FROM user_filters WHERE user_id = ?"
-                               " AND filter_hash = ?", (user_id, digest))[0]
+            tx.execute(
+                "INSERT INTO user_filters (user_id, filter_hash, filter_json, created_ts)"
+                " VALUES (?, ?, ?, ?) ON CONFLICT (user_id, filter_hash) DO NOTHING",
+                (user_id, digest, filter_json, now_ms),
+            )
+            return tx.fetchone(
+                "SELECT filter_id FROM user_filters WHERE user_id = ? AND filter_hash = ?",
+                (user_id, digest),
+            )[0]
 
         return str(self.db.write(write))
 
     def get_filter(self, user_id: str, filter_id: int) -> str | None:
-        row = self.db.read(lambda tx: tx.fetchone(
-            "SELECT filter_json FROM user_filters WHERE filter_id = ? AND user_id = ?",
-            (filter_id, user_id)))
+        row = self.db.read(
+            lambda tx: tx.fetchone(
+                "SELECT filter_json FROM user_filters WHERE filter_id = ? AND user_id = ?",
+                (filter_id, user_id),
+            )
+        )
         return row[0] if row else None
 
     # --- account data -------------------------------------------------------------------
 
-    def put_account_data(self, user_id: str, room_id: str, data_type: str,
-                         content: dict) -> int:
+    def put_account_data(self, user_id: str, room_id: str, data_type: str, content: dict) -> int:
         """Sets one account data type (room_id "" for global); returns its stream position."""
         text = json.dumps(content, separators=(",", ":"))
 
@@ -118,24 +127,31 @@ class SyncStore:
                 "INSERT INTO account_data (user_id, room_id, type, content, stream_position)"
                 " VALUES (?, ?, ?, ?, ?) ON CONFLICT (user_id, room_id, type) DO UPDATE"
                 " SET content = excluded.content, stream_position = excluded.stream_position",
-                (user_id, room_id, data_type, text, position))
+                (user_id, room_id, data_type, text, position),
+            )
             return position
 
         return self.db.write(write)
 
     def get_account_data(self, user_id: str, room_id: str, data_type: str) -> dict | None:
-        row = self.db.read(lambda tx: tx.fetchone(
-            "SELECT content FROM account_data WHERE user_id = ? AND room_id = ? AND type = ?",
-            (user_id, room_id, data_type)))
+        row = self.db.read(
+            lambda tx: tx.fetchone(
+                "SELECT content FROM account_data WHERE user_id = ? AND room_id = ? AND type = ?",
+                (user_id, room_id, data_type),
+            )
+        )
         return json.loads(row[0]) if row else None
 
     def account_data_changes(self, user_id: str, after: int, up_to: int) -> list[AccountData]:
         """The user's account data set with `after < position <= up_to`, global and per
         room, in the order it was set."""
-        rows = self.db.read(lambda tx: tx.fetchall(
-            "SELECT room_id, type, content FROM account_data WHERE user_id = ?"
-            " AND stream_position > ? AND stream_position <= ? ORDER BY stream_position",
-            (user_id, after, up_to)))
+        rows = self.db.read(
+            lambda tx: tx.fetchall(
+                "SELECT room_id, type, content FROM account_data WHERE user_id = ?"
+                " AND stream_position > ? AND stream_position <= ? ORDER BY stream_position",
+                (user_id, after, up_to),
+            )
+        )
         return [AccountData(r[0], r[1], json.loads(r[2])) for r in rows]
 
     # --- receipts -----------------------------------------------------------------------
@@ -145,15 +161,17 @@ class SyncStore:
         position, or None when the receipt already points at that event or a later one."""
 
         def write(tx):
-            row = tx.fetchone("SELECT stream_ordering FROM events WHERE event_id = ?",
-                              (receipt.event_id,))
+            row = tx.fetchone(
+                "SELECT stream_ordering FROM events WHERE event_id = ?", (receipt.event_id,)
+            )
             if row is None:
                 return None
             ordering = row[0]
             current = tx.fetchone(
                 "SELECT event_stream_ordering FROM receipts WHERE room_id = ?"
                 " AND receipt_type = ? AND user_id = ? AND thread_id = ?",
-                (receipt.room_id, receipt.receipt_type, receipt.user_id, receipt.thread_id))
+                (receipt.room_id, receipt.receipt_type, receipt.user_id, receipt.thread_id),
+            )
             if current is not None and current[0] >= ordering:
                 return None
             position = streams.advance(tx, RECEIPTS_STREAM)
@@ -168,8 +186,17 @@ class SyncStore:
                 " ts = excluded.ts, stream_position = excluded.stream_position"
                 " WHERE receipts.event_stream_ordering < excluded.event_stream_ordering"
                 " RETURNING stream_position",
-                (receipt.room_id, receipt.receipt_type, receipt.user_id, receipt.thread_id,
-                 receipt.event_id, ordering, receipt.ts, position))
+                (
+                    receipt.room_id,
+                    receipt.receipt_type,
+                    receipt.user_id,
+                    receipt.thread_id,
+                    receipt.event_id,
+                    ordering,
+                    receipt.ts,
+                    position,
+                ),
+            )
             return position if moved else None
 
         return self.db.write(write)
@@ -178,10 +205,13 @@ class SyncStore:
         """Receipts in `room_ids` set with `after < position <= up_to`."""
         found: list[Receipt] = []
         for chunk, marks in in_lists(room_ids):
-            rows = self.db.read(lambda tx: tx.fetchall(
-                "SELECT room_id, receipt_type, user_id, thread_id, event_id, ts FROM receipts"
-                f" WHERE room_id IN ({marks}) AND stream_position > ? AND stream_position <= ?"
-                " ORDER BY stream_position", (*chunk, after, up_to)))
+            rows = self.db.read(
+                lambda tx: tx.fetchall(
+                    "SELECT room_id, receipt_type, user_id, thread_id, event_id, ts FROM receipts"
+                    f" WHERE room_id IN ({marks}) AND stream_position > ? AND stream_position <= ?"
+                    " ORDER BY stream_position",
+                    (*chunk, after, up_to),
+                )
+            )
             found += [Receipt(*r) for r in rows]
         return found
-

@@ -39,13 +39,13 @@ class AccountDataService:
             raise not_found("No account data of this type")
         return content
 
-    def put(self, requester, user_id: str, room_id: str, data_type: str,
-            content: dict) -> None:
+    def put(self, requester, user_id: str, room_id: str, data_type: str, content: dict) -> None:
         self._check(requester, user_id, room_id)
         reserved = SERVER_CONTROLLED_ROOM if room_id else SERVER_CONTROLLED_GLOBAL
         if data_type in reserved:
-            raise MatrixError(405, Codes.BAD_JSON,
-                              f"{data_type} is set by the server, not through account data")
+            raise MatrixError(
+                405, Codes.BAD_JSON, f"{data_type} is set by the server, not through account data"
+            )
         self.set(user_id, room_id, data_type, content)
 
     def set(self, user_id: str, room_id: str, data_type: str, content: dict) -> None:

@@ -139,15 +139,25 @@ _Filter = TypeVar("_Filter", bound=EventFilter)
 
 
 def _event_filter(body: dict, cls: type[_Filter], **extra: Any) -> _Filter:
-    return cls(types=_tuple(body, "types"), not_types=tuple(body.get("not_types", ())),
-               senders=_tuple(body, "senders"), not_senders=tuple(body.get("not_senders", ())),
-               limit=body.get("limit"), **extra)
+    return cls(
+        types=_tuple(body, "types"),
+        not_types=tuple(body.get("not_types", ())),
+        senders=_tuple(body, "senders"),
+        not_senders=tuple(body.get("not_senders", ())),
+        limit=body.get("limit"),
+        **extra,
+    )
 
 
 def _room_event_filter(body: dict) -> RoomEventFilter:
-    return _event_filter(body, RoomEventFilter, contains_url=body.get("contains_url"),
-                         rooms=_tuple(body, "rooms"), not_rooms=tuple(body.get("not_rooms", ())),
-                         lazy_load_members=body.get("lazy_load_members", False))
+    return _event_filter(
+        body,
+        RoomEventFilter,
+        contains_url=body.get("contains_url"),
+        rooms=_tuple(body, "rooms"),
+        not_rooms=tuple(body.get("not_rooms", ())),
+        lazy_load_members=body.get("lazy_load_members", False),
+    )
 
 
 def _load(schema: Schema, data, what: str) -> dict:
@@ -172,12 +182,15 @@ def parse_filter(data) -> SyncFilter:
         event_format=body.get("event_format", "client"),
         account_data=_event_filter(body.get("account_data", {}), EventFilter),
         room=RoomFilter(
-            rooms=_tuple(room, "rooms"), not_rooms=tuple(room.get("not_rooms", ())),
+            rooms=_tuple(room, "rooms"),
+            not_rooms=tuple(room.get("not_rooms", ())),
             include_leave=room.get("include_leave", False),
             timeline=_room_event_filter(room.get("timeline", {})),
             state=_room_event_filter(room.get("state", {})),
             ephemeral=_room_event_filter(room.get("ephemeral", {})),
-            account_data=_room_event_filter(room.get("account_data", {}))))
+            account_data=_room_event_filter(room.get("account_data", {})),
+        ),
+    )
 
 
 def decode_filter_json(text: str):
@@ -207,7 +220,8 @@ class Filters:
         self._check_owner(requester, user_id)
         parse_filter(body)  # refuse what /sync could not use, now rather than at every sync
         return self.store.add_filter(
-            user_id, json.dumps(body, sort_keys=True, separators=(",", ":")), now_ms())
+            user_id, json.dumps(body, sort_keys=True, separators=(",", ":")), now_ms()
+        )
 
     def get(self, requester, user_id: str, filter_id: str) -> dict:
         self._check_owner(requester, user_id)

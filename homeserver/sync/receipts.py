@@ -13,31 +13,38 @@ FULLY_READ = "m.fully_read"
 
 
 class ReceiptService:
-    def __init__(self, rooms, store: SyncStore, account_data, notifier):
+    def __init__(self, rooms, history, store: SyncStore, account_data, notifier):
         self.rooms = rooms
+        self.history = history
         self.store = store
         self.account_data = account_data
         self.notifier = notifier
 
     def _check_readable(self, requester, room_id: str, event_id: str) -> None:
         """The sender is in the room, and the event is in it and visible to them."""
-        self.rooms.event(requester, room_id, event_id)  # 404 unless it exists and is visible
+        self.history.event(requester, room_id, event_id)  # 404 unless it exists and is visible
         if self.rooms.membership(room_id, requester.user_id) != "join":
             raise forbidden("You are not in this room")
 
-    def send(self, requester, room_id: str, receipt_type: str, event_id: str,
-             thread_id: str | None = None) -> None:
+    def send(
+        self,
+        requester,
+        room_id: str,
+        receipt_type: str,
+        event_id: str,
+        thread_id: str | None = None,
+    ) -> None:
         if receipt_type not in RECEIPT_TYPES:
             raise invalid_param("receiptType must be one of " + ", ".join(RECEIPT_TYPES))
         if thread_id is not None and (receipt_type == FULLY_READ or not thread_id):
             raise invalid_param("thread_id must be a non-empty string, and only on receipts")
         self._check_readable(requester, room_id, event_id)
         if receipt_type == FULLY_READ:
-            self.account_data.set(requester.user_id, room_id, FULLY_READ,
-                                  {"event_id": event_id})
+            self.account_data.set(requester.user_id, room_id, FULLY_READ, {"event_id": event_id})
             return
-        position = self.store.put_receipt(Receipt(room_id, receipt_type, requester.user_id,
-                                                  thread_id or "", event_id, now_ms()))
+        position = self.store.put_receipt(
+            Receipt(room_id, receipt_type, requester.user_id, thread_id or "", event_id, now_ms())
+        )
         if position is None:
             return  # not newer than the receipt already there
         if receipt_type == "m.read":
@@ -45,10 +52,19 @@ class ReceiptService:
         else:
             self.notifier.notify_users([requester.user_id])  # private: only its owner
 
-    def set_read_markers(self, requester, room_id: str, fully_read: str | None,
-                         read: str | None, read_private: str | None) -> None:
+    def set_read_markers(
+        self,
+        requester,
+        room_id: str,
+        fully_read: str | None,
+        read: str | None,
+        read_private: str | None,
+    ) -> None:
         """POST /read_markers: any of the three markers, each an event ID."""
-        for receipt_type, event_id in ((FULLY_READ, fully_read), ("m.read", read),
-                                       ("m.read.private", read_private)):
+        for receipt_type, event_id in (
+            (FULLY_READ, fully_read),
+            ("m.read", read),
+            ("m.read.private", read_private),
+        ):
             if event_id:
                 self.send(requester, room_id, receipt_type, event_id)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from homeserver.core.clock import now_ms
 from homeserver.core.requester import Requester
 from homeserver.rooms.format import client_event
+from homeserver.rooms.history import RoomHistory
 from homeserver.rooms.pagination import stream_token
 from homeserver.rooms.service import RoomService
 from homeserver.rooms.visibility import HistoryView
@@ -41,9 +42,18 @@ MAX_TIMEOUT_MS = 5 * 60 * 1000
 # Members named in a room summary when the room has no name (the spec's "first 5").
 HEROES = 5
 # What an invitee or a knocker sees of a room (the spec's "stripped state").
-STRIPPED_STATE_KEYS = [(t, "") for t in (
-    "m.room.create", "m.room.join_rules", "m.room.name", "m.room.avatar",
-    "m.room.canonical_alias", "m.room.encryption", "m.room.topic")]
+STRIPPED_STATE_KEYS = [
+    (t, "")
+    for t in (
+        "m.room.create",
+        "m.room.join_rules",
+        "m.room.name",
+        "m.room.avatar",
+        "m.room.canonical_alias",
+        "m.room.encryption",
+        "m.room.topic",
+    )
+]
 # A room summary is sent again when an event of one of these types is sent with the room.
 _SUMMARY_TYPES = frozenset({"m.room.member", "m.room.name", "m.room.canonical_alias"})
 _FIELD_SEPARATOR = re.compile(r"(?<!\\)\.")
@@ -84,22 +94,41 @@ class _Timeline:
 
 
 class SyncService:
-    def __init__(self, rooms: RoomService, store: SyncStore, notifier: Notifier,
-                 typing: TypingNotifications, filters: Filters):
+    def __init__(
+        self,
+        rooms: RoomService,
+        history: RoomHistory,
+        store: SyncStore,
+        notifier: Notifier,
+        typing: TypingNotifications,
+        filters: Filters,
+    ):
         self.rooms = rooms
+        self.history = history
         self.store = store
         self.notifier = notifier
         self.typing = typing
         self.filters = filters
 
-    def sync(self, requester: Requester, since: str | None, timeout_ms: int,
-             full_state: bool, filter_param: str | None, use_state_after: bool = False,
-             while_waiting=contextlib.nullcontext) -> dict:
+    def sync(
+        self,
+        requester: Requester,
+        since: str | None,
+        timeout_ms: int,
+        full_state: bool,
+        filter_param: str | None,
+        use_state_after: bool = False,
+        while_waiting=contextlib.nullcontext,
+    ) -> dict:
         """The /sync response. `while_waiting()` is entered around each wait: the HTTP layer
         passes the client-disconnect watch there."""
-        request = SyncRequest(requester, SyncToken.parse(since) if since else None,
-                              self.filters.resolve(requester.user_id, filter_param),
-                              full_state, use_state_after)
+        request = SyncRequest(
+            requester,
+            SyncToken.parse(since) if since else None,
+            self.filters.resolve(requester.user_id, filter_param),
+            full_state,
+            use_state_after,
+        )
         timeout = min(timeout_ms, MAX_TIMEOUT_MS) / 1000
         if request.since is None or full_state or timeout <= 0:
             return self._respond(request)[0]
@@ -120,20 +149,25 @@ class SyncService:
     def _respond(self, request: SyncRequest) -> tuple[dict, bool]:
         since = request.since
         incremental_from = since.events if since is not None and not request.full_state else None
-        snapshot = self.store.snapshot(request.user_id, incremental_from,
-                                       request.filter.room.keeps_room)
+        snapshot = self.store.snapshot(
+            request.user_id, incremental_from, request.filter.room.keeps_room
+        )
         batch = _Batch(snapshot.positions, now_ms())
         memberships, raced = self._memberships_at(request, snapshot)
-        joined = [room_id for room_id, (membership, _) in memberships.items()
-                  if membership == "join"]
+        joined = [
+            room_id for room_id, (membership, _) in memberships.items() if membership == "join"
+        ]
         self._read_side_streams(request, batch, joined)
 
         rooms: dict = {"join": {}, "invite": {}, "knock": {}, "leave": {}}
         for room_id, (membership, changed_at) in memberships.items():
             changed = since is None or changed_at > since.events
             if membership == "join":
-                has_events = snapshot.rooms_with_events is None or room_id in raced or \
-                    room_id in snapshot.rooms_with_events
+                has_events = (
+                    snapshot.rooms_with_events is None
+                    or room_id in raced
+                    or room_id in snapshot.rooms_with_events
+                )
                 entry = self._joined_room(request, batch, room_id, changed, has_events)
                 section = "join"
             elif membership in ("invite", "knock"):
@@ -150,14 +184,23 @@ class SyncService:
         next_batch = since
         if since is None or has_updates:
             positions = batch.positions
-            next_batch = SyncToken(positions.events, positions.account_data,
-                                   positions.receipts, batch.typing_position, self.typing.epoch)
-        body = {"next_batch": str(next_batch), "account_data": {"events": account_data},
-                "rooms": rooms}
+            next_batch = SyncToken(
+                positions.events,
+                positions.account_data,
+                positions.receipts,
+                batch.typing_position,
+                self.typing.epoch,
+            )
+        body = {
+            "next_batch": str(next_batch),
+            "account_data": {"events": account_data},
+            "rooms": rooms,
+        }
         return body, has_updates
 
-    def _memberships_at(self, request: SyncRequest,
-                        snapshot: SyncSnapshot) -> tuple[dict, set[str]]:
+    def _memberships_at(
+        self, request: SyncRequest, snapshot: SyncSnapshot
+    ) -> tuple[dict, set[str]]:
         """{room_id: (membership, where it was set)} as of the snapshot's event position,
         for the rooms the filter keeps; and the rooms whose membership changed after that
         position was read (their other reads are not in the snapshot)."""
@@ -167,7 +210,7 @@ class SyncService:
             if not request.filter.room.keeps_room(room_id):
                 continue
             if changed_at > position:
-                view = self.rooms.history_view(room_id, request.user_id)
+                view = self.history.history_view(room_id, request.user_id)
                 membership_then = view.membership_after(position)
                 changed_then = view.last_membership_change(position)
                 if membership_then is None or changed_then is None:
@@ -177,57 +220,79 @@ class SyncService:
             out[room_id] = (membership, changed_at)
         return out, raced
 
-    def _read_side_streams(self, request: SyncRequest, batch: _Batch,
-                           joined: list[str]) -> None:
+    def _read_side_streams(self, request: SyncRequest, batch: _Batch, joined: list[str]) -> None:
         """Account data, receipts and typing changed since the token, by room."""
         since = request.since
         positions = batch.positions
         after = since.account_data if since else 0
         if positions.account_data > after:
-            for item in self.store.account_data_changes(request.user_id, after,
-                                                        positions.account_data):
+            for item in self.store.account_data_changes(
+                request.user_id, after, positions.account_data
+            ):
                 batch.account_data[item.room_id].append(item)
         after = since.receipts if since else 0
         if positions.receipts > after and joined:
             for receipt in self.store.receipt_changes(joined, after, positions.receipts):
-                if receipt.receipt_type == "m.read.private" and \
-                        receipt.user_id != request.user_id:
+                if receipt.receipt_type == "m.read.private" and receipt.user_id != request.user_id:
                     continue
                 batch.receipts[receipt.room_id].append(receipt)
         # No yield between these two lines: the position covers exactly these changes.
         batch.typing = self.typing.changes(
-            joined, since.typing_since(self.typing.epoch) if since else 0)
+            joined, since.typing_since(self.typing.epoch) if since else 0
+        )
         batch.typing_position = self.typing.position
 
     # --- rooms --------------------------------------------------------------------------
 
-    def _joined_room(self, request: SyncRequest, batch: _Batch, room_id: str,
-                     membership_changed: bool, has_events: bool) -> dict | None:
+    def _joined_room(
+        self,
+        request: SyncRequest,
+        batch: _Batch,
+        room_id: str,
+        membership_changed: bool,
+        has_events: bool,
+    ) -> dict | None:
         since = request.since
         up_to = batch.positions.events
         view = None
         newly_joined = since is None
         if membership_changed and since is not None:
-            view = self.rooms.history_view(room_id, request.user_id)
+            view = self.history.history_view(room_id, request.user_id)
             newly_joined = view.membership_after(since.events) != "join" or any(
-                m != "join" for m in view.memberships_between(since.events, up_to))
+                m != "join" for m in view.memberships_between(since.events, up_to)
+            )
         ephemeral = self._ephemeral(request, batch, room_id)
         account_data = self._room_account_data(request, batch, room_id)
-        if not (newly_joined or has_events or request.full_state or ephemeral
-                or account_data or membership_changed):
+        if not (
+            newly_joined
+            or has_events
+            or request.full_state
+            or ephemeral
+            or account_data
+            or membership_changed
+        ):
             return None
-        view = view or self.rooms.history_view(room_id, request.user_id)
+        view = view or self.history.history_view(room_id, request.user_id)
         # Not newly joined means an incremental sync: `since` is set.
         timeline_after = 0 if newly_joined or since is None else since.events
         state_after = 0 if (newly_joined or request.full_state or since is None) else since.events
         timeline = self._timeline(request, room_id, view, timeline_after, up_to)
         state = self._state(request, room_id, timeline, state_after, up_to)
-        if not (timeline.events or state or ephemeral or account_data or newly_joined
-                or request.full_state):
+        if not (
+            timeline.events
+            or state
+            or ephemeral
+            or account_data
+            or newly_joined
+            or request.full_state
+        ):
             return None
         entry = {
-            "timeline": {"events": self._format(request, batch, view, timeline.events),
-                         "limited": timeline.limited, "prev_batch": timeline.prev_batch},
+            "timeline": {
+                "events": self._format(request, batch, view, timeline.events),
+                "limited": timeline.limited,
+                "prev_batch": timeline.prev_batch,
+            },
             "ephemeral": {"events": ephemeral},
             "account_data": {"events": account_data},
             "summary": {},
@@ -238,14 +303,15 @@ class SyncService:
             entry["summary"] = self._summary(request.user_id, room_id)
         return entry
 
-    def _left_room(self, request: SyncRequest, batch: _Batch, room_id: str,
-                   left_at: int) -> dict | None:
+    def _left_room(
+        self, request: SyncRequest, batch: _Batch, room_id: str, left_at: int
+    ) -> dict | None:
         """A room the user left or was banned from: its events up to the leave. Rooms left
         before the token are not sent again; on an initial sync only with include_leave."""
         since = request.since
         if since is None and not request.filter.room.include_leave:
             return None
-        view = self.rooms.history_view(room_id, request.user_id)
+        view = self.history.history_view(room_id, request.user_id)
         after = since.events if since else 0
         before = [view.membership_after(after)] + view.memberships_between(after, left_at)
         if not {"join", "invite", "knock"}.intersection(before):
@@ -259,8 +325,11 @@ class SyncService:
             state_after = after if joined_at_token and not request.full_state else 0
             state = self._state(request, room_id, timeline, state_after, left_at)
         entry = {
-            "timeline": {"events": self._format(request, batch, view, timeline.events),
-                         "limited": timeline.limited, "prev_batch": timeline.prev_batch},
+            "timeline": {
+                "events": self._format(request, batch, view, timeline.events),
+                "limited": timeline.limited,
+                "prev_batch": timeline.prev_batch,
+            },
             "account_data": {"events": self._room_account_data(request, batch, room_id)},
         }
         self._put_state(request, batch, view, room_id, entry, state, timeline, left_at)
@@ -271,14 +340,21 @@ class SyncService:
         member event last."""
         keys = STRIPPED_STATE_KEYS + [("m.room.member", request.user_id)]
         state = self.rooms.store.current_state(room_id, keys)
-        events = [{"type": s.event.type, "state_key": s.event.state_key,
-                   "content": s.event.content, "sender": s.event.sender}
-                  for s in sorted(state.values(), key=lambda s: s.stream_ordering)]
+        events = [
+            {
+                "type": s.event.type,
+                "state_key": s.event.state_key,
+                "content": s.event.content,
+                "sender": s.event.sender,
+            }
+            for s in sorted(state.values(), key=lambda s: s.stream_ordering)
+        ]
         key = "invite_state" if membership == "invite" else "knock_state"
         return {key: {"events": events}}
 
-    def _timeline(self, request: SyncRequest, room_id: str, view: HistoryView, after: int,
-                  up_to: int) -> _Timeline:
+    def _timeline(
+        self, request: SyncRequest, room_id: str, view: HistoryView, after: int, up_to: int
+    ) -> _Timeline:
         """The latest events with `after < position <= up_to` the user may see and the
         filter keeps, up to the filter's limit; `limited` when some were left out."""
         room_filter = request.filter.room
@@ -286,19 +362,30 @@ class SyncService:
         if not timeline_filter.keeps_room(room_id):
             return _Timeline([], False, stream_token(up_to), up_to + 1)
         limit = room_filter.timeline_limit
-        scan = self.rooms.visible_events(room_id, view, after, up_to, True, limit + 1,
-                                         timeline_filter)
+        scan = self.history.visible_events(
+            room_id, view, after, up_to, True, limit + 1, timeline_filter
+        )
         limited = len(scan.events) > limit or not scan.exhausted
         events = scan.events[:limit]
         events.reverse()
         if events:
-            return _Timeline(events, limited, stream_token(events[0].stream_ordering - 1),
-                             events[0].stream_ordering)
+            return _Timeline(
+                events,
+                limited,
+                stream_token(events[0].stream_ordering - 1),
+                events[0].stream_ordering,
+            )
         start = scan.position if limited else up_to
         return _Timeline([], limited, stream_token(start), start + 1)
 
-    def _state(self, request: SyncRequest, room_id: str, timeline: _Timeline,
-               changed_after: int, up_to: int) -> dict:
+    def _state(
+        self,
+        request: SyncRequest,
+        room_id: str,
+        timeline: _Timeline,
+        changed_after: int,
+        up_to: int,
+    ) -> dict:
         """{(type, state_key): event} for the state section: the state at the start of the
         timeline that changed after `changed_after` (0: all of it), or, with
         use_state_after, the state at its end."""
@@ -308,20 +395,30 @@ class SyncService:
         hides_events = _restricts_events(timeline_filter)
         state: dict = {}
         if changed_after == 0 or timeline.limited or hides_events:
-            state = self.rooms.store.state_at(room_id, timeline.start - 1,
-                                              changed_after=changed_after)
+            state = self.rooms.store.state_at(
+                room_id, timeline.start - 1, changed_after=changed_after
+            )
         if hides_events and timeline.start <= up_to:
             # State events the filter kept out of the timeline would otherwise never reach
             # the client: send the latest of each, unless the timeline sets the same key.
-            in_timeline = {(s.event.type, s.event.state_key) for s in timeline.events
-                           if s.event.is_state}
+            in_timeline = {
+                (s.event.type, s.event.state_key) for s in timeline.events if s.event.is_state
+            }
             later = self.rooms.store.state_at(room_id, up_to, changed_after=timeline.start - 1)
             state.update({k: s for k, s in later.items() if k not in in_timeline})
         return state
 
-    def _put_state(self, request: SyncRequest, batch: _Batch, view: HistoryView,
-                   room_id: str, entry: dict, state: dict, timeline: _Timeline,
-                   up_to: int) -> None:
+    def _put_state(
+        self,
+        request: SyncRequest,
+        batch: _Batch,
+        view: HistoryView,
+        room_id: str,
+        entry: dict,
+        state: dict,
+        timeline: _Timeline,
+        up_to: int,
+    ) -> None:
         """Fills the entry's state section from `state`, as the state filter says. With
         lazy-loaded members, the member events are those of the timeline's senders (sent
         every time: the server does not track what each client already holds) and the
@@ -334,19 +431,27 @@ class SyncService:
             if state_filter.lazy_load_members:
                 wanted_members = {s.event.sender for s in timeline.events}
                 wanted_members.add(request.user_id)
-                missing = [("m.room.member", u) for u in wanted_members
-                           if ("m.room.member", u) not in state]
+                missing = [
+                    ("m.room.member", u)
+                    for u in wanted_members
+                    if ("m.room.member", u) not in state
+                ]
                 if missing and timeline.events:
                     in_timeline = {s.event.event_id for s in timeline.events}
                     at = up_to if request.use_state_after else timeline.start - 1
                     loaded = self.rooms.store.state_at(room_id, at, keys=missing)
-                    state = {**{k: s for k, s in loaded.items()
-                                if s.event.event_id not in in_timeline}, **state}
+                    state = {
+                        **{k: s for k, s in loaded.items() if s.event.event_id not in in_timeline},
+                        **state,
+                    }
             for (event_type, state_key), stored in state.items():
                 if not state_filter.keeps(stored):
                     continue
-                if wanted_members is not None and event_type == "m.room.member" \
-                        and state_key not in wanted_members:
+                if (
+                    wanted_members is not None
+                    and event_type == "m.room.member"
+                    and state_key not in wanted_members
+                ):
                     continue
                 kept.append(stored)
         kept.sort(key=lambda s: s.stream_ordering)
@@ -357,7 +462,8 @@ class SyncService:
         counts = self.rooms.store.member_counts(room_id)
         summary: dict[str, int | list[str]] = {
             "m.joined_member_count": counts.joined_members,
-            "m.invited_member_count": counts.invited_members}
+            "m.invited_member_count": counts.invited_members,
+        }
         if not counts.name and not counts.canonical_alias:
             summary["m.heroes"] = self.rooms.store.heroes(room_id, user_id, HEROES)
         return summary
@@ -368,20 +474,17 @@ class SyncService:
             return []
         events = []
         if room_id in batch.typing and ephemeral_filter.keeps_type("m.typing"):
-            events.append({"type": "m.typing",
-                           "content": {"user_ids": batch.typing[room_id]}})
+            events.append({"type": "m.typing", "content": {"user_ids": batch.typing[room_id]}})
         receipts = batch.receipts.get(room_id)
         if receipts and ephemeral_filter.keeps_type("m.receipt"):
             content: dict = {}
             for r in receipts:
                 data = {"ts": r.ts, **({"thread_id": r.thread_id} if r.thread_id else {})}
-                content.setdefault(r.event_id, {}).setdefault(r.receipt_type, {})[
-                    r.user_id] = data
+                content.setdefault(r.event_id, {}).setdefault(r.receipt_type, {})[r.user_id] = data
             events.append({"type": "m.receipt", "content": content})
-        return events[:ephemeral_filter.limit] if ephemeral_filter.limit else events
+        return events[: ephemeral_filter.limit] if ephemeral_filter.limit else events
 
-    def _room_account_data(self, request: SyncRequest, batch: _Batch,
-                           room_id: str) -> list:
+    def _room_account_data(self, request: SyncRequest, batch: _Batch, room_id: str) -> list:
         data_filter = request.filter.room.account_data
         if not data_filter.keeps_room(room_id):
             return []
@@ -392,26 +495,35 @@ class SyncService:
         events = _account_data_events(items, request.filter.account_data)
         if request.since is None and request.filter.account_data.keeps_type("m.push_rules"):
             # Push rules are the server defaults, which clients read from the first sync.
-            events.append({"type": "m.push_rules",
-                           "content": {"global": default_ruleset(request.user_id)}})
+            events.append(
+                {"type": "m.push_rules", "content": {"global": default_ruleset(request.user_id)}}
+            )
         return events
 
     # --- formatting ---------------------------------------------------------------------
 
-    def _format(self, request: SyncRequest, batch: _Batch, view: HistoryView,
-                events: list[StoredEvent]) -> list[dict]:
+    def _format(
+        self, request: SyncRequest, batch: _Batch, view: HistoryView, events: list[StoredEvent]
+    ) -> list[dict]:
         sync_filter = request.filter
         if sync_filter.event_format == "federation":
             out = [dict(s.event.pdu) for s in events]
         else:
             requester = request.requester
             own = [s.event.event_id for s in events if s.event.sender == requester.user_id]
-            txn_ids = self.rooms.store.txn_ids_for(requester.user_id, requester.device_id,
-                                                   own) if own else {}
+            txn_ids = (
+                self.rooms.store.txn_ids_for(requester.user_id, requester.device_id, own)
+                if own
+                else {}
+            )
             out = []
             for stored in events:
-                event = client_event(stored, batch.now, txn_ids.get(stored.event.event_id),
-                                     view.membership_after(stored.stream_ordering) or "leave")
+                event = client_event(
+                    stored,
+                    batch.now,
+                    txn_ids.get(stored.event.event_id),
+                    view.membership_after(stored.stream_ordering) or "leave",
+                )
                 del event["room_id"]  # implied by where the event is in the response
                 out.append(event)
         if sync_filter.event_fields is not None:
@@ -421,15 +533,22 @@ class SyncService:
 
 def _restricts_events(event_filter: RoomEventFilter) -> bool:
     """Whether the filter may keep some of a room's events out of its timeline."""
-    return (event_filter.types is not None or bool(event_filter.not_types)
-            or event_filter.senders is not None or bool(event_filter.not_senders)
-            or event_filter.contains_url is not None)
+    return (
+        event_filter.types is not None
+        or bool(event_filter.not_types)
+        or event_filter.senders is not None
+        or bool(event_filter.not_senders)
+        or event_filter.contains_url is not None
+    )
 
 
 def _account_data_events(items, data_filter) -> list[dict]:
-    events = [{"type": item.type, "content": item.content} for item in items
-              if data_filter.keeps_type(item.type)]
-    return events[:data_filter.limit] if data_filter.limit else events
+    events = [
+        {"type": item.type, "content": item.content}
+        for item in items
+        if data_filter.keeps_type(item.type)
+    ]
+    return events[: data_filter.limit] if data_filter.limit else events
 
 
 def _project(event: dict, paths: tuple) -> dict:

@@ -27,8 +27,9 @@ class SyncToken:
     typing_epoch: str
 
     def __str__(self) -> str:
-        return (f"s{self.events}_{self.account_data}_{self.receipts}_{self.typing}"
-                f"_{self.typing_epoch}")
+        return (
+            f"s{self.events}_{self.account_data}_{self.receipts}_{self.typing}_{self.typing_epoch}"
+        )
 
     @classmethod
     def parse(cls, text: str) -> "SyncToken":

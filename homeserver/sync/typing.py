@@ -43,8 +43,9 @@ class TypingNotifications:
         # told when a list becomes empty; an entry is a few dozen bytes.
         self._rooms: dict[str, _RoomTyping] = {}
 
-    def set_typing(self, requester, room_id: str, user_id: str, typing: bool,
-                   timeout_ms: int | None) -> None:
+    def set_typing(
+        self, requester, room_id: str, user_id: str, typing: bool, timeout_ms: int | None
+    ) -> None:
         if requester.user_id != user_id:
             raise forbidden("You can only set your own typing state")
         self.rooms.room_version(room_id)  # 404 for an unknown room
@@ -56,8 +57,7 @@ class TypingNotifications:
             timer.kill(block=False)
         if typing:
             seconds = min(timeout_ms or DEFAULT_TYPING_TIMEOUT_MS, MAX_TYPING_TIMEOUT_MS) / 1000
-            room.expiries[user_id] = gevent.spawn_later(seconds, self._expire, room_id,
-                                                        user_id)
+            room.expiries[user_id] = gevent.spawn_later(seconds, self._expire, room_id, user_id)
             if timer is None:
                 self._changed(room_id, room)
         elif timer is not None:
@@ -85,5 +85,6 @@ class TypingNotifications:
         return out
 
     def close(self) -> None:
-        gevent.killall([t for room in self._rooms.values() for t in room.expiries.values()],
-                       block=False)
+        gevent.killall(
+            [t for room in self._rooms.values() for t in room.expiries.values()], block=False
+        )

@@ -18,7 +18,10 @@ def test_register_login_whoami_logout(client):
     assert registered["user_id"] == "@alice:weir.test"
     assert registered["device_id"]
     assert client.get(f"{V3}/account/whoami").json() == {
-        "user_id": "@alice:weir.test", "device_id": registered["device_id"], "is_guest": False}
+        "user_id": "@alice:weir.test",
+        "device_id": registered["device_id"],
+        "is_guest": False,
+    }
 
     other = MatrixClient(client.base_url)
     logged_in = other.login("alice")
@@ -51,21 +54,34 @@ def test_token_in_query_parameter(client):
 def test_login_errors(client):
     client.register("dave", "right password")
     anon = MatrixClient(client.base_url)
-    wrong = anon.post(f"{V3}/login", json={"type": "m.login.password", "user": "dave",
-                                           "password": "wrong"})
+    wrong = anon.post(
+        f"{V3}/login", json={"type": "m.login.password", "user": "dave", "password": "wrong"}
+    )
     assert (wrong.status_code, wrong.json()["errcode"]) == (403, "M_FORBIDDEN")
-    nobody = anon.post(f"{V3}/login", json={
-        "type": "m.login.password", "identifier": {"type": "m.id.user", "user": "nobody"},
-        "password": "x"})
+    nobody = anon.post(
+        f"{V3}/login",
+        json={
+            "type": "m.login.password",
+            "identifier": {"type": "m.id.user", "user": "nobody"},
+            "password": "x",
+        },
+    )
     assert (nobody.status_code, nobody.json()["errcode"]) == (403, "M_FORBIDDEN")
     # The old top-level "user" field works as well as an identifier.
-    ok = anon.post(f"{V3}/login", json={"type": "m.login.password", "user": "dave",
-                                        "password": "right password"})
+    ok = anon.post(
+        f"{V3}/login",
+        json={"type": "m.login.password", "user": "dave", "password": "right password"},
+    )
     assert ok.status_code == 200
     # An email typed into the login form: a clear "not supported", not a schema complaint.
-    email = anon.post(f"{V3}/login", json={
-        "type": "m.login.password", "password": "x",
-        "identifier": {"type": "m.id.thirdparty", "medium": "email", "address": "d@x.test"}})
+    email = anon.post(
+        f"{V3}/login",
+        json={
+            "type": "m.login.password",
+            "password": "x",
+            "identifier": {"type": "m.id.thirdparty", "medium": "email", "address": "d@x.test"},
+        },
+    )
     assert (email.status_code, email.json()["errcode"]) == (400, "M_UNKNOWN")
     assert "m.id.user" in email.json()["error"]
     unknown_type = anon.post(f"{V3}/login", json={"type": "m.login.magic"})
@@ -86,13 +102,19 @@ def test_registration_errors(client):
     flows = anon.post(f"{V3}/register", json={"username": "frank", "password": "x"})
     assert flows.status_code == 401
     assert flows.json()["flows"] == [{"stages": ["m.login.dummy"]}]
-    stale = anon.post(f"{V3}/register", json={
-        "username": "frank", "password": "x",
-        "auth": {"type": "m.login.dummy", "session": "not-a-session"}})
+    stale = anon.post(
+        f"{V3}/register",
+        json={
+            "username": "frank",
+            "password": "x",
+            "auth": {"type": "m.login.dummy", "session": "not-a-session"},
+        },
+    )
     assert stale.status_code == 401
 
-    assert anon.get(f"{V3}/register/available", params={"username": "nobody"}).json() == \
-        {"available": True}
+    assert anon.get(f"{V3}/register/available", params={"username": "nobody"}).json() == {
+        "available": True
+    }
     used = anon.get(f"{V3}/register/available", params={"username": "erin"})
     assert (used.status_code, used.json()["errcode"]) == (400, "M_USER_IN_USE")
     guest = anon.post(f"{V3}/register", params={"kind": "guest"}, json={})
@@ -108,16 +130,25 @@ def test_a_name_ending_in_a_newline_is_not_a_localpart(client, weir):
     anon = MatrixClient(client.base_url)
     bad = anon.post(f"{V3}/register", json={"username": "nina\n", "password": "x"})
     assert (bad.status_code, bad.json()["errcode"]) == (400, "M_INVALID_USERNAME")
-    result = run_app(["register-user", "nina\n", "--password", "pw", "--config",
-                      weir.config_path], cwd=weir.directory)
+    result = run_app(
+        ["register-user", "nina\n", "--password", "pw", "--config", weir.config_path],
+        cwd=weir.directory,
+    )
     assert result.returncode == 1 and "M_INVALID_USERNAME" in result.stderr, result.stdout
 
 
 def test_inhibit_login(client):
     first = client.post(f"{V3}/register", auth=False, json={"username": "gina", "password": "p"})
-    r = client.post(f"{V3}/register", auth=False, json={
-        "username": "gina", "password": "p", "inhibit_login": True,
-        "auth": {"type": "m.login.dummy", "session": first.json()["session"]}})
+    r = client.post(
+        f"{V3}/register",
+        auth=False,
+        json={
+            "username": "gina",
+            "password": "p",
+            "inhibit_login": True,
+            "auth": {"type": "m.login.dummy", "session": first.json()["session"]},
+        },
+    )
     assert r.json() == {"user_id": "@gina:weir.test"}
 
 
@@ -141,30 +172,48 @@ def test_login_is_rate_limited_per_client_key(start_weir):
 def test_shared_secret_admin_registration(weir):
     url = weir.url("/_synapse/admin/v1/register")
     nonce = requests.get(url).json()["nonce"]
-    mac = hmac.new(b"test-shared-secret", b"\x00".join(
-        [nonce.encode(), b"root", b"pw", b"admin"]), hashlib.sha1).hexdigest()
-    r = requests.post(url, json={"nonce": nonce, "username": "root", "password": "pw",
-                                 "admin": True, "mac": mac})
+    mac = hmac.new(
+        b"test-shared-secret",
+        b"\x00".join([nonce.encode(), b"root", b"pw", b"admin"]),
+        hashlib.sha1,
+    ).hexdigest()
+    r = requests.post(
+        url, json={"nonce": nonce, "username": "root", "password": "pw", "admin": True, "mac": mac}
+    )
     assert r.status_code == 200, r.text
     assert r.json()["user_id"] == "@root:weir.test"
     # A nonce is single-use.
-    again = requests.post(url, json={"nonce": nonce, "username": "root2", "password": "pw",
-                                     "admin": True, "mac": mac})
+    again = requests.post(
+        url, json={"nonce": nonce, "username": "root2", "password": "pw", "admin": True, "mac": mac}
+    )
     assert again.status_code == 400
     nonce = requests.get(url).json()["nonce"]
-    bad = requests.post(url, json={"nonce": nonce, "username": "x", "password": "pw",
-                                   "mac": "00" * 20})
+    bad = requests.post(
+        url, json={"nonce": nonce, "username": "x", "password": "pw", "mac": "00" * 20}
+    )
     assert (bad.status_code, bad.json()["errcode"]) == (403, "M_FORBIDDEN")
 
 
 def test_register_user_command(weir, tmp_path):
-    result = run_app(["register-user", "operator", "--password", "s3cret", "--admin",
-                      "--config", weir.config_path], cwd=weir.directory)
+    result = run_app(
+        [
+            "register-user",
+            "operator",
+            "--password",
+            "s3cret",
+            "--admin",
+            "--config",
+            weir.config_path,
+        ],
+        cwd=weir.directory,
+    )
     assert result.returncode == 0, result.stderr
     assert "@operator:weir.test" in result.stdout
     MatrixClient(weir.client_url).login("operator", "s3cret")
-    again = run_app(["register-user", "operator", "--password", "x", "--config",
-                     weir.config_path], cwd=weir.directory)
+    again = run_app(
+        ["register-user", "operator", "--password", "x", "--config", weir.config_path],
+        cwd=weir.directory,
+    )
     assert again.returncode == 1
     assert "M_USER_IN_USE" in again.stderr
 
@@ -179,8 +228,9 @@ def test_passwords_and_tokens_are_stored_hashed(weir):
     assert "plain-text-password" not in dump
     assert token not in dump
     assert hashlib.sha256(token.encode()).hexdigest() in dump
-    (stored,) = db.execute("SELECT password_hash FROM users WHERE user_id = ?",
-                           ("@hank:weir.test",)).fetchone()
+    (stored,) = db.execute(
+        "SELECT password_hash FROM users WHERE user_id = ?", ("@hank:weir.test",)
+    ).fetchone()
     assert stored.startswith("scrypt$")
 
 

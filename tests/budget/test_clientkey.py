@@ -31,20 +31,55 @@ CASES = [
     ("spoof from untrusted v6 peer", "2001:db8:1::1", "1.1.1.1", PROXIES, 64, "2001:db8:1::/64"),
     # Trusted peer: first untrusted hop from the right.
     ("one trusted proxy", "10.0.0.1", "198.51.100.9", PROXIES, 64, "198.51.100.9"),
-    ("chain of trusted proxies", "10.0.0.1", "198.51.100.9, 10.1.1.1, 192.168.1.1", PROXIES, 64, "198.51.100.9"),
-    ("forged left part ignored", "10.0.0.1", "6.6.6.6, 198.51.100.9, 10.2.2.2", PROXIES, 64, "198.51.100.9"),
+    (
+        "chain of trusted proxies",
+        "10.0.0.1",
+        "198.51.100.9, 10.1.1.1, 192.168.1.1",
+        PROXIES,
+        64,
+        "198.51.100.9",
+    ),
+    (
+        "forged left part ignored",
+        "10.0.0.1",
+        "6.6.6.6, 198.51.100.9, 10.2.2.2",
+        PROXIES,
+        64,
+        "198.51.100.9",
+    ),
     ("all hops trusted: leftmost", "10.0.0.1", "10.9.9.9, 10.1.1.1", PROXIES, 64, "10.9.9.9"),
     ("ipv6 client behind proxy", "10.0.0.1", "2001:db8:5:6::7", PROXIES, 64, "2001:db8:5:6::/64"),
     ("ipv6 trusted proxy", "2001:db8:ffff::1", "203.0.113.7", PROXIES, 64, "203.0.113.7"),
     ("mapped trusted peer", "::ffff:10.0.0.1", "203.0.113.7", PROXIES, 64, "203.0.113.7"),
     ("mapped hop", "10.0.0.1", "::ffff:203.0.113.7", PROXIES, 64, "203.0.113.7"),
     ("hop with port", "10.0.0.1", "203.0.113.7:4711", PROXIES, 64, "203.0.113.7"),
-    ("hop bracketed v6 with port", "10.0.0.1", "[2001:db8:5:6::7]:4711", PROXIES, 64, "2001:db8:5:6::/64"),
+    (
+        "hop bracketed v6 with port",
+        "10.0.0.1",
+        "[2001:db8:5:6::7]:4711",
+        PROXIES,
+        64,
+        "2001:db8:5:6::/64",
+    ),
     ("hop bracketed v6", "10.0.0.1", " [2001:db8:5:6::7] ", PROXIES, 64, "2001:db8:5:6::/64"),
     ("hop v6 zone", "10.0.0.1", "fe80::1%25eth0, fe80::2%eth0", PROXIES, 64, "fe80::/64"),
     ("hop custom prefix", "10.0.0.1", "2001:db8:5:6::7", PROXIES, 32, "2001:db8::/32"),
-    ("several headers joined", "10.0.0.1", "198.51.100.9, 10.1.1.1, 203.0.113.7, 10.2.2.2", PROXIES, 64, "203.0.113.7"),
-    ("empty list elements skipped", "10.0.0.1", "198.51.100.9, , 10.1.1.1,", PROXIES, 64, "198.51.100.9"),
+    (
+        "several headers joined",
+        "10.0.0.1",
+        "198.51.100.9, 10.1.1.1, 203.0.113.7, 10.2.2.2",
+        PROXIES,
+        64,
+        "203.0.113.7",
+    ),
+    (
+        "empty list elements skipped",
+        "10.0.0.1",
+        "198.51.100.9, , 10.1.1.1,",
+        PROXIES,
+        64,
+        "198.51.100.9",
+    ),
     # Junk: never believed, the peer is used.
     ("empty header", "10.0.0.1", "", PROXIES, 64, "10.0.0.1"),
     ("only commas", "10.0.0.1", ",,,", PROXIES, 64, "10.0.0.1"),
@@ -64,7 +99,14 @@ CASES = [
     ("empty peer", "", "1.2.3.4", PROXIES, 64, ""),
     # Strings are accepted in place of parsed networks.
     ("string proxies", "10.0.0.1", "198.51.100.9", ["10.0.0.0/8"], 64, "198.51.100.9"),
-    ("network proxies list", "10.0.0.1", "198.51.100.9", [ipaddress.ip_network("10.0.0.0/8")], 64, "198.51.100.9"),
+    (
+        "network proxies list",
+        "10.0.0.1",
+        "198.51.100.9",
+        [ipaddress.ip_network("10.0.0.0/8")],
+        64,
+        "198.51.100.9",
+    ),
 ]
 
 
@@ -85,7 +127,9 @@ def test_two_addresses_in_one_slash64_share_a_key_and_other_64s_do_not():
 
 
 def test_parse_networks():
-    nets = parse_networks(["10.1.2.3/8", " 192.168.0.1 ", "2001:db8::/32", ipaddress.ip_network("fd00::/8")])
+    nets = parse_networks(
+        ["10.1.2.3/8", " 192.168.0.1 ", "2001:db8::/32", ipaddress.ip_network("fd00::/8")]
+    )
     assert [str(n) for n in nets] == ["10.0.0.0/8", "192.168.0.1/32", "2001:db8::/32", "fd00::/8"]
     assert parse_networks([]) == ()
     assert parse_networks("10.0.0.0/8") == (ipaddress.ip_network("10.0.0.0/8"),)

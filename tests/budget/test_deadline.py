@@ -293,14 +293,24 @@ def test_discovery_and_request_draw_from_one_deadline():
         # itself (the socket timeout), and discovery carries on.
         with d:
             with pytest.raises(urllib3.exceptions.ReadTimeoutError):
-                pm.request("GET", tarpit.url + "/.well-known/matrix/server", retries=False, timeout=d.step_timeout(0.3))
+                pm.request(
+                    "GET",
+                    tarpit.url + "/.well-known/matrix/server",
+                    retries=False,
+                    timeout=d.step_timeout(0.3),
+                )
         # Step two gets only what is left, and the deadline fires at the
         # total target, not 0.8 s after step two began.
         left = d.step_timeout(5)
         assert left <= 0.8 - 0.3
         with pytest.raises(DeadlineExceeded):
             with d:
-                pm.request("GET", tarpit.url + "/_matrix/federation/v1/query/directory", retries=False, timeout=d.step_timeout(5))
+                pm.request(
+                    "GET",
+                    tarpit.url + "/_matrix/federation/v1/query/directory",
+                    retries=False,
+                    timeout=d.step_timeout(5),
+                )
         elapsed = time.monotonic() - t0
         assert 0.8 <= elapsed < 0.8 + TOLERANCE, elapsed
         assert tarpit.accepted == 2

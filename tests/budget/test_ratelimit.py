@@ -167,7 +167,9 @@ def test_never_more_than_the_bucket_allows(max_requests, per_seconds, steps):
 
 
 @settings(deadline=None, max_examples=300)
-@given(max_requests=st.integers(1, 50), per_seconds=st.floats(0.01, 3600), spent=st.integers(1, 100))
+@given(
+    max_requests=st.integers(1, 50), per_seconds=st.floats(0.01, 3600), spent=st.integers(1, 100)
+)
 @example(max_requests=25, per_seconds=1.00001, spent=26)  # 40.0004 ms must not round to 40
 def test_waiting_retry_after_ms_is_always_enough(max_requests, per_seconds, spent):
     clock = FakeClock(0.0)

@@ -6,9 +6,28 @@ import pytest
 from homeserver.core.identifiers import is_valid_server_name
 from homeserver.federation.discovery import split_server_name
 
-NAMES = ["example.org", "example.org:8448", "1.2.3.4:80", "[2001:db8::1]:8448", "[::1]",
-         "host:1", "host:65535", "", "a b", "host:", "host:port", "host:0", "host:65536",
-         "host:99999", "host:٣", "[::1", "[not-ip]:1", "host:1:2", "[::1]x", "[fe80::1%eth0]"]
+NAMES = [
+    "example.org",
+    "example.org:8448",
+    "1.2.3.4:80",
+    "[2001:db8::1]:8448",
+    "[::1]",
+    "host:1",
+    "host:65535",
+    "",
+    "a b",
+    "host:",
+    "host:port",
+    "host:0",
+    "host:65536",
+    "host:99999",
+    "host:٣",
+    "[::1",
+    "[not-ip]:1",
+    "host:1:2",
+    "[::1]x",
+    "[fe80::1%eth0]",
+]
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -15,8 +15,10 @@ def haproxy_bin():
     binary = haproxy_binary()
     if binary is None:
         if os.environ.get("CI") == "true":
-            pytest.fail("haproxy not found, and CI requires the HAProxy tests "
-                        "(make test installs it with apt-get when run as root)")
+            pytest.fail(
+                "haproxy not found, and CI requires the HAProxy tests "
+                "(make test installs it with apt-get when run as root)"
+            )
         pytest.skip("haproxy not found: `apt-get install haproxy` (make test does, as root)")
     print(f"\nhaproxy {haproxy_version(binary)} ({binary})")
     return binary

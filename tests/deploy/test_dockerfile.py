@@ -19,8 +19,10 @@ from tests.support.server import REPO
 
 DOCKERFILE = os.path.join(REPO, "Dockerfile")
 # What compiles or resolves packages, and has no business in the image that runs.
-BUILD_TOOLS = re.compile(r"\b(gcc|g\+\+|cc|clang|make|build-essential|[\w.+-]+-dev|"
-                         r"pip-compile|pip-tools|poetry|setuptools-rust|rustc|cargo)\b")
+BUILD_TOOLS = re.compile(
+    r"\b(gcc|g\+\+|cc|clang|make|build-essential|[\w.+-]+-dev|"
+    r"pip-compile|pip-tools|poetry|setuptools-rust|rustc|cargo)\b"
+)
 INSTALLS = re.compile(r"\b(apt-get|apt|apk|yum|dnf)\b[^;&|]*\b(install|add)\b([^;&|]*)")
 
 
@@ -64,8 +66,11 @@ def parse(text: str) -> tuple[dict, list[Stage]]:
     for ins in instructions:
         if ins.keyword == "FROM":
             words = ins.args.split()
-            base = re.sub(r"\$\{?(\w+)\}?", lambda m: global_args.get(m.group(1), m.group(0)),
-                          next(w for w in words if not w.startswith("--")))
+            base = re.sub(
+                r"\$\{?(\w+)\}?",
+                lambda m: global_args.get(m.group(1), m.group(0)),
+                next(w for w in words if not w.startswith("--")),
+            )
             name = words[-1] if len(words) >= 3 and words[-2].upper() == "AS" else None
             stages.append(Stage(base, name))
         elif not stages:
@@ -108,8 +113,9 @@ def root_user(stages: list[Stage]) -> list[str]:
     if user in ("root", "0"):
         return [f"USER {users[-1].args}: root"]
     if not user.isdigit() and not any(
-            re.search(rf"\b(useradd|adduser)\b.*\b{re.escape(user)}\b", r.args)
-            for r in stages[-1].all("RUN")):
+        re.search(rf"\b(useradd|adduser)\b.*\b{re.escape(user)}\b", r.args)
+        for r in stages[-1].all("RUN")
+    ):
         return [f"USER {user}: never made in the image (useradd)"]
     return []
 
@@ -159,12 +165,14 @@ def test_the_dockerfile_keeps_the_rule(stages, rule):
 
 
 def test_each_rule_fires_on_a_dockerfile_that_breaks_it():
-    bad = ("FROM python:3.11-slim AS build\n"
-           "RUN pip install -r requirements.txt\n"
-           "FROM build\n"
-           "RUN apt-get update && apt-get install -y --no-install-recommends gcc libpq-dev \\\n"
-           "    && pip install psycopg\n"
-           "USER root\n")
+    bad = (
+        "FROM python:3.11-slim AS build\n"
+        "RUN pip install -r requirements.txt\n"
+        "FROM build\n"
+        "RUN apt-get update && apt-get install -y --no-install-recommends gcc libpq-dev \\\n"
+        "    && pip install psycopg\n"
+        "USER root\n"
+    )
     found = {rule.__name__: rule(parse(bad)[1]) for rule in RULES}
     assert all(found.values()), found
     assert "['gcc', 'libpq-dev']" in " ".join(found["build_tools_in_final_stage"])
@@ -180,8 +188,9 @@ def test_what_the_image_copies_is_in_the_repository(stages):
     entrypoint = stages[-1].all("ENTRYPOINT")[-1].args
     script = re.search(r'"/app/([^"]+)"', entrypoint).group(1)
     # COPY keeps the mode git gives it: a script that is not executable never starts.
-    mode = subprocess.run(["git", "ls-files", "-s", script], cwd=REPO, capture_output=True,
-                          text=True, check=True).stdout.split()
+    mode = subprocess.run(
+        ["git", "ls-files", "-s", script], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
     if mode:  # tracked: check the mode a clean clone gets
         assert mode[0] == "100755", f"{script} is not executable in git"
     else:
@@ -189,17 +198,30 @@ def test_what_the_image_copies_is_in_the_repository(stages):
 
 
 def test_the_parser_reads_what_docker_reads():
-    text = ("ARG BASE=python:3.11.14-slim\n"
-            "FROM ${BASE} AS build\n"
-            "RUN apt-get update \\\n"
-            "# a comment inside a continuation is dropped\n"
-            "    && apt-get install -y gcc\n"
-            "FROM $BASE\n"
-            "USER 10001\n")
+    text = (
+        "ARG BASE=python:3.11.14-slim\n"
+        "FROM ${BASE} AS build\n"
+        "RUN apt-get update \\\n"
+        "# a comment inside a continuation is dropped\n"
+        "    && apt-get install -y gcc\n"
+        "FROM $BASE\n"
+        "USER 10001\n"
+    )
     global_args, (build, final) = parse(text)
     assert global_args == {"BASE": "python:3.11.14-slim"}
     assert (build.base, build.name, final.base, final.name) == (
-        "python:3.11.14-slim", "build", "python:3.11.14-slim", None)
+        "python:3.11.14-slim",
+        "build",
+        "python:3.11.14-slim",
+        None,
+    )
     assert build.all("RUN")[0].args.split() == [
-        "apt-get", "update", "&&", "apt-get", "install", "-y", "gcc"]
+        "apt-get",
+        "update",
+        "&&",
+        "apt-get",
+        "install",
+        "-y",
+        "gcc",
+    ]
     assert final.all("USER")[0].args == "10001"

@@ -43,17 +43,26 @@ HAPROXY_503 = b"No server is available to handle this request."
 
 
 def weir_settings(directory: str, test_ca, dns, **http) -> dict:
-    return merge(base_settings(os.path.join(directory, "data")), {
-        "server": {"http": {"trusted_proxies": [f"{LB_SOURCE}/32"], **http}},
-        "federation": federation_settings(test_ca, dns)})
+    return merge(
+        base_settings(os.path.join(directory, "data")),
+        {
+            "server": {"http": {"trusted_proxies": [f"{LB_SOURCE}/32"], **http}},
+            "federation": federation_settings(test_ca, dns),
+        },
+    )
 
 
 def start_stack(directory: str, test_ca, dns, binary: str, check_inter=None, **http):
     weir = WeirProcess(directory, weir_settings(directory, test_ca, dns, **http)).start()
     try:
-        lb = HAProxy(directory, test_ca, client=weir.client_url,
-                     federation=weir.federation_url, check_inter=check_inter,
-                     binary=binary).start()
+        lb = HAProxy(
+            directory,
+            test_ca,
+            client=weir.client_url,
+            federation=weir.federation_url,
+            check_inter=check_inter,
+            binary=binary,
+        ).start()
     except BaseException:
         weir.stop()
         raise
@@ -63,8 +72,9 @@ def start_stack(directory: str, test_ca, dns, binary: str, check_inter=None, **h
 @pytest.fixture(scope="module")
 def stack(haproxy_bin, test_ca, dns, tmp_path_factory):
     """One Weir behind one HAProxy. main_pool_size 20: ADR-0079's global cap is 10."""
-    weir, lb = start_stack(str(tmp_path_factory.mktemp("behind-haproxy")), test_ca, dns,
-                           haproxy_bin, main_pool_size=20)
+    weir, lb = start_stack(
+        str(tmp_path_factory.mktemp("behind-haproxy")), test_ca, dns, haproxy_bin, main_pool_size=20
+    )
     yield weir, lb
     lb.stop()
     weir.stop()
@@ -78,18 +88,31 @@ def origin(test_ca, dns):
         yield peer
 
 
-def raw_request(base_url: str, method: str, target: str, *, source_ip: str, ca_path: str,
-                headers: dict | None = None, body: bytes | None = None):
+def raw_request(
+    base_url: str,
+    method: str,
+    target: str,
+    *,
+    source_ip: str,
+    ca_path: str,
+    headers: dict | None = None,
+    body: bytes | None = None,
+):
     """(status, body) of one request whose target goes out exactly as written: requests
     (urllib3) would re-encode it, and a signature covers it byte for byte."""
     parts = urlsplit(base_url)
     if parts.scheme == "https":
         conn = http.client.HTTPSConnection(
-            parts.hostname, parts.port, timeout=30, source_address=(source_ip, 0),
-            context=ssl.create_default_context(cafile=ca_path))
+            parts.hostname,
+            parts.port,
+            timeout=30,
+            source_address=(source_ip, 0),
+            context=ssl.create_default_context(cafile=ca_path),
+        )
     else:
-        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30,
-                                          source_address=(source_ip, 0))
+        conn = http.client.HTTPConnection(
+            parts.hostname, parts.port, timeout=30, source_address=(source_ip, 0)
+        )
     try:
         conn.request(method, target, body=body, headers=headers or {})
         response = conn.getresponse()
@@ -106,10 +129,16 @@ def assert_refused_at_once(response):
 
 # -- the rendering -------------------------------------------------------------------------
 
-RENDER_ARGS = {"client_bind": "fd@3", "federation_bind": "fd@4",
-               "client_server": "127.0.0.1:1001", "federation_server": "127.0.0.1:1002",
-               "certs": "/tmp/certs", "stats_socket": "/tmp/s.sock", "max_fds": 20000,
-               "check_inter": "200ms"}
+RENDER_ARGS = {
+    "client_bind": "fd@3",
+    "federation_bind": "fd@4",
+    "client_server": "127.0.0.1:1001",
+    "federation_server": "127.0.0.1:1002",
+    "certs": "/tmp/certs",
+    "stats_socket": "/tmp/s.sock",
+    "max_fds": 20000,
+    "check_inter": "200ms",
+}
 
 
 def test_rendering_changes_only_addresses_limits_and_check_intervals():
@@ -119,18 +148,27 @@ def test_rendering_changes_only_addresses_limits_and_check_intervals():
     removed = [line.split()[0] for line in source if line not in rendered]
     added = [line.split()[0:2] for line in rendered if line not in source]
     assert sorted(removed) == ["bind", "bind", "maxconn", "server", "server"]
-    assert sorted(added) == [["bind", "fd@3"], ["bind", "fd@4"], ["maxconn", "9900"],
-                             ["server", "weir"], ["server", "weir"], ["stats", "socket"]]
+    assert sorted(added) == [
+        ["bind", "fd@3"],
+        ["bind", "fd@4"],
+        ["maxconn", "9900"],
+        ["server", "weir"],
+        ["server", "weir"],
+        ["stats", "socket"],
+    ]
     servers = [line for line in rendered if line.strip().startswith("server weir")]
     assert all(" inter 200ms fastinter 200ms " in line for line in servers), servers
 
 
-@pytest.mark.parametrize("old, new", [
-    ("server weir weir:8008 ", "server app weir:8008 "),   # a renamed server
-    ("bind :8448 ", "bind :8443 "),                        # a moved frontend
-    ("    maxconn 20000\n", ""),                            # no global maxconn
-    ("global\n", "global\n    stats socket /x\nglobal\n"),  # two global sections
-])
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        ("server weir weir:8008 ", "server app weir:8008 "),  # a renamed server
+        ("bind :8448 ", "bind :8443 "),  # a moved frontend
+        ("    maxconn 20000\n", ""),  # no global maxconn
+        ("global\n", "global\n    stats socket /x\nglobal\n"),  # two global sections
+    ],
+)
 def test_rendering_fails_loudly_when_the_deployed_config_changes_shape(old, new):
     with open(DEPLOY_CONFIG) as f:
         source = f.read()
@@ -149,9 +187,12 @@ def test_every_client_behind_haproxy_is_keyed_by_its_own_address(stack, dns, tes
     def lookup(ip: str, limit: int, headers: dict | None = None):
         # Ten clients, ten different queries: nothing is shared, so each needs a slot.
         with client_from(ip, test_ca.ca_path) as session:
-            return session.get(lb.client_url + f"{V3}/publicRooms", headers=headers,
-                               params={"server": "tarpit.lb.test:8448", "limit": limit},
-                               timeout=60)
+            return session.get(
+                lb.client_url + f"{V3}/publicRooms",
+                headers=headers,
+                params={"server": "tarpit.lb.test:8448", "limit": limit},
+                timeout=60,
+            )
 
     with Tarpit(TARPIT_IP, 8448) as tarpit:
         held = [gevent.spawn(lookup, ip, n + 1) for n, ip in enumerate(CLIENTS[:9])]
@@ -181,8 +222,10 @@ def test_every_client_behind_haproxy_is_keyed_by_its_own_address(stack, dns, tes
     # Weir logged each under its own address, the one the client connected from.
     for n, ip in enumerate(CLIENTS):
         weir.wait_for_log(rf"publicRooms\?\S*limit={n + 1} 502 \S+ {re.escape(ip)}$")
-    print(f"\n10 clients through HAProxy: 10 admitted, tarpit held {tarpit.max_concurrent} "
-          "connections at once; a forged X-Forwarded-For kept its own key (429)")
+    print(
+        f"\n10 clients through HAProxy: 10 admitted, tarpit held {tarpit.max_concurrent} "
+        "connections at once; a forged X-Forwarded-For kept its own key (429)"
+    )
 
 
 # -- federation through the 8448 frontend ----------------------------------------------------
@@ -202,48 +245,74 @@ def test_x_matrix_signatures_verify_through_haproxy(stack, test_ca, origin):
         if content is not None:
             headers["Content-Type"] = "application/json"
             body = json.dumps(content).encode()
-        return raw_request(base_url, method, target, source_ip=ORIGIN_IP,
-                           ca_path=test_ca.ca_path, headers=headers, body=body)
+        return raw_request(
+            base_url,
+            method,
+            target,
+            source_ip=ORIGIN_IP,
+            ca_path=test_ca.ca_path,
+            headers=headers,
+            body=body,
+        )
 
     # Lower-case and needless escapes (%3a, %2e, %7e): a proxy that normalised the target
     # would break the signature, which covers it as the origin sent it.
-    profile = ("/_matrix/federation/v1/query/profile"
-               "?user_id=%40alice%3aweir%2etest&field=displayname")
+    profile = (
+        "/_matrix/federation/v1/query/profile?user_id=%40alice%3aweir%2etest&field=displayname"
+    )
     for frontend in (lb.federation_url, lb.client_url):  # 8448, and 443 by path
         status, body = signed(frontend, "GET", profile)
         assert (status, json.loads(body)) == (200, {"displayname": "Alice"}), body
     send = "/_matrix/federation/v1/send/lb%3atxn%201%7e"
-    content = {"origin": origin.server_name, "origin_server_ts": int(time.time() * 1000),
-               "pdus": []}
+    content = {
+        "origin": origin.server_name,
+        "origin_server_ts": int(time.time() * 1000),
+        "pdus": [],
+    }
     status, body = signed(lb.federation_url, "PUT", send, content)
     assert (status, json.loads(body)) == (200, {"pdus": {}}), body
     weir.wait_for_log(r"PUT /_matrix/federation/v1/send/lb:txn 1~ 200 .* origin=origin\.lb\.test")
 
     # The control: the same request, its target normalised on the way, is refused.
     auth = origin.sign_request("weir.test", "GET", profile)
-    status, body = raw_request(lb.federation_url, "GET", profile.replace("%3a", "%3A"),
-                               source_ip=ORIGIN_IP, ca_path=test_ca.ca_path,
-                               headers={"Authorization": auth})
+    status, body = raw_request(
+        lb.federation_url,
+        "GET",
+        profile.replace("%3a", "%3A"),
+        source_ip=ORIGIN_IP,
+        ca_path=test_ca.ca_path,
+        headers={"Authorization": auth},
+    )
     assert (status, json.loads(body)["errcode"]) == (401, "M_UNAUTHORIZED")
 
 
 # -- /metrics --------------------------------------------------------------------------------
 
 # Every target here reaches Weir's /metrics when sent to it directly.
-METRICS_TARGETS = ["/metrics", "/metrics?name=x", "/metrics/", "//metrics", "/%6detrics",
-                   "/%6Detrics", "/metrics%2F", "/%2fmetrics"]
+METRICS_TARGETS = [
+    "/metrics",
+    "/metrics?name=x",
+    "/metrics/",
+    "//metrics",
+    "/%6detrics",
+    "/%6Detrics",
+    "/metrics%2F",
+    "/%2fmetrics",
+]
 
 
 @pytest.mark.parametrize("target", METRICS_TARGETS)
 def test_metrics_is_refused_through_the_balancer(stack, test_ca, target):
     weir, lb = stack
     # Weir would serve this client (127.0.0.0/8 may scrape): the balancer is what refuses.
-    status, body = raw_request(weir.client_url, "GET", target, source_ip=CLIENTS[0],
-                               ca_path=test_ca.ca_path)
+    status, body = raw_request(
+        weir.client_url, "GET", target, source_ip=CLIENTS[0], ca_path=test_ca.ca_path
+    )
     assert status == 200 and body.startswith(b"# HELP"), (status, body[:80])
     for frontend in (lb.client_url, lb.federation_url):
-        status, body = raw_request(frontend, "GET", target, source_ip=CLIENTS[0],
-                                   ca_path=test_ca.ca_path)
+        status, body = raw_request(
+            frontend, "GET", target, source_ip=CLIENTS[0], ca_path=test_ca.ca_path
+        )
         assert status == 404, (frontend, status, body[:80])
         assert b"404 Not Found" in body and b"weir_" not in body  # HAProxy's page, not Weir's
 
@@ -258,8 +327,14 @@ DRAIN_DELAY = 3.0
 
 
 def test_sigterm_under_load_loses_no_request(haproxy_bin, test_ca, dns, tmp_path):
-    weir, lb = start_stack(str(tmp_path), test_ca, dns, haproxy_bin, check_inter="200ms",
-                           shutdown_drain_delay=DRAIN_DELAY)
+    weir, lb = start_stack(
+        str(tmp_path),
+        test_ca,
+        dns,
+        haproxy_bin,
+        check_inter="200ms",
+        shutdown_drain_delay=DRAIN_DELAY,
+    )
     try:
         figures = run_drain(weir, lb, test_ca)
     finally:
@@ -299,8 +374,11 @@ def run_drain(weir: WeirProcess, lb: HAProxy, test_ca) -> dict:
         sigterm_at = time.monotonic()
         weir.proc.terminate()
         in_flight_at_sigterm = [c for c in calls if c[0] < sigterm_at and c[1] is None]
-        down_after = lb.wait_for(lambda: lb.server("client").get("status") == "DOWN", 30,
-                                 "HAProxy never marked the server down")
+        down_after = lb.wait_for(
+            lambda: lb.server("client").get("status") == "DOWN",
+            30,
+            "HAProxy never marked the server down",
+        )
         check = lb.server("client")
         weir_up_when_marked_down = weir.proc.poll() is None
         gevent.joinall(clients, timeout=30)
@@ -316,11 +394,13 @@ def run_drain(weir: WeirProcess, lb: HAProxy, test_ca) -> dict:
         "in flight at SIGTERM": len(in_flight_at_sigterm),
         "of which completed 200": sum(1 for c in in_flight_at_sigterm if c[2] == 200),
         "served 200 after SIGTERM (draining)": sum(
-            1 for c in calls if c[0] >= sigterm_at and c[2] == 200),
+            1 for c in calls if c[0] >= sigterm_at and c[2] == 200
+        ),
         "503 from HAProxy (server down)": outcomes["503 from HAProxy"],
         "502": outcomes[502],
-        "resets and other errors": sum(n for o, n in outcomes.items()
-                                       if o not in (200, "503 from HAProxy", 502)),
+        "resets and other errors": sum(
+            n for o, n in outcomes.items() if o not in (200, "503 from HAProxy", 502)
+        ),
         "marked down after (s)": round(down_after, 2),
         "down by": f"{check['check_status']} {check['check_code']}",
         "requests in all": len(calls),

@@ -37,9 +37,16 @@ def weir_user(weir):
 
 
 def test_synapse_resolves_our_alias_and_lists_our_rooms(weir, weir_user, synapse_user):
-    created = weir_user.post(f"{V3}/createRoom", json={
-        "preset": "public_chat", "visibility": "public", "name": "Weir Lobby",
-        "topic": "hello from weir", "room_alias_name": "weirlobby"})
+    created = weir_user.post(
+        f"{V3}/createRoom",
+        json={
+            "preset": "public_chat",
+            "visibility": "public",
+            "name": "Weir Lobby",
+            "topic": "hello from weir",
+            "room_alias_name": "weirlobby",
+        },
+    )
     assert created.status_code == 200, created.text
     room_id = created.json()["room_id"]
 
@@ -53,16 +60,24 @@ def test_synapse_resolves_our_alias_and_lists_our_rooms(weir, weir_user, synapse
     assert listed.status_code == 200, listed.text
     entry = next(e for e in listed.json()["chunk"] if e["room_id"] == room_id)
     assert entry["name"] == "Weir Lobby" and entry["num_joined_members"] == 1
-    searched = synapse_user.post(f"{V3}/publicRooms", params={"server": WEIR_NAME},
-                                 json={"filter": {"generic_search_term": "weir lobby"}})
+    searched = synapse_user.post(
+        f"{V3}/publicRooms",
+        params={"server": WEIR_NAME},
+        json={"filter": {"generic_search_term": "weir lobby"}},
+    )
     assert [e["room_id"] for e in searched.json()["chunk"]] == [room_id]
 
 
-def test_we_resolve_a_synapse_alias_and_list_its_rooms(weir, weir_user, synapse,
-                                                      synapse_user):
-    created = synapse_user.post(f"{V3}/createRoom", json={
-        "preset": "public_chat", "visibility": "public", "name": "Synapse Square",
-        "room_alias_name": "square"})
+def test_we_resolve_a_synapse_alias_and_list_its_rooms(weir, weir_user, synapse, synapse_user):
+    created = synapse_user.post(
+        f"{V3}/createRoom",
+        json={
+            "preset": "public_chat",
+            "visibility": "public",
+            "name": "Synapse Square",
+            "room_alias_name": "square",
+        },
+    )
     assert created.status_code == 200, created.text
     room_id = created.json()["room_id"]
 
@@ -71,15 +86,20 @@ def test_we_resolve_a_synapse_alias_and_list_its_rooms(weir, weir_user, synapse,
     assert r.status_code == 200, r.text
     assert r.json()["room_id"] == room_id and synapse.server_name in r.json()["servers"]
 
-    listed = requests.get(weir.url(f"{V3}/publicRooms"),
-                          params={"server": synapse.server_name}, timeout=60)
+    listed = requests.get(
+        weir.url(f"{V3}/publicRooms"), params={"server": synapse.server_name}, timeout=60
+    )
     assert listed.status_code == 200, listed.text
     assert room_id in [e["room_id"] for e in listed.json()["chunk"]]
-    searched = weir_user.post(f"{V3}/publicRooms", params={"server": synapse.server_name},
-                              json={"filter": {"generic_search_term": "square"}})
+    searched = weir_user.post(
+        f"{V3}/publicRooms",
+        params={"server": synapse.server_name},
+        json={"filter": {"generic_search_term": "square"}},
+    )
     assert searched.status_code == 200, searched.text
     assert [e["room_id"] for e in searched.json()["chunk"]] == [room_id]
 
-    unknown = requests.get(weir.url(f"{V3}/directory/room/{quote('#nope:' + synapse.server_name)}"),
-                           timeout=60)
+    unknown = requests.get(
+        weir.url(f"{V3}/directory/room/{quote('#nope:' + synapse.server_name)}"), timeout=60
+    )
     assert (unknown.status_code, unknown.json()["errcode"]) == (404, "M_NOT_FOUND")

@@ -38,11 +38,19 @@ def rooms(weir):
     for i, u in enumerate(users):
         u.register(f"user{i}")
     made = []
-    for size, (name, topic) in zip((3, 2, 1), [("Big", "dogs"), ("Mid", "cats"),
-                                              ("Small", "dogs")]):
-        r = users[0].post(f"{V3}/createRoom", json={
-            "preset": "public_chat", "visibility": "public", "name": name, "topic": topic,
-            "room_alias_name": name.lower()})
+    for size, (name, topic) in zip(
+        (3, 2, 1), [("Big", "dogs"), ("Mid", "cats"), ("Small", "dogs")]
+    ):
+        r = users[0].post(
+            f"{V3}/createRoom",
+            json={
+                "preset": "public_chat",
+                "visibility": "public",
+                "name": name,
+                "topic": topic,
+                "room_alias_name": name.lower(),
+            },
+        )
         room_id = r.json()["room_id"]
         for u in users[1:size]:
             assert u.post(f"{V3}/join/{room_id}", json={}).status_code == 200
@@ -53,9 +61,14 @@ def rooms(weir):
 
 def signed(origin, weir, test_ca, method, target, content=None):
     auth = origin.sign_request("weir.test", method, target, content)
-    return requests.request(method, weir.fed_url(target), headers={"Authorization": auth},
-                            data=json.dumps(content) if content is not None else None,
-                            verify=test_ca.ca_path, timeout=30)
+    return requests.request(
+        method,
+        weir.fed_url(target),
+        headers={"Authorization": auth},
+        data=json.dumps(content) if content is not None else None,
+        verify=test_ca.ca_path,
+        timeout=30,
+    )
 
 
 def test_public_rooms_for_a_signed_origin(weir, test_ca, origin, rooms):
@@ -66,12 +79,19 @@ def test_public_rooms_for_a_signed_origin(weir, test_ca, origin, rooms):
     assert [e["room_id"] for e in body["chunk"]] == rooms[:2]
     assert [e["num_joined_members"] for e in body["chunk"]] == [3, 2]
     assert body["total_room_count_estimate"] == 3
-    rest = signed(origin, weir, test_ca, "GET",
-                  f"{PUBLIC_ROOMS}?limit=2&since={quote(body['next_batch'])}")
+    rest = signed(
+        origin, weir, test_ca, "GET", f"{PUBLIC_ROOMS}?limit=2&since={quote(body['next_batch'])}"
+    )
     assert [e["room_id"] for e in rest.json()["chunk"]] == rooms[2:]
 
-    filtered = signed(origin, weir, test_ca, "POST", PUBLIC_ROOMS,
-                      {"filter": {"generic_search_term": "dogs"}, "limit": 10})
+    filtered = signed(
+        origin,
+        weir,
+        test_ca,
+        "POST",
+        PUBLIC_ROOMS,
+        {"filter": {"generic_search_term": "dogs"}, "limit": 10},
+    )
     assert filtered.status_code == 200, filtered.text
     assert_matches_spec(filtered, "POST", PUBLIC_ROOMS, api="server-server")
     assert [e["room_id"] for e in filtered.json()["chunk"]] == [rooms[0], rooms[2]]
@@ -84,8 +104,9 @@ def test_query_directory_for_a_signed_origin(weir, test_ca, origin, rooms):
     assert_matches_spec(r, "GET", QUERY_DIRECTORY, api="server-server")
     assert r.json() == {"room_id": rooms[1], "servers": ["weir.test"]}
     for alias in ("#nope:weir.test", "#mid:elsewhere.test"):
-        missing = signed(origin, weir, test_ca, "GET",
-                         f"{QUERY_DIRECTORY}?room_alias={quote(alias)}")
+        missing = signed(
+            origin, weir, test_ca, "GET", f"{QUERY_DIRECTORY}?room_alias={quote(alias)}"
+        )
         assert (missing.status_code, missing.json()["errcode"]) == (404, "M_NOT_FOUND")
 
 

@@ -22,22 +22,30 @@ def as_client(i: int) -> dict:
 
 
 def settings(test_ca, dns, **http) -> dict:
-    return {"server": {"http": {"main_pool_size": 8, "trusted_proxies": ["127.0.0.0/8"],
-                                **http}},
-            "federation": federation_settings(test_ca, dns)}
+    return {
+        "server": {"http": {"main_pool_size": 8, "trusted_proxies": ["127.0.0.0/8"], **http}},
+        "federation": federation_settings(test_ca, dns),
+    }
 
 
 def remote_rooms(weir, server: str, client: int, **params):
     started = time.monotonic()
-    r = requests.get(weir.url(f"{V3}/publicRooms"), params={"server": server, **params},
-                     headers=as_client(client), timeout=60)
+    r = requests.get(
+        weir.url(f"{V3}/publicRooms"),
+        params={"server": server, **params},
+        headers=as_client(client),
+        timeout=60,
+    )
     return r, time.monotonic() - started
 
 
 def assert_refused_at_once(response):
     assert response.status_code == 429, response.text
-    assert response.json() == {"errcode": "M_LIMIT_EXCEEDED", "retry_after_ms": 1000,
-                               "error": response.json()["error"]}
+    assert response.json() == {
+        "errcode": "M_LIMIT_EXCEEDED",
+        "retry_after_ms": 1000,
+        "error": response.json()["error"],
+    }
     assert response.headers["Retry-After"] == "1"
 
 
@@ -46,8 +54,9 @@ def test_tarpit_holds_at_most_the_budget_until_the_deadline(start_weir, dns, tes
     with Tarpit("127.40.0.1", 8448) as tarpit:
         weir = start_weir(settings(test_ca, dns))
         # Ten clients, ten different queries (so nothing is shared): four may wait.
-        calls = [gevent.spawn(remote_rooms, weir, "tarpit.test:8448", i, limit=i + 1)
-                 for i in range(10)]
+        calls = [
+            gevent.spawn(remote_rooms, weir, "tarpit.test:8448", i, limit=i + 1) for i in range(10)
+        ]
         assert len(gevent.wait(calls, count=6, timeout=10)) == 6
         refused = [c for c in calls if c.ready()]
         waiting = [c for c in calls if not c.ready()]
@@ -67,8 +76,11 @@ def test_tarpit_holds_at_most_the_budget_until_the_deadline(start_weir, dns, tes
         assert requests.get(weir.url("/_matrix/client/versions"), timeout=10).status_code == 200
         local = requests.get(weir.url(f"{V3}/publicRooms"), timeout=10)
         assert local.status_code == 200 and "chunk" in local.json()
-        login = requests.post(weir.url(f"{V3}/login"), timeout=10, json={
-            "type": "m.login.password", "user": "nobody", "password": "x"})
+        login = requests.post(
+            weir.url(f"{V3}/login"),
+            timeout=10,
+            json={"type": "m.login.password", "user": "nobody", "password": "x"},
+        )
         assert login.status_code == 403  # answered (no such user), not stalled
 
         gevent.joinall(waiting, timeout=30)
@@ -78,8 +90,10 @@ def test_tarpit_holds_at_most_the_budget_until_the_deadline(start_weir, dns, tes
             assert response.json()["errcode"] == "M_UNKNOWN"
             assert "tarpit.test:8448" in response.json()["error"]
             assert 9.0 <= elapsed < 20.0, elapsed  # the 10 s deadline, not remote_timeout (60)
-        print(f"admitted requests ended after {min(c.value[1] for c in waiting):.2f}-"
-              f"{max(c.value[1] for c in waiting):.2f} s")
+        print(
+            f"admitted requests ended after {min(c.value[1] for c in waiting):.2f}-"
+            f"{max(c.value[1] for c in waiting):.2f} s"
+        )
         assert tarpit.accepted == 4 and tarpit.max_concurrent <= 4
         assert in_flight(weir.client_url, BUDGET) == 0
 
@@ -91,8 +105,10 @@ def test_tarpit_holds_at_most_the_budget_until_the_deadline(start_weir, dns, tes
         assert elapsed < 1.0
         assert tarpit.accepted == 4
         assert metric(weir.client_url, "weir_cooldown_addresses") == 1
-        assert metric(weir.client_url, "weir_outbound_deadline_expiries_total",
-                      call="public_rooms") == 4
+        assert (
+            metric(weir.client_url, "weir_outbound_deadline_expiries_total", call="public_rooms")
+            == 4
+        )
 
 
 def test_a_client_that_hangs_up_frees_its_slot(start_weir, dns, test_ca):
@@ -101,19 +117,24 @@ def test_a_client_that_hangs_up_frees_its_slot(start_weir, dns, test_ca):
         weir = start_weir(settings(test_ca, dns))
         host, port = weir.client_url.split("//")[1].split(":")
         conn = socket.create_connection((host, int(port)))
-        conn.sendall(b"GET /_matrix/client/v3/publicRooms?server=hangup.test:8448 HTTP/1.1\r\n"
-                     b"Host: x\r\nX-Forwarded-For: 198.51.100.1\r\n\r\n")
+        conn.sendall(
+            b"GET /_matrix/client/v3/publicRooms?server=hangup.test:8448 HTTP/1.1\r\n"
+            b"Host: x\r\nX-Forwarded-For: 198.51.100.1\r\n\r\n"
+        )
         assert tarpit.wait_accepted(1, timeout=10)
         assert in_flight(weir.client_url, BUDGET) == 1
         conn.close()
-        freed_after = wait_for_metric(weir.client_url, "weir_budget_in_flight", 0,
-                                      timeout=5, budget=BUDGET)
+        freed_after = wait_for_metric(
+            weir.client_url, "weir_budget_in_flight", 0, timeout=5, budget=BUDGET
+        )
         print(f"\nslot freed {freed_after * 1000:.0f} ms after the client hung up")
         assert freed_after < 1.0
         assert tarpit.wait_current(0, timeout=5)  # our outbound connection is closed too
         # A hang-up says nothing about the peer: its address is not cooling down.
         assert metric(weir.client_url, "weir_cooldown_addresses") == 0
-        weir.wait_for_log(r"GET /_matrix/client/v3/publicRooms\?server=hangup\S* ClientDisconnected")
+        weir.wait_for_log(
+            r"GET /_matrix/client/v3/publicRooms\?server=hangup\S* ClientDisconnected"
+        )
 
 
 def test_waiting_on_a_shared_call_takes_a_slot(start_weir, dns, test_ca):
@@ -139,9 +160,13 @@ def test_waiting_on_a_shared_call_takes_a_slot(start_weir, dns, test_ca):
 
 def test_a_bad_server_name_is_refused_before_anything(start_weir, dns, test_ca):
     weir = start_weir(settings(test_ca, dns))
-    for path in (f"{V3}/publicRooms?server=not%20a%20server",
-                 f"{V3}/directory/room/%23lobby:bad%20server"):
+    for path in (
+        f"{V3}/publicRooms?server=not%20a%20server",
+        f"{V3}/directory/room/%23lobby:bad%20server",
+    ):
         r = requests.get(weir.url(path), headers=as_client(1), timeout=10)
         assert (r.status_code, r.json()["errcode"]) == (400, "M_INVALID_PARAM")
-    assert metric(weir.client_url, "weir_outbound_calls_total", call="public_rooms",
-                  outcome="refused") == 0
+    assert (
+        metric(weir.client_url, "weir_outbound_calls_total", call="public_rooms", outcome="refused")
+        == 0
+    )

@@ -14,9 +14,16 @@ from tests.support.server import MatrixClient, WeirProcess, base_settings, merge
 
 V3 = "/_matrix/client/v3"
 
-ROOMS = [room(f"!r{i:02d}:dir.test", f"Room {i:02d}", members=100 - i,
-              topic="cats" if i % 5 == 0 else "dogs",
-              room_type="m.space" if i == 7 else None) for i in range(25)]
+ROOMS = [
+    room(
+        f"!r{i:02d}:dir.test",
+        f"Room {i:02d}",
+        members=100 - i,
+        topic="cats" if i % 5 == 0 else "dogs",
+        room_type="m.space" if i == 7 else None,
+    )
+    for i in range(25)
+]
 
 
 def as_client(i: int) -> dict:
@@ -32,13 +39,15 @@ def peers(test_ca, dns):
         made[name] = cls(name, test_ca, host=ip, port=8448, **kw).start()
         return made[name]
 
-    serve_directory(peer("dir.test", "127.40.1.1"), ROOMS,
-                    aliases={"#lobby:dir.test": "!r00:dir.test"})
+    serve_directory(
+        peer("dir.test", "127.40.1.1"), ROOMS, aliases={"#lobby:dir.test": "!r00:dir.test"}
+    )
     serve_directory(peer("nofilter.test", "127.40.1.2"), ROOMS, post_filtering=False)
     forbidding = peer("forbid.test", "127.40.1.3")
     for method, path in (("GET", PUBLIC_ROOMS), ("GET", QUERY_DIRECTORY)):
-        forbidding.route(method, path, lambda req: (403, {"errcode": "M_FORBIDDEN",
-                                                          "error": "Not for you"}))
+        forbidding.route(
+            method, path, lambda req: (403, {"errcode": "M_FORBIDDEN", "error": "Not for you"})
+        )
     peer("liar.test", "127.40.1.4", cls=LiarPeer).malformed_json(PUBLIC_ROOMS)
     serve_directory(peer("slow.test", "127.40.1.5", latency=0.5), ROOMS[:3])
     yield made
@@ -49,17 +58,25 @@ def peers(test_ca, dns):
 @pytest.fixture(scope="module")
 def weir(test_ca, dns, peers, tmp_path_factory):
     directory = str(tmp_path_factory.mktemp("weir-remote-dir"))
-    settings = merge(base_settings(f"{directory}/data"), {
-        "server": {"http": {"trusted_proxies": ["127.0.0.0/8"]}},
-        "federation": federation_settings(test_ca, dns)})
+    settings = merge(
+        base_settings(f"{directory}/data"),
+        {
+            "server": {"http": {"trusted_proxies": ["127.0.0.0/8"]}},
+            "federation": federation_settings(test_ca, dns),
+        },
+    )
     proc = WeirProcess(directory, settings).start()
     yield proc
     proc.stop()
 
 
 def get_rooms(weir, server, client=1, **params):
-    return requests.get(weir.url(f"{V3}/publicRooms"), params={"server": server, **params},
-                        headers=as_client(client), timeout=30)
+    return requests.get(
+        weir.url(f"{V3}/publicRooms"),
+        params={"server": server, **params},
+        headers=as_client(client),
+        timeout=30,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -85,28 +102,40 @@ def test_remote_list_pages_through_every_room(weir, peers):
     # Signed by us, for the server name asked for (discovery found its address).
     request = peers["dir.test"].requests[-1]
     assert request.headers["Authorization"].startswith("X-Matrix ")
-    assert 'origin="weir.test"' in request.headers["Authorization"] or \
-        "origin=weir.test" in request.headers["Authorization"]
+    assert (
+        'origin="weir.test"' in request.headers["Authorization"]
+        or "origin=weir.test" in request.headers["Authorization"]
+    )
     assert request.host == "dir.test" and request.sni == "dir.test"
 
 
 def test_remote_list_filter(weir, peers, alice):
-    r = alice.post(f"{V3}/publicRooms", params={"server": "dir.test"},
-                   json={"filter": {"generic_search_term": "CATS"}, "limit": 50})
+    r = alice.post(
+        f"{V3}/publicRooms",
+        params={"server": "dir.test"},
+        json={"filter": {"generic_search_term": "CATS"}, "limit": 50},
+    )
     assert r.status_code == 200, r.text
-    assert {e["room_id"] for e in r.json()["chunk"]} == \
-        {x["room_id"] for x in ROOMS if x["topic"] == "cats"}
+    assert {e["room_id"] for e in r.json()["chunk"]} == {
+        x["room_id"] for x in ROOMS if x["topic"] == "cats"
+    }
     assert peers["dir.test"].requests[-1].method == "POST"
-    spaces = alice.post(f"{V3}/publicRooms", params={"server": "dir.test"},
-                        json={"filter": {"room_types": ["m.space"]}})
+    spaces = alice.post(
+        f"{V3}/publicRooms",
+        params={"server": "dir.test"},
+        json={"filter": {"room_types": ["m.space"]}},
+    )
     assert [e["room_id"] for e in spaces.json()["chunk"]] == ["!r07:dir.test"]
 
 
 def test_filter_falls_back_to_get_when_post_is_unsupported(weir, peers, alice):
     nofilter = peers["nofilter.test"]
     before = nofilter.hits(PUBLIC_ROOMS)
-    r = alice.post(f"{V3}/publicRooms", params={"server": "nofilter.test"},
-                   json={"filter": {"generic_search_term": "room 1"}, "limit": 100})
+    r = alice.post(
+        f"{V3}/publicRooms",
+        params={"server": "nofilter.test"},
+        json={"filter": {"generic_search_term": "room 1"}, "limit": 100},
+    )
     assert r.status_code == 200, r.text
     assert [e["name"] for e in r.json()["chunk"]] == [f"Room {i}" for i in range(10, 20)]
     methods = [req.method for req in nofilter.requests[before:]]
@@ -114,20 +143,23 @@ def test_filter_falls_back_to_get_when_post_is_unsupported(weir, peers, alice):
 
 
 def test_remote_alias(weir, peers):
-    found = requests.get(weir.url(f"{V3}/directory/room/%23lobby:dir.test"),
-                         headers=as_client(2), timeout=30)
+    found = requests.get(
+        weir.url(f"{V3}/directory/room/%23lobby:dir.test"), headers=as_client(2), timeout=30
+    )
     assert found.status_code == 200, found.text
     assert found.json() == {"room_id": "!r00:dir.test", "servers": ["dir.test"]}
-    missing = requests.get(weir.url(f"{V3}/directory/room/%23nope:dir.test"),
-                           headers=as_client(2), timeout=30)
+    missing = requests.get(
+        weir.url(f"{V3}/directory/room/%23nope:dir.test"), headers=as_client(2), timeout=30
+    )
     assert (missing.status_code, missing.json()["errcode"]) == (404, "M_NOT_FOUND")
 
 
 def test_remote_errors_map_per_the_table(weir, peers):
     forbidden = get_rooms(weir, "forbid.test", client=3)
     assert (forbidden.status_code, forbidden.json()["errcode"]) == (403, "M_FORBIDDEN")
-    alias = requests.get(weir.url(f"{V3}/directory/room/%23x:forbid.test"),
-                         headers=as_client(3), timeout=30)
+    alias = requests.get(
+        weir.url(f"{V3}/directory/room/%23x:forbid.test"), headers=as_client(3), timeout=30
+    )
     assert (alias.status_code, alias.json()["errcode"]) == (403, "M_FORBIDDEN")
     malformed = get_rooms(weir, "liar.test", client=3)
     assert (malformed.status_code, malformed.json()["errcode"]) == (502, "M_UNKNOWN")

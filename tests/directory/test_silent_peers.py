@@ -20,9 +20,11 @@ DEADLINE = 2
 
 
 def settings(test_ca, dns) -> dict:
-    return {"server": {"http": {"main_pool_size": 8}},
-            "federation": federation_settings(test_ca, dns, remote_timeout=DEADLINE),
-            "logging": {"format": "json"}}
+    return {
+        "server": {"http": {"main_pool_size": 8}},
+        "federation": federation_settings(test_ca, dns, remote_timeout=DEADLINE),
+        "logging": {"format": "json"},
+    }
 
 
 def remote_rooms(weir, server: str):
@@ -50,11 +52,14 @@ def test_a_slow_drip_ends_at_the_deadline_though_every_read_succeeds(start_weir,
 
 
 def test_a_hanging_well_known_costs_half_the_deadline_and_logs_under_the_request(
-        start_weir, dns, test_ca):
+    start_weir, dns, test_ca
+):
     # hang.test has no port: discovery asks https://hang.test/.well-known/matrix/server
     # (which never answers), then finds a tarpit through SRV with what time is left.
-    with HangingPeer(test_ca, ("hang.test",), "127.60.202.1", 443) as hang, \
-            Tarpit("127.60.202.2", 0) as tarpit:
+    with (
+        HangingPeer(test_ca, ("hang.test",), "127.60.202.1", 443) as hang,
+        Tarpit("127.60.202.2", 0) as tarpit,
+    ):
         dns.add_a("hang.test", "127.60.202.1")
         dns.add_a("tarpit.hang.test", "127.60.202.2")
         dns.add_srv("_matrix-fed._tcp.hang.test", "tarpit.hang.test", tarpit.port)
@@ -69,8 +74,11 @@ def test_a_hanging_well_known_costs_half_the_deadline_and_logs_under_the_request
 
         weir.wait_for_log(r"publicRooms\?server=hang.test 504")
         entries = log_entries(weir)
-        access = next(e for e in entries if e["logger"] == "weir.access"
-                      and "server=hang.test" in e["message"])
+        access = next(
+            e
+            for e in entries
+            if e["logger"] == "weir.access" and "server=hang.test" in e["message"]
+        )
         well_known = next(e for e in entries if "well-known of hang.test" in e["message"])
         assert "timed out" in well_known["message"]
         # The discovery line is tagged with the id of the request it worked for.

@@ -41,13 +41,17 @@ def liar(start_peer):
 def test_every_request_is_signed_over_the_exact_target(client, liar):
     liar.route("PUT", "/_matrix/federation/v1/send/t1", lambda req: (200, {"pdus": {}}))
     content = {"pdus": [], "edus": [{"x": "é"}]}
-    assert client.put_json(liar.server_name, "/_matrix/federation/v1/send/t1", content,
-                           {"a": "1 2", "b": ["x", "y"]}) == {"pdus": {}}
+    assert client.put_json(
+        liar.server_name, "/_matrix/federation/v1/send/t1", content, {"a": "1 2", "b": ["x", "y"]}
+    ) == {"pdus": {}}
     seen = liar.requests[-1]
     assert seen.target == "/_matrix/federation/v1/send/t1?a=1+2&b=x&b=y"
     auth = parse_x_matrix(seen.headers["Authorization"])
-    assert (auth.origin, auth.destination, auth.key_id) == ("weir.test", liar.server_name,
-                                                             "ed25519:c1")
+    assert (auth.origin, auth.destination, auth.key_id) == (
+        "weir.test",
+        liar.server_name,
+        "ed25519:c1",
+    )
     signed = request_object("PUT", seen.target, "weir.test", liar.server_name, seen.json())
     signed["signatures"] = {"weir.test": {auth.key_id: auth.sig}}
     verify_signature(signed, "weir.test", get_verify_key(KEY))
@@ -70,6 +74,7 @@ def test_cap_holds_without_content_length(client, liar):
         for _ in range(100):
             yield b"1," * 50
         yield b"1]"
+
     liar.route("GET", "/chunked", lambda req: (200, chunks()))
     with pytest.raises(ResponseTooLarge):
         client.get_json(liar.server_name, "/chunked", max_bytes=4096)
@@ -88,8 +93,7 @@ def test_json_nested_past_the_parser_depth_is_malformed(client, liar):
     with pytest.raises(MalformedResponse):
         client.get_json(liar.server_name, "/deep")
     # An error body that deep is still the remote's error, only without an errcode.
-    liar.route("GET", "/deep-error",
-               lambda req: (500, deep, {"Content-Type": "application/json"}))
+    liar.route("GET", "/deep-error", lambda req: (500, deep, {"Content-Type": "application/json"}))
     with pytest.raises(RemoteError) as e:
         client.get_json(liar.server_name, "/deep-error")
     assert (e.value.status, e.value.errcode) == (500, None)
@@ -141,7 +145,7 @@ def test_tarpit_ends_at_the_deadline_and_leaves_nothing_behind(client):
             client.get_json("127.24.2.1:8448", "/x", deadline=deadline)
         assert e.value.what == "tarpit"
         assert tarpit.wait_accepted(1, timeout=5)
-        assert tarpit.wait_current(0, timeout=5)   # our side closed its socket
+        assert tarpit.wait_current(0, timeout=5)  # our side closed its socket
         assert _open_fds() <= fds
 
 
@@ -176,12 +180,14 @@ def test_target_health_sees_every_outcome(test_ca, dns, start_peer):
     with make_client(test_ca, dns, target_health=health) as client:
         client.get_json("health.test", "/_matrix/key/v2/server")
         # A refused connection, then an answer.
-        assert health.outcomes == [("127.24.3.1", 8448, False, False),
-                                   ("127.24.3.2", 8448, True, False)]
+        assert health.outcomes == [
+            ("127.24.3.1", 8448, False, False),
+            ("127.24.3.2", 8448, True, False),
+        ]
         with Tarpit("127.24.3.3", 8448):
             with pytest.raises(DeadlineExceeded):
                 client.get_json("127.24.3.3:8448", "/x", deadline=OutboundDeadline(0.3))
-        assert health.outcomes[-1] == ("127.24.3.3", 8448, False, True)   # silent
+        assert health.outcomes[-1] == ("127.24.3.3", 8448, False, True)  # silent
     # check() refuses fast: the address is not even tried, and the next one is.
     health = RecordingHealth(refuse={("127.24.3.1", 8448)})
     with make_client(test_ca, dns, target_health=health) as client:
@@ -195,24 +201,31 @@ def test_target_health_sees_every_outcome(test_ca, dns, start_peer):
     per_call = RecordingHealth()
     with make_client(test_ca, dns, target_health=health) as client:
         client.get_json("health.test", "/_matrix/key/v2/server", target_health=per_call)
-    assert per_call.outcomes == [("127.24.3.1", 8448, False, False),
-                                 ("127.24.3.2", 8448, True, False)]
+    assert per_call.outcomes == [
+        ("127.24.3.1", 8448, False, False),
+        ("127.24.3.2", 8448, True, False),
+    ]
     assert health.outcomes == [("127.24.3.2", 8448, True, False)]
 
 
 def test_open_stream_reads_within_cap(client, liar):
     body = bytes(range(256)) * 1000
-    liar.route("GET", "/_matrix/federation/v1/media/download/abc",
-               lambda req: (200, body, {"Content-Type": "application/octet-stream"}))
-    with client.open_stream(liar.server_name, "/_matrix/federation/v1/media/download/abc",
-                            max_bytes=len(body)) as response:
+    liar.route(
+        "GET",
+        "/_matrix/federation/v1/media/download/abc",
+        lambda req: (200, body, {"Content-Type": "application/octet-stream"}),
+    )
+    with client.open_stream(
+        liar.server_name, "/_matrix/federation/v1/media/download/abc", max_bytes=len(body)
+    ) as response:
         assert response.status == 200
         assert response.headers["Content-Type"] == "application/octet-stream"
         assert b"".join(response.stream(4096)) == body
     assert parse_x_matrix(liar.requests[-1].headers["Authorization"]).origin == "weir.test"
     with pytest.raises(ResponseTooLarge):
-        with client.open_stream(liar.server_name, "/_matrix/federation/v1/media/download/abc",
-                                max_bytes=len(body) - 1) as response:
+        with client.open_stream(
+            liar.server_name, "/_matrix/federation/v1/media/download/abc", max_bytes=len(body) - 1
+        ) as response:
             response.read()
     with pytest.raises(RemoteError):
         client.open_stream(liar.server_name, "/nothing", max_bytes=10)
@@ -224,8 +237,9 @@ def test_stream_that_stalls_mid_body_ends_at_the_deadline(client, liar):
     def drip():
         yield b"first chunk"
         stalled.set()
-        gevent.sleep(60)   # the peer goes silent mid-body
+        gevent.sleep(60)  # the peer goes silent mid-body
         yield b"never"
+
     liar.route("GET", "/drip", lambda req: (200, drip()))
     deadline = OutboundDeadline(1.0, what="drip")
     response = client.open_stream(liar.server_name, "/drip", deadline=deadline, max_bytes=1000)
@@ -235,14 +249,17 @@ def test_stream_that_stalls_mid_body_ends_at_the_deadline(client, liar):
             assert stalled.wait(5)
             response.read(100)
     assert deadline.elapsed() < 3
-    assert response.read(100) == b""    # closed: nothing more, no error
+    assert response.read(100) == b""  # closed: nothing more, no error
     # Our end of the connection is closed (the peer's end, in this process, still sleeps).
     assert _connections_to(liar.host, liar.port) == []
 
 
 def _connections_to(ip, port):
-    return [c for c in psutil.Process().net_connections("tcp")
-            if c.raddr and (c.raddr.ip, c.raddr.port) == (ip, port)]
+    return [
+        c
+        for c in psutil.Process().net_connections("tcp")
+        if c.raddr and (c.raddr.ip, c.raddr.port) == (ip, port)
+    ]
 
 
 def test_open_url_is_unsigned_and_follows_checked_redirects(client, liar):
@@ -255,18 +272,21 @@ def test_open_url_is_unsigned_and_follows_checked_redirects(client, liar):
         client.open_url(f"http://{liar.host}:{liar.port}/file", max_bytes=100)
 
 
-@pytest.mark.parametrize("exc, status, errcode", [
-    (DeadlineExceeded(10, 10.1, "x"), 504, "M_UNKNOWN"),
-    (DestinationUnreachable("r.test", "denied address"), 502, "M_UNKNOWN"),
-    (RemoteError("r.test", 404, None), 404, "M_NOT_FOUND"),
-    (RemoteError("r.test", 400, "M_NOT_FOUND"), 404, "M_NOT_FOUND"),
-    (RemoteError("r.test", 403, "M_FORBIDDEN"), 403, "M_FORBIDDEN"),
-    (RemoteError("r.test", 500, "M_UNKNOWN"), 502, "M_UNKNOWN"),
-    (RemoteError("r.test", 302), 502, "M_UNKNOWN"),
-    (MalformedResponse("r.test", "bad"), 502, "M_UNKNOWN"),
-    (ResponseTooLarge("r.test", 10), 502, "M_UNKNOWN"),
-    (KeyResolutionRefused("r.test", 1500, "busy"), 429, "M_LIMIT_EXCEEDED"),
-])
+@pytest.mark.parametrize(
+    "exc, status, errcode",
+    [
+        (DeadlineExceeded(10, 10.1, "x"), 504, "M_UNKNOWN"),
+        (DestinationUnreachable("r.test", "denied address"), 502, "M_UNKNOWN"),
+        (RemoteError("r.test", 404, None), 404, "M_NOT_FOUND"),
+        (RemoteError("r.test", 400, "M_NOT_FOUND"), 404, "M_NOT_FOUND"),
+        (RemoteError("r.test", 403, "M_FORBIDDEN"), 403, "M_FORBIDDEN"),
+        (RemoteError("r.test", 500, "M_UNKNOWN"), 502, "M_UNKNOWN"),
+        (RemoteError("r.test", 302), 502, "M_UNKNOWN"),
+        (MalformedResponse("r.test", "bad"), 502, "M_UNKNOWN"),
+        (ResponseTooLarge("r.test", 10), 502, "M_UNKNOWN"),
+        (KeyResolutionRefused("r.test", 1500, "busy"), 429, "M_LIMIT_EXCEEDED"),
+    ],
+)
 def test_client_error_mapping(exc, status, errcode):
     error = to_client_error(exc, "r.test")
     assert isinstance(error, MatrixError)

@@ -146,8 +146,10 @@ def test_srv_priority_order_and_next_target_on_refusal(client, start_peer, dns):
     dns.add_a("second.test", "127.20.11.2")
     peer = start_peer("multi.test", "127.20.11.2", 8457)
     fetch_keys(client, "multi.test")
-    assert client.discovery.cached("multi.test").targets == (("127.20.11.1", 8457),
-                                                             ("127.20.11.2", 8457))
+    assert client.discovery.cached("multi.test").targets == (
+        ("127.20.11.1", 8457),
+        ("127.20.11.2", 8457),
+    )
     assert peer.hits(KEYS) == 1
 
 
@@ -169,18 +171,25 @@ def _rediscover(client, name):
     return client.discovery.resolve(name, OutboundDeadline(10))
 
 
-@pytest.mark.parametrize("cache_control, lifetime", [
-    ("max-age=3600", 3600),
-    (None, 24 * 3600),                  # no header: 24 h
-    ("max-age=10", 5 * 60),             # below the floor: 5 min
-    ("public, max-age=999999", 48 * 3600),  # above the ceiling: 48 h
-])
-def test_well_known_is_cached_per_cache_control(client, clock, start_peer, dns, cache_control,
-                                                lifetime):
+@pytest.mark.parametrize(
+    "cache_control, lifetime",
+    [
+        ("max-age=3600", 3600),
+        (None, 24 * 3600),  # no header: 24 h
+        ("max-age=10", 5 * 60),  # below the floor: 5 min
+        ("public, max-age=999999", 48 * 3600),  # above the ceiling: 48 h
+    ],
+)
+def test_well_known_is_cached_per_cache_control(
+    client, clock, start_peer, dns, cache_control, lifetime
+):
     name = f"cache{lifetime}.test"
-    ip = {3600: "127.21.1.1", 86400: "127.21.2.1", 300: "127.21.3.1", 172800: "127.21.4.1"}[lifetime]
-    wk, _ = _well_known_setup(start_peer, dns, name, ip,
-                              {"Cache-Control": cache_control} if cache_control else None)
+    ip = {3600: "127.21.1.1", 86400: "127.21.2.1", 300: "127.21.3.1", 172800: "127.21.4.1"}[
+        lifetime
+    ]
+    wk, _ = _well_known_setup(
+        start_peer, dns, name, ip, {"Cache-Control": cache_control} if cache_control else None
+    )
     assert _rediscover(client, name).host_header == f"fed.{name}:8448"
     clock.advance(lifetime - 1)
     _rediscover(client, name)
@@ -203,8 +212,7 @@ def test_well_known_errors_are_cached_for_an_hour(client, clock, start_peer, dns
     assert wk.hits(WELL_KNOWN) == 2
 
 
-def test_a_well_known_nested_past_the_parser_is_an_error_like_any_other(client, start_peer,
-                                                                          dns):
+def test_a_well_known_nested_past_the_parser_is_an_error_like_any_other(client, start_peer, dns):
     dns.add_a("wkdeep.test", "127.21.9.1")
     wk = start_peer("wkdeep.test", "127.21.9.1", 443)
     deep = b'{"m.server": ' + b"[" * 5000 + b"]" * 5000 + b"}"
@@ -222,7 +230,7 @@ def test_silent_well_known_gets_half_the_deadline_then_fallback(client, clock, s
         with deadline:
             resolved = client.discovery.resolve("wksilent.test", deadline)
         assert resolved.targets == (("127.21.7.1", 8448),)
-        assert 2.0 <= deadline.elapsed() < 4.4   # the well-known step had half, no more
+        assert 2.0 <= deadline.elapsed() < 4.4  # the well-known step had half, no more
         assert tarpit.wait_accepted(1, timeout=5)
         fetch_keys(client, "wksilent.test")
         assert peer.hits(KEYS) == 1
@@ -234,8 +242,9 @@ def test_silent_well_known_gets_half_the_deadline_then_fallback(client, clock, s
         client.discovery.forget("wksilent.test")
         deadline = OutboundDeadline(1.0)
         with deadline:
-            assert client.discovery.resolve("wksilent.test", deadline).targets == \
-                (("127.21.7.1", 8448),)
+            assert client.discovery.resolve("wksilent.test", deadline).targets == (
+                ("127.21.7.1", 8448),
+            )
         assert tarpit.wait_accepted(2, timeout=5)
 
 
@@ -259,14 +268,14 @@ def test_resolved_server_cached_with_dns_ttl(client, clock, start_peer, dns):
 def test_well_known_redirects_are_followed(client, start_peer, dns):
     wk, target = _well_known_setup(start_peer, dns, "redir.test", "127.22.1.1")
     wk.redirect(WELL_KNOWN, f"{wk.url}/hop1")
-    wk.redirect("/hop1", "/hop2", status=301)          # relative Location
+    wk.redirect("/hop1", "/hop2", status=301)  # relative Location
     wk.redirect("/hop2", "/hop3", status=307)
     wk.redirect("/hop3", "/hop4", status=308)
     wk.redirect("/hop4", "/final")
     wk.route("GET", "/final", lambda req: (200, {"m.server": "fed.redir.test:8448"}))
     fetch_keys(client, "redir.test")
     assert seen(target) == ("fed.redir.test:8448", "fed.redir.test")
-    assert wk.hits("/final") == 1   # five redirects followed, no more needed
+    assert wk.hits("/final") == 1  # five redirects followed, no more needed
 
 
 def test_well_known_more_than_five_redirects_is_an_error(client, start_peer, dns):
@@ -274,7 +283,7 @@ def test_well_known_more_than_five_redirects_is_an_error(client, start_peer, dns
     for i in range(6):
         wk.redirect(WELL_KNOWN if i == 0 else f"/hop{i}", f"/hop{i + 1}")
     wk.route("GET", "/hop6", lambda req: (200, {"m.server": "fed.redir6.test:8448"}))
-    with pytest.raises(DestinationUnreachable):   # falls back to redir6.test:8448: nothing there
+    with pytest.raises(DestinationUnreachable):  # falls back to redir6.test:8448: nothing there
         fetch_keys(client, "redir6.test")
     assert wk.hits("/hop6") == 0 and wk.hits("/hop5") == 1
     assert target.hits() == 0
@@ -308,19 +317,23 @@ def test_well_known_body_cap_50_kib(client, start_peer, dns, size, delegated):
 # -- names and deadlines ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name, expected", [
-    ("example.org", ("example.org", None)),
-    ("example.org:8448", ("example.org", 8448)),
-    ("1.2.3.4:80", ("1.2.3.4", 80)),
-    ("[2001:db8::1]:8448", ("2001:db8::1", 8448)),
-    ("[::1]", ("::1", None)),
-])
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("example.org", ("example.org", None)),
+        ("example.org:8448", ("example.org", 8448)),
+        ("1.2.3.4:80", ("1.2.3.4", 80)),
+        ("[2001:db8::1]:8448", ("2001:db8::1", 8448)),
+        ("[::1]", ("::1", None)),
+    ],
+)
 def test_split_server_name(name, expected):
     assert split_server_name(name) == expected
 
 
-@pytest.mark.parametrize("name", ["", "a b", "host:", "host:port", "host:99999", "[::1",
-                                  "[not-ip]:1", "host:1:2"])
+@pytest.mark.parametrize(
+    "name", ["", "a b", "host:", "host:port", "host:99999", "[::1", "[not-ip]:1", "host:1:2"]
+)
 def test_invalid_server_names_are_refused(client, name):
     with pytest.raises(DestinationUnreachable):
         client.discovery.resolve(name, OutboundDeadline(1))

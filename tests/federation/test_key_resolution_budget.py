@@ -38,7 +38,7 @@ class KeyRequestRecorder:
 
     def __init__(self, runtime, name):
         self.name = name
-        self.calls: list[tuple[str, str, bool]] = []   # (destination, path, held a slot)
+        self.calls: list[tuple[str, str, bool]] = []  # (destination, path, held a slot)
         self.rate_checks: list[str] = []
         client, keyring = runtime.federation_client, runtime.keyring
         request_json, rate = client.request_json, keyring.rate
@@ -69,22 +69,29 @@ def composed(tmp_path, test_ca, dns):
     """(main runtime, shard runtime, shard federation URL, notary peer, key server)."""
     keys = OriginKeyServer("keybudget.test", test_ca, dns, host="127.62.0.2").start()
     notary = HonestPeer("127.62.0.3:8448", test_ca, host="127.62.0.3", port=8448).start()
-    config = parse_config({
-        "server_name": "weir.test", "data_dir": str(tmp_path),
-        "database": {"url": f"sqlite:///{tmp_path}/homeserver.db"},
-        "federation": {**federation_settings(test_ca, dns, remote_timeout=5),
-                       "worker": {"shards": 4}},
-        "security": {"federation": {"trusted_key_servers": [
-            {"server_name": notary.server_name}]}}})
+    config = parse_config(
+        {
+            "server_name": "weir.test",
+            "data_dir": str(tmp_path),
+            "database": {"url": f"sqlite:///{tmp_path}/homeserver.db"},
+            "federation": {
+                **federation_settings(test_ca, dns, remote_timeout=5),
+                "worker": {"shards": 4},
+            },
+            "security": {
+                "federation": {"trusted_key_servers": [{"server_name": notary.server_name}]}
+            },
+        }
+    )
     main = HomeserverRuntime(config)
     path = str(tmp_path / "ipc" / "shards.sock")
-    ipc = IpcServer(path, {FrameType.RELAY: lambda conn, body: answer_relay(
-        main.inbound_transactions, body)}).start()
+    ipc = IpcServer(
+        path, {FrameType.RELAY: lambda conn, body: answer_relay(main.inbound_transactions, body)}
+    ).start()
     link = MainLink(1, path, Event())
     shard = HomeserverRuntime(config, key_resolution_shards=4, transaction_relay=link.relay)
     link.runtime = shard
-    server = HomeserverServer(shard, federation_listener=("127.62.0.1", 0),
-                              listeners=(FEDERATION,))
+    server = HomeserverServer(shard, federation_listener=("127.62.0.1", 0), listeners=(FEDERATION,))
     server.start()
     try:
         yield main, shard, server.federation_url, notary, keys, link
@@ -107,10 +114,19 @@ def join_pdu(main, room_id, server: FakeOrigin, localpart: str) -> tuple[str, di
     state = {k: s.event.event_id for k, s in main.rooms.store.current_state(room_id).items()}
     user = server.user(localpart)
     prev = [e.event_id for e in main.rooms.store.forward_extremities(room_id)]
-    return server.pdu(room_id, user, "m.room.member", {"membership": "join"}, state_key=user,
-                      prev_events=prev, auth_events=[state[("m.room.create", "")],
-                                                     state[("m.room.power_levels", "")],
-                                                     state[("m.room.join_rules", "")]])
+    return server.pdu(
+        room_id,
+        user,
+        "m.room.member",
+        {"membership": "join"},
+        state_key=user,
+        prev_events=prev,
+        auth_events=[
+            state[("m.room.create", "")],
+            state[("m.room.power_levels", "")],
+            state[("m.room.join_rules", "")],
+        ],
+    )
 
 
 def test_every_key_resolution_holds_a_budget_slot(composed, test_ca):
@@ -130,8 +146,9 @@ def test_every_key_resolution_holds_a_budget_slot(composed, test_ca):
     #    of the request the shard received.
     late = keys.add_origin("late")
     late_id, late_join = join_pdu(main, room_id, late, "lou")
-    assert link.relay(sender.name, "t2", [late_join], {}, "198.51.100.23") == \
-        {"pdus": {late_id: {}}}
+    assert link.relay(sender.name, "t2", [late_join], {}, "198.51.100.23") == {
+        "pdus": {late_id: {}}
+    }
     assert late.name in main_calls.destinations()
     assert "198.51.100.23" in main_calls.rate_checks
 
@@ -140,10 +157,20 @@ def test_every_key_resolution_holds_a_budget_slot(composed, test_ca):
     queried = keys.add_origin("queried")
     r = requests.get(f"{federation_url}/_matrix/key/v2/query/{queried.name}", timeout=30)
     assert [d["server_name"] for d in r.json()["server_keys"]] == [queried.name]
-    dark = FakeOrigin(f"dark.keybudget.test:{keys.port}")   # its key server answers 404
+    dark = FakeOrigin(f"dark.keybudget.test:{keys.port}")  # its key server answers 404
     keys.dns.add_a("dark.keybudget.test", keys.host)
-    notary.route("POST", "/_matrix/key/v2/query", lambda req: (200, {"server_keys": [
-        sign_json(dark.key_document(), notary.server_name, notary.signing_key)]}))
+    notary.route(
+        "POST",
+        "/_matrix/key/v2/query",
+        lambda req: (
+            200,
+            {
+                "server_keys": [
+                    sign_json(dark.key_document(), notary.server_name, notary.signing_key)
+                ]
+            },
+        ),
+    )
     dark_id, dark_join = join_pdu(main, room_id, dark, "dee")
     r = send_transaction(federation_url, sender, "weir.test", "t3", [dark_join], test_ca)
     assert r.json() == {"pdus": {dark_id: {}}}, r.text
@@ -185,5 +212,6 @@ def test_a_refusal_by_mains_budget_refuses_the_relayed_transaction(composed):
     assert main.rooms.store.get_event(late_id) is None
     assert main.inbound_transactions.store.answer(sender.name, "t1") is None
     # The retry, with the budget free again, applies both.
-    assert link.relay(sender.name, "t1", [bob_join, late_join], {}, "198.51.100.9") == \
-        {"pdus": {bob_id: {}, late_id: {}}}
+    assert link.relay(sender.name, "t1", [bob_join, late_join], {}, "198.51.100.9") == {
+        "pdus": {bob_id: {}, late_id: {}}
+    }

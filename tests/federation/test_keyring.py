@@ -43,9 +43,17 @@ def make_keyring(test_ca, dns, store):
     def make(max_in_flight=16, rate=(30, 60), trusted=(), remote_timeout=10.0, metrics=None):
         client = make_client(test_ca, dns, signing_key=OUR_KEY, remote_timeout=remote_timeout)
         clients.append(client)
-        return Keyring("weir.test", OUR_KEY, store, client,
-                       InFlightBudget(max_in_flight, None, name="key_resolution"),
-                       RateLimiter(*rate), trusted, remote_timeout, metrics=metrics)
+        return Keyring(
+            "weir.test",
+            OUR_KEY,
+            store,
+            client,
+            InFlightBudget(max_in_flight, None, name="key_resolution"),
+            RateLimiter(*rate),
+            trusted,
+            remote_timeout,
+            metrics=metrics,
+        )
 
     yield make
     for client in clients:
@@ -57,14 +65,25 @@ def test_store_round_trip_on_both_engines(database_url):
     try:
         migrate(db)
         store = ServerKeyStore(db)
-        store.store_document("s.test", '{"v":1}', 2000, [
-            StoredKey("ed25519:a", "AAAA", 2000, None), StoredKey("ed25519:old", "BBBB", 500, 500)
-        ], now_ms=100)
+        store.store_document(
+            "s.test",
+            '{"v":1}',
+            2000,
+            [
+                StoredKey("ed25519:a", "AAAA", 2000, None),
+                StoredKey("ed25519:old", "BBBB", 500, 500),
+            ],
+            now_ms=100,
+        )
         # An older document does not replace the newer one; an expiry always counts.
-        store.store_document("s.test", '{"v":0}', 1000, [StoredKey("ed25519:a", "AAAA", 1000, None)], 200)
+        store.store_document(
+            "s.test", '{"v":0}', 1000, [StoredKey("ed25519:a", "AAAA", 1000, None)], 200
+        )
         assert store.get_document("s.test").key_json == '{"v":1}'
         assert store.get_keys("s.test")["ed25519:a"].valid_until_ts == 2000
-        store.store_document("s.test", '{"v":2}', 3000, [StoredKey("ed25519:a", "AAAA", 900, 900)], 300)
+        store.store_document(
+            "s.test", '{"v":2}', 3000, [StoredKey("ed25519:a", "AAAA", 900, 900)], 300
+        )
         keys = store.get_keys("s.test")
         assert keys["ed25519:a"].expired_ts == 900 and keys["ed25519:old"].expired_ts == 500
         assert store.get_document("nobody.test") is None
@@ -78,8 +97,9 @@ def test_cache_hits_make_no_network_calls(make_keyring, start_peer):
     found = keyring.resolve(peer.server_name, [peer.key_id], now_ms(), "192.0.2.1")
     assert list(found) == [peer.key_id]
     for _ in range(3):
-        assert list(keyring.resolve(peer.server_name, [peer.key_id], now_ms(), "192.0.2.1")) \
-            == [peer.key_id]
+        assert list(keyring.resolve(peer.server_name, [peer.key_id], now_ms(), "192.0.2.1")) == [
+            peer.key_id
+        ]
     assert peer.hits(KEYS) == 1 and keyring.network_fetches == 1
     # Our own keys never touch the network or the database.
     assert list(keyring.resolve("weir.test", ["ed25519:ours"], now_ms(), None)) == ["ed25519:ours"]
@@ -99,8 +119,10 @@ def test_verify_json_with_fetched_key(make_keyring, start_peer):
 def test_concurrent_resolutions_make_one_fetch(make_keyring, start_peer):
     peer = start_peer("127.25.2.1:8448", "127.25.2.1", 8448, latency=0.3)
     keyring = make_keyring()
-    jobs = [gevent.spawn(keyring.resolve, peer.server_name, [peer.key_id], now_ms(), f"192.0.2.{i}")
-            for i in range(20)]
+    jobs = [
+        gevent.spawn(keyring.resolve, peer.server_name, [peer.key_id], now_ms(), f"192.0.2.{i}")
+        for i in range(20)
+    ]
     gevent.joinall(jobs, raise_error=True)
     assert all(list(job.value) == [peer.key_id] for job in jobs)
     assert peer.hits(KEYS) == 1 and keyring.network_fetches == 1
@@ -112,8 +134,12 @@ def test_tarpit_key_server_holds_at_most_the_in_flight_limit(make_keyring, dns):
         for i in range(6):
             dns.add_a(f"tar{i}.test", "127.25.3.1")
         keyring = make_keyring(max_in_flight=2, remote_timeout=1.0)
-        jobs = [gevent.spawn(keyring.resolve, f"tar{i}.test:8448", ["ed25519:x"], now_ms(),
-                             f"192.0.2.{i}") for i in range(6)]
+        jobs = [
+            gevent.spawn(
+                keyring.resolve, f"tar{i}.test:8448", ["ed25519:x"], now_ms(), f"192.0.2.{i}"
+            )
+            for i in range(6)
+        ]
         gevent.joinall(jobs)
         refused = [j for j in jobs if isinstance(j.exception, KeyResolutionRefused)]
         assert len(refused) == 4 and all(j.exception.retry_after_ms > 0 for j in refused)
@@ -139,8 +165,12 @@ def test_metrics_count_cache_hits_shared_fetches_and_expiries(make_keyring, star
 
     with Tarpit("127.25.3.3", 8448) as tarpit:
         dns.add_a("slow-keys.test", "127.25.3.3")
-        jobs = [gevent.spawn(keyring.resolve, "slow-keys.test:8448", ["ed25519:x"], now_ms(),
-                             "192.0.2.2") for _ in range(3)]
+        jobs = [
+            gevent.spawn(
+                keyring.resolve, "slow-keys.test:8448", ["ed25519:x"], now_ms(), "192.0.2.2"
+            )
+            for _ in range(3)
+        ]
         gevent.joinall(jobs, raise_error=True)
         assert tarpit.accepted == 1  # one fetch, shared by the other two
     assert sample("weir_coalesced_waits_total", call="key_fetch") == 2
@@ -166,8 +196,9 @@ def test_old_verify_keys_are_stored_with_expired_ts(make_keyring, start_peer, st
     peer = start_peer("127.25.5.1:8448", "127.25.5.1", 8448)
     old = generate_signing_key("old")
     expired = now_ms() - 1000
-    peer.old_verify_keys = {"ed25519:old": {"key": encode_verify_key_base64(get_verify_key(old)),
-                                            "expired_ts": expired}}
+    peer.old_verify_keys = {
+        "ed25519:old": {"key": encode_verify_key_base64(get_verify_key(old)), "expired_ts": expired}
+    }
     keyring = make_keyring()
     assert keyring.resolve(peer.server_name, ["ed25519:old"], now_ms(), "192.0.2.1") == {}
     assert store.get_keys(peer.server_name)["ed25519:old"].expired_ts == expired
@@ -193,6 +224,7 @@ def _notary(start_peer, ip, origin):
     def query(req):
         doc = sign_json(origin.key_document(), notary.server_name, notary.signing_key)
         return 200, {"server_keys": [doc]}
+
     notary.route("POST", "/_matrix/key/v2/query", query)
     return notary
 
@@ -207,7 +239,7 @@ def test_notary_fallback_when_origin_is_unreachable(make_keyring, start_peer):
     assert list(found) == [origin.key_id]
     query = notary.requests[-1].json()
     assert list(query["server_keys"]) == [origin.server_name]
-    assert notary.hits(KEYS) == 1   # the notary's own key, fetched to check its signature
+    assert notary.hits(KEYS) == 1  # the notary's own key, fetched to check its signature
 
 
 def test_notary_signature_must_verify(make_keyring, start_peer):
@@ -216,14 +248,16 @@ def test_notary_signature_must_verify(make_keyring, start_peer):
     notary = _notary(start_peer, "127.25.8.2", origin)
     # The configured key has the notary's key id but other bytes: the signature fails.
     impostor = generate_signing_key(notary.signing_key.version)
-    configured = TrustedKeyServer(notary.server_name, {
-        notary.key_id: encode_verify_key_base64(get_verify_key(impostor))})
+    configured = TrustedKeyServer(
+        notary.server_name, {notary.key_id: encode_verify_key_base64(get_verify_key(impostor))}
+    )
     keyring = make_keyring(trusted=(configured,))
     assert keyring.resolve(origin.server_name, [origin.key_id], now_ms(), "192.0.2.1") == {}
 
 
 def test_a_key_document_whose_signatures_are_not_a_map_is_refused_like_any_bad_one(
-        make_keyring, start_peer):
+    make_keyring, start_peer
+):
     """A document whose `signatures` is well-formed JSON of the wrong type is a malformed
     document: the notaries are still asked, and an origin none could vouch for is not asked
     again at once."""

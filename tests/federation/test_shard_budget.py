@@ -10,16 +10,29 @@ from homeserver.runtime import HomeserverRuntime
 
 
 def config(in_flight=16, max_requests=30, **extra):
-    return parse_config({"security": {"federation": {
-        "key_resolution_max_in_flight": in_flight,
-        "key_resolution_per_ip_rate": {"max_requests": max_requests, "per_seconds": 60},
-        **extra}}})
+    return parse_config(
+        {
+            "security": {
+                "federation": {
+                    "key_resolution_max_in_flight": in_flight,
+                    "key_resolution_per_ip_rate": {"max_requests": max_requests, "per_seconds": 60},
+                    **extra,
+                }
+            }
+        }
+    )
 
 
-@pytest.mark.parametrize("shards, in_flight, max_requests", [
-    (1, 16, 30), (3, 5, 10), (4, 4, 7), (16, 1, 1),
-    (40, 1, 1),   # more shards than the limit: each still gets 1
-])
+@pytest.mark.parametrize(
+    "shards, in_flight, max_requests",
+    [
+        (1, 16, 30),
+        (3, 5, 10),
+        (4, 4, 7),
+        (16, 1, 1),
+        (40, 1, 1),  # more shards than the limit: each still gets 1
+    ],
+)
 def test_split(shards, in_flight, max_requests):
     original = config(trusted_key_servers=[{"server_name": "notary.test"}])
     sec = shard_key_resolution_budget(original, shards)
@@ -28,9 +41,14 @@ def test_split(shards, in_flight, max_requests):
     # Every other field is unchanged.
     assert sec.key_resolution_per_ip_rate.per_seconds == 60
     assert sec.trusted_key_servers == (TrustedKeyServer("notary.test", None),)
-    assert dataclasses.replace(sec, key_resolution_max_in_flight=16,
-                               key_resolution_per_ip_rate=original.security.federation
-                               .key_resolution_per_ip_rate) == original.security.federation
+    assert (
+        dataclasses.replace(
+            sec,
+            key_resolution_max_in_flight=16,
+            key_resolution_per_ip_rate=original.security.federation.key_resolution_per_ip_rate,
+        )
+        == original.security.federation
+    )
 
 
 def test_shards_must_be_positive():
@@ -40,9 +58,11 @@ def test_shards_must_be_positive():
 
 def test_runtime_applies_its_share(tmp_path):
     base = config()
-    base = dataclasses.replace(base, data_dir=str(tmp_path),
-                               database=dataclasses.replace(base.database,
-                                                            url=f"sqlite:///{tmp_path}/h.db"))
+    base = dataclasses.replace(
+        base,
+        data_dir=str(tmp_path),
+        database=dataclasses.replace(base.database, url=f"sqlite:///{tmp_path}/h.db"),
+    )
     shard = HomeserverRuntime(base, key_resolution_shards=4)
     main = HomeserverRuntime(base)
     try:

@@ -74,16 +74,21 @@ def test_by_redirect(client, dns, start_peer, denied_listeners):
     dns.add_a("wkredir.test", "127.23.2.1")
     dns.add_a("denied-redirect.test", DENIED_IP)
     wk = start_peer("wkredir.test", "127.23.2.1", 443, cls=LiarPeer)
-    for location in (f"https://{DENIED_IP}/.well-known/matrix/server",
-                     "https://denied-redirect.test/.well-known/matrix/server"):
+    for location in (
+        f"https://{DENIED_IP}/.well-known/matrix/server",
+        "https://denied-redirect.test/.well-known/matrix/server",
+    ):
         wk.redirect("/.well-known/matrix/server", location)
         client.discovery.forget()
-        with pytest.raises(DestinationUnreachable):   # the fallback wkredir.test:8448 is closed
+        with pytest.raises(DestinationUnreachable):  # the fallback wkredir.test:8448 is closed
             client.get_json("wkredir.test", "/_matrix/key/v2/server")
     # A media Location (open_url) gets the same treatment, directly and after a redirect.
     wk.redirect("/media", f"https://{DENIED_IP}:8448/file")
-    for url in (f"https://{DENIED_IP}/file", "https://denied-redirect.test:8448/file",
-                f"{wk.url}/media"):
+    for url in (
+        f"https://{DENIED_IP}/file",
+        "https://denied-redirect.test:8448/file",
+        f"{wk.url}/media",
+    ):
         with pytest.raises(DestinationUnreachable):
             client.open_url(url, max_bytes=1024)
     assert wk.hits("/media") == 1
@@ -106,8 +111,9 @@ def test_allowlist_wins_for_ip_literals(test_ca, dns, denied_listeners):
     client = make_client(test_ca, dns, ip_range_allowlist=[ALLOWED_RANGE, f"{DENIED_IP}/32"])
     try:
         with pytest.raises(DeadlineExceeded):
-            client.get_json(f"{DENIED_IP}:8448", "/_matrix/key/v2/server",
-                            deadline=OutboundDeadline(0.5))
+            client.get_json(
+                f"{DENIED_IP}:8448", "/_matrix/key/v2/server", deadline=OutboundDeadline(0.5)
+            )
     finally:
         client.close()
     assert denied_listeners[1].wait_accepted(1, timeout=5)

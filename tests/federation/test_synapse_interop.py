@@ -34,17 +34,24 @@ def test_synapse_accepts_a_request_we_sign(weir, synapse, test_ca):
     with open(os.path.join(weir.directory, "data", "signing.key")) as f:
         key = read_signing_keys(f)[0]
     with make_client(test_ca, server_name=WEIR_NAME, signing_key=key) as client:
-        profile = client.get_json(synapse.server_name, "/_matrix/federation/v1/query/profile",
-                                  {"user_id": f"@bob:{synapse.server_name}"})
+        profile = client.get_json(
+            synapse.server_name,
+            "/_matrix/federation/v1/query/profile",
+            {"user_id": f"@bob:{synapse.server_name}"},
+        )
         assert profile.get("displayname") == "bob"
         # Synapse fetched our key from the Weir process to check that signature.
         weir.wait_for_log(r"GET /_matrix/key/v2/server(/\S*)? 200")
         # And it does check: the same request signed by a key that is not ours is refused.
-    with make_client(test_ca, server_name=WEIR_NAME,
-                     signing_key=generate_signing_key(key.version)) as impostor:
+    with make_client(
+        test_ca, server_name=WEIR_NAME, signing_key=generate_signing_key(key.version)
+    ) as impostor:
         with pytest.raises(RemoteError) as e:
-            impostor.get_json(synapse.server_name, "/_matrix/federation/v1/query/profile",
-                              {"user_id": f"@bob:{synapse.server_name}"})
+            impostor.get_json(
+                synapse.server_name,
+                "/_matrix/federation/v1/query/profile",
+                {"user_id": f"@bob:{synapse.server_name}"},
+            )
         assert (e.value.status, e.value.errcode) == (401, "M_UNAUTHORIZED")
 
 
@@ -52,14 +59,22 @@ def test_we_accept_a_request_synapse_signs(weir, synapse):
     MatrixClient(weir.client_url).register("alice")
     token = synapse.register("carol")["access_token"]
     headers = {"Authorization": f"Bearer {token}"}
-    r = requests.get(f"{synapse.client_url}/_matrix/client/v3/profile/@alice:{WEIR_NAME}",
-                     headers=headers, timeout=60)
+    r = requests.get(
+        f"{synapse.client_url}/_matrix/client/v3/profile/@alice:{WEIR_NAME}",
+        headers=headers,
+        timeout=60,
+    )
     assert r.status_code == 200, r.text
-    r = requests.get(f"{synapse.client_url}/_matrix/client/v3/profile/@nobody:{WEIR_NAME}",
-                     headers=headers, timeout=60)
+    r = requests.get(
+        f"{synapse.client_url}/_matrix/client/v3/profile/@nobody:{WEIR_NAME}",
+        headers=headers,
+        timeout=60,
+    )
     assert r.status_code == 404, r.text
     # Our guard verified both with the key it fetched from Synapse: the handler answered
     # (200, then 404 M_NOT_FOUND), and the access log names the verified origin.
     for user, status in (("alice", 200), ("nobody", 404)):
-        weir.wait_for_log(rf"GET /_matrix/federation/v1/query/profile\?user_id=%40{user}\S* "
-                          rf"{status} .* origin={re.escape(synapse.server_name)}$")
+        weir.wait_for_log(
+            rf"GET /_matrix/federation/v1/query/profile\?user_id=%40{user}\S* "
+            rf"{status} .* origin={re.escape(synapse.server_name)}$"
+        )

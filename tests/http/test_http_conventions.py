@@ -33,8 +33,9 @@ def test_unknown_path_and_wrong_method(weir):
 
 
 def test_bad_json_and_missing_fields(weir):
-    r = requests.post(weir.url(f"{V3}/login"), data=b"{not json",
-                      headers={"Content-Type": "application/json"})
+    r = requests.post(
+        weir.url(f"{V3}/login"), data=b"{not json", headers={"Content-Type": "application/json"}
+    )
     assert (r.status_code, r.json()["errcode"]) == (400, "M_NOT_JSON")
     r = requests.post(weir.url(f"{V3}/login"), json=[1, 2])
     assert (r.status_code, r.json()["errcode"]) == (400, "M_NOT_JSON")
@@ -49,30 +50,40 @@ def test_bad_json_and_missing_fields(weir):
 def test_json_nested_too_deep_is_not_json_on_either_listener(weir):
     # 3,000 levels in 6 kB: past what the parser recurses into.
     deep = b'{"type": ' + b"[" * 3000 + b"]" * 3000 + b"}"
-    r = requests.post(weir.url(f"{V3}/login"), data=deep,
-                      headers={"Content-Type": "application/json"})
+    r = requests.post(
+        weir.url(f"{V3}/login"), data=deep, headers={"Content-Type": "application/json"}
+    )
     assert (r.status_code, r.json()["errcode"]) == (400, "M_NOT_JSON")
     # A federation body is parsed before its signature is checked: a stranger's transaction
     # is refused as what it is, not answered with a 500.
-    r = requests.put(weir.fed_url("/_matrix/federation/v1/send/t1"), data=deep, headers={
-        "Content-Type": "application/json",
-        "Authorization": 'X-Matrix origin="stranger.test",key="ed25519:a",sig="c2ln"'})
+    r = requests.put(
+        weir.fed_url("/_matrix/federation/v1/send/t1"),
+        data=deep,
+        headers={
+            "Content-Type": "application/json",
+            "Authorization": 'X-Matrix origin="stranger.test",key="ed25519:a",sig="c2ln"',
+        },
+    )
     assert (r.status_code, r.json()["errcode"]) == (400, "M_NOT_JSON")
 
 
 def test_a_lone_surrogate_is_not_json(weir):
     # "\ud800" alone names no character: it has no UTF-8 form, so it could be neither hashed
     # (canonical JSON is UTF-8) nor sent back to any client.
-    r = requests.post(weir.url(f"{V3}/register"),
-                      data=b'{"username": "lone", "password": "pass\\ud800word", '
-                           b'"auth": {"type": "m.login.dummy"}}',
-                      headers={"Content-Type": "application/json"})
+    r = requests.post(
+        weir.url(f"{V3}/register"),
+        data=b'{"username": "lone", "password": "pass\\ud800word", '
+        b'"auth": {"type": "m.login.dummy"}}',
+        headers={"Content-Type": "application/json"},
+    )
     assert (r.status_code, r.json()["errcode"]) == (400, "M_NOT_JSON")
     # A surrogate pair is one character, and fine.
-    r = requests.post(weir.url(f"{V3}/register"),
-                      data=b'{"username": "paired", "password": "pass\\ud83d\\ude00word", '
-                           b'"auth": {"type": "m.login.dummy"}}',
-                      headers={"Content-Type": "application/json"})
+    r = requests.post(
+        weir.url(f"{V3}/register"),
+        data=b'{"username": "paired", "password": "pass\\ud83d\\ude00word", '
+        b'"auth": {"type": "m.login.dummy"}}',
+        headers={"Content-Type": "application/json"},
+    )
     assert r.status_code == 200, r.text
 
 
@@ -83,16 +94,22 @@ def test_nan_and_infinity_are_not_json(weir, client):
     client.register("nan")
     me = client.get(f"{V3}/account/whoami").json()["user_id"]
     for constant in (b"NaN", b"Infinity", b"-Infinity", b"1e999"):
-        r = client.put(f"{V3}/user/{me}/account_data/x.numbers", data=b'{"n": ' + constant + b"}",
-                       headers={"Content-Type": "application/json"})
+        r = client.put(
+            f"{V3}/user/{me}/account_data/x.numbers",
+            data=b'{"n": ' + constant + b"}",
+            headers={"Content-Type": "application/json"},
+        )
         assert (r.status_code, r.json().get("errcode")) == (400, "M_NOT_JSON"), constant
     r = client.get(f"{V3}/user/{me}/account_data/x.numbers")
     assert (r.status_code, r.json()["errcode"]) == (404, "M_NOT_FOUND")
 
 
 def test_oversized_json_body_is_refused(weir):
-    r = requests.post(weir.url(f"{V3}/login"), data=b"{" + b" " * (2 * 1024 * 1024) + b"}",
-                      headers={"Content-Type": "application/json"})
+    r = requests.post(
+        weir.url(f"{V3}/login"),
+        data=b"{" + b" " * (2 * 1024 * 1024) + b"}",
+        headers={"Content-Type": "application/json"},
+    )
     assert (r.status_code, r.json()["errcode"]) == (413, "M_TOO_LARGE")
 
 
@@ -104,8 +121,10 @@ def test_auth_errors(weir):
 
 
 def test_cors_headers_and_preflight(weir):
-    r = requests.options(weir.url(f"{V3}/account/whoami"), headers={
-        "Origin": "https://app.element.io", "Access-Control-Request-Method": "GET"})
+    r = requests.options(
+        weir.url(f"{V3}/account/whoami"),
+        headers={"Origin": "https://app.element.io", "Access-Control-Request-Method": "GET"},
+    )
     assert r.status_code == 204
     assert r.headers["Access-Control-Allow-Origin"] == "*"
     assert "Authorization" in r.headers["Access-Control-Allow-Headers"]
@@ -120,7 +139,7 @@ def test_access_log_has_request_id_status_and_redacted_token(weir):
     requests.get(weir.url(f"{V3}/account/whoami"), params={"access_token": "sekrit-token"})
     weir.stop()
     log = open(weir.stderr_path).read()
-    line = next(l for l in log.splitlines() if "/account/whoami" in l)
+    line = next(ln for ln in log.splitlines() if "/account/whoami" in ln)
     assert "sekrit-token" not in log
     assert "access_token=<redacted>" in line
     assert " 401 " in line and "GET" in line and "127.0.0.1" in line and "ms" in line
@@ -203,9 +222,13 @@ def _raw_exchange(url: str, request: bytes, timeout: float = 30) -> bytes:
 def test_a_refused_body_is_not_read_to_its_end(weir):
     """A client announcing 10 GB to /login gets 413 at once, and the connection closes
     instead of the server reading (or waiting for) the rest on a main-pool greenlet."""
-    received = _raw_exchange(weir.client_url, (
-        b"POST /_matrix/client/v3/login HTTP/1.1\r\nHost: weir.test\r\n"
-        b"Content-Type: application/json\r\nContent-Length: 10000000000\r\n\r\n" + b" " * 1000))
+    received = _raw_exchange(
+        weir.client_url,
+        (
+            b"POST /_matrix/client/v3/login HTTP/1.1\r\nHost: weir.test\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 10000000000\r\n\r\n" + b" " * 1000
+        ),
+    )
     assert received.startswith(b"HTTP/1.1 413 ")
     assert b"M_TOO_LARGE" in received and b"Connection: close" in received
 
@@ -214,10 +237,16 @@ def test_a_refused_chunked_body_closes_the_connection(weir):
     # A chunked body has no announced end: the server cannot know what draining would cost.
     # One chunk just over the 1 MiB JSON cap arrives whole; the body never ends.
     size = 1024 * 1024 + 10
-    received = _raw_exchange(weir.client_url, (
-        b"POST /_matrix/client/v3/login HTTP/1.1\r\nHost: weir.test\r\n"
-        b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
-        + f"{size:x}\r\n".encode() + b" " * size + b"\r\n"))
+    received = _raw_exchange(
+        weir.client_url,
+        (
+            b"POST /_matrix/client/v3/login HTTP/1.1\r\nHost: weir.test\r\n"
+            b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+            + f"{size:x}\r\n".encode()
+            + b" " * size
+            + b"\r\n"
+        ),
+    )
     assert received.startswith(b"HTTP/1.1 413 ")
     assert b"Connection: close" in received
 
@@ -225,8 +254,11 @@ def test_a_refused_chunked_body_closes_the_connection(weir):
 def test_a_refused_body_of_modest_size_keeps_the_connection(weir):
     # An honest client that sent a little too much gets its answer on a connection it keeps.
     session = requests.Session()
-    r = session.post(weir.url(f"{V3}/login"), data=b"{" + b" " * (2 * 1024 * 1024) + b"}",
-                     headers={"Content-Type": "application/json"})
+    r = session.post(
+        weir.url(f"{V3}/login"),
+        data=b"{" + b" " * (2 * 1024 * 1024) + b"}",
+        headers={"Content-Type": "application/json"},
+    )
     assert (r.status_code, r.json()["errcode"]) == (413, "M_TOO_LARGE")
     assert r.headers.get("Connection") != "close"
     assert session.get(weir.url("/health")).status_code == 200

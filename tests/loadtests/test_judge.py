@@ -14,8 +14,10 @@ from loadtests.scenario import (
     attacker_address,
 )
 
-PEERS = {"tarpit": {"accepted": 40, "max_concurrent": 16},
-         "silent_combined": {"current": 0, "max_concurrent": 16}}
+PEERS = {
+    "tarpit": {"accepted": 40, "max_concurrent": 16},
+    "silent_combined": {"current": 0, "max_concurrent": 16},
+}
 CAPS = {"client_outbound": 16, "key_resolution": 16}
 POOL = {"size": 32, "max_greenlets": 20}
 
@@ -29,21 +31,32 @@ def attack(t, ms, kind=REFUSED):
 
 
 def access_line(t: str, status: int, ms: float, client: str) -> str:
-    return json.dumps({"ts": t, "level": "INFO", "logger": "weir.access", "request_id": "ab",
-                       "message": f"GET /_matrix/client/v3/publicRooms?server=x {status} "
-                                  f"{ms}ms {client}"})
+    return json.dumps(
+        {
+            "ts": t,
+            "level": "INFO",
+            "logger": "weir.access",
+            "request_id": "ab",
+            "message": f"GET /_matrix/client/v3/publicRooms?server=x {status} {ms}ms {client}",
+        }
+    )
 
 
-def run(baseline_ms, attack_ms, refusal_ms=(1.0, 2.0), failed=False, peers=PEERS,
-        after=None):
+def run(baseline_ms, attack_ms, refusal_ms=(1.0, 2.0), failed=False, peers=PEERS, after=None):
     baseline = [local(1000 + i, ms) for i, ms in enumerate(baseline_ms)]
     attack_local = [local(2000 + i, ms, failed and i == 0) for i, ms in enumerate(attack_ms)]
     attacks = [attack(2000.5, 9.0)]
-    log = [access_line("1970-01-01T00:33:21.000Z", 429, ms, attacker_address(3))
-           for ms in refusal_ms]  # 2001 s: inside the attack window
-    return summarize({"baseline": baseline, "attack_local": attack_local, "attack": attacks},
-                     log, peers, CAPS, after or {"client_outbound": 0, "key_resolution": 0},
-                     POOL)
+    log = [
+        access_line("1970-01-01T00:33:21.000Z", 429, ms, attacker_address(3)) for ms in refusal_ms
+    ]  # 2001 s: inside the attack window
+    return summarize(
+        {"baseline": baseline, "attack_local": attack_local, "attack": attacks},
+        log,
+        peers,
+        CAPS,
+        after or {"client_outbound": 0, "key_resolution": 0},
+        POOL,
+    )
 
 
 def test_percentiles_are_nearest_rank():
@@ -55,15 +68,22 @@ def test_percentiles_are_nearest_rank():
 def test_a_run_within_every_limit_passes_in_the_issue_shape():
     summary = run([5.0] * 100, [6.0] * 100)
     assert summary["verdict"]["passed"], summary["verdict"]
-    assert summary["phases"]["baseline"]["local"] == {"requests": 100, "failures": 0,
-                                                      "p50_ms": 5.0, "p99_ms": 5.0}
+    assert summary["phases"]["baseline"]["local"] == {
+        "requests": 100,
+        "failures": 0,
+        "p50_ms": 5.0,
+        "p99_ms": 5.0,
+    }
     refusals = summary["phases"]["attack"]["refusals"]
     assert (refusals["count"], refusals["p99_ms"]) == (2, 2.0)
     assert refusals["seen_by_attackers"]["count"] == 1
     assert summary["tarpit"] == {"accepted": 40, "max_concurrent": 16}
     # media_fetch arrives with remote media: reported as absent, not as a made-up zero.
-    assert summary["budgets_after"] == {"client_outbound": 0, "media_fetch": None,
-                                        "key_resolution": 0}
+    assert summary["budgets_after"] == {
+        "client_outbound": 0,
+        "media_fetch": None,
+        "key_resolution": 0,
+    }
     assert all({"rule", "value", "limit", "ok"} == set(r) for r in summary["verdict"]["rules"])
 
 
@@ -82,18 +102,21 @@ def test_each_limit_fails_the_run():
 
 
 def test_refusals_are_read_from_the_access_log_within_the_window():
-    lines = [access_line("1970-01-01T00:00:10.500Z", 429, 1.5, attacker_address(0)),
-             access_line("1970-01-01T00:00:10.600Z", 429, 3.0, "10.1.0.1"),  # a local user
-             access_line("1970-01-01T00:00:10.700Z", 504, 9000.0, attacker_address(0)),
-             access_line("1970-01-01T00:00:30.000Z", 429, 2.0, attacker_address(1)),
-             "not json"]
+    lines = [
+        access_line("1970-01-01T00:00:10.500Z", 429, 1.5, attacker_address(0)),
+        access_line("1970-01-01T00:00:10.600Z", 429, 3.0, "10.1.0.1"),  # a local user
+        access_line("1970-01-01T00:00:10.700Z", 504, 9000.0, attacker_address(0)),
+        access_line("1970-01-01T00:00:30.000Z", 429, 2.0, attacker_address(1)),
+        "not json",
+    ]
     assert refusals_in_log(lines, 10.0, 20.0) == [1.5]
 
 
 def test_remote_lookups_and_the_attackers_ramp_are_not_judged():
     local_run = [local(100 + i, 5.0) for i in range(10)]
-    local_run.append(Sample(105, REMOTE, "GET remote publicRooms (honest peer)", 429, 900.0,
-                            False, REFUSED))
+    local_run.append(
+        Sample(105, REMOTE, "GET remote publicRooms (honest peer)", 429, 900.0, False, REFUSED)
+    )
     attacks = [attack(50, 500.0), attack(105, 2.0), attack(106, 20_000.0, DEADLINE)]
     figures = phase_figures(local_run, attacks)
     assert figures["local"]["p99_ms"] == 5.0
@@ -104,7 +127,8 @@ def test_remote_lookups_and_the_attackers_ramp_are_not_judged():
 def test_attack_outcomes():
     assert attack_outcome(429, "") == REFUSED
     assert attack_outcome(504, '{"error": "Timed out waiting for x"}') == DEADLINE
-    assert attack_outcome(504, '{"error": "Not trying x again yet: a is cooling down"}') \
-        == "cooling"
+    assert (
+        attack_outcome(504, '{"error": "Not trying x again yet: a is cooling down"}') == "cooling"
+    )
     assert attack_outcome(502, "{}") == "unreachable"
     assert attack_outcome(200, "{}") == "unexpected"

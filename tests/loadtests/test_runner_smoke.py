@@ -14,9 +14,13 @@ import time
 from tests.support.server import REPO
 
 SUMMARY_SHAPE = {
-    "phases": {"baseline": {"local": {"requests", "failures", "p50_ms", "p99_ms"}},
-               "attack": {"local": {"requests", "failures", "p50_ms", "p99_ms"},
-                          "refusals": {"count", "p99_ms"}}},
+    "phases": {
+        "baseline": {"local": {"requests", "failures", "p50_ms", "p99_ms"}},
+        "attack": {
+            "local": {"requests", "failures", "p50_ms", "p99_ms"},
+            "refusals": {"count", "p99_ms"},
+        },
+    },
     "tarpit": {"accepted", "max_concurrent"},
     "budgets_after": {"client_outbound", "media_fetch", "key_resolution"},
     "verdict": {"passed", "rules"},
@@ -35,11 +39,30 @@ def assert_shape(document: dict, shape: dict) -> None:
 def test_a_short_run_completes_and_judges(tmp_path):
     started = time.monotonic()
     run = subprocess.run(
-        [sys.executable, "-m", "loadtests.run", "--duration", "5", "--users", "4",
-         "--element-users", "1", "--attackers", "40", "--main-pool-size", "56",
-         "--tarpit-addresses", "8",
-         "--results", str(tmp_path)],
-        cwd=REPO, capture_output=True, text=True, timeout=180)
+        [
+            sys.executable,
+            "-m",
+            "loadtests.run",
+            "--duration",
+            "5",
+            "--users",
+            "4",
+            "--element-users",
+            "1",
+            "--attackers",
+            "40",
+            "--main-pool-size",
+            "56",
+            "--tarpit-addresses",
+            "8",
+            "--results",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     print(f"\n{run.stdout}load test smoke run: {time.monotonic() - started:.1f}s")
     assert run.returncode in (0, 1), run.stderr[-3000:]  # 2: the run itself failed
 
@@ -59,6 +82,10 @@ def test_a_short_run_completes_and_judges(tmp_path):
 
     report = (tmp_path / "report.html").read_text()
     assert report.count('src="data:image/png;base64,') == 3
-    for name in ("baseline_stats.csv", "attack-local_stats.csv", "attack_stats.csv",
-                 "metrics.jsonl"):
+    for name in (
+        "baseline_stats.csv",
+        "attack-local_stats.csv",
+        "attack_stats.csv",
+        "metrics.jsonl",
+    ):
         assert (tmp_path / name).stat().st_size > 0, name

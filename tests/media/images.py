@@ -36,13 +36,16 @@ def left_red_right_blue_jpeg(width: int, height: int, orientation: int) -> bytes
 def animated_gif(frames: int, size: int = 64) -> bytes:
     colors = ["red", "green", "blue", "yellow", "white"]
     images = [Image.new("RGB", (size, size), colors[i % len(colors)]) for i in range(frames)]
-    return encoded(images[0], "GIF", save_all=True, append_images=images[1:], duration=100,
-                   loop=0)
+    return encoded(images[0], "GIF", save_all=True, append_images=images[1:], duration=100, loop=0)
 
 
 def _chunk(kind: bytes, data: bytes) -> bytes:
-    return (struct.pack(">I", len(data)) + kind + data
-            + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF))
+    return (
+        struct.pack(">I", len(data))
+        + kind
+        + data
+        + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+    )
 
 
 def bomb_png(width: int, height: int) -> bytes:
@@ -58,5 +61,9 @@ def bomb_png(width: int, height: int) -> bytes:
         left -= n
     idat.append(compressor.flush())
     header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return (b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", header) + _chunk(b"IDAT", b"".join(idat))
-            + _chunk(b"IEND", b""))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + _chunk(b"IHDR", header)
+        + _chunk(b"IDAT", b"".join(idat))
+        + _chunk(b"IEND", b"")
+    )

@@ -48,15 +48,23 @@ def alice(weir):
 
 
 def upload(client, data: bytes, content_type: str, filename: str) -> str:
-    r = client.post("/_matrix/media/v3/upload", params={"filename": filename}, data=data,
-                    headers={"Content-Type": content_type})
+    r = client.post(
+        "/_matrix/media/v3/upload",
+        params={"filename": filename},
+        data=data,
+        headers={"Content-Type": content_type},
+    )
     assert r.status_code == 200, r.text
     return r.json()["content_uri"].rsplit("/", 1)[1]
 
 
 def signed_get(weir, test_ca, origin, target: str) -> requests.Response:
-    return requests.get(weir.fed_url(target), verify=test_ca.ca_path, timeout=30,
-                        headers={"Authorization": origin.sign_request("weir.test", "GET", target)})
+    return requests.get(
+        weir.fed_url(target),
+        verify=test_ca.ca_path,
+        timeout=30,
+        headers={"Authorization": origin.sign_request("weir.test", "GET", target)},
+    )
 
 
 def test_download_is_multipart_with_identical_bytes(weir, test_ca, origin, alice):
@@ -67,14 +75,16 @@ def test_download_is_multipart_with_identical_bytes(weir, test_ca, origin, alice
     file_headers, file_data = media_file_part(r.headers["Content-Type"], r.content)
     assert file_headers == {
         "content-type": "application/pdf",
-        "content-disposition": "attachment; filename*=utf-8''R%C3%A9sum%C3%A9%20final.pdf"}
+        "content-disposition": "attachment; filename*=utf-8''R%C3%A9sum%C3%A9%20final.pdf",
+    }
     assert file_data == data
 
 
 def test_thumbnail_is_multipart_with_a_made_thumbnail(weir, test_ca, origin, alice):
     media_id = upload(alice, solid(1000, 800), "image/png", "big.png")
-    r = signed_get(weir, test_ca, origin,
-                   f"{FED_MEDIA}/thumbnail/{media_id}?width=96&height=96&method=crop")
+    r = signed_get(
+        weir, test_ca, origin, f"{FED_MEDIA}/thumbnail/{media_id}?width=96&height=96&method=crop"
+    )
     assert r.status_code == 200, r.text
     file_headers, file_data = media_file_part(r.headers["Content-Type"], r.content)
     assert file_headers["content-type"] == "image/png"
@@ -99,8 +109,11 @@ def test_media_not_yet_uploaded_times_out(weir, test_ca, origin, alice):
 def test_unsigned_requests_are_refused(weir, test_ca, alice):
     media_id = upload(alice, b"secret", "text/plain", "a.txt")
     for kind in ("download", "thumbnail"):
-        r = requests.get(weir.fed_url(f"{FED_MEDIA}/{kind}/{media_id}?width=8&height=8"),
-                         verify=test_ca.ca_path, timeout=30)
+        r = requests.get(
+            weir.fed_url(f"{FED_MEDIA}/{kind}/{media_id}?width=8&height=8"),
+            verify=test_ca.ca_path,
+            timeout=30,
+        )
         assert (r.status_code, r.json()["errcode"]) == (401, "M_UNAUTHORIZED")
 
 

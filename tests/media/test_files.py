@@ -22,16 +22,29 @@ def files(tmp_path):
 
 
 def all_files(root) -> list[str]:
-    return sorted(os.path.relpath(os.path.join(d, f), root)
-                  for d, _, names in os.walk(root) for f in names)
+    return sorted(
+        os.path.relpath(os.path.join(d, f), root) for d, _, names in os.walk(root) for f in names
+    )
 
 
 def test_media_ids():
     ids = {new_media_id() for _ in range(200)}
     assert len(ids) == 200
     assert all(is_valid_media_id(i) and len(i) == 24 for i in ids)
-    for bad in ["", "..", "../x", "a/b", "a.b", "a%2Fb", "ä", "a b", "x" * 256, "a\x00",
-                "abc\n", "\nabc"]:
+    for bad in [
+        "",
+        "..",
+        "../x",
+        "a/b",
+        "a.b",
+        "a%2Fb",
+        "ä",
+        "a b",
+        "x" * 256,
+        "a\x00",
+        "abc\n",
+        "\nabc",
+    ]:
         assert not is_valid_media_id(bad), bad
 
 
@@ -41,8 +54,10 @@ def test_paths_come_from_the_id_only(files, tmp_path):
     media_dir = f"{root}/local/{shard[:2]}/{shard[2:4]}/abcdefgh"
     assert files.original_path("weir.test", "abcdefgh") == f"{media_dir}/original"
     key = ThumbnailKey(96, 96, "crop", "image/png", False)
-    assert files.thumbnail_path("weir.test", "abcdefgh", key) == \
-        f"{media_dir}/thumbnails/96x96-crop.png"
+    assert (
+        files.thumbnail_path("weir.test", "abcdefgh", key)
+        == f"{media_dir}/thumbnails/96x96-crop.png"
+    )
     # Short ids get directories of their own like any other.
     assert files.original_path("weir.test", "a") != files.original_path("weir.test", "a_")
     # A remote origin names its folder only through a hash, even a hostile one.
@@ -90,8 +105,9 @@ def test_a_killed_upload_leaves_nothing(files, tmp_path):
         started.set()
         Event().wait()  # a client that stops sending
 
-    worker = gevent.spawn(files.store_file, files.original_path("weir.test", "abcdefgh"),
-                          body(), 100, print)
+    worker = gevent.spawn(
+        files.store_file, files.original_path("weir.test", "abcdefgh"), body(), 100, print
+    )
     started.wait()
     worker.kill()  # GreenletExit, as when the server stops the request
     assert all_files(tmp_path / "media") == []

@@ -25,8 +25,10 @@ CLIENT = "/_matrix/client/v1/media"
 LEGACY = "/_matrix/media/v3"
 LEGACY_CAP = 100_000
 
-CSP = ("sandbox; default-src 'none'; script-src 'none'; plugin-types application/pdf; "
-       "style-src 'unsafe-inline'; object-src 'self';")
+CSP = (
+    "sandbox; default-src 'none'; script-src 'none'; plugin-types application/pdf; "
+    "style-src 'unsafe-inline'; object-src 'self';"
+)
 
 
 def _server(tmp_path_factory, name: str, overrides: dict):
@@ -46,8 +48,11 @@ def frozen(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def legacy(tmp_path_factory):
-    proc = _server(tmp_path_factory, "legacy", {"media": {
-        "enable_authenticated_media": False, "max_upload_size": LEGACY_CAP}})
+    proc = _server(
+        tmp_path_factory,
+        "legacy",
+        {"media": {"enable_authenticated_media": False, "max_upload_size": LEGACY_CAP}},
+    )
     yield proc
     proc.stop()
 
@@ -65,12 +70,13 @@ def alice(frozen):
 
 def upload(client, data: bytes, content_type: str, filename: str | None = None) -> str:
     params = {"filename": filename} if filename else {}
-    r = client.post(f"{LEGACY}/upload", params=params, data=data,
-                    headers={"Content-Type": content_type})
+    r = client.post(
+        f"{LEGACY}/upload", params=params, data=data, headers={"Content-Type": content_type}
+    )
     assert r.status_code == 200, r.text
     uri = r.json()["content_uri"]
     assert uri.startswith("mxc://weir.test/")
-    return uri[len("mxc://"):]  # "weir.test/<media id>"
+    return uri[len("mxc://") :]  # "weir.test/<media id>"
 
 
 def error(response) -> tuple[int, str]:
@@ -84,8 +90,9 @@ def memory_kb(server) -> dict[str, int]:
 
 
 def files_under(root: str) -> list[str]:
-    return sorted(os.path.relpath(os.path.join(d, f), root)
-                  for d, _, names in os.walk(root) for f in names)
+    return sorted(
+        os.path.relpath(os.path.join(d, f), root) for d, _, names in os.walk(root) for f in names
+    )
 
 
 def assert_media_headers(response, content_type: str, disposition: str):
@@ -98,6 +105,7 @@ def assert_media_headers(response, content_type: str, disposition: str):
 
 
 # --- upload and download -------------------------------------------------------------------
+
 
 def test_upload_then_download_through_both_apis(legacy):
     client = new_user(legacy)
@@ -114,8 +122,10 @@ def test_upload_then_download_through_both_apis(legacy):
     # The file name in the path wins, RFC 6266-encoded when it is not a plain token.
     renamed = client.get(f"{CLIENT}/download/{mxc}/Résumé 2026.txt")
     assert renamed.content == data
-    assert renamed.headers["Content-Disposition"] == \
-        "inline; filename*=utf-8''R%C3%A9sum%C3%A9%202026.txt"
+    assert (
+        renamed.headers["Content-Disposition"]
+        == "inline; filename*=utf-8''R%C3%A9sum%C3%A9%202026.txt"
+    )
 
     # A type off the spec's safe list is an attachment, whatever its name.
     page = upload(client, b"<script>alert(1)</script>", "text/html", "page.html")
@@ -133,13 +143,14 @@ def test_legacy_endpoints_refuse_media_stored_after_the_freeze(frozen, alice):
     assert alice.get(f"{CLIENT}/download/{mxc}").status_code == 200
     anonymous = MatrixClient(frozen.client_url)
     assert error(anonymous.get(f"{LEGACY}/download/{mxc}")) == (404, "M_NOT_FOUND")
-    assert error(anonymous.get(f"{LEGACY}/thumbnail/{mxc}",
-                               params={"width": 32, "height": 32})) == (404, "M_NOT_FOUND")
+    assert error(
+        anonymous.get(f"{LEGACY}/thumbnail/{mxc}", params={"width": 32, "height": 32})
+    ) == (404, "M_NOT_FOUND")
     # Authentication does not unlock the legacy endpoints: the media is frozen out of them.
     assert error(alice.get(f"{LEGACY}/download/{mxc}")) == (404, "M_NOT_FOUND")
     # Not even pending media makes a legacy request wait (the client gives up well before
     # the 60 s the server would otherwise wait).
-    pending = alice.post("/_matrix/media/v1/create").json()["content_uri"][len("mxc://"):]
+    pending = alice.post("/_matrix/media/v1/create").json()["content_uri"][len("mxc://") :]
     r = anonymous.get(f"{LEGACY}/download/{pending}", params={"timeout_ms": 60000}, timeout=10)
     assert error(r) == (404, "M_NOT_FOUND")
 
@@ -148,10 +159,14 @@ def test_client_v1_media_needs_authentication(frozen, alice):
     mxc = upload(alice, b"x", "text/plain")
     anonymous = MatrixClient(frozen.client_url)
     for method, path in [
-        ("GET", f"{CLIENT}/download/{mxc}"), ("GET", f"{CLIENT}/download/{mxc}/x.txt"),
-        ("GET", f"{CLIENT}/thumbnail/{mxc}?width=32&height=32"), ("GET", f"{CLIENT}/config"),
-        ("GET", f"{LEGACY}/config"), ("POST", f"{LEGACY}/upload"),
-        ("POST", "/_matrix/media/v1/create"), ("PUT", f"{LEGACY}/upload/{mxc}"),
+        ("GET", f"{CLIENT}/download/{mxc}"),
+        ("GET", f"{CLIENT}/download/{mxc}/x.txt"),
+        ("GET", f"{CLIENT}/thumbnail/{mxc}?width=32&height=32"),
+        ("GET", f"{CLIENT}/config"),
+        ("GET", f"{LEGACY}/config"),
+        ("POST", f"{LEGACY}/upload"),
+        ("POST", "/_matrix/media/v1/create"),
+        ("PUT", f"{LEGACY}/upload/{mxc}"),
     ]:
         r = anonymous.request(method, path, data=b"x")
         assert error(r) == (401, "M_MISSING_TOKEN"), path
@@ -169,8 +184,12 @@ def test_range_requests(alice):
     full = alice.get(f"{CLIENT}/download/{mxc}")
     assert full.headers["Accept-Ranges"] == "bytes"
 
-    for header, start, end in [("bytes=100-199", 100, 200), ("bytes=-10", 990, 1000),
-                               ("bytes=990-", 990, 1000), ("bytes=0-0", 0, 1)]:
+    for header, start, end in [
+        ("bytes=100-199", 100, 200),
+        ("bytes=-10", 990, 1000),
+        ("bytes=990-", 990, 1000),
+        ("bytes=0-0", 0, 1),
+    ]:
         r = alice.get(f"{CLIENT}/download/{mxc}", headers={"Range": header})
         assert r.status_code == 206, header
         assert r.content == data[start:end]
@@ -219,28 +238,33 @@ def test_large_files_stream_through_without_being_held_in_memory(frozen, alice):
 
 # --- async upload --------------------------------------------------------------------------
 
+
 def test_async_upload(frozen, alice):
     created = alice.post("/_matrix/media/v1/create").json()
     assert created["content_uri"].startswith("mxc://weir.test/")
     assert created["unused_expires_at"] > 0
-    mxc = created["content_uri"][len("mxc://"):]
+    mxc = created["content_uri"][len("mxc://") :]
 
     # Not uploaded yet: the download waits for timeout_ms, then gives up.
     r = alice.get(f"{CLIENT}/download/{mxc}", params={"timeout_ms": 200})
     assert error(r) == (504, "M_NOT_YET_UPLOADED")
-    r = alice.get(f"{CLIENT}/thumbnail/{mxc}",
-                  params={"width": 32, "height": 32, "timeout_ms": 200})
+    r = alice.get(
+        f"{CLIENT}/thumbnail/{mxc}", params={"width": 32, "height": 32, "timeout_ms": 200}
+    )
     assert error(r) == (504, "M_NOT_YET_UPLOADED")
 
     # Only its creator may give it content.
-    assert error(new_user(frozen).put(f"{LEGACY}/upload/{mxc}", data=b"x")) == \
-        (403, "M_FORBIDDEN")
+    assert error(new_user(frozen).put(f"{LEGACY}/upload/{mxc}", data=b"x")) == (403, "M_FORBIDDEN")
 
     # A download waiting on it is answered as soon as the content arrives.
     waiting = gevent.spawn(alice.get, f"{CLIENT}/download/{mxc}", params={"timeout_ms": 30000})
     data = b"late content"
-    put = alice.put(f"{LEGACY}/upload/{mxc}", params={"filename": "late.txt"}, data=data,
-                    headers={"Content-Type": "text/plain"})
+    put = alice.put(
+        f"{LEGACY}/upload/{mxc}",
+        params={"filename": "late.txt"},
+        data=data,
+        headers={"Content-Type": "text/plain"},
+    )
     assert (put.status_code, put.json()) == (200, {})
     answered = waiting.get(timeout=30)
     assert answered.status_code == 200 and answered.content == data
@@ -250,10 +274,14 @@ def test_async_upload(frozen, alice):
     assert error(again) == (409, "M_CANNOT_OVERWRITE_MEDIA")
     assert alice.get(f"{CLIENT}/download/{mxc}").content == data
 
-    assert error(alice.put(f"{LEGACY}/upload/weir.test/neverCreated", data=b"x")) == \
-        (404, "M_NOT_FOUND")
-    assert error(alice.put(f"{LEGACY}/upload/other.example/{mxc.split('/')[1]}",
-                           data=b"x")) == (404, "M_NOT_FOUND")
+    assert error(alice.put(f"{LEGACY}/upload/weir.test/neverCreated", data=b"x")) == (
+        404,
+        "M_NOT_FOUND",
+    )
+    assert error(alice.put(f"{LEGACY}/upload/other.example/{mxc.split('/')[1]}", data=b"x")) == (
+        404,
+        "M_NOT_FOUND",
+    )
 
 
 def test_pending_uploads_are_limited_per_user(frozen, alice):
@@ -266,16 +294,19 @@ def test_pending_uploads_are_limited_per_user(frozen, alice):
     assert int(refused.headers["Retry-After"]) > 23 * 3600
     # Another user is not affected; content for one pending id frees a place.
     assert new_user(frozen).post("/_matrix/media/v1/create").status_code == 200
-    first = created[0].json()["content_uri"][len("mxc://"):]
+    first = created[0].json()["content_uri"][len("mxc://") :]
     assert alice.put(f"{LEGACY}/upload/{first}", data=b"x").status_code == 200
     assert alice.post("/_matrix/media/v1/create").status_code == 200
 
 
 # --- thumbnails ----------------------------------------------------------------------------
 
+
 def thumbnail(client, mxc, width, height, method="scale", **params):
-    r = client.get(f"{CLIENT}/thumbnail/{mxc}",
-                   params={"width": width, "height": height, "method": method, **params})
+    r = client.get(
+        f"{CLIENT}/thumbnail/{mxc}",
+        params={"width": width, "height": height, "method": method, **params},
+    )
     assert r.status_code == 200, r.text
     return r, Image.open(io.BytesIO(r.content))
 
@@ -341,14 +372,23 @@ def test_thumbnail_refusals(alice):
     assert error(r) == (400, "M_UNKNOWN")
 
     image = upload(alice, solid(50, 50), "image/png")
-    assert error(alice.get(f"{CLIENT}/thumbnail/{image}", params={"width": 32})) == \
-        (400, "M_MISSING_PARAM")
-    assert error(alice.get(f"{CLIENT}/thumbnail/{image}",
-                           params={"width": 32, "height": 0})) == (400, "M_INVALID_PARAM")
-    assert error(alice.get(f"{CLIENT}/thumbnail/{image}",
-                           params={"width": 32, "height": "x"})) == (400, "M_INVALID_PARAM")
-    assert error(alice.get(f"{CLIENT}/thumbnail/{image}", params={
-        "width": 32, "height": 32, "method": "stretch"})) == (400, "M_INVALID_PARAM")
+    assert error(alice.get(f"{CLIENT}/thumbnail/{image}", params={"width": 32})) == (
+        400,
+        "M_MISSING_PARAM",
+    )
+    assert error(alice.get(f"{CLIENT}/thumbnail/{image}", params={"width": 32, "height": 0})) == (
+        400,
+        "M_INVALID_PARAM",
+    )
+    assert error(alice.get(f"{CLIENT}/thumbnail/{image}", params={"width": 32, "height": "x"})) == (
+        400,
+        "M_INVALID_PARAM",
+    )
+    assert error(
+        alice.get(
+            f"{CLIENT}/thumbnail/{image}", params={"width": 32, "height": 32, "method": "stretch"}
+        )
+    ) == (400, "M_INVALID_PARAM")
 
 
 def test_decompression_bomb_is_refused_without_decoding(frozen, alice):
@@ -364,6 +404,7 @@ def test_decompression_bomb_is_refused_without_decoding(frozen, alice):
 
 
 # --- refusals ------------------------------------------------------------------------------
+
 
 def raw_request(server, method: str, path: str, token: str | None = None, body: bytes = b""):
     host, port = server.client_url.split("//")[1].split(":")
@@ -382,22 +423,35 @@ def test_traversal_shaped_ids_are_refused_and_touch_no_file(frozen, alice):
     with open(secret, "w") as f:
         f.write("TOP SECRET")
     before = files_under(frozen.media_root)
-    ids = ["..%2F..%2Fetc%2Fpasswd", "..%2Fsecret.txt", "..%2F..%2Fmedia%2Fsecret.txt",
-           "%2E%2E", "..", ".", "abc.def", "abc%00def", "abc%0A", "%2Fetc%2Fpasswd",
-           "ab%5C..%5Csecret"]
+    ids = [
+        "..%2F..%2Fetc%2Fpasswd",
+        "..%2Fsecret.txt",
+        "..%2F..%2Fmedia%2Fsecret.txt",
+        "%2E%2E",
+        "..",
+        ".",
+        "abc.def",
+        "abc%00def",
+        "abc%0A",
+        "%2Fetc%2Fpasswd",
+        "ab%5C..%5Csecret",
+    ]
     for media_id in ids:
         # A newline does not even match a route (M_UNRECOGNIZED); the rest reach the media
         # id check (M_NOT_FOUND). Either way: 404, and no file is opened.
         expected = (404, "M_UNRECOGNIZED" if "%0A" in media_id else "M_NOT_FOUND")
-        for path in [f"{CLIENT}/download/weir.test/{media_id}",
-                     f"{CLIENT}/download/weir.test/{media_id}/x.txt",
-                     f"{CLIENT}/thumbnail/weir.test/{media_id}?width=32&height=32",
-                     f"{LEGACY}/download/weir.test/{media_id}"]:
+        for path in [
+            f"{CLIENT}/download/weir.test/{media_id}",
+            f"{CLIENT}/download/weir.test/{media_id}/x.txt",
+            f"{CLIENT}/thumbnail/weir.test/{media_id}?width=32&height=32",
+            f"{LEGACY}/download/weir.test/{media_id}",
+        ]:
             status, body = raw_request(frozen, "GET", path, alice.token)
             assert (status, json.loads(body)["errcode"]) == expected, path
             assert b"TOP SECRET" not in body and b"root:" not in body
-        status, body = raw_request(frozen, "PUT", f"{LEGACY}/upload/weir.test/{media_id}",
-                                   alice.token, b"overwrite?")
+        status, body = raw_request(
+            frozen, "PUT", f"{LEGACY}/upload/weir.test/{media_id}", alice.token, b"overwrite?"
+        )
         assert (status, json.loads(body)["errcode"]) == expected, media_id
     assert files_under(frozen.media_root) == before
 
@@ -415,9 +469,8 @@ def test_oversize_uploads_are_refused_and_leave_nothing(legacy):
 
     assert error(client.post(f"{LEGACY}/upload", data=chunked())) == (413, "M_TOO_LARGE")
 
-    created = client.post("/_matrix/media/v1/create").json()["content_uri"][len("mxc://"):]
-    assert error(client.put(f"{LEGACY}/upload/{created}", data=chunked())) == \
-        (413, "M_TOO_LARGE")
+    created = client.post("/_matrix/media/v1/create").json()["content_uri"][len("mxc://") :]
+    assert error(client.put(f"{LEGACY}/upload/{created}", data=chunked())) == (413, "M_TOO_LARGE")
     assert files_under(legacy.media_root) == before
     # The pending id is still usable after the refusal.
     assert client.put(f"{LEGACY}/upload/{created}", data=b"fits").status_code == 200
@@ -436,7 +489,9 @@ def test_a_refused_upload_is_not_read_to_its_end(legacy):
             b"POST /_matrix/media/v3/upload HTTP/1.1\r\nHost: weir.test\r\n"
             b"Authorization: Bearer " + client.token.encode() + b"\r\n"
             b"Content-Type: application/octet-stream\r\nContent-Length: 10000000000\r\n\r\n"
-            + b"x" * 1000)
+            + b"x"
+            * 1000
+        )
         sock.settimeout(30)  # far less than the keep-alive timeout the drain would wait
         received = b""
         while chunk := sock.recv(65536):
@@ -447,12 +502,13 @@ def test_a_refused_upload_is_not_read_to_its_end(legacy):
 
 # --- both databases ------------------------------------------------------------------------
 
+
 def test_media_on_each_database(start_weir, database_url):
     server = start_weir({"database": {"url": database_url}})
     client = new_user(server)
     mxc = upload(client, solid(64, 64), "image/png", "dot.png")
     assert client.get(f"{CLIENT}/download/{mxc}").content == solid(64, 64)
     assert thumbnail(client, mxc, 32, 32, "crop")[1].size == (32, 32)
-    pending = client.post("/_matrix/media/v1/create").json()["content_uri"][len("mxc://"):]
+    pending = client.post("/_matrix/media/v1/create").json()["content_uri"][len("mxc://") :]
     assert client.put(f"{LEGACY}/upload/{pending}", data=b"later").status_code == 200
     assert client.get(f"{CLIENT}/download/{pending}").content == b"later"

@@ -36,29 +36,41 @@ def test_synapse_downloads_our_media(weir, synapse):
     alice = MatrixClient(weir.client_url)
     alice.register("alice")
     data = os.urandom(300_000)
-    r = alice.post("/_matrix/media/v3/upload", params={"filename": "blob.bin"}, data=data,
-                   headers={"Content-Type": "application/octet-stream"})
+    r = alice.post(
+        "/_matrix/media/v3/upload",
+        params={"filename": "blob.bin"},
+        data=data,
+        headers={"Content-Type": "application/octet-stream"},
+    )
     media_id = r.json()["content_uri"].rsplit("/", 1)[1]
 
     token = synapse.register("media_bob")["access_token"]
-    r = requests.get(f"{synapse.client_url}/_matrix/client/v1/media/download/{WEIR_NAME}/"
-                     f"{media_id}", headers={"Authorization": f"Bearer {token}"}, timeout=60)
+    r = requests.get(
+        f"{synapse.client_url}/_matrix/client/v1/media/download/{WEIR_NAME}/{media_id}",
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=60,
+    )
     assert r.status_code == 200, r.text
     assert r.content == data
     # It came over our federation endpoint, from Synapse, verified.
-    weir.wait_for_log(rf"GET /_matrix/federation/v1/media/download/{media_id}\S* 200 .* "
-                      rf"origin={re.escape(synapse.server_name)}$")
+    weir.wait_for_log(
+        rf"GET /_matrix/federation/v1/media/download/{media_id}\S* 200 .* "
+        rf"origin={re.escape(synapse.server_name)}$"
+    )
 
 
 def test_we_download_synapse_media_and_thumbnail_it(weir, synapse):
     token = synapse.register("media_carol")["access_token"]
     image = solid(640, 480, "PNG", color="green")
-    r = requests.post(f"{synapse.client_url}/_matrix/media/v3/upload",
-                      params={"filename": "green.png"}, data=image,
-                      headers={"Authorization": f"Bearer {token}", "Content-Type": "image/png"},
-                      timeout=60)
+    r = requests.post(
+        f"{synapse.client_url}/_matrix/media/v3/upload",
+        params={"filename": "green.png"},
+        data=image,
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "image/png"},
+        timeout=60,
+    )
     assert r.status_code == 200, r.text
-    mxc = r.json()["content_uri"][len("mxc://"):]
+    mxc = r.json()["content_uri"][len("mxc://") :]
     assert mxc.startswith(synapse.server_name + "/")
 
     dave = MatrixClient(weir.client_url)
@@ -68,10 +80,13 @@ def test_we_download_synapse_media_and_thumbnail_it(weir, synapse):
     assert r.content == image
     assert r.headers["Content-Type"] == "image/png"
     assert r.headers["Content-Disposition"] == "inline; filename=green.png"
-    r = dave.get(f"/_matrix/client/v1/media/thumbnail/{mxc}",
-                 params={"width": 320, "height": 240, "method": "scale"})
+    r = dave.get(
+        f"/_matrix/client/v1/media/thumbnail/{mxc}",
+        params={"width": 320, "height": 240, "method": "scale"},
+    )
     assert r.status_code == 200, r.text
     assert Image.open(io.BytesIO(r.content)).size == (320, 240)
     # One fetch from Synapse for both.
-    assert metric(weir.client_url, "weir_outbound_calls_total", call="remote_media",
-                  outcome="ok") == 1
+    assert (
+        metric(weir.client_url, "weir_outbound_calls_total", call="remote_media", outcome="ok") == 1
+    )

@@ -35,11 +35,14 @@ BLOCKED = "127.44.3.1:8448"
 
 
 def weir_settings(test_ca, directory: str, **extra) -> dict:
-    settings = merge(base_settings(os.path.join(directory, "data")), {
-        "federation": federation_settings(test_ca, remote_timeout=REMOTE_TIMEOUT),
-        "media": {"max_upload_size": MAX_UPLOAD},
-        "security": {"media": {"blocked_servers": [BLOCKED]}},
-    })
+    settings = merge(
+        base_settings(os.path.join(directory, "data")),
+        {
+            "federation": federation_settings(test_ca, remote_timeout=REMOTE_TIMEOUT),
+            "media": {"max_upload_size": MAX_UPLOAD},
+            "security": {"media": {"blocked_servers": [BLOCKED]}},
+        },
+    )
     return merge(settings, extra)
 
 
@@ -82,31 +85,38 @@ def assert_budgets_back_to_zero(weir) -> None:
 
 def cached_files(weir) -> list[str]:
     """Every file under the media store's remote cache and its temp folder."""
-    return sorted(os.path.join(d, f) for sub in ("remote", "tmp")
-                  for d, _, names in os.walk(os.path.join(weir.media_root, sub)) for f in names)
+    return sorted(
+        os.path.join(d, f)
+        for sub in ("remote", "tmp")
+        for d, _, names in os.walk(os.path.join(weir.media_root, sub))
+        for f in names
+    )
 
 
 # --- Element's first view ---------------------------------------------------------------------
+
 
 def test_element_first_view(weir, token, start_peer):
     """Ten images and their thumbnails, as a browser asks for them: six keep-alive connections
     from one address, each image next to its thumbnail, from a peer 300 ms away."""
     peer = start_peer("127.44.1.1:8448", "127.44.1.1", latency=0.3)
-    images = {new_id(): solid(400 + 10 * i, 300, "PNG", color=(20 * i, 80, 160))
-              for i in range(10)}
+    images = {new_id(): solid(400 + 10 * i, 300, "PNG", color=(20 * i, 80, 160)) for i in range(10)}
     for media_id, data in images.items():
         peer.serve_media(media_id, data, "image/png", f"{media_id}.png")
     paths = []
     for media_id in images:
-        paths += [f"{CLIENT}/download/{peer.server_name}/{media_id}",
-                  f"{CLIENT}/thumbnail/{peer.server_name}/{media_id}?width=96&height=96"
-                  "&method=crop"]
+        paths += [
+            f"{CLIENT}/download/{peer.server_name}/{media_id}",
+            f"{CLIENT}/thumbnail/{peer.server_name}/{media_id}?width=96&height=96&method=crop",
+        ]
 
     started = time.monotonic()
     results = burst(weir.client_url, paths, connections=6, headers=auth(token))
     wall = time.monotonic() - started
-    print(f"\nElement first view: {len(paths)} requests over 6 connections, peer latency "
-          f"300 ms: {wall:.2f} s wall time")
+    print(
+        f"\nElement first view: {len(paths)} requests over 6 connections, peer latency "
+        f"300 ms: {wall:.2f} s wall time"
+    )
 
     assert [r.status for r in results] == [200] * len(paths), [r.body[:200] for r in results]
     for media_id, download, thumbnail in zip(images, results[0::2], results[1::2]):
@@ -129,6 +139,7 @@ def test_element_first_view(weir, token, start_peer):
 
 # --- caps against a tarpit --------------------------------------------------------------------
 
+
 def test_caps_against_a_tarpit(weir, token):
     """Nine clients each ask for ten distinct files of a peer that never answers: at most 8
     per client and 64 in all are admitted, the rest are refused at once; local requests are
@@ -138,7 +149,8 @@ def test_caps_against_a_tarpit(weir, token):
     with Tarpit("127.44.2.1", 8448) as tarpit:
         origin = "127.44.2.1:8448"
         local_media = MatrixClient(weir.client_url, token).post(
-            f"{LEGACY}/upload", data=b"local bytes", headers={"Content-Type": "text/plain"})
+            f"{LEGACY}/upload", data=b"local bytes", headers={"Content-Type": "text/plain"}
+        )
         local_path = f"{CLIENT}/download/{local_media.json()['content_uri'][6:]}"
         arrivals = []  # (client, status) in the order responses came back
 
@@ -167,7 +179,7 @@ def test_caps_against_a_tarpit(weir, token):
         assert (local.status_code, local.content) == (200, b"local bytes")
 
         gevent.joinall(greenlets, raise_error=True)
-    for _, status, result in arrivals[:refused]:
+    for _, _status, result in arrivals[:refused]:
         assert result.json()["errcode"] == "M_LIMIT_EXCEEDED"
         assert result.json()["retry_after_ms"] == 1000 and result.headers["retry-after"] == "1"
     admitted = [(c, result) for c, status, result in arrivals if status != 429]
@@ -181,6 +193,7 @@ def test_caps_against_a_tarpit(weir, token):
 
 # --- refusals ---------------------------------------------------------------------------------
 
+
 def test_allow_remote_false_and_a_blocked_origin_are_refused(weir, alice, start_peer):
     peer = start_peer("127.44.3.2:8448", "127.44.3.2")
     blocked = start_peer(BLOCKED, "127.44.3.1")
@@ -188,23 +201,26 @@ def test_allow_remote_false_and_a_blocked_origin_are_refused(weir, alice, start_
     for p in (peer, blocked):
         p.serve_media(media_id, b"x", "text/plain")
     anonymous = MatrixClient(weir.client_url)
-    for path in (f"{LEGACY}/download/{peer.server_name}/{media_id}?allow_remote=false",
-                 f"{LEGACY}/thumbnail/{peer.server_name}/{media_id}?width=8&height=8"
-                 "&allow_remote=false"):
+    for path in (
+        f"{LEGACY}/download/{peer.server_name}/{media_id}?allow_remote=false",
+        f"{LEGACY}/thumbnail/{peer.server_name}/{media_id}?width=8&height=8&allow_remote=false",
+    ):
         assert error(anonymous.get(path)) == (404, "M_NOT_FOUND")
-    for path in (f"{CLIENT}/download/{BLOCKED}/{media_id}",
-                 f"{CLIENT}/thumbnail/{BLOCKED}/{media_id}?width=8&height=8"):
+    for path in (
+        f"{CLIENT}/download/{BLOCKED}/{media_id}",
+        f"{CLIENT}/thumbnail/{BLOCKED}/{media_id}?width=8&height=8",
+    ):
         assert error(alice.get(path)) == (404, "M_NOT_FOUND")
     assert (peer.hits(), blocked.hits()) == (0, 0)
     # Fetched once, allow_remote=false still refuses it: the check comes before the cache.
     assert anonymous.get(f"{LEGACY}/download/{peer.server_name}/{media_id}").content == b"x"
-    assert error(anonymous.get(f"{LEGACY}/download/{peer.server_name}/{media_id}"
-                               "?allow_remote=false")) == (404, "M_NOT_FOUND")
+    assert error(
+        anonymous.get(f"{LEGACY}/download/{peer.server_name}/{media_id}?allow_remote=false")
+    ) == (404, "M_NOT_FOUND")
     assert peer.media_fetches() == 1
 
 
-def test_switching_remote_media_off_or_blocking_covers_cached_copies(test_ca, tmp_path,
-                                                                     start_peer):
+def test_switching_remote_media_off_or_blocking_covers_cached_copies(test_ca, tmp_path, start_peer):
     peer = start_peer("127.44.3.3:8448", "127.44.3.3")
     other = start_peer("127.44.3.4:8448", "127.44.3.4")
     cached, fresh = new_id(), new_id()
@@ -227,8 +243,10 @@ def test_switching_remote_media_off_or_blocking_covers_cached_copies(test_ca, tm
         client = MatrixClient(weir.client_url)
         client.login("carol")
         for media_id in (cached, fresh):
-            for path in (f"{CLIENT}/download/{peer.server_name}/{media_id}",
-                         f"{CLIENT}/thumbnail/{peer.server_name}/{media_id}?width=8&height=8"):
+            for path in (
+                f"{CLIENT}/download/{peer.server_name}/{media_id}",
+                f"{CLIENT}/thumbnail/{peer.server_name}/{media_id}?width=8&height=8",
+            ):
                 assert error(client.get(path)) == (404, "M_NOT_FOUND")
 
     # A port-less entry blocks the host on every port, its cached copies included.
@@ -236,16 +254,18 @@ def test_switching_remote_media_off_or_blocking_covers_cached_copies(test_ca, tm
         client = MatrixClient(weir.client_url)
         client.login("carol")
         for media_id in (cached, fresh):
-            assert error(client.get(f"{CLIENT}/download/{peer.server_name}/{media_id}")) \
-                == (404, "M_NOT_FOUND")
+            assert error(client.get(f"{CLIENT}/download/{peer.server_name}/{media_id}")) == (
+                404,
+                "M_NOT_FOUND",
+            )
         assert client.get(f"{CLIENT}/download/{other.server_name}/{cached}").content == b"cached"
     assert (peer.media_fetches(), other.media_fetches()) == (1, 1)
 
 
 # --- the cache: authenticated copies, failures ------------------------------------------------
 
-def test_copies_fetched_for_client_v1_are_not_served_by_the_legacy_api(weir, alice,
-                                                                       start_peer):
+
+def test_copies_fetched_for_client_v1_are_not_served_by_the_legacy_api(weir, alice, start_peer):
     peer = start_peer("127.44.7.1:8448", "127.44.7.1")
     frozen, open_copy = new_id(), new_id()
     peer.serve_media(frozen, solid(64, 64), "image/png")
@@ -253,14 +273,20 @@ def test_copies_fetched_for_client_v1_are_not_served_by_the_legacy_api(weir, ali
     anonymous = MatrixClient(weir.client_url)
 
     assert alice.get(f"{CLIENT}/download/{peer.server_name}/{frozen}").status_code == 200
-    for path in (f"{LEGACY}/download/{peer.server_name}/{frozen}",
-                 f"{LEGACY}/thumbnail/{peer.server_name}/{frozen}?width=32&height=32"):
+    for path in (
+        f"{LEGACY}/download/{peer.server_name}/{frozen}",
+        f"{LEGACY}/thumbnail/{peer.server_name}/{frozen}?width=32&height=32",
+    ):
         assert error(anonymous.get(path)) == (404, "M_NOT_FOUND")
 
     # Fetched through the legacy API, a copy is served by both.
     assert anonymous.get(f"{LEGACY}/download/{peer.server_name}/{open_copy}").status_code == 200
-    assert anonymous.get(f"{LEGACY}/thumbnail/{peer.server_name}/{open_copy}"
-                         "?width=32&height=32").status_code == 200
+    assert (
+        anonymous.get(
+            f"{LEGACY}/thumbnail/{peer.server_name}/{open_copy}?width=32&height=32"
+        ).status_code
+        == 200
+    )
     assert alice.get(f"{CLIENT}/download/{peer.server_name}/{open_copy}").status_code == 200
     assert peer.media_fetches() == 2
 
@@ -279,8 +305,10 @@ def test_a_failed_fetch_is_shared_by_its_waiters_and_not_cached(weir, alice, sta
         return 500, {"errcode": "M_UNKNOWN", "error": "disk on fire"}
 
     peer.route("GET", path, fails_once)
-    waiting = [gevent.spawn(alice.get, f"{CLIENT}/{kind}/{peer.server_name}/{media_id}"
-                            "?width=8&height=8") for kind in ("download", "thumbnail") * 2]
+    waiting = [
+        gevent.spawn(alice.get, f"{CLIENT}/{kind}/{peer.server_name}/{media_id}?width=8&height=8")
+        for kind in ("download", "thumbnail") * 2
+    ]
     assert peer.wait_hits(path, 1)
     wait_for_metric(weir.client_url, "weir_budget_in_flight", 4, budget="media_fetch")
     release.set()
@@ -294,17 +322,23 @@ def test_a_failed_fetch_is_shared_by_its_waiters_and_not_cached(weir, alice, sta
     assert_budgets_back_to_zero(weir)
 
 
-@pytest.mark.parametrize("status, errcode, expected", [
-    (404, "M_NOT_FOUND", (404, "M_NOT_FOUND")),
-    (403, "M_FORBIDDEN", (403, "M_FORBIDDEN")),
-    (500, "M_UNKNOWN", (502, "M_UNKNOWN")),
-    (400, "M_UNRECOGNIZED", (502, "M_UNKNOWN")),
-])
+@pytest.mark.parametrize(
+    "status, errcode, expected",
+    [
+        (404, "M_NOT_FOUND", (404, "M_NOT_FOUND")),
+        (403, "M_FORBIDDEN", (403, "M_FORBIDDEN")),
+        (500, "M_UNKNOWN", (502, "M_UNKNOWN")),
+        (400, "M_UNRECOGNIZED", (502, "M_UNKNOWN")),
+    ],
+)
 def test_remote_errors_are_mapped(weir, alice, start_peer, status, errcode, expected):
     peer = start_peer("127.44.7.3:8448", "127.44.7.3", cls=LiarPeer)
     media_id = new_id()
-    peer.route("GET", f"/_matrix/federation/v1/media/download/{media_id}",
-               lambda req: (status, {"errcode": errcode, "error": "no"}))
+    peer.route(
+        "GET",
+        f"/_matrix/federation/v1/media/download/{media_id}",
+        lambda req: (status, {"errcode": errcode, "error": "no"}),
+    )
     assert error(alice.get(f"{CLIENT}/download/{peer.server_name}/{media_id}")) == expected
     assert peer.media_fetches() == 1  # no fallback: only 404/405 M_UNRECOGNIZED mean that
     assert_budgets_back_to_zero(weir)
@@ -329,8 +363,10 @@ def test_an_origin_that_just_failed_is_refused_at_once(weir, alice):
     listener.start()
     try:
         refusals = metric(weir.client_url, "weir_cooldown_refusals_total")
-        assert error(alice.get(f"{CLIENT}/download/127.44.7.6:8448/{new_id()}")) \
-            == (502, "M_UNKNOWN")
+        assert error(alice.get(f"{CLIENT}/download/127.44.7.6:8448/{new_id()}")) == (
+            502,
+            "M_UNKNOWN",
+        )
         assert len(accepted) == 1
         r = alice.get(f"{CLIENT}/download/127.44.7.6:8448/{new_id()}")
         assert error(r) == (502, "M_UNKNOWN") and "cooling down" in r.json()["error"]
@@ -343,13 +379,23 @@ def test_an_origin_that_just_failed_is_refused_at_once(weir, alice):
 
 # --- fetching: Location, fallback -------------------------------------------------------------
 
+
 def test_a_location_part_is_followed(weir, alice, start_peer):
     peer = start_peer("127.44.6.1:8448", "127.44.6.1", cls=LiarPeer)
     store = start_peer("cdn.test", "127.44.6.2", 443)  # a Location target, not a Matrix server
     media_id, data = new_id(), os.urandom(50_000)
-    store.route("GET", "/blobs/1", lambda req: (200, data, {
-        "Content-Type": "application/pdf",
-        "Content-Disposition": "attachment; filename=report.pdf"}))
+    store.route(
+        "GET",
+        "/blobs/1",
+        lambda req: (
+            200,
+            data,
+            {
+                "Content-Type": "application/pdf",
+                "Content-Disposition": "attachment; filename=report.pdf",
+            },
+        ),
+    )
     peer.media_location(media_id, f"{store.url}/blobs/1")
     r = alice.get(f"{CLIENT}/download/{peer.server_name}/{media_id}")
     assert (r.status_code, r.content) == (200, data)
@@ -361,8 +407,7 @@ def test_a_location_part_is_followed(weir, alice, start_peer):
     assert (peer.media_fetches(), store.hits("/blobs/1")) == (1, 1)
 
 
-def test_servers_without_the_federation_endpoint_get_the_legacy_download(weir, alice,
-                                                                        start_peer):
+def test_servers_without_the_federation_endpoint_get_the_legacy_download(weir, alice, start_peer):
     old = start_peer("127.44.5.1:8448", "127.44.5.1")
     old.federation_media = False
     media_id, data = new_id(), solid(300, 200, "JPEG")
@@ -379,18 +424,24 @@ def test_servers_without_the_federation_endpoint_get_the_legacy_download(weir, a
     assert len(old.requests) == 2
 
 
-def test_a_legacy_redirect_is_followed_with_the_same_checks(weir, alice, start_peer,
-                                                           denied_listeners):
+def test_a_legacy_redirect_is_followed_with_the_same_checks(
+    weir, alice, start_peer, denied_listeners
+):
     old = start_peer("127.44.5.2:8448", "127.44.5.2", cls=LiarPeer)
     old.federation_media = False
     store = start_peer("127.44.5.3:443", "127.44.5.3", 443)
     good, bad = new_id(), new_id()
-    store.route("GET", "/good", lambda req: (200, b"redirected bytes",
-                                             {"Content-Type": "text/plain"}))
-    old.redirect(f"/_matrix/media/v3/download/{old.server_name}/{good}", f"{store.url}/good",
-                 status=307)
-    old.redirect(f"/_matrix/media/v3/download/{old.server_name}/{bad}",
-                 f"https://{DENIED_IP}/bad", status=307)
+    store.route(
+        "GET", "/good", lambda req: (200, b"redirected bytes", {"Content-Type": "text/plain"})
+    )
+    old.redirect(
+        f"/_matrix/media/v3/download/{old.server_name}/{good}", f"{store.url}/good", status=307
+    )
+    old.redirect(
+        f"/_matrix/media/v3/download/{old.server_name}/{bad}",
+        f"https://{DENIED_IP}/bad",
+        status=307,
+    )
     r = alice.get(f"{CLIENT}/download/{old.server_name}/{good}")
     assert (r.status_code, r.content) == (200, b"redirected bytes")
     assert error(alice.get(f"{CLIENT}/download/{old.server_name}/{bad}")) == (502, "M_UNKNOWN")
@@ -399,6 +450,7 @@ def test_a_legacy_redirect_is_followed_with_the_same_checks(weir, alice, start_p
 
 
 # --- bad peers --------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("declared", [False, True], ids=["streamed", "declared"])
 def test_oversized_media_is_502_too_large_with_nothing_kept(weir, alice, start_peer, declared):
@@ -412,8 +464,10 @@ def test_oversized_media_is_502_too_large_with_nothing_kept(weir, alice, start_p
     assert cached_files(weir) == before  # no partial file, no temp file
     assert_budgets_back_to_zero(weir)
     # Not cached: asked again, it is fetched again (and refused again).
-    assert error(alice.get(f"{CLIENT}/download/{liar.server_name}/{media_id}")) \
-        == (502, "M_TOO_LARGE")
+    assert error(alice.get(f"{CLIENT}/download/{liar.server_name}/{media_id}")) == (
+        502,
+        "M_TOO_LARGE",
+    )
     assert liar.media_fetches() == 2
 
 
@@ -423,51 +477,60 @@ def test_malformed_multipart_is_502(weir, alice, start_peer, kind):
     media_id = new_id()
     liar.malformed_media(media_id, kind)
     before = cached_files(weir)
-    for path in (f"{CLIENT}/download/{liar.server_name}/{media_id}",
-                 f"{CLIENT}/thumbnail/{liar.server_name}/{media_id}?width=8&height=8"):
+    for path in (
+        f"{CLIENT}/download/{liar.server_name}/{media_id}",
+        f"{CLIENT}/thumbnail/{liar.server_name}/{media_id}?width=8&height=8",
+    ):
         assert error(alice.get(path)) == (502, "M_UNKNOWN")
     assert cached_files(weir) == before
     assert liar.media_fetches() == 2  # a failure is not cached
     assert_budgets_back_to_zero(weir)
 
 
-def test_a_location_to_a_denied_address_makes_no_connection_there(weir, alice, start_peer,
-                                                                  denied_listeners):
+def test_a_location_to_a_denied_address_makes_no_connection_there(
+    weir, alice, start_peer, denied_listeners
+):
     liar = start_peer("127.44.4.3:8448", "127.44.4.3", cls=LiarPeer)
     media_id = new_id()
     liar.media_location(media_id, f"https://{DENIED_IP}/steal")
     liar.media_location(media_id + "b", f"https://{DENIED_IP}:8448/steal")
     for mid in (media_id, media_id + "b"):
-        assert error(alice.get(f"{CLIENT}/download/{liar.server_name}/{mid}")) \
-            == (502, "M_UNKNOWN")
+        assert error(alice.get(f"{CLIENT}/download/{liar.server_name}/{mid}")) == (502, "M_UNKNOWN")
     assert [listener.accepted for listener in denied_listeners] == [0, 0]
     assert_budgets_back_to_zero(weir)
 
 
 # --- the main pool stays free -----------------------------------------------------------------
 
+
 def test_the_main_pool_stays_free(test_ca, start_weir):
     """main_pool_size = 8: sixteen requests parked on a tarpit origin have left the main
     pool, so eight further connections making local requests are all served at once."""
-    weir = start_weir({
-        "server": {"http": {"main_pool_size": 8, "media_fetch_max_per_client": 16}},
-        "federation": federation_settings(test_ca, remote_timeout=REMOTE_TIMEOUT)})
+    weir = start_weir(
+        {
+            "server": {"http": {"main_pool_size": 8, "media_fetch_max_per_client": 16}},
+            "federation": federation_settings(test_ca, remote_timeout=REMOTE_TIMEOUT),
+        }
+    )
     client = MatrixClient(weir.client_url)
     client.register("dora")
     client.session.close()  # its keep-alive connection would hold a main-pool place
     headers = auth(client.token)
     with Tarpit("127.44.8.1", 8448) as tarpit:
         parked_connections = [Connection(weir.client_url) for _ in range(16)]
-        parked = [gevent.spawn(c.get, f"{CLIENT}/download/127.44.8.1:8448/{new_id()}", headers)
-                  for c in parked_connections]
+        parked = [
+            gevent.spawn(c.get, f"{CLIENT}/download/127.44.8.1:8448/{new_id()}", headers)
+            for c in parked_connections
+        ]
         assert tarpit.wait_accepted(16, timeout=10)
         assert in_flight(weir.client_url, "media_fetch") == 16
         # Eight connections open at once, each served while all are open: the whole main pool
         # is free (a ninth would wait for a place).
         local = [Connection(weir.client_url, timeout=10) for _ in range(8)]
         try:
-            results = gevent.joinall([gevent.spawn(c.get, "/_matrix/client/versions")
-                                      for c in local], raise_error=True)
+            results = gevent.joinall(
+                [gevent.spawn(c.get, "/_matrix/client/versions") for c in local], raise_error=True
+            )
             assert [g.value.status for g in results] == [200] * 8
             assert all(not g.ready() for g in parked)  # still parked on the tarpit
         finally:
@@ -482,12 +545,16 @@ def test_the_main_pool_stays_free(test_ca, start_weir):
 
 # --- rate limiting ----------------------------------------------------------------------------
 
+
 def test_the_rate_limiter_counts_each_request_once(test_ca, start_weir, start_peer):
     """Three requests for one file (a leader and two coalesced waiters) spend three tokens,
     not more, even when the leader's client hangs up and a waiter leads the fetch again."""
-    weir = start_weir({
-        "federation": federation_settings(test_ca, remote_timeout=REMOTE_TIMEOUT),
-        "ratelimiting": {"remote_media": {"max_requests": 3, "per_seconds": 3600}}})
+    weir = start_weir(
+        {
+            "federation": federation_settings(test_ca, remote_timeout=REMOTE_TIMEOUT),
+            "ratelimiting": {"remote_media": {"max_requests": 3, "per_seconds": 3600}},
+        }
+    )
     client = MatrixClient(weir.client_url)
     client.register("erin")
     peer = start_peer("127.44.9.1:8448", "127.44.9.1", cls=LiarPeer)
@@ -503,19 +570,23 @@ def test_the_rate_limiter_counts_each_request_once(test_ca, start_weir, start_pe
 
     peer.route("GET", path, slow_then_fine)
     leader = Connection(weir.client_url)
-    leader_request = gevent.spawn(leader.get, f"{CLIENT}/download/{peer.server_name}/{media_id}",
-                                  auth(client.token))
+    leader_request = gevent.spawn(
+        leader.get, f"{CLIENT}/download/{peer.server_name}/{media_id}", auth(client.token)
+    )
     assert peer.wait_hits(path, 1)
-    waiters = [gevent.spawn(client.get, f"{CLIENT}/download/{peer.server_name}/{media_id}")
-               for _ in range(2)]
+    waiters = [
+        gevent.spawn(client.get, f"{CLIENT}/download/{peer.server_name}/{media_id}")
+        for _ in range(2)
+    ]
     wait_for_metric(weir.client_url, "weir_budget_in_flight", 3, budget="media_fetch")
     leader_request.kill()
     leader.close()  # the leader's client hangs up: a waiter leads a second attempt
     assert peer.wait_hits(path, 2)
     gevent.joinall(waiters, raise_error=True)
     release.set()
-    assert [(g.value.status_code, g.value.content) for g in waiters] == \
-        [(200, b"worth the wait")] * 2
+    assert [(g.value.status_code, g.value.content) for g in waiters] == [
+        (200, b"worth the wait")
+    ] * 2
     # Three tokens spent: a fourth miss is refused by the limiter, a cache hit is not.
     r = client.get(f"{CLIENT}/download/{peer.server_name}/{new_id()}")
     assert error(r) == (429, "M_LIMIT_EXCEEDED")

@@ -32,9 +32,13 @@ REMOTE_TIMEOUT = 5
 
 
 def make_config(test_ca, tmp_path, **http):
-    settings = merge(base_settings(str(tmp_path / "data")), {
-        "server": {"http": http},
-        "federation": federation_settings(test_ca, remote_timeout=REMOTE_TIMEOUT)})
+    settings = merge(
+        base_settings(str(tmp_path / "data")),
+        {
+            "server": {"http": http},
+            "federation": federation_settings(test_ca, remote_timeout=REMOTE_TIMEOUT),
+        },
+    )
     return parse_config(settings, str(tmp_path))
 
 
@@ -52,11 +56,13 @@ def new_id() -> str:
 
 # --- inline mode ------------------------------------------------------------------------------
 
+
 @pytest.fixture
 def inline(test_ca, tmp_path):
     runtime = HomeserverRuntime(make_config(test_ca, tmp_path, main_pool_size=4), pools=False)
-    server = WeirWSGIServer(("127.0.0.1", 0), create_flask_app(runtime), pool=Pool(100),
-                            keepalive_timeout=30)
+    server = WeirWSGIServer(
+        ("127.0.0.1", 0), create_flask_app(runtime), pool=Pool(100), keepalive_timeout=30
+    )
     server.start()
     server.url = f"http://127.0.0.1:{server.address[1]}"
     yield server, runtime
@@ -80,8 +86,10 @@ def test_inline_mode_follows_the_client_outbound_budget(inline, start_peer):
     release = peer.media_gate = Event()
     paths = []
     for media_id in images:
-        paths += [f"{CLIENT}/download/{peer.server_name}/{media_id}",
-                  f"{CLIENT}/thumbnail/{peer.server_name}/{media_id}?width=32&height=32"]
+        paths += [
+            f"{CLIENT}/download/{peer.server_name}/{media_id}",
+            f"{CLIENT}/thumbnail/{peer.server_name}/{media_id}?width=32&height=32",
+        ]
 
     view = gevent.spawn(burst, server.url, paths, 6, headers)
     wait_until(lambda: budget.refusals == len(paths) - 1)  # all but the first, at once
@@ -112,8 +120,10 @@ def test_inline_mode_global_cap_is_half_the_main_pool(inline, start_peer):
     clients = [Connection(server.url, source_ip=f"127.46.3.{i}") for i in (1, 2, 3)]
     with Tarpit("127.46.2.1", 8448) as tarpit:
         # main_pool_size = 4: two clients may wait on remote peers; a third is refused.
-        parked = [gevent.spawn(c.get, f"{CLIENT}/download/127.46.2.1:8448/{new_id()}", headers)
-                  for c in clients[:2]]
+        parked = [
+            gevent.spawn(c.get, f"{CLIENT}/download/127.46.2.1:8448/{new_id()}", headers)
+            for c in clients[:2]
+        ]
         assert tarpit.wait_accepted(2, timeout=10)
         third = clients[2].get(f"{CLIENT}/download/127.46.2.1:8448/{new_id()}", headers)
         assert (third.status, third.json()["errcode"]) == (429, "M_LIMIT_EXCEEDED")
@@ -125,6 +135,7 @@ def test_inline_mode_global_cap_is_half_the_main_pool(inline, start_peer):
 
 
 # --- pool mode: after the response, hang-ups, shutdown ----------------------------------------
+
 
 def pooled_server(test_ca, tmp_path, **http):
     runtime = HomeserverRuntime(make_config(test_ca, tmp_path, **http), pools=True)
@@ -146,7 +157,8 @@ def pooled(test_ca, tmp_path):
 
 
 def test_a_connection_back_from_the_media_pool_is_closed_if_the_main_pool_is_full(
-        test_ca, tmp_path, start_peer):
+    test_ca, tmp_path, start_peer
+):
     """main_pool_size = 2. While a request is handed off, two other connections fill the main
     pool; once its response is written, the handed-off connection is closed rather than made
     to wait for a place (or to run outside the pool's bound)."""
@@ -156,8 +168,9 @@ def test_a_connection_back_from_the_media_pool_is_closed_if_the_main_pool_is_ful
         media_id = new_id()
         peer.serve_media(media_id, b"the answer", "text/plain")
         release = peer.media_gate = Event()
-        sock = raw_request(server.client_url, f"{CLIENT}/download/{peer.server_name}/{media_id}",
-                           server.headers)
+        sock = raw_request(
+            server.client_url, f"{CLIENT}/download/{peer.server_name}/{media_id}", server.headers
+        )
         wait_until(lambda: runtime.media_fetch_budget.in_flight == 1)
         others = [Connection(server.client_url, timeout=10) for _ in range(2)]
         assert [c.get("/_matrix/client/versions").status for c in others] == [200, 200]
@@ -183,20 +196,28 @@ def test_waiters_on_a_fetch_take_no_media_pool_place(test_ca, tmp_path, start_pe
     the other place stays free for another file, which is fetched meanwhile."""
     server, runtime = pooled_server(test_ca, tmp_path, media_fetch_threads=2)
     try:
-        slow, other = start_peer("127.46.8.1:8448", "127.46.8.1"), \
-            start_peer("127.46.8.2:8448", "127.46.8.2")
+        slow, other = (
+            start_peer("127.46.8.1:8448", "127.46.8.1"),
+            start_peer("127.46.8.2:8448", "127.46.8.2"),
+        )
         slow_id, other_id = new_id(), new_id()
         slow.serve_media(slow_id, solid(64, 64), "image/png")
         other.serve_media(other_id, b"not held up", "text/plain")
         release = slow.media_gate = Event()
         kinds = ["download", "thumbnail"] * 3
-        waiting = [gevent.spawn(Connection(server.client_url).get,
-                                f"{CLIENT}/{kind}/{slow.server_name}/{slow_id}?width=8&height=8",
-                                server.headers) for kind in kinds]
+        waiting = [
+            gevent.spawn(
+                Connection(server.client_url).get,
+                f"{CLIENT}/{kind}/{slow.server_name}/{slow_id}?width=8&height=8",
+                server.headers,
+            )
+            for kind in kinds
+        ]
         wait_until(lambda: runtime.media_fetch_budget.in_flight == len(kinds))
         assert len(runtime.media_pool) == 1  # the leader; its five waiters wait outside
-        r = Connection(server.client_url).get(f"{CLIENT}/download/{other.server_name}/{other_id}",
-                                              server.headers)
+        r = Connection(server.client_url).get(
+            f"{CLIENT}/download/{other.server_name}/{other_id}", server.headers
+        )
         assert (r.status, r.body) == (200, b"not held up")
         assert not any(g.ready() for g in waiting)
         release.set()
@@ -225,12 +246,16 @@ def test_a_handoff_whose_client_has_gone_is_dropped_without_fetching(pooled, sta
     peer.serve_media(media_id, b"never fetched", "text/plain")
     with Tarpit("127.46.4.2", 8448) as tarpit:
         # The one media-pool place is taken by a fetch parked on the tarpit.
-        parked = gevent.spawn(Connection(server.client_url).get,
-                              f"{CLIENT}/download/127.46.4.2:8448/{new_id()}", server.headers)
+        parked = gevent.spawn(
+            Connection(server.client_url).get,
+            f"{CLIENT}/download/127.46.4.2:8448/{new_id()}",
+            server.headers,
+        )
         assert tarpit.wait_accepted(1, timeout=10)
         # A second request queues for the place, and its client hangs up meanwhile.
-        sock = raw_request(server.client_url, f"{CLIENT}/download/{peer.server_name}/{media_id}",
-                           server.headers)
+        sock = raw_request(
+            server.client_url, f"{CLIENT}/download/{peer.server_name}/{media_id}", server.headers
+        )
         wait_until(lambda: budget.in_flight == 2 and len(handoff.away) == 2)
         sock.close()
         wait_until(lambda: budget.in_flight == 1 and len(handoff.away) == 1)
@@ -248,21 +273,30 @@ def test_after_the_media_pool_stopped_handoffs_answer_503(pooled, start_peer):
     for media_id in (cached, queued, late):
         peer.serve_media(media_id, b"bytes", "text/plain")
     client = Connection(server.client_url)
-    assert client.get(f"{CLIENT}/download/{peer.server_name}/{cached}", server.headers).status \
-        == 200
+    assert (
+        client.get(f"{CLIENT}/download/{peer.server_name}/{cached}", server.headers).status == 200
+    )
     with Tarpit("127.46.5.2", 8448) as tarpit:
-        parked = gevent.spawn(Connection(server.client_url).get,
-                              f"{CLIENT}/download/127.46.5.2:8448/{new_id()}", server.headers)
+        parked = gevent.spawn(
+            Connection(server.client_url).get,
+            f"{CLIENT}/download/127.46.5.2:8448/{new_id()}",
+            server.headers,
+        )
         assert tarpit.wait_accepted(1, timeout=10)
-        waiting = gevent.spawn(Connection(server.client_url).get,
-                               f"{CLIENT}/download/{peer.server_name}/{queued}", server.headers)
+        waiting = gevent.spawn(
+            Connection(server.client_url).get,
+            f"{CLIENT}/download/{peer.server_name}/{queued}",
+            server.headers,
+        )
         wait_until(lambda: budget.in_flight == 2)
         handoff.stop()  # what HomeserverServer.stop does first
         # A new handoff is refused at once; a cached copy needs none and is still served.
         r = client.get(f"{CLIENT}/download/{peer.server_name}/{late}", server.headers)
         assert (r.status, r.json()["errcode"]) == (503, "M_UNKNOWN")
-        assert client.get(f"{CLIENT}/download/{peer.server_name}/{cached}",
-                          server.headers).status == 200
+        assert (
+            client.get(f"{CLIENT}/download/{peer.server_name}/{cached}", server.headers).status
+            == 200
+        )
     # The queued request gets its place once the parked fetch fails, and gives up with 503.
     assert waiting.get().status == 503
     assert parked.get().status == 502
@@ -273,8 +307,11 @@ def test_after_the_media_pool_stopped_handoffs_answer_503(pooled, start_peer):
 def test_shutdown_stops_requests_parked_on_a_peer(pooled):
     server, runtime = pooled
     with Tarpit("127.46.6.1", 8448) as tarpit:
-        parked = gevent.spawn(Connection(server.client_url).get,
-                              f"{CLIENT}/download/127.46.6.1:8448/{new_id()}", server.headers)
+        parked = gevent.spawn(
+            Connection(server.client_url).get,
+            f"{CLIENT}/download/127.46.6.1:8448/{new_id()}",
+            server.headers,
+        )
         assert tarpit.wait_accepted(1, timeout=10)
         started = time.monotonic()
         server.stop(grace=0.5)
@@ -293,8 +330,9 @@ def test_a_deadline_spent_waiting_for_a_media_pool_place_is_counted(pooled):
     server, runtime = pooled
     holder = runtime.media_pool.spawn(Event().wait)  # takes the only place
     expiries = dict(name="weir_outbound_deadline_expiries_total", labels={"call": "remote_media"})
-    deadlines = dict(name="weir_outbound_calls_total",
-                     labels={"call": "remote_media", "outcome": "deadline"})
+    deadlines = dict(
+        name="weir_outbound_calls_total", labels={"call": "remote_media", "outcome": "deadline"}
+    )
 
     def count(metric):
         return runtime.metrics.registry.get_sample_value(**metric) or 0
@@ -302,7 +340,8 @@ def test_a_deadline_spent_waiting_for_a_media_pool_place_is_counted(pooled):
     try:
         with Tarpit("127.46.9.1", 8448) as tarpit:
             r = Connection(server.client_url, timeout=REMOTE_TIMEOUT + 10).get(
-                f"{CLIENT}/download/127.46.9.1:8448/{new_id()}", server.headers)
+                f"{CLIENT}/download/127.46.9.1:8448/{new_id()}", server.headers
+            )
             assert (r.status, r.json()["errcode"]) == (504, "M_UNKNOWN")
             assert tarpit.accepted == 0
         assert (count(expiries), count(deadlines)) == (1, 1)

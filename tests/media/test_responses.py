@@ -1,7 +1,6 @@
 """The response builders: header rules, and the federation multipart body read back by
 python-multipart, the parser Synapse uses."""
 
-
 import pytest
 
 from homeserver.api.media_responses import (
@@ -15,31 +14,41 @@ from homeserver.media.files import MediaFile
 from tests.support.multipart import media_file_part
 
 
-@pytest.mark.parametrize("content_type, filename, expected", [
-    ("image/png", None, "inline"),
-    ("image/png", "cat.png", "inline; filename=cat.png"),
-    ("IMAGE/PNG; foo=bar", "cat.png", "inline; filename=cat.png"),
-    ("text/html", "page.html", "attachment; filename=page.html"),
-    ("image/svg+xml", "x.svg", "attachment; filename=x.svg"),
-    ("application/pdf", "War and Peace.pdf", "attachment; filename*=utf-8''War%20and%20Peace.pdf"),
-    ("text/plain", "naïve €.txt", "inline; filename*=utf-8''na%C3%AFve%20%E2%82%AC.txt"),
-    ("text/plain", 'a"b;c\r\nd', "inline; filename*=utf-8''a%22b%3Bc%0D%0Ad"),
-    ("text/plain", "a.txt\n", "inline; filename*=utf-8''a.txt%0A"),
-    (None, "x", "attachment; filename=x"),
-])
+@pytest.mark.parametrize(
+    "content_type, filename, expected",
+    [
+        ("image/png", None, "inline"),
+        ("image/png", "cat.png", "inline; filename=cat.png"),
+        ("IMAGE/PNG; foo=bar", "cat.png", "inline; filename=cat.png"),
+        ("text/html", "page.html", "attachment; filename=page.html"),
+        ("image/svg+xml", "x.svg", "attachment; filename=x.svg"),
+        (
+            "application/pdf",
+            "War and Peace.pdf",
+            "attachment; filename*=utf-8''War%20and%20Peace.pdf",
+        ),
+        ("text/plain", "naïve €.txt", "inline; filename*=utf-8''na%C3%AFve%20%E2%82%AC.txt"),
+        ("text/plain", 'a"b;c\r\nd', "inline; filename*=utf-8''a%22b%3Bc%0D%0Ad"),
+        ("text/plain", "a.txt\n", "inline; filename*=utf-8''a.txt%0A"),
+        (None, "x", "attachment; filename=x"),
+    ],
+)
 def test_content_disposition(content_type, filename, expected):
     assert content_disposition(content_type, filename) == expected
 
 
-@pytest.mark.parametrize("stored, served", [
-    ("text/plain", "text/plain; charset=utf-8"),
-    ("text/plain; charset=latin-1", "text/plain; charset=latin-1"),
-    ("image/png", "image/png"),
-    (None, "application/octet-stream"),
-    ("image/png\r\nSet-Cookie: x=1", "application/octet-stream"),
-    ("image/png\n", "application/octet-stream"),
-    ("imäge/png", "application/octet-stream"),
-])
+@pytest.mark.parametrize(
+    "stored, served",
+    [
+        ("text/plain", "text/plain; charset=utf-8"),
+        ("text/plain; charset=latin-1", "text/plain; charset=latin-1"),
+        ("image/png", "image/png"),
+        (None, "application/octet-stream"),
+        ("image/png\r\nSet-Cookie: x=1", "application/octet-stream"),
+        ("image/png\n", "application/octet-stream"),
+        ("imäge/png", "application/octet-stream"),
+    ],
+)
 def test_served_content_type(stored, served):
     assert served_content_type(stored) == served
 
@@ -59,11 +68,15 @@ def test_multipart_shape_is_synapses(tmp_path):
     assert content_type.startswith("multipart/mixed; boundary=")
     boundary = content_type.split("boundary=")[1]
     body = body_of(response)
-    assert body == (
-        f"\r\n--{boundary}\r\nContent-Type: application/json\r\n\r\n{{}}"
-        f"\r\n--{boundary}\r\nContent-Type: text/plain\r\n"
-        f"Content-Disposition: inline; filename=hello.txt\r\n\r\nhello"
-        f"\r\n--{boundary}--\r\n").encode()
+    assert (
+        body
+        == (
+            f"\r\n--{boundary}\r\nContent-Type: application/json\r\n\r\n{{}}"
+            f"\r\n--{boundary}\r\nContent-Type: text/plain\r\n"
+            f"Content-Disposition: inline; filename=hello.txt\r\n\r\nhello"
+            f"\r\n--{boundary}--\r\n"
+        ).encode()
+    )
     assert int(response.headers["Content-Length"]) == len(body)
 
 
@@ -79,7 +92,8 @@ def test_multipart_parses_with_python_multipart(tmp_path):
     file_headers, file_data = media_file_part(response.headers["Content-Type"], body)
     assert file_headers == {
         "content-type": "application/pdf",
-        "content-disposition": "attachment; filename*=utf-8''R%C3%A9sum%C3%A9%20final.pdf"}
+        "content-disposition": "attachment; filename*=utf-8''R%C3%A9sum%C3%A9%20final.pdf",
+    }
     assert file_data == data
 
 

@@ -60,9 +60,12 @@ def test_pending_limit_counts_only_live_pending_ids(store):
 def test_concurrent_creates_cannot_both_pass_the_limit(stores):
     for attempt in range(5):
         user = f"@u{attempt}:x"
-        results = gevent.joinall([
-            gevent.spawn(s.create_pending, f"c{attempt}-{i}", user, 1000, 0, 2, False)
-            for i, s in enumerate(stores * 2)])
+        results = gevent.joinall(
+            [
+                gevent.spawn(s.create_pending, f"c{attempt}-{i}", user, 1000, 0, 2, False)
+                for i, s in enumerate(stores * 2)
+            ]
+        )
         assert [g.value for g in results].count(None) == 2
 
 
@@ -70,8 +73,9 @@ def test_thumbnail_rows(store):
     assert store.get_thumbnail_source("weir.test", "abc") is None
     source = ThumbnailSource(1000, 500, False, None)
     store.record_thumbnail_source("weir.test", "abc", source)
-    store.record_thumbnail_source("weir.test", "abc", ThumbnailSource(None, None, False,
-                                                                      "too_large"))
+    store.record_thumbnail_source(
+        "weir.test", "abc", ThumbnailSource(None, None, False, "too_large")
+    )
     assert store.get_thumbnail_source("weir.test", "abc") == source  # the first stays
     thumb = StoredThumbnail(96, 96, "crop", "image/png", False, 1234)
     store.add_thumbnail("weir.test", "abc", thumb, 1000)
@@ -86,7 +90,8 @@ def test_remote_media_cache_rows(store):
     assert store.insert_remote_media(first)
     # A second copy's row never displaces the first: its file was dropped, the first's kept.
     assert not store.insert_remote_media(
-        RemoteMedia("remote.test", "abc", "text/plain", None, 11, "bad", 2000, False))
+        RemoteMedia("remote.test", "abc", "text/plain", None, 11, "bad", 2000, False)
+    )
     assert store.get_remote_media("remote.test", "abc") == first
     # Keyed by origin and id: the same id on another server is another file.
     other = RemoteMedia("other.test", "abc", "text/plain", None, 3, "c0de", 3000, False)

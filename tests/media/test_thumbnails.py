@@ -28,22 +28,25 @@ from tests.media.images import (
 )
 
 
-@pytest.mark.parametrize("source, request_size, method, expected", [
-    # scale keeps the source's aspect and fits the box
-    ((1000, 500), (320, 240), "scale", (320, 160)),
-    ((500, 1000), (320, 240), "scale", (120, 240)),
-    ((1000, 500), (100, 100), "scale", (100, 50)),
-    # never upscale: a source within the box stays as it is
-    ((20, 10), (320, 240), "scale", (20, 10)),
-    ((1000, 500), (5000, 5000), "scale", (1000, 500)),
-    # crop gives exactly the requested size when the source is large enough
-    ((1000, 500), (96, 96), "crop", (96, 96)),
-    ((1000, 500), (200, 50), "crop", (200, 50)),
-    # ...and otherwise the largest area of the requested aspect, without upscaling
-    ((1000, 500), (700, 700), "crop", (500, 500)),
-    ((1000, 500), (1200, 300), "crop", (1000, 250)),
-    ((10, 20), (32, 32), "crop", (10, 10)),
-])
+@pytest.mark.parametrize(
+    "source, request_size, method, expected",
+    [
+        # scale keeps the source's aspect and fits the box
+        ((1000, 500), (320, 240), "scale", (320, 160)),
+        ((500, 1000), (320, 240), "scale", (120, 240)),
+        ((1000, 500), (100, 100), "scale", (100, 50)),
+        # never upscale: a source within the box stays as it is
+        ((20, 10), (320, 240), "scale", (20, 10)),
+        ((1000, 500), (5000, 5000), "scale", (1000, 500)),
+        # crop gives exactly the requested size when the source is large enough
+        ((1000, 500), (96, 96), "crop", (96, 96)),
+        ((1000, 500), (200, 50), "crop", (200, 50)),
+        # ...and otherwise the largest area of the requested aspect, without upscaling
+        ((1000, 500), (700, 700), "crop", (500, 500)),
+        ((1000, 500), (1200, 300), "crop", (1000, 250)),
+        ((10, 20), (32, 32), "crop", (10, 10)),
+    ],
+)
 def test_thumbnail_size(source, request_size, method, expected):
     assert thumbnail_size(*source, *request_size, method) == expected
 
@@ -61,14 +64,19 @@ def test_pregenerated_keys_and_selection():
     source = SourceImage(1000, 500, animated=False)
     keys = pregenerated_keys(source, "image/jpeg")
     assert [(k.width, k.height, k.method) for k in keys] == [
-        (32, 32, "crop"), (96, 96, "crop"), (320, 160, "scale"), (640, 320, "scale"),
-        (800, 400, "scale")]
+        (32, 32, "crop"),
+        (96, 96, "crop"),
+        (320, 160, "scale"),
+        (640, 320, "scale"),
+        (800, 400, "scale"),
+    ]
     assert {k.content_type for k in keys} == {"image/jpeg"}
     stored = [StoredThumbnail(k.width, k.height, k.method, k.content_type, False, 1) for k in keys]
 
     def chosen(width, height, method):
-        found = select_thumbnail(stored, key_for(source, "image/jpeg", width, height, method,
-                                                 False))
+        found = select_thumbnail(
+            stored, key_for(source, "image/jpeg", width, height, method, False)
+        )
         return found and (found.width, found.height, found.method)
 
     assert chosen(32, 32, "crop") == (32, 32, "crop")
@@ -89,13 +97,18 @@ def test_render_sizes_and_types(tmp_path):
     path.write_bytes(solid(1000, 500, "JPEG"))
     source = probe(str(path), 10_000_000)
     assert source == SourceImage(1000, 500, False)
-    keys = [key_for(source, "image/jpeg", 96, 96, "crop", False),
-            key_for(source, "image/jpeg", 320, 240, "scale", False),
-            ThumbnailKey(1000, 500, "scale", "image/png", False)]
+    keys = [
+        key_for(source, "image/jpeg", 96, 96, "crop", False),
+        key_for(source, "image/jpeg", 320, 240, "scale", False),
+        ThumbnailKey(1000, 500, "scale", "image/png", False),
+    ]
     outputs = render(str(path), keys, 10_000_000)
     images = [Image.open(io.BytesIO(data)) for data in outputs]
     assert [(i.format, i.size) for i in images] == [
-        ("JPEG", (96, 96)), ("JPEG", (320, 160)), ("PNG", (1000, 500))]
+        ("JPEG", (96, 96)),
+        ("JPEG", (320, 160)),
+        ("PNG", (1000, 500)),
+    ]
 
 
 def test_exif_orientation_is_applied_and_exif_is_stripped(tmp_path):
@@ -124,8 +137,9 @@ def test_animation_is_kept_only_when_asked(tmp_path):
     animated = key_for(source, "image/gif", 32, 32, "crop", animated=True)
     still = key_for(source, "image/gif", 32, 32, "crop", animated=False)
     assert (animated.content_type, still.content_type) == ("image/webp", "image/png")
-    moving, static = (Image.open(io.BytesIO(d)) for d in render(str(path), [animated, still],
-                                                              10_000_000))
+    moving, static = (
+        Image.open(io.BytesIO(d)) for d in render(str(path), [animated, still], 10_000_000)
+    )
     assert moving.format == "WEBP" and moving.n_frames == 3 and moving.size == (32, 32)
     assert static.format == "PNG" and getattr(static, "n_frames", 1) == 1
 

@@ -67,15 +67,15 @@ def test_content_written_by_another_process_is_served_when_the_wait_ends(tmp_pat
     main, shard = HomeserverRuntime(config), HomeserverRuntime(config)
     try:
         media_id = main.media.create("@alice:weir.test")["content_uri"].rsplit("/", 1)[1]
-        waiting = gevent.spawn(shard.media.local_media, media_id, legacy=False,
-                               timeout_ms=2000)
+        waiting = gevent.spawn(shard.media.local_media, media_id, legacy=False, timeout_ms=2000)
         # Hold the shard's event for this id to see when its download is blocked on it.
         with shard.media.waiters.watching(media_id) as uploaded:
             with gevent.Timeout(10):
                 while uploaded.linkcount() == 0:
                     gevent.sleep(0.005)
-            main.media.upload_to("@alice:weir.test", "weir.test", media_id, [b"late"], None,
-                                 "text/plain", None)
+            main.media.upload_to(
+                "@alice:weir.test", "weir.test", media_id, [b"late"], None, "text/plain", None
+            )
             assert not uploaded.is_set()  # another process's upload wakes nobody here
             media = waiting.get(timeout=10)
         assert media.uploaded and media.media_length == 4

@@ -18,10 +18,17 @@ PUBLIC_ROOMS = "/_matrix/federation/v1/publicRooms"
 QUERY_DIRECTORY = "/_matrix/federation/v1/query/directory"
 
 
-def room(room_id: str, name: str, members: int, topic: str | None = None,
-         room_type: str | None = None) -> dict:
-    entry = {"room_id": room_id, "name": name, "num_joined_members": members,
-             "world_readable": False, "guest_can_join": False, "join_rule": "public"}
+def room(
+    room_id: str, name: str, members: int, topic: str | None = None, room_type: str | None = None
+) -> dict:
+    entry = {
+        "room_id": room_id,
+        "name": name,
+        "num_joined_members": members,
+        "world_readable": False,
+        "guest_can_join": False,
+        "join_rule": "public",
+    }
     if topic is not None:
         entry["topic"] = topic
     if room_type is not None:
@@ -33,7 +40,7 @@ def _page(rooms: list[dict], limit, since) -> dict:
     ordered = sorted(rooms, key=lambda r: (-r["num_joined_members"], r["room_id"]))
     offset = int(since[1:]) if since else 0
     limit = int(limit) if limit else len(ordered)
-    chunk = ordered[offset:offset + limit]
+    chunk = ordered[offset : offset + limit]
     body = {"chunk": chunk, "total_room_count_estimate": len(ordered)}
     if offset + limit < len(ordered):
         body["next_batch"] = f"o{offset + limit}"
@@ -44,15 +51,17 @@ def _page(rooms: list[dict], limit, since) -> dict:
 
 def _matches(entry: dict, room_filter: dict) -> bool:
     term = (room_filter.get("generic_search_term") or "").casefold()
-    if term and not any(term in (entry.get(k) or "").casefold()
-                        for k in ("name", "topic", "canonical_alias")):
+    if term and not any(
+        term in (entry.get(k) or "").casefold() for k in ("name", "topic", "canonical_alias")
+    ):
         return False
     types = room_filter.get("room_types")
     return types is None or entry.get("room_type") in types
 
 
-def serve_directory(peer, rooms: list[dict], aliases: dict | None = None,
-                    post_filtering: bool = True) -> list[dict]:
+def serve_directory(
+    peer, rooms: list[dict], aliases: dict | None = None, post_filtering: bool = True
+) -> list[dict]:
     aliases = aliases or {}
 
     def get_rooms(req):

@@ -57,13 +57,17 @@ class DnsServer:
     def add_aaaa(self, name: str, address: str, ttl: int = 300) -> None:
         self.add(name, "AAAA", address, ttl)
 
-    def add_srv(self, name: str, target: str, port: int, priority: int = 10, weight: int = 5,
-                ttl: int = 300) -> None:
+    def add_srv(
+        self, name: str, target: str, port: int, priority: int = 10, weight: int = 5, ttl: int = 300
+    ) -> None:
         self.add(name, "SRV", f"{priority} {weight} {port} {target.rstrip('.')}.", ttl)
 
     def remove(self, name: str, rdtype: str | None = None) -> None:
-        for key in [k for k in self._records if k[0] == _key(name)
-                    and (rdtype is None or k[1] == rdtype.upper())]:
+        for key in [
+            k
+            for k in self._records
+            if k[0] == _key(name) and (rdtype is None or k[1] == rdtype.upper())
+        ]:
             del self._records[key]
 
     def blackhole(self, name: str) -> None:
@@ -71,8 +75,11 @@ class DnsServer:
         self._blackholed.add(_key(name))
 
     def count(self, name: str, rdtype: str | None = None) -> int:
-        return sum(n for (qname, qtype), n in self.queries.items()
-                   if qname == _key(name) and (rdtype is None or qtype == rdtype.upper()))
+        return sum(
+            n
+            for (qname, qtype), n in self.queries.items()
+            if qname == _key(name) and (rdtype is None or qtype == rdtype.upper())
+        )
 
     @property
     def total_queries(self) -> int:
@@ -142,8 +149,13 @@ class DnsServer:
                 return None
             records = self._records.get((name, rdtype))
             if records:
-                rrset = dns.rrset.from_text_list(question.name, min(t for _, t in records),
-                                                 dns.rdataclass.IN, rdtype, [v for v, _ in records])
+                rrset = dns.rrset.from_text_list(
+                    question.name,
+                    min(t for _, t in records),
+                    dns.rdataclass.IN,
+                    rdtype,
+                    [v for v, _ in records],
+                )
                 response.answer.append(rrset)
             elif not any(k[0] == name for k in self._records):
                 response.set_rcode(dns.rcode.NXDOMAIN)

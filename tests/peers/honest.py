@@ -40,38 +40,49 @@ from signedjson.sign import sign_json
 
 from homeserver.federation.signing import sign_request
 
-__all__ = ["FEDERATION_MEDIA_DOWNLOAD", "LEGACY_MEDIA_DOWNLOAD", "HonestPeer", "SeenRequest",
-           "multipart_media"]
+__all__ = [
+    "FEDERATION_MEDIA_DOWNLOAD",
+    "LEGACY_MEDIA_DOWNLOAD",
+    "HonestPeer",
+    "SeenRequest",
+    "multipart_media",
+]
 
 FEDERATION_MEDIA_DOWNLOAD = "/_matrix/federation/v1/media/download/"
 LEGACY_MEDIA_DOWNLOAD = "/_matrix/media/v3/download/"
 _UNRECOGNIZED = (404, {"errcode": "M_UNRECOGNIZED", "error": "Unrecognized request"})
 
 
-def multipart_media(file_headers: dict, data: bytes = b"",
-                    boundary: str | None = None) -> tuple[bytes, str]:
+def multipart_media(
+    file_headers: dict, data: bytes = b"", boundary: str | None = None
+) -> tuple[bytes, str]:
     """(body, Content-Type) of a federation media response in the shape Synapse sends: a JSON
     part ``{}``, then a part with ``file_headers`` (Content-Type and Content-Disposition, or a
     Location) and ``data``."""
     boundary = boundary or uuid.uuid4().hex
     head = "".join(f"{name}: {value}\r\n" for name, value in file_headers.items())
-    body = (f"\r\n--{boundary}\r\nContent-Type: application/json\r\n\r\n{{}}"
-            f"\r\n--{boundary}\r\n{head}\r\n").encode("latin-1") + data \
+    body = (
+        (
+            f"\r\n--{boundary}\r\nContent-Type: application/json\r\n\r\n{{}}"
+            f"\r\n--{boundary}\r\n{head}\r\n"
+        ).encode("latin-1")
+        + data
         + f"\r\n--{boundary}--\r\n".encode("ascii")
+    )
     return body, f"multipart/mixed; boundary={boundary}"
 
 
 @dataclass
 class SeenRequest:
     method: str
-    path: str            # PATH_INFO (decoded)
-    target: str          # the raw request target, as sent
+    path: str  # PATH_INFO (decoded)
+    target: str  # the raw request target, as sent
     query: str
-    host: str | None     # the Host header
-    sni: str | None      # the TLS server name the client sent (None: no SNI)
+    host: str | None  # the Host header
+    sni: str | None  # the TLS server name the client sent (None: no SNI)
     headers: dict = field(default_factory=dict)
     body: bytes = b""
-    client: tuple = ()   # (address, port) the request came from
+    client: tuple = ()  # (address, port) the request came from
 
     def json(self):
         return json.loads(self.body) if self.body else None
@@ -89,9 +100,17 @@ class _RecordingHandler(WSGIHandler):
 
 
 class HonestPeer:
-    def __init__(self, server_name: str, ca, host: str = "127.0.0.1", port: int = 8448, *,
-                 cert_names: tuple[str, ...] | None = None, latency: float = 0.0,
-                 key_version: str = "a_peer"):
+    def __init__(
+        self,
+        server_name: str,
+        ca,
+        host: str = "127.0.0.1",
+        port: int = 8448,
+        *,
+        cert_names: tuple[str, ...] | None = None,
+        latency: float = 0.0,
+        key_version: str = "a_peer",
+    ):
         self.server_name = server_name
         self.ca = ca
         self.host = host
@@ -150,9 +169,13 @@ class HonestPeer:
         else:
             self._routes[(method.upper(), path)] = handler
 
-    def serve_media(self, media_id: str, data: bytes,
-                    content_type: str = "application/octet-stream",
-                    filename: str | None = None) -> None:
+    def serve_media(
+        self,
+        media_id: str,
+        data: bytes,
+        content_type: str = "application/octet-stream",
+        filename: str | None = None,
+    ) -> None:
         """Serve ``data`` at ``/_matrix/federation/v1/media/download/<media_id>``."""
         self.media[media_id] = (data, content_type, filename)
 
@@ -161,14 +184,14 @@ class HonestPeer:
             return _UNRECOGNIZED
         if self.media_gate is not None:
             self.media_gate.wait()
-        entry = self.media.get(req.path[len(FEDERATION_MEDIA_DOWNLOAD):])
+        entry = self.media.get(req.path[len(FEDERATION_MEDIA_DOWNLOAD) :])
         if entry is None:
             return 404, {"errcode": "M_NOT_FOUND", "error": "Not found"}
         body, multipart_type = multipart_media(self._media_headers(entry), entry[0])
         return 200, body, {"Content-Type": multipart_type}
 
     def _legacy_media_download(self, req: SeenRequest) -> tuple:
-        server_name, _, media_id = req.path[len(LEGACY_MEDIA_DOWNLOAD):].partition("/")
+        server_name, _, media_id = req.path[len(LEGACY_MEDIA_DOWNLOAD) :].partition("/")
         entry = self.media.get(media_id) if server_name == self.server_name else None
         if entry is None:
             return 404, {"errcode": "M_NOT_FOUND", "error": "Not found"}
@@ -184,8 +207,11 @@ class HonestPeer:
 
     def serve_well_known(self, delegated: str, headers: dict | None = None) -> None:
         """Answer ``/.well-known/matrix/server`` with ``{"m.server": delegated}``."""
-        self.route("GET", "/.well-known/matrix/server",
-                   lambda req: (200, {"m.server": delegated}, headers or {}))
+        self.route(
+            "GET",
+            "/.well-known/matrix/server",
+            lambda req: (200, {"m.server": delegated}, headers or {}),
+        )
 
     # -- observations ----------------------------------------------------------------------
 
@@ -220,9 +246,15 @@ class HonestPeer:
     def start(self) -> HonestPeer:
         ctx = self.ca.server_context(*self.cert_names)
         ctx.sni_callback = self._record_sni
-        self._server = WSGIServer((self.host, self.port), self._app, spawn=Pool(1000),
-                                  log=None, error_log=None, handler_class=_RecordingHandler,
-                                  ssl_context=ctx)
+        self._server = WSGIServer(
+            (self.host, self.port),
+            self._app,
+            spawn=Pool(1000),
+            log=None,
+            error_log=None,
+            handler_class=_RecordingHandler,
+            ssl_context=ctx,
+        )
         self._server.peer = self
         self._server.start()
         self.port = self._server.address[1]
@@ -250,13 +282,20 @@ class HonestPeer:
         length = int(environ.get("CONTENT_LENGTH") or 0)
         body = environ["wsgi.input"].read(length) if length else b""
         seen = SeenRequest(
-            method=environ["REQUEST_METHOD"], path=environ.get("PATH_INFO", ""),
-            target=environ["peer.target"], query=environ.get("QUERY_STRING", ""),
-            host=environ.get("HTTP_HOST"), sni=environ.get("peer.sni"),
-            headers={k[5:].replace("_", "-").title(): v for k, v in environ.items()
-                     if k.startswith("HTTP_")},
+            method=environ["REQUEST_METHOD"],
+            path=environ.get("PATH_INFO", ""),
+            target=environ["peer.target"],
+            query=environ.get("QUERY_STRING", ""),
+            host=environ.get("HTTP_HOST"),
+            sni=environ.get("peer.sni"),
+            headers={
+                k[5:].replace("_", "-").title(): v
+                for k, v in environ.items()
+                if k.startswith("HTTP_")
+            },
             body=body,
-            client=(environ.get("REMOTE_ADDR"), int(environ.get("REMOTE_PORT") or 0)))
+            client=(environ.get("REMOTE_ADDR"), int(environ.get("REMOTE_PORT") or 0)),
+        )
         self.requests.append(seen)
         changed, self._changed = self._changed, Event()
         changed.set()
@@ -267,8 +306,14 @@ class HonestPeer:
                 gevent.sleep(self.latency)
             handler = self._routes.get((seen.method, seen.path))
             if handler is None:
-                handler = next((h for m, p, h in self._prefix_routes
-                                if m == seen.method and seen.path.startswith(p)), None)
+                handler = next(
+                    (
+                        h
+                        for m, p, h in self._prefix_routes
+                        if m == seen.method and seen.path.startswith(p)
+                    ),
+                    None,
+                )
             if handler is None:
                 result = _UNRECOGNIZED
             else:

@@ -27,14 +27,15 @@ _BODY, _TYPE = multipart_media({"Content-Type": "text/plain"}, b"hello", boundar
 # Federation media responses that are not what the spec says, by name.
 MALFORMED_MEDIA = {
     # The closing boundary never comes: the file may be cut short.
-    "truncated": (_BODY[:-len(b"\r\n--B--\r\n")], _TYPE),
+    "truncated": (_BODY[: -len(b"\r\n--B--\r\n")], _TYPE),
     "not multipart": (b"hello", "application/octet-stream"),
     "no boundary": (_BODY, "multipart/mixed"),
     "wrong boundary": (_BODY, "multipart/mixed; boundary=C"),
-    "json part missing": (b"\r\n--B\r\nContent-Type: text/plain\r\n\r\nhello\r\n--B--\r\n",
-                          _TYPE),
-    "three parts": (_BODY[:-len(b"--\r\n")] + b"\r\nContent-Type: text/plain\r\n\r\nmore"
-                    b"\r\n--B--\r\n", _TYPE),
+    "json part missing": (b"\r\n--B\r\nContent-Type: text/plain\r\n\r\nhello\r\n--B--\r\n", _TYPE),
+    "three parts": (
+        _BODY[: -len(b"--\r\n")] + b"\r\nContent-Type: text/plain\r\n\r\nmore\r\n--B--\r\n",
+        _TYPE,
+    ),
     "json not an object": (_BODY.replace(b"{}", b"[1]"), _TYPE),
     # Deeper than the JSON parser goes (it raises RecursionError, not ValueError).
     "json nested too deep": (_BODY.replace(b"{}", b"[" * 5000 + b"]" * 5000), _TYPE),
@@ -51,8 +52,11 @@ class LiarPeer(HonestPeer):
         """A valid JSON well-known delegating to ``delegated``, padded to ``size`` bytes."""
         head = '{"m.server": "%s",' % delegated
         body = (head + " " * max(0, size - len(head) - 7) + '"x": 1}').encode()
-        self.route("GET", "/.well-known/matrix/server",
-                   lambda req: (200, body, {"Content-Type": "application/json"}))
+        self.route(
+            "GET",
+            "/.well-known/matrix/server",
+            lambda req: (200, body, {"Content-Type": "application/json"}),
+        )
 
     def redirect(self, path: str, location: str, status: int = 302) -> None:
         self.route("GET", path, lambda req: (status, b"", {"Location": location}))
@@ -63,7 +67,9 @@ class LiarPeer(HonestPeer):
         self.redirect(f"{path}/a", f"{self.url}{path}")
 
     def malformed_json(self, path: str, method: str = "GET") -> None:
-        self.route(method, path, lambda req: (200, b'{"not": json', {"Content-Type": "application/json"}))
+        self.route(
+            method, path, lambda req: (200, b'{"not": json', {"Content-Type": "application/json"})
+        )
 
     def huge_json(self, path: str, size: int, method: str = "GET") -> None:
         body = b'{"pad": "' + b"x" * size + b'"}'
@@ -74,20 +80,27 @@ class LiarPeer(HonestPeer):
     def media_location(self, media_id: str, url: str) -> None:
         """The file part of ``media_id`` is a Location pointing at ``url``."""
         body, content_type = multipart_media({"Location": url})
-        self.route("GET", FEDERATION_MEDIA_DOWNLOAD + media_id,
-                   lambda req: (200, body, {"Content-Type": content_type}))
+        self.route(
+            "GET",
+            FEDERATION_MEDIA_DOWNLOAD + media_id,
+            lambda req: (200, body, {"Content-Type": content_type}),
+        )
 
     def malformed_media(self, media_id: str, kind: str) -> None:
         body, content_type = MALFORMED_MEDIA[kind]
-        self.route("GET", FEDERATION_MEDIA_DOWNLOAD + media_id,
-                   lambda req: (200, body, {"Content-Type": content_type}))
+        self.route(
+            "GET",
+            FEDERATION_MEDIA_DOWNLOAD + media_id,
+            lambda req: (200, body, {"Content-Type": content_type}),
+        )
 
     def oversized_media(self, media_id: str, size: int, declared: bool = False) -> None:
         """A file of ``size`` bytes, streamed in chunks (``declared``: with a Content-Length
         saying so up front). ``media_bytes_sent`` counts what actually went out."""
-        head, content_type = multipart_media({"Content-Type": "application/octet-stream"},
-                                             boundary="B")
-        head, tail = head[:-len(b"\r\n--B--\r\n")], b"\r\n--B--\r\n"
+        head, content_type = multipart_media(
+            {"Content-Type": "application/octet-stream"}, boundary="B"
+        )
+        head, tail = head[: -len(b"\r\n--B--\r\n")], b"\r\n--B--\r\n"
         self.media_bytes_sent = 0
 
         def body():

@@ -50,11 +50,14 @@ class FakeOrigin:
         return f"ed25519:{self.signing_key.version}"
 
     def key_document(self) -> dict:
-        doc = {"server_name": self.name,
-               "verify_keys": {self.key_id: {
-                   "key": encode_verify_key_base64(get_verify_key(self.signing_key))}},
-               "old_verify_keys": {},
-               "valid_until_ts": int(time.time() * 1000) + 24 * 3600 * 1000}
+        doc = {
+            "server_name": self.name,
+            "verify_keys": {
+                self.key_id: {"key": encode_verify_key_base64(get_verify_key(self.signing_key))}
+            },
+            "old_verify_keys": {},
+            "valid_until_ts": int(time.time() * 1000) + 24 * 3600 * 1000,
+        }
         return sign_json(doc, self.name, self.signing_key)
 
     def sign_request(self, destination: str, method: str, uri: str, content=None) -> str:
@@ -63,15 +66,31 @@ class FakeOrigin:
     def user(self, localpart: str) -> str:
         return f"@{localpart}:{self.name}"
 
-    def pdu(self, room_id: str, sender: str, event_type: str, content: dict, *,
-            prev_events: list[str], auth_events: list[str], depth: int = 100,
-            state_key: str | None = None, version: RoomVersion = ROOM_V10,
-            origin_server_ts: int | None = None) -> tuple[str, dict]:
+    def pdu(
+        self,
+        room_id: str,
+        sender: str,
+        event_type: str,
+        content: dict,
+        *,
+        prev_events: list[str],
+        auth_events: list[str],
+        depth: int = 100,
+        state_key: str | None = None,
+        version: RoomVersion = ROOM_V10,
+        origin_server_ts: int | None = None,
+    ) -> tuple[str, dict]:
         """``(event_id, pdu)``: an event of ours, hashed and signed."""
-        pdu = {"room_id": room_id, "sender": sender, "type": event_type,
-               "content": copy.deepcopy(content), "prev_events": list(prev_events),
-               "auth_events": list(auth_events), "depth": depth,
-               "origin_server_ts": origin_server_ts or int(time.time() * 1000)}
+        pdu = {
+            "room_id": room_id,
+            "sender": sender,
+            "type": event_type,
+            "content": copy.deepcopy(content),
+            "prev_events": list(prev_events),
+            "auth_events": list(auth_events),
+            "depth": depth,
+            "origin_server_ts": origin_server_ts or int(time.time() * 1000),
+        }
         if state_key is not None:
             pdu["state_key"] = state_key
         add_hashes_and_signatures(version, pdu, self.name, self.signing_key)
@@ -82,8 +101,9 @@ class OriginKeyServer(HonestPeer):
     """One TLS listener serving the key documents of many origins under one DNS domain."""
 
     def __init__(self, domain: str, ca, dns, host: str, port: int = 0, **kw):
-        super().__init__(f"keys.{domain}", ca, host=host, port=port,
-                         cert_names=(f"*.{domain}", host), **kw)
+        super().__init__(
+            f"keys.{domain}", ca, host=host, port=port, cert_names=(f"*.{domain}", host), **kw
+        )
         self.domain = domain
         self.dns = dns
         self.origins: dict[str, FakeOrigin] = {}
@@ -107,8 +127,9 @@ class OriginKeyServer(HonestPeer):
         return origin
 
     def fetches(self, name: str | None = None) -> int:
-        return sum(1 for r in self.requests
-                   if r.path == KEYS_PATH and (name is None or r.host == name))
+        return sum(
+            1 for r in self.requests if r.path == KEYS_PATH and (name is None or r.host == name)
+        )
 
     def _key_document(self, req):
         self.gate.wait()
@@ -125,13 +146,29 @@ def transaction_body(origin: FakeOrigin, pdus: list[dict], edus: list | None = N
     return body
 
 
-def send_transaction(federation_url: str, origin: FakeOrigin, destination: str, txn_id: str,
-                     pdus: list[dict], ca, *, edus: list | None = None, body: dict | None = None,
-                     timeout: float = 60) -> requests.Response:
+def send_transaction(
+    federation_url: str,
+    origin: FakeOrigin,
+    destination: str,
+    txn_id: str,
+    pdus: list[dict],
+    ca,
+    *,
+    edus: list | None = None,
+    body: dict | None = None,
+    timeout: float = 60,
+) -> requests.Response:
     """PUT /send/{txn_id} as ``origin``, signed, on a new connection."""
     uri = f"/_matrix/federation/v1/send/{quote(txn_id, safe='')}"
     content = body if body is not None else transaction_body(origin, pdus, edus)
-    headers = {"Authorization": origin.sign_request(destination, "PUT", uri, content),
-               "Content-Type": "application/json"}
-    return requests.put(federation_url + uri, data=json.dumps(content), headers=headers,
-                        verify=getattr(ca, "ca_path", ca), timeout=timeout)
+    headers = {
+        "Authorization": origin.sign_request(destination, "PUT", uri, content),
+        "Content-Type": "application/json",
+    }
+    return requests.put(
+        federation_url + uri,
+        data=json.dumps(content),
+        headers=headers,
+        verify=getattr(ca, "ca_path", ca),
+        timeout=timeout,
+    )

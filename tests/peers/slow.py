@@ -33,8 +33,9 @@ HANDSHAKE_SECONDS = 30.0
 
 
 class HangingPeer(Tarpit):
-    def __init__(self, ca, names: tuple[str, ...], host: str = "127.0.0.1", port: int = 0,
-                 **kwargs):
+    def __init__(
+        self, ca, names: tuple[str, ...], host: str = "127.0.0.1", port: int = 0, **kwargs
+    ):
         super().__init__(host, port, **kwargs)
         # The certificate covers the names and the address, as an honest server's would.
         self._tls = ca.server_context(*names, host)
@@ -72,20 +73,31 @@ class HangingPeer(Tarpit):
 
 
 class SlowDripPeer(HangingPeer):
-    def __init__(self, ca, names: tuple[str, ...], host: str = "127.0.0.1", port: int = 0, *,
-                 interval: float = 2.0, body_bytes: int = 4096, **kwargs):
+    def __init__(
+        self,
+        ca,
+        names: tuple[str, ...],
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        interval: float = 2.0,
+        body_bytes: int = 4096,
+        **kwargs,
+    ):
         super().__init__(ca, names, host, port, **kwargs)
         self.interval = interval
         self.body_bytes = body_bytes
 
     def answer(self, tls) -> None:
-        tls.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                    b"Content-Length: %d\r\n\r\n" % self.body_bytes)
+        tls.sendall(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % self.body_bytes
+        )
         # A JSON-looking body, one byte at a time; the client closes long before the end.
-        body = (b'{"chunk": [' + b" " * self.body_bytes)[:self.body_bytes - 2] + b"]}"
+        body = (b'{"chunk": [' + b" " * self.body_bytes)[: self.body_bytes - 2] + b"]}"
         tls.settimeout(self.interval)
         for i in range(self.body_bytes):
-            tls.sendall(body[i:i + 1])
+            tls.sendall(body[i : i + 1])
             self.bytes_sent += 1
             # Wait for the next byte's turn by reading: a client that hangs up meanwhile is
             # seen at once, not at the next write.

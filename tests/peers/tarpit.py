@@ -34,8 +34,9 @@ __all__ = ["Tarpit"]
 
 
 class Tarpit:
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, backlog: int = 1024, *,
-                 on_change=None) -> None:
+    def __init__(
+        self, host: str = "127.0.0.1", port: int = 0, backlog: int = 1024, *, on_change=None
+    ) -> None:
         self.host = host
         self.port = port
         self.backlog = backlog
@@ -130,9 +131,13 @@ class Tarpit:
         return self.wait_until(lambda: self.current <= n, timeout)
 
     def counters(self) -> dict:
-        return {"accepted": self.accepted, "current": self.current,
-                "max_concurrent": self.max_concurrent, "bytes_received": self.bytes_received,
-                "bytes_sent": self.bytes_sent}
+        return {
+            "accepted": self.accepted,
+            "current": self.current,
+            "max_concurrent": self.max_concurrent,
+            "bytes_received": self.bytes_received,
+            "bytes_sent": self.bytes_sent,
+        }
 
     def _notify(self) -> None:
         changed, self._changed = self._changed, Event()

@@ -37,8 +37,12 @@ def pair():
     """A FrameConnection (with echo/fail handlers) and the raw socket at the other end."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     closed = Event()
-    connection = FrameConnection(ours, {FrameType.HEALTH: echo, FrameType.HELLO: fail},
-                                 "test peer", on_close=lambda c: closed.set()).start()
+    connection = FrameConnection(
+        ours,
+        {FrameType.HEALTH: echo, FrameType.HELLO: fail},
+        "test peer",
+        on_close=lambda c: closed.set(),
+    ).start()
     connection.closed_event = closed
     yield connection, theirs
     connection.close()
@@ -88,19 +92,22 @@ def test_bad_frames_are_dropped_and_the_connection_goes_on(pair, caplog):
     caplog.set_level(logging.WARNING, logger="homeserver.processes.ipc")
     too_long = MAX_FRAME_BYTES + 1
     bad = [
-        HEADER.pack(too_long, FrameType.HEALTH, 1) + b"x" * too_long,   # over the cap
-        HEADER.pack(9, FrameType.HEALTH, 2) + b"not json!",              # not JSON
-        HEADER.pack(2, FrameType.HEALTH, 3) + b"[]",                     # not an object
-        HEADER.pack(2, 0x55, 4) + b"{}",                                 # unknown type
-        HEADER.pack(2, FrameType.RELAY | REPLY, 99) + b"{}",             # nobody asked
+        HEADER.pack(too_long, FrameType.HEALTH, 1) + b"x" * too_long,  # over the cap
+        HEADER.pack(9, FrameType.HEALTH, 2) + b"not json!",  # not JSON
+        HEADER.pack(2, FrameType.HEALTH, 3) + b"[]",  # not an object
+        HEADER.pack(2, 0x55, 4) + b"{}",  # unknown type
+        HEADER.pack(2, FrameType.RELAY | REPLY, 99) + b"{}",  # nobody asked
     ]
     sender = gevent.spawn(theirs.sendall, b"".join(bad))
-    answers = [read_frame(theirs) for _ in range(4)]   # the reply to nothing gets no answer
+    answers = [read_frame(theirs) for _ in range(4)]  # the reply to nothing gets no answer
     sender.get(timeout=10)
     assert [(t, i) for t, i, _ in answers] == [(ERROR, 1), (ERROR, 2), (ERROR, 3), (ERROR, 4)]
     assert [b["error"] for _, _, b in answers] == [
-        "frame too large", "body is not a JSON object", "body is not a JSON object",
-        "unknown frame type 85"]
+        "frame too large",
+        "body is not a JSON object",
+        "body is not a JSON object",
+        "unknown frame type 85",
+    ]
     # Still serving.
     theirs.sendall(encode_frame(FrameType.HEALTH, 5, {"still": "here"}))
     assert read_frame(theirs) == (FrameType.HEALTH | REPLY, 5, {"echo": {"still": "here"}})

@@ -67,8 +67,9 @@ def registered(weir, name):
 
 
 def send(weir, test_ca, origin, txn_id, pdus=(), **kw):
-    return send_transaction(weir.federation_url, origin, "weir.test", txn_id, list(pdus),
-                            test_ca, **kw)
+    return send_transaction(
+        weir.federation_url, origin, "weir.test", txn_id, list(pdus), test_ca, **kw
+    )
 
 
 def send_all(weir, test_ca, origins, txn_id="t"):
@@ -82,13 +83,18 @@ def send_all(weir, test_ca, origins, txn_id="t"):
 def sharded(test_ca, dns, tmp_path_factory):
     """Two shards; four key fetches in flight in all (two per shard, four for main)."""
     directory = str(tmp_path_factory.mktemp("sharded"))
-    weir = start_sharded(directory, sharded_settings(
-        test_ca, dns, directory, WEIR_IP, shards=2, key_resolution_max_in_flight=4))
+    weir = start_sharded(
+        directory,
+        sharded_settings(
+            test_ca, dns, directory, WEIR_IP, shards=2, key_resolution_max_in_flight=4
+        ),
+    )
     yield weir
     weir.stop()
 
 
 # -- serving -----------------------------------------------------------------------------------
+
 
 def test_shards_serve_federation_and_main_serves_clients(sharded, test_ca, keys):
     assert sorted(shard_processes(sharded)) == [1, 2]
@@ -108,30 +114,43 @@ def test_shards_serve_federation_and_main_serves_clients(sharded, test_ca, keys)
 
 # -- budgets -----------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("shards", [4, 1])
-def test_key_fetches_at_a_tarpit_stay_within_the_budget(shards, test_ca, dns, tarpit,
-                                                        tmp_path):
+def test_key_fetches_at_a_tarpit_stay_within_the_budget(shards, test_ca, dns, tarpit, tmp_path):
     """64 origins whose keys sit on a tarpit send at once. The shards together never have
     more than key_resolution_max_in_flight (16) fetches open at the tarpit; every request
     beyond them gets 429 at once, and the admitted ones time out (401)."""
     directory = str(tmp_path / "w")
-    weir = start_sharded(directory, sharded_settings(
-        test_ca, dns, directory, WEIR_IP, shards=shards, key_resolution_max_in_flight=16,
-        key_resolution_per_ip_rate={"max_requests": 10000, "per_seconds": 60}))
+    weir = start_sharded(
+        directory,
+        sharded_settings(
+            test_ca,
+            dns,
+            directory,
+            WEIR_IP,
+            shards=shards,
+            key_resolution_max_in_flight=16,
+            key_resolution_per_ip_rate={"max_requests": 10000, "per_seconds": 60},
+        ),
+    )
     try:
         accepted_before = tarpit.accepted
         tarpit.max_concurrent = tarpit.current
         responses = send_all(weir, test_ca, tarpit_origins(dns, tarpit, f"s{shards}-", 64))
         statuses = Counter(r.status_code for r in responses)
         fetches = tarpit.accepted - accepted_before
-        print(f"{shards} shard(s): {dict(statuses)}, {fetches} fetches, "
-              f"at most {tarpit.max_concurrent} at once at the tarpit")
+        print(
+            f"{shards} shard(s): {dict(statuses)}, {fetches} fetches, "
+            f"at most {tarpit.max_concurrent} at once at the tarpit"
+        )
         assert tarpit.max_concurrent <= 16
         assert set(statuses) == {429, 401}
         assert statuses[429] >= 64 - 16 and statuses[401] == fetches
         refused = [r for r in responses if r.status_code == 429]
-        assert all(r.json()["errcode"] == "M_LIMIT_EXCEEDED" and int(r.headers["Retry-After"])
-                   >= 1 for r in refused)
+        assert all(
+            r.json()["errcode"] == "M_LIMIT_EXCEEDED" and int(r.headers["Retry-After"]) >= 1
+            for r in refused
+        )
         if shards == 4:
             assert fetches > 4  # more than one shard's share: several shards were fetching
         assert tarpit.wait_current(0, timeout=10)
@@ -143,16 +162,21 @@ def test_the_per_ip_rate_is_split_across_shards(test_ca, dns, keys, tmp_path):
     """Four shards and 30 fetches a minute per source IP: 60 new origins from one address
     get at most 30 key fetches at the key server (7 per shard), the rest 429."""
     directory = str(tmp_path / "w")
-    weir = start_sharded(directory, sharded_settings(
-        test_ca, dns, directory, WEIR_IP, shards=4, key_resolution_max_in_flight=64))
+    weir = start_sharded(
+        directory,
+        sharded_settings(
+            test_ca, dns, directory, WEIR_IP, shards=4, key_resolution_max_in_flight=64
+        ),
+    )
     try:
         origins = [keys.add_origin(f"rate{i}") for i in range(60)]
         before = keys.fetches()
         responses = send_all(weir, test_ca, origins)
         fetches = keys.fetches() - before
         statuses = Counter(r.status_code for r in responses)
-        by_shard = Counter(shard for shard, status in access_lines(weir, "/send/t")
-                           if status == "200")
+        by_shard = Counter(
+            shard for shard, status in access_lines(weir, "/send/t") if status == "200"
+        )
         print(f"{fetches} fetches for 60 origins; {dict(statuses)}; served by {dict(by_shard)}")
         assert fetches <= 30
         assert statuses[200] == fetches and statuses[429] == 60 - fetches
@@ -163,6 +187,7 @@ def test_the_per_ip_rate_is_split_across_shards(test_ca, dns, keys, tmp_path):
 
 
 # -- main's own budget, and bad frames on its socket -------------------------------------------
+
 
 def ipc_path(weir):
     return os.path.join(weir.directory, "data", "ipc", "shards.sock")
@@ -179,15 +204,25 @@ def test_main_checks_relayed_pdus_under_its_own_budget(sharded, test_ca, dns, ta
     own four at once (at the tarpit), and refuses the rest, so the shard would answer 429."""
     origin = keys.add_origin("relayer")
     room, join_id = room_joined_by(sharded, test_ca, registered(sharded, "relay-alice"), origin)
-    pdus = [room.join_pdu(server, "eve", prev=join_id)[1]
-            for server in tarpit_origins(dns, tarpit, "main-", 6)]
+    pdus = [
+        room.join_pdu(server, "eve", prev=join_id)[1]
+        for server in tarpit_origins(dns, tarpit, "main-", 6)
+    ]
     accepted_before = tarpit.accepted
     tarpit.max_concurrent = tarpit.current
     shard = rogue_shard(sharded)
     try:
-        reply = shard.request(FrameType.RELAY, {"origin": origin.name, "txn_id": "t-rogue",
-                                                "pdus": pdus, "results": {},
-                                                "source_ip": "203.0.113.7"}, 30)
+        reply = shard.request(
+            FrameType.RELAY,
+            {
+                "origin": origin.name,
+                "txn_id": "t-rogue",
+                "pdus": pdus,
+                "results": {},
+                "source_ip": "203.0.113.7",
+            },
+            30,
+        )
     finally:
         shard.close()
     assert reply["refused"]["retry_after_ms"] > 0
@@ -216,20 +251,23 @@ def test_bad_frames_to_main_are_refused_and_main_carries_on(sharded, test_ca, ke
     sharded.wait_for_log("dropping a frame of 2147483648 bytes")
     sharded.wait_for_log("dropping a frame whose body is not a JSON object")
     # The real shards still relay to main.
-    room_joined_by(sharded, test_ca, registered(sharded, "frames-alice"),
-                   keys.add_origin("after-bad-frames"))
+    room_joined_by(
+        sharded, test_ca, registered(sharded, "frames-alice"), keys.add_origin("after-bad-frames")
+    )
     assert metric(sharded.client_url, "weir_federation_shards_alive") == 2
 
 
 # -- supervision -------------------------------------------------------------------------------
+
 
 def test_kill_9_of_a_shard_mid_transaction(test_ca, dns, keys, slow_keys, tmp_path):
     """Four senders keep sending transactions (retrying each until it is answered) while
     a shard is killed with one of them in flight, held at a key server. The shard is
     restarted, every retry succeeds, and every PDU is stored exactly once."""
     directory = str(tmp_path / "w")
-    weir = start_sharded(directory, sharded_settings(test_ca, dns, directory, WEIR_IP,
-                                                     shards=2, remote_timeout=10))
+    weir = start_sharded(
+        directory, sharded_settings(test_ca, dns, directory, WEIR_IP, shards=2, remote_timeout=10)
+    )
     try:
         origin = keys.add_origin("kill9")
         room, join_id = room_joined_by(weir, test_ca, registered(weir, "alice"), origin)
@@ -256,8 +294,9 @@ def test_kill_9_of_a_shard_mid_transaction(test_ca, dns, keys, slow_keys, tmp_pa
         def lane(n):
             prev = join_id
             for i in range(8):
-                ids, pdus = room.messages(origin, "bob", [f"lane {n} msg {i}a",
-                                                          f"lane {n} msg {i}b"], prev=prev)
+                ids, pdus = room.messages(
+                    origin, "bob", [f"lane {n} msg {i}a", f"lane {n} msg {i}b"], prev=prev
+                )
                 sent.extend(ids)
                 assert deliver(f"t-lane{n}-{i}", pdus) == {"pdus": {i: {} for i in ids}}
                 prev = ids[-1]
@@ -272,7 +311,7 @@ def test_kill_9_of_a_shard_mid_transaction(test_ca, dns, keys, slow_keys, tmp_pa
         victim = shard_holding_connection(weir, slow_keys.requests[-1].client[1])
         assert victim in (1, 2)
         lanes = [gevent.spawn(lane, n) for n in range(4)]
-        while sum(answered.values()) < 6:   # the lanes are under way
+        while sum(answered.values()) < 6:  # the lanes are under way
             gevent.sleep(0.05)
         pid = shard_processes(weir)[victim].pid
         os.kill(pid, signal.SIGKILL)
@@ -300,8 +339,7 @@ def test_kill_9_of_a_shard_mid_transaction(test_ca, dns, keys, slow_keys, tmp_pa
 
 def test_sigterm_to_main_stops_every_shard(test_ca, dns, tmp_path):
     directory = str(tmp_path / "w")
-    weir = start_sharded(directory, sharded_settings(test_ca, dns, directory, WEIR_IP,
-                                                     shards=2))
+    weir = start_sharded(directory, sharded_settings(test_ca, dns, directory, WEIR_IP, shards=2))
     shards = list(shard_processes(weir).values())
     assert weir.stop() == 0
     gone, alive = psutil.wait_procs(shards, timeout=10)
@@ -315,8 +353,7 @@ def test_sigterm_to_main_stops_every_shard(test_ca, dns, tmp_path):
 
 def test_shards_exit_when_main_dies(test_ca, dns, tmp_path):
     directory = str(tmp_path / "w")
-    weir = start_sharded(directory, sharded_settings(test_ca, dns, directory, WEIR_IP,
-                                                     shards=2))
+    weir = start_sharded(directory, sharded_settings(test_ca, dns, directory, WEIR_IP, shards=2))
     shards = list(shard_processes(weir).values())
     weir.proc.kill()  # SIGKILL: main has no say in it
     assert weir.stop() == -signal.SIGKILL
@@ -333,8 +370,7 @@ def test_a_shard_that_cannot_be_started_is_tried_again(test_ca, dns, tmp_path):
     the shard that died (no pipe for the new process); once descriptors are free again the
     next try after the backoff brings the shard back."""
     directory = str(tmp_path / "w")
-    weir = start_sharded(directory, sharded_settings(test_ca, dns, directory, WEIR_IP,
-                                                     shards=1))
+    weir = start_sharded(directory, sharded_settings(test_ca, dns, directory, WEIR_IP, shards=1))
     main = psutil.Process(weir.proc.pid)
     limits = main.rlimit(psutil.RLIMIT_NOFILE)
     try:

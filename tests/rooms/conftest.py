@@ -22,7 +22,8 @@ def server(request, tmp_path_factory):
         settings["database"] = {"url": request.getfixturevalue("pg_cluster").new_database()}
     proc = WeirProcess(str(directory), settings).start()
     proc.database_url = settings.get("database", {}).get(
-        "url", f"sqlite:///{directory}/data/homeserver.db")
+        "url", f"sqlite:///{directory}/data/homeserver.db"
+    )
     yield proc
     proc.stop()
 
@@ -56,8 +57,9 @@ def create_room(client: MatrixClient, **body) -> str:
 
 def send(client: MatrixClient, room_id: str, body: str, txn: str | None = None) -> str:
     txn = txn or f"t{next(_names)}"
-    r = client.put(f"{V3}/rooms/{room_id}/send/m.room.message/{txn}",
-                   json={"msgtype": "m.text", "body": body})
+    r = client.put(
+        f"{V3}/rooms/{room_id}/send/m.room.message/{txn}", json={"msgtype": "m.text", "body": body}
+    )
     assert r.status_code == 200, r.text
     return r.json()["event_id"]
 
@@ -68,7 +70,7 @@ def stored_pdus(server, room_id: str) -> list[tuple[str, dict]]:
     sql = "SELECT event_id, json FROM events WHERE room_id = {} ORDER BY stream_ordering"
     url = server.database_url
     if url.startswith("sqlite:///"):
-        conn = sqlite3.connect(f"file:{url[len('sqlite:///'):]}?mode=ro", uri=True)
+        conn = sqlite3.connect(f"file:{url[len('sqlite:///') :]}?mode=ro", uri=True)
         try:
             rows = conn.execute(sql.format("?"), (room_id,)).fetchall()
         finally:

@@ -31,13 +31,26 @@ class Room:
         self.send(creator, "m.room.member", {"membership": "join"}, creator)
 
     def build(self, sender, event_type, content, state_key=None, auth_events=None):
-        auth = auth_events if auth_events is not None else select_auth_events(
-            self.version, event_type, sender, state_key, content, self.state)
-        return build_event(self.version, room_id="!room:hs", sender=sender, event_type=event_type,
-                           content=content, state_key=state_key,
-                           prev_events=[self.last] if self.last else [],
-                           auth_event_ids=[e.event_id for e in auth], origin_server_ts=1,
-                           server_name="hs", signing_key=KEY), auth
+        auth = (
+            auth_events
+            if auth_events is not None
+            else select_auth_events(
+                self.version, event_type, sender, state_key, content, self.state
+            )
+        )
+        return build_event(
+            self.version,
+            room_id="!room:hs",
+            sender=sender,
+            event_type=event_type,
+            content=content,
+            state_key=state_key,
+            prev_events=[self.last] if self.last else [],
+            auth_event_ids=[e.event_id for e in auth],
+            origin_server_ts=1,
+            server_name="hs",
+            signing_key=KEY,
+        ), auth
 
     def send(self, sender, event_type, content, state_key=None, verify=None):
         event, auth = self.build(sender, event_type, content, state_key)
@@ -115,16 +128,27 @@ def test_power_level_changes():
     # Bob needs 100 to send power levels at all (state_default 50 lets him; raise it first).
     room.power_levels({ALICE: 100, BOB: 50}, events={"m.room.power_levels": 50})
     assert "above your own" in room.refused(
-        BOB, "m.room.power_levels", {"users": {ALICE: 100, BOB: 50, CAROL: 60},
-                                     "events": {"m.room.power_levels": 50}}, "")
+        BOB,
+        "m.room.power_levels",
+        {"users": {ALICE: 100, BOB: 50, CAROL: 60}, "events": {"m.room.power_levels": 50}},
+        "",
+    )
     assert "level of @alice" in room.refused(
-        BOB, "m.room.power_levels", {"users": {ALICE: 0, BOB: 50},
-                                     "events": {"m.room.power_levels": 50}}, "")
-    room.send(BOB, "m.room.power_levels", {"users": {ALICE: 100, BOB: 50, CAROL: 50},
-                                          "events": {"m.room.power_levels": 50}}, "")
+        BOB,
+        "m.room.power_levels",
+        {"users": {ALICE: 0, BOB: 50}, "events": {"m.room.power_levels": 50}},
+        "",
+    )
+    room.send(
+        BOB,
+        "m.room.power_levels",
+        {"users": {ALICE: 100, BOB: 50, CAROL: 50}, "events": {"m.room.power_levels": 50}},
+        "",
+    )
     # v10: string values are refused outright.
-    assert "integer" in room.refused(ALICE, "m.room.power_levels",
-                                     {"users": {ALICE: 100}, "ban": "50"}, "")
+    assert "integer" in room.refused(
+        ALICE, "m.room.power_levels", {"users": {ALICE: 100}, "ban": "50"}, ""
+    )
     assert "users" in room.refused(ALICE, "m.room.power_levels", {"users": {"not-a-user": 1}}, "")
     assert user_power_level(ROOM_V10, CAROL, room.state) == 50
 
@@ -146,17 +170,35 @@ def test_create_event_rules():
     # A create event with prev_events (every later create) is refused.
     with pytest.raises(AuthError, match="prev_events"):
         check_auth_events(ROOM_V11, bad, [])
-    no_creator = build_event(ROOM_V10, room_id="!r:hs", sender=ALICE, event_type="m.room.create",
-                             content={"room_version": "10"}, state_key="", prev_events=[],
-                             auth_event_ids=[], origin_server_ts=1, server_name="hs",
-                             signing_key=KEY)
+    no_creator = build_event(
+        ROOM_V10,
+        room_id="!r:hs",
+        sender=ALICE,
+        event_type="m.room.create",
+        content={"room_version": "10"},
+        state_key="",
+        prev_events=[],
+        auth_event_ids=[],
+        origin_server_ts=1,
+        server_name="hs",
+        signing_key=KEY,
+    )
     with pytest.raises(AuthError, match="creator"):
         check_auth_events(ROOM_V10, no_creator, [])
     check_auth_events(ROOM_V11, no_creator, [])
-    other_server = build_event(ROOM_V11, room_id="!r:elsewhere", sender=ALICE,
-                               event_type="m.room.create", content={}, state_key="",
-                               prev_events=[], auth_event_ids=[], origin_server_ts=1,
-                               server_name="hs", signing_key=KEY)
+    other_server = build_event(
+        ROOM_V11,
+        room_id="!r:elsewhere",
+        sender=ALICE,
+        event_type="m.room.create",
+        content={},
+        state_key="",
+        prev_events=[],
+        auth_event_ids=[],
+        origin_server_ts=1,
+        server_name="hs",
+        signing_key=KEY,
+    )
     with pytest.raises(AuthError, match="different servers"):
         check_auth_events(ROOM_V11, other_server, [])
 
@@ -195,8 +237,12 @@ def test_restricted_join_needs_a_signed_authoriser_with_invite_power():
     room.send(BOB, "m.room.member", content, BOB, signed_by_hs)
     # Bob (level 0) may not authorise Carol's join.
     assert "authorised" in room.refused(
-        CAROL, "m.room.member", member("join", join_authorised_via_users_server=BOB), CAROL,
-        signed_by_hs)
+        CAROL,
+        "m.room.member",
+        member("join", join_authorised_via_users_server=BOB),
+        CAROL,
+        signed_by_hs,
+    )
 
 
 def test_knocking():
@@ -225,19 +271,27 @@ def test_third_party_invite_needs_a_signature_from_the_invite_keys():
     room = Room()
     room.power_levels({ALICE: 100})
     room.join_rule("invite")
-    room.send(ALICE, "m.room.third_party_invite", {
-        "display_name": "b...@example.org", "key_validity_url": "https://id.example/valid",
-        "public_key": encode_verify_key_base64(get_verify_key(identity_key))}, "tok")
+    room.send(
+        ALICE,
+        "m.room.third_party_invite",
+        {
+            "display_name": "b...@example.org",
+            "key_validity_url": "https://id.example/valid",
+            "public_key": encode_verify_key_base64(get_verify_key(identity_key)),
+        },
+        "tok",
+    )
 
     def invite(signed_by, mxid=BOB, token="tok"):
-        signed = sign_json({"mxid": mxid, "token": token, "sender": ALICE}, "id.example",
-                           signed_by)
+        signed = sign_json({"mxid": mxid, "token": token, "sender": ALICE}, "id.example", signed_by)
         return member("invite", third_party_invite={"display_name": "b", "signed": signed})
 
     assert "no valid signature" in room.refused(
-        ALICE, "m.room.member", invite(generate_signing_key("0")), BOB)
+        ALICE, "m.room.member", invite(generate_signing_key("0")), BOB
+    )
     assert "another user" in room.refused(ALICE, "m.room.member", invite(identity_key, CAROL), BOB)
-    assert "no matching" in room.refused(ALICE, "m.room.member",
-                                         invite(identity_key, token="other"), BOB)
+    assert "no matching" in room.refused(
+        ALICE, "m.room.member", invite(identity_key, token="other"), BOB
+    )
     room.send(ALICE, "m.room.member", invite(identity_key), BOB)
     room.send(BOB, "m.room.member", member("join"), BOB)

@@ -60,8 +60,9 @@ def test_alias_crud_and_permissions(server, user):
         assert (r.status_code, r.json()["errcode"]) == (400, "M_INVALID_PARAM"), bad
     elsewhere = alice.put(alias_path("#x:elsewhere.example"), json={"room_id": room_id})
     assert (elsewhere.status_code, elsewhere.json()["errcode"]) == (400, "M_INVALID_PARAM")
-    no_room = alice.put(alias_path(f"#ghost-{local_name(alice)}:weir.test"),
-                        json={"room_id": "!ghost:weir.test"})
+    no_room = alice.put(
+        alias_path(f"#ghost-{local_name(alice)}:weir.test"), json={"room_id": "!ghost:weir.test"}
+    )
     assert (no_room.status_code, no_room.json()["errcode"]) == (404, "M_NOT_FOUND")
 
     aliases = alice.get(f"{V3}/rooms/{room_id}/aliases")
@@ -165,8 +166,15 @@ def test_public_rooms_filter_ignores_unknown_keys(server, user):
     # "org.matrix.msc3827.room_types" beside room_types): they are ignored, not refused.
     alice = user("alice")
     room_id = create_room(alice, visibility="public", name=f"Extra {local_name(alice)}")
-    found = search(alice, {"filter": {"generic_search_term": f"Extra {local_name(alice)}",
-                                      "org.matrix.msc3827.room_types": [None]}})
+    found = search(
+        alice,
+        {
+            "filter": {
+                "generic_search_term": f"Extra {local_name(alice)}",
+                "org.matrix.msc3827.room_types": [None],
+            }
+        },
+    )
     assert [entry["room_id"] for entry in found["chunk"]] == [room_id]
 
 
@@ -184,12 +192,21 @@ def test_public_list_pages_every_room_exactly_once(start_weir, database_url):
     rooms = []
     for i in range(25):
         kind = ["Gardening", "Chess", "Jazz"][i % 3]
-        rooms.append(create_room(owner, visibility="public", name=f"{kind} club {i}",
-                                 topic=f"All about {kind.lower()}",
-                                 room_alias_name=f"club{i}"))
+        rooms.append(
+            create_room(
+                owner,
+                visibility="public",
+                name=f"{kind} club {i}",
+                topic=f"All about {kind.lower()}",
+                room_alias_name=f"club{i}",
+            )
+        )
     # Distinct sizes for some, ties for the rest: room i gets i % 4 extra members.
-    jobs = [gevent.spawn(joiners[j].post, f"{V3}/join/{room_id}", json={})
-            for i, room_id in enumerate(rooms) for j in range(i % 4)]
+    jobs = [
+        gevent.spawn(joiners[j].post, f"{V3}/join/{room_id}", json={})
+        for i, room_id in enumerate(rooms)
+        for j in range(i % 4)
+    ]
     gevent.joinall(jobs, raise_error=True)
     assert all(j.value.status_code == 200 for j in jobs)
 
@@ -235,8 +252,9 @@ def test_public_list_pages_every_room_exactly_once(start_weir, database_url):
     assert search(owner, {"filter": {"generic_search_term": "100%_"}})["chunk"] == []
 
     # Room types: spaces only, or rooms without a type.
-    space = create_room(owner, visibility="public", name="A space",
-                        creation_content={"type": "m.space"})
+    space = create_room(
+        owner, visibility="public", name="A space", creation_content={"type": "m.space"}
+    )
     spaces = search(owner, {"filter": {"room_types": ["m.space"]}})
     assert [e["room_id"] for e in spaces["chunk"]] == [space]
     assert spaces["chunk"][0]["room_type"] == "m.space"
@@ -252,8 +270,9 @@ def test_search_finds_a_name_with_capital_letters_beyond_ascii(server, user):
     # "É" is found by that very name, whatever case folding the database's locale knows.
     alice = user("alice")
     marker = local_name(alice)
-    room_id = create_room(alice, visibility="public", name=f"Élan Ünion {marker}",
-                          topic=f"ÇA {marker}")
+    room_id = create_room(
+        alice, visibility="public", name=f"Élan Ünion {marker}", topic=f"ÇA {marker}"
+    )
     for term in (f"Élan Ünion {marker}", "ÉLAN ÜNION", f"ÇA {marker}"):
         found = search(alice, {"filter": {"generic_search_term": term}})
         assert room_id in {e["room_id"] for e in found["chunk"]}, term

@@ -31,38 +31,78 @@ def canonical(obj) -> bytes:
 
 
 def test_spec_vector_minimal_event():
-    pdu = {"room_id": "!x:domain", "sender": "@a:domain", "origin": "domain",
-           "origin_server_ts": 1000000, "signatures": {}, "hashes": {}, "type": "X",
-           "content": {}, "prev_events": [], "auth_events": [], "depth": 3,
-           "unsigned": {"age_ts": 1000000}}
+    pdu = {
+        "room_id": "!x:domain",
+        "sender": "@a:domain",
+        "origin": "domain",
+        "origin_server_ts": 1000000,
+        "signatures": {},
+        "hashes": {},
+        "type": "X",
+        "content": {},
+        "prev_events": [],
+        "auth_events": [],
+        "depth": 3,
+        "unsigned": {"age_ts": 1000000},
+    }
     add_hashes_and_signatures(ROOM_V10, pdu, "domain", SPEC_KEY)
     assert pdu["hashes"] == {"sha256": "5jM4wQpv6lnBo7CLIghJuHdW+s2CMBJPUOGOC89ncos"}
-    assert pdu["signatures"] == {"domain": {"ed25519:1": (
-        "KxwGjPSDEtvnFgU00fwFz+l6d2pJM6XBIaMEn81SXPTRl16AqLAYqfIReFGZlHi5KLjAWbOoMszkwsQma+lYAg")}}
+    assert pdu["signatures"] == {
+        "domain": {
+            "ed25519:1": (
+                "KxwGjPSDEtvnFgU00fwFz+l6d2pJM6XBIaMEn81SXPTRl16AqLAYqfIReFGZlHi5KLjAWbOoMszkwsQma+lYAg"
+            )
+        }
+    }
 
 
 def test_spec_vector_event_with_redactable_content():
-    pdu = {"content": {"body": "Here is the message content"}, "event_id": "$0:domain",
-           "origin": "domain", "origin_server_ts": 1000000, "type": "m.room.message",
-           "room_id": "!r:domain", "sender": "@u:domain", "signatures": {},
-           "unsigned": {"age_ts": 1000000}}
+    pdu = {
+        "content": {"body": "Here is the message content"},
+        "event_id": "$0:domain",
+        "origin": "domain",
+        "origin_server_ts": 1000000,
+        "type": "m.room.message",
+        "room_id": "!r:domain",
+        "sender": "@u:domain",
+        "signatures": {},
+        "unsigned": {"age_ts": 1000000},
+    }
     add_hashes_and_signatures(ROOM_V10, pdu, "domain", SPEC_KEY)
     assert pdu["hashes"] == {"sha256": "onLKD1bGljeBWQhWZ1kaP9SorVmRQNdN5aM2JYU2n/g"}
     assert pdu["signatures"]["domain"]["ed25519:1"] == (
-        "Wm+VzmOUOz08Ds+0NTWb1d4CZrVsJSikkeRxh6aCcUwu6pNC78FunoD7KNWzqFn241eYHYMGCA5McEiVPdhzBA")
+        "Wm+VzmOUOz08Ds+0NTWb1d4CZrVsJSikkeRxh6aCcUwu6pNC78FunoD7KNWzqFn241eYHYMGCA5McEiVPdhzBA"
+    )
 
 
 @pytest.mark.parametrize("version", [ROOM_V10, ROOM_V11])
 def test_built_event_verifies_independently(version):
-    create = build_event(version, room_id="!r:domain", sender="@u:domain",
-                         event_type="m.room.create",
-                         content={"room_version": version.identifier, "creator": "@u:domain"},
-                         state_key="", prev_events=[], auth_event_ids=[],
-                         origin_server_ts=1234, server_name="domain", signing_key=SPEC_KEY)
-    msg = build_event(version, room_id="!r:domain", sender="@u:domain",
-                      event_type="m.room.message", content={"body": "hi", "n": [1, {"x": None}]},
-                      state_key=None, prev_events=[create], auth_event_ids=[create.event_id],
-                      origin_server_ts=1235, server_name="domain", signing_key=SPEC_KEY)
+    create = build_event(
+        version,
+        room_id="!r:domain",
+        sender="@u:domain",
+        event_type="m.room.create",
+        content={"room_version": version.identifier, "creator": "@u:domain"},
+        state_key="",
+        prev_events=[],
+        auth_event_ids=[],
+        origin_server_ts=1234,
+        server_name="domain",
+        signing_key=SPEC_KEY,
+    )
+    msg = build_event(
+        version,
+        room_id="!r:domain",
+        sender="@u:domain",
+        event_type="m.room.message",
+        content={"body": "hi", "n": [1, {"x": None}]},
+        state_key=None,
+        prev_events=[create],
+        auth_event_ids=[create.event_id],
+        origin_server_ts=1235,
+        server_name="domain",
+        signing_key=SPEC_KEY,
+    )
     assert msg.depth == create.depth + 1 == 2
     assert msg.prev_event_ids == [create.event_id]
     assert "event_id" not in msg.pdu  # v4+ PDUs carry no event_id
@@ -86,10 +126,16 @@ def test_built_event_verifies_independently(version):
 
 
 def test_redaction_differs_between_v10_and_v11():
-    pdu = {"type": "m.room.create", "room_id": "!r:d", "sender": "@u:d", "origin": "d",
-           "membership": "join", "prev_state": [], "content": {"creator": "@u:d", "m.federate": False,
-                                                            "room_version": "10"},
-           "unsigned": {"age": 1}}
+    pdu = {
+        "type": "m.room.create",
+        "room_id": "!r:d",
+        "sender": "@u:d",
+        "origin": "d",
+        "membership": "join",
+        "prev_state": [],
+        "content": {"creator": "@u:d", "m.federate": False, "room_version": "10"},
+        "unsigned": {"age": 1},
+    }
     v10 = redact(ROOM_V10, pdu)
     assert v10["content"] == {"creator": "@u:d"}
     assert {"origin", "membership", "prev_state"} <= set(v10)
@@ -104,12 +150,19 @@ def test_redaction_differs_between_v10_and_v11():
     red = {"type": "m.room.redaction", "content": {"redacts": "$x", "reason": "spam"}}
     assert redact(ROOM_V10, red)["content"] == {}
     assert redact(ROOM_V11, red)["content"] == {"redacts": "$x"}
-    member = {"type": "m.room.member", "content": {
-        "membership": "invite", "displayname": "A",
-        "third_party_invite": {"display_name": "x", "signed": {"mxid": "@a:d", "token": "t"}}}}
+    member = {
+        "type": "m.room.member",
+        "content": {
+            "membership": "invite",
+            "displayname": "A",
+            "third_party_invite": {"display_name": "x", "signed": {"mxid": "@a:d", "token": "t"}},
+        },
+    }
     assert redact(ROOM_V10, member)["content"] == {"membership": "invite"}
     assert redact(ROOM_V11, member)["content"] == {
-        "membership": "invite", "third_party_invite": {"signed": {"mxid": "@a:d", "token": "t"}}}
+        "membership": "invite",
+        "third_party_invite": {"signed": {"mxid": "@a:d", "token": "t"}},
+    }
     # Redaction never changes its input.
     before = copy.deepcopy(member)
     redact(ROOM_V11, member)
@@ -117,9 +170,17 @@ def test_redaction_differs_between_v10_and_v11():
 
 
 def test_event_id_ignores_non_essential_content():
-    base = {"type": "m.room.message", "room_id": "!r:d", "sender": "@u:d", "content": {"body": "a"},
-            "hashes": {"sha256": "x"}, "depth": 1, "prev_events": [], "auth_events": [],
-            "origin_server_ts": 1}
+    base = {
+        "type": "m.room.message",
+        "room_id": "!r:d",
+        "sender": "@u:d",
+        "content": {"body": "a"},
+        "hashes": {"sha256": "x"},
+        "depth": 1,
+        "prev_events": [],
+        "auth_events": [],
+        "origin_server_ts": 1,
+    }
     other = dict(base, content={"body": "b"}, unsigned={"age": 5}, signatures={"d": {}})
     assert event_id_for(ROOM_V10, base) == event_id_for(ROOM_V10, other)
     assert event_id_for(ROOM_V10, base) != event_id_for(ROOM_V10, dict(base, depth=2))
@@ -134,10 +195,19 @@ def test_canonical_json_values():
 
 def test_size_limits():
     def build(content, event_type="m.room.message", state_key=None):
-        return build_event(ROOM_V10, room_id="!r:domain", sender="@u:domain",
-                           event_type=event_type, content=content, state_key=state_key,
-                           prev_events=[], auth_event_ids=[], origin_server_ts=1,
-                           server_name="domain", signing_key=SPEC_KEY)
+        return build_event(
+            ROOM_V10,
+            room_id="!r:domain",
+            sender="@u:domain",
+            event_type=event_type,
+            content=content,
+            state_key=state_key,
+            prev_events=[],
+            auth_event_ids=[],
+            origin_server_ts=1,
+            server_name="domain",
+            signing_key=SPEC_KEY,
+        )
 
     build({"body": "x" * (MAX_PDU_BYTES - 1000)})
     with pytest.raises(InvalidEvent) as info:

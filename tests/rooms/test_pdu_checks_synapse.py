@@ -34,54 +34,72 @@ def synapse_events(synapse, test_ca):
     federation to a server that joined it, and the room version."""
     token = synapse.register("pdus")["access_token"]
     headers = {"Authorization": f"Bearer {token}"}
-    r = requests.post(f"{synapse.client_url}/_matrix/client/v3/createRoom", headers=headers,
-                      json={"preset": "public_chat", "room_version": "10"}, timeout=60)
+    r = requests.post(
+        f"{synapse.client_url}/_matrix/client/v3/createRoom",
+        headers=headers,
+        json={"preset": "public_chat", "room_version": "10"},
+        timeout=60,
+    )
     assert r.status_code == 200, r.text
     room_id = r.json()["room_id"]
-    r = requests.put(f"{synapse.client_url}/_matrix/client/v3/rooms/{quote(room_id, safe='')}"
-                     "/send/m.room.message/1", headers=headers, timeout=60,
-                     json={"msgtype": "m.text", "body": "hello from synapse"})
+    r = requests.put(
+        f"{synapse.client_url}/_matrix/client/v3/rooms/{quote(room_id, safe='')}"
+        "/send/m.room.message/1",
+        headers=headers,
+        timeout=60,
+        json={"msgtype": "m.text", "body": "hello from synapse"},
+    )
     assert r.status_code == 200, r.text
     message_id = r.json()["event_id"]
 
     # A server of ours (its key served by the peer) joins the room the federation way: its
     # join, hashed, signed and named by our code, must satisfy Synapse, which answers with
     # the room's state and auth chain: PDUs Synapse signed.
-    with HonestPeer(f"{PEER_IP}:8448", test_ca, host=PEER_IP, port=8448) as peer, \
-            make_client(test_ca, server_name=peer.server_name,
-                        signing_key=peer.signing_key) as client:
+    with (
+        HonestPeer(f"{PEER_IP}:8448", test_ca, host=PEER_IP, port=8448) as peer,
+        make_client(test_ca, server_name=peer.server_name, signing_key=peer.signing_key) as client,
+    ):
         user = f"@visitor:{peer.server_name}"
         room = quote(room_id, safe="")
         template = client.get_json(
-            synapse.server_name, f"/_matrix/federation/v1/make_join/{room}/{quote(user)}",
-            {"ver": ["10"]})
+            synapse.server_name,
+            f"/_matrix/federation/v1/make_join/{room}/{quote(user)}",
+            {"ver": ["10"]},
+        )
         version = KNOWN_ROOM_VERSIONS[template["room_version"]]
         join = template["event"]
         add_hashes_and_signatures(version, join, peer.server_name, peer.signing_key)
         join_id = event_id_for(version, join)
         answer = client.put_json(
-            synapse.server_name, f"/_matrix/federation/v2/send_join/{room}/{quote(join_id)}",
-            join)
+            synapse.server_name, f"/_matrix/federation/v2/send_join/{room}/{quote(join_id)}", join
+        )
         pdus = {event_id_for(version, p): p for p in answer["state"] + answer["auth_chain"]}
         # Synapse took our join in: it now serves the room's events to our server.
         (pdus[message_id],) = client.get_json(
-            synapse.server_name, f"/_matrix/federation/v1/event/{quote(message_id)}")["pdus"]
+            synapse.server_name, f"/_matrix/federation/v1/event/{quote(message_id)}"
+        )["pdus"]
     return pdus, version
 
 
 @pytest.fixture
 def checker(tmp_path, test_ca):
-    rt = HomeserverRuntime(parse_config({
-        "server_name": "weir.test", "data_dir": str(tmp_path),
-        "database": {"url": f"sqlite:///{tmp_path}/homeserver.db"},
-        "federation": federation_settings(test_ca)}))
+    rt = HomeserverRuntime(
+        parse_config(
+            {
+                "server_name": "weir.test",
+                "data_dir": str(tmp_path),
+                "database": {"url": f"sqlite:///{tmp_path}/homeserver.db"},
+                "federation": federation_settings(test_ca),
+            }
+        )
+    )
     yield rt.inbound_transactions.checker
     rt.close()
 
 
 def test_synapse_pdus_pass_our_checks(synapse_events, checker, synapse):
     pdus, version = synapse_events
-    assert len(pdus) >= 6   # create, join, power levels, join rules, ..., the message
+    assert len(pdus) >= 6  # create, join, power levels, join rules, ..., the message
     for event_id, pdu in pdus.items():
         assert event_id_for(version, pdu) == event_id
         check_pdu_format(version, Event(event_id, pdu))
@@ -90,7 +108,7 @@ def test_synapse_pdus_pass_our_checks(synapse_events, checker, synapse):
         assert checked.signed_by == {synapse.server_name}
         # The hash matched: the event is kept whole, not redacted.
         assert checked.event.pdu == {k: v for k, v in pdu.items() if k != "unsigned"}
-    assert checker.keyring.network_fetches == 1   # Synapse's key, once
+    assert checker.keyring.network_fetches == 1  # Synapse's key, once
 
 
 def test_tampered_synapse_pdus_fail_our_checks(synapse_events, checker):

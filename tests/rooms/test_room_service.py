@@ -15,8 +15,11 @@ from tests.support.server import MatrixClient
 
 @pytest.fixture
 def runtime(tmp_path, database_url):
-    rt = HomeserverRuntime(parse_config({"server_name": "hs.test", "data_dir": str(tmp_path),
-                                         "database": {"url": database_url}}))
+    rt = HomeserverRuntime(
+        parse_config(
+            {"server_name": "hs.test", "data_dir": str(tmp_path), "database": {"url": database_url}}
+        )
+    )
     yield rt
     rt.close()
 
@@ -28,8 +31,17 @@ def test_persist_listeners_hear_every_event_in_stream_order(runtime):
     alice = runtime.accounts.register("alice", "pw")
     requester = Requester(alice.user_id, alice.device_id, False, "")
     room_id = runtime.room_creator.create(alice.user_id, CreateRoomRequest(name="Heard"))
-    jobs = [gevent.spawn(runtime.rooms.send_message, requester, room_id, "m.room.message",
-                         {"body": str(i)}, f"t{i}") for i in range(5)]
+    jobs = [
+        gevent.spawn(
+            runtime.rooms.send_message,
+            requester,
+            room_id,
+            "m.room.message",
+            {"body": str(i)},
+            f"t{i}",
+        )
+        for i in range(5)
+    ]
     gevent.joinall(jobs, raise_error=True)
 
     positions = [s.stream_ordering for s in heard]
@@ -82,6 +94,7 @@ def test_messages_tokens_survive_a_restart(start_weir, database_url):
     weir.start()
     alice = MatrixClient(weir.client_url)
     alice.login("alice")
-    after = alice.get(f"{V3}/rooms/{room_id}/messages",
-                      params={"dir": "b", "limit": 2, "from": page["end"]}).json()
+    after = alice.get(
+        f"{V3}/rooms/{room_id}/messages", params={"dir": "b", "limit": 2, "from": page["end"]}
+    ).json()
     assert [e["event_id"] for e in after["chunk"]] == [sent[3], sent[2]]

@@ -27,9 +27,16 @@ def messages(client, room_id, **params):
 def test_create_room_with_alias_then_lookup(server, user):
     alice = user("alice")
     local = f"lobby{alice.user_id[1:].split(':')[0]}"
-    r = alice.post(f"{V3}/createRoom", json={
-        "room_alias_name": local, "name": "Lobby", "topic": "Chat here",
-        "visibility": "public", "preset": "public_chat"})
+    r = alice.post(
+        f"{V3}/createRoom",
+        json={
+            "room_alias_name": local,
+            "name": "Lobby",
+            "topic": "Chat here",
+            "visibility": "public",
+            "preset": "public_chat",
+        },
+    )
     assert r.status_code == 200, r.text
     assert_matches_spec(r, "post", "/_matrix/client/v3/createRoom")
     room_id = r.json()["room_id"]
@@ -43,10 +50,16 @@ def test_create_room_with_alias_then_lookup(server, user):
     # The initial events, in the order the spec gives.
     chunk = messages(alice, room_id, dir="f", limit=50)["chunk"]
     assert [(e["type"], e.get("state_key")) for e in chunk] == [
-        ("m.room.create", ""), ("m.room.member", alice.user_id), ("m.room.power_levels", ""),
-        ("m.room.canonical_alias", ""), ("m.room.join_rules", ""),
-        ("m.room.history_visibility", ""), ("m.room.guest_access", ""), ("m.room.name", ""),
-        ("m.room.topic", "")]
+        ("m.room.create", ""),
+        ("m.room.member", alice.user_id),
+        ("m.room.power_levels", ""),
+        ("m.room.canonical_alias", ""),
+        ("m.room.join_rules", ""),
+        ("m.room.history_visibility", ""),
+        ("m.room.guest_access", ""),
+        ("m.room.name", ""),
+        ("m.room.topic", ""),
+    ]
     by_type = {e["type"]: e["content"] for e in chunk}
     assert by_type["m.room.create"] == {"room_version": "10", "creator": alice.user_id}
     assert by_type["m.room.canonical_alias"] == {"alias": f"#{local}:weir.test"}
@@ -66,30 +79,42 @@ def test_create_room_topic_has_the_spec_m_topic_block(server, user):
     room_id = create_room(alice, topic="Chat here")
     r = alice.get(f"{V3}/rooms/{room_id}/state/m.room.topic/")
     assert r.status_code == 200, r.text
-    assert r.json() == {"topic": "Chat here", "m.topic": {
-        "m.text": [{"mimetype": "text/plain", "body": "Chat here"}]}}
+    assert r.json() == {
+        "topic": "Chat here",
+        "m.topic": {"m.text": [{"mimetype": "text/plain", "body": "Chat here"}]},
+    }
 
 
 def test_create_room_options_and_refusals(server, user):
     alice, bob = user("alice"), user("bob")
     room_id = create_room(
-        alice, room_version="11", invite=[bob.user_id], is_direct=True, preset="trusted_private_chat",
+        alice,
+        room_version="11",
+        invite=[bob.user_id],
+        is_direct=True,
+        preset="trusted_private_chat",
         creation_content={"type": "m.space", "m.federate": False},
-        initial_state=[{"type": "m.room.history_visibility",
-                        "content": {"history_visibility": "joined"}},
-                       {"type": "m.custom.thing", "state_key": "k", "content": {"a": 1}}],
-        power_level_content_override={"events_default": 10})
-    state = {(e["type"], e["state_key"]): e for e in
-             alice.get(f"{V3}/rooms/{room_id}/state").json()}
+        initial_state=[
+            {"type": "m.room.history_visibility", "content": {"history_visibility": "joined"}},
+            {"type": "m.custom.thing", "state_key": "k", "content": {"a": 1}},
+        ],
+        power_level_content_override={"events_default": 10},
+    )
+    state = {
+        (e["type"], e["state_key"]): e for e in alice.get(f"{V3}/rooms/{room_id}/state").json()
+    }
     create = state[("m.room.create", "")]["content"]
     assert create == {"room_version": "11", "type": "m.space", "m.federate": False}
     assert state[("m.room.member", bob.user_id)]["content"] == {
-        "membership": "invite", "is_direct": True}
+        "membership": "invite",
+        "is_direct": True,
+    }
     power = state[("m.room.power_levels", "")]["content"]
     assert power["users"] == {alice.user_id: 100, bob.user_id: 100}  # trusted: invitees as admins
     assert power["events_default"] == 10 and power["invite"] == 0
     assert state[("m.room.history_visibility", "")]["content"] == {
-        "history_visibility": "joined"}  # initial_state wins over the preset
+        "history_visibility": "joined"
+    }  # initial_state wins over the preset
     assert state[("m.room.join_rules", "")]["content"] == {"join_rule": "invite"}
     assert state[("m.custom.thing", "k")]["content"] == {"a": 1}
 
@@ -106,8 +131,11 @@ def test_create_room_options_and_refusals(server, user):
     refused({"room_alias_name": "bad:alias"}, 400, "M_INVALID_PARAM")
     refused({"initial_state": [{"type": "m.room.create", "content": {}}]}, 400, "M_INVALID_PARAM")
     # A power level override that locks the creator out of the next event: nothing is stored.
-    refused({"name": "x", "power_level_content_override": {"users": {alice.user_id: 0}}},
-            400, "M_INVALID_ROOM_STATE")
+    refused(
+        {"name": "x", "power_level_content_override": {"users": {alice.user_id: 0}}},
+        400,
+        "M_INVALID_ROOM_STATE",
+    )
     taken = f"taken{bob.user_id[1:].split(':')[0]}"
     create_room(alice, room_alias_name=taken)
     after_first = alice.get(f"{V3}/joined_rooms").json()["joined_rooms"]
@@ -118,8 +146,10 @@ def test_create_room_options_and_refusals(server, user):
 
     # Racing for one alias: one room gets it, the others are refused whole.
     raced = f"race{bob.user_id[1:].split(':')[0]}"
-    jobs = [gevent.spawn(alice.post, f"{V3}/createRoom", json={"room_alias_name": raced})
-            for _ in range(6)]
+    jobs = [
+        gevent.spawn(alice.post, f"{V3}/createRoom", json={"room_alias_name": raced})
+        for _ in range(6)
+    ]
     gevent.joinall(jobs, raise_error=True)
     outcomes = sorted((j.value.status_code, j.value.json().get("errcode")) for j in jobs)
     assert outcomes == [(200, None)] + [(400, "M_ROOM_IN_USE")] * 5
@@ -140,8 +170,12 @@ def test_send_is_idempotent_per_device_and_transaction(server, user):
     assert again.json() == first.json()
 
     # Many retransmissions at once still make one event.
-    jobs = [gevent.spawn(alice.put, f"{V3}/rooms/{room_id}/send/m.room.message/txn-2",
-                         json={"body": "burst"}) for _ in range(8)]
+    jobs = [
+        gevent.spawn(
+            alice.put, f"{V3}/rooms/{room_id}/send/m.room.message/txn-2", json={"body": "burst"}
+        )
+        for _ in range(8)
+    ]
     gevent.joinall(jobs, raise_error=True)
     assert len({j.value.json()["event_id"] for j in jobs}) == 1
 
@@ -153,8 +187,12 @@ def test_send_is_idempotent_per_device_and_transaction(server, user):
     reaction = alice.put(f"{V3}/rooms/{room_id}/send/m.reaction/txn-1", json={})
     assert reaction.json()["event_id"] != first.json()["event_id"]
 
-    bodies = [e["content"].get("body") for e in messages(
-        alice, room_id, dir="b", limit=50, filter=json.dumps({"types": ["m.room.message"]}))["chunk"]]
+    bodies = [
+        e["content"].get("body")
+        for e in messages(
+            alice, room_id, dir="b", limit=50, filter=json.dumps({"types": ["m.room.message"]})
+        )["chunk"]
+    ]
     assert bodies == ["once", "burst", "once"]
     # The sending device sees its transaction ID on the event; other devices do not.
     event = alice.get(f"{V3}/rooms/{room_id}/event/{first.json()['event_id']}")
@@ -169,7 +207,9 @@ def test_state_events(server, user):
     room_id = create_room(alice, preset="public_chat")
     put = alice.put(f"{V3}/rooms/{room_id}/state/m.room.name", json={"name": "First"})
     assert put.status_code == 200
-    assert_matches_spec(put, "put", "/_matrix/client/v3/rooms/{roomId}/state/{eventType}/{stateKey}")
+    assert_matches_spec(
+        put, "put", "/_matrix/client/v3/rooms/{roomId}/state/{eventType}/{stateKey}"
+    )
     # The same content again changes nothing and makes no new event.
     again = alice.put(f"{V3}/rooms/{room_id}/state/m.room.name/", json={"name": "First"})
     assert again.json() == put.json()
@@ -189,10 +229,13 @@ def test_state_events(server, user):
     weak = bob.put(f"{V3}/rooms/{room_id}/state/m.room.name", json={"name": "Mine"})
     assert (weak.status_code, weak.json()["errcode"]) == (403, "M_FORBIDDEN")
     # State keys naming a user belong to that user, whatever the sender's power.
-    assert alice.put(f"{V3}/rooms/{room_id}/state/m.custom/{bob.user_id}",
-                     json={}).status_code == 403
-    assert alice.put(f"{V3}/rooms/{room_id}/state/m.custom/{alice.user_id}",
-                     json={}).status_code == 200
+    assert (
+        alice.put(f"{V3}/rooms/{room_id}/state/m.custom/{bob.user_id}", json={}).status_code == 403
+    )
+    assert (
+        alice.put(f"{V3}/rooms/{room_id}/state/m.custom/{alice.user_id}", json={}).status_code
+        == 200
+    )
     # A second name replaces the first, and says what it replaced.
     second = alice.put(f"{V3}/rooms/{room_id}/state/m.room.name", json={"name": "Second"})
     event = alice.get(f"{V3}/rooms/{room_id}/event/{second.json()['event_id']}").json()
@@ -217,22 +260,29 @@ def test_membership_join_invite_leave_kick(server, user):
     members = alice.get(f"{V3}/rooms/{room_id}/members")
     assert_matches_spec(members, "get", "/_matrix/client/v3/rooms/{roomId}/members")
     assert {(e["state_key"], e["content"]["membership"]) for e in members.json()["chunk"]} == {
-        (alice.user_id, "join"), (bob.user_id, "join")}
+        (alice.user_id, "join"),
+        (bob.user_id, "join"),
+    }
     bob_join = [e for e in members.json()["chunk"] if e["state_key"] == bob.user_id][0]
     assert bob_join["content"] == {"membership": "join", "reason": "hello"}
 
     # Bob (level 0) may not kick Alice; nobody can kick someone who is not in the room.
-    assert bob.post(f"{V3}/rooms/{room_id}/kick", json={"user_id": alice.user_id}).status_code == 403
-    assert alice.post(f"{V3}/rooms/{room_id}/kick",
-                      json={"user_id": carol.user_id}).status_code == 403
-    kicked = alice.post(f"{V3}/rooms/{room_id}/kick", json={"user_id": bob.user_id,
-                                                           "reason": "bye"})
+    assert (
+        bob.post(f"{V3}/rooms/{room_id}/kick", json={"user_id": alice.user_id}).status_code == 403
+    )
+    assert (
+        alice.post(f"{V3}/rooms/{room_id}/kick", json={"user_id": carol.user_id}).status_code == 403
+    )
+    kicked = alice.post(
+        f"{V3}/rooms/{room_id}/kick", json={"user_id": bob.user_id, "reason": "bye"}
+    )
     assert kicked.status_code == 200
     assert room_id not in bob.get(f"{V3}/joined_rooms").json()["joined_rooms"]
     # Bob still sees the room as it was when he left; the private room stays closed to him.
     left_state = bob.get(f"{V3}/rooms/{room_id}/members", params={"membership": "leave"})
     assert [(e["state_key"], e["content"]) for e in left_state.json()["chunk"]] == [
-        (bob.user_id, {"membership": "leave", "reason": "bye"})]
+        (bob.user_id, {"membership": "leave", "reason": "bye"})
+    ]
     assert bob.post(f"{V3}/rooms/{room_id}/join", json={}).status_code == 403
 
     # Leaving is idempotent; leaving a room you were never in is refused.
@@ -242,12 +292,18 @@ def test_membership_join_invite_leave_kick(server, user):
     stranger = user("dave")
     assert stranger.post(f"{V3}/rooms/{room_id}/leave", json={}).status_code == 403
 
-    assert alice.post(f"{V3}/rooms/{room_id}/invite",
-                      json={"user_id": "@nobody-here:weir.test"}).status_code == 404
+    assert (
+        alice.post(
+            f"{V3}/rooms/{room_id}/invite", json={"user_id": "@nobody-here:weir.test"}
+        ).status_code
+        == 404
+    )
     remote = alice.post(f"{V3}/rooms/{room_id}/invite", json={"user_id": "@x:elsewhere.example"})
     assert (remote.status_code, remote.json()["errcode"]) == (501, "M_UNRECOGNIZED")
-    third_party = alice.post(f"{V3}/rooms/{room_id}/invite",
-                             json={"medium": "email", "address": "a@b.c", "id_server": "x"})
+    third_party = alice.post(
+        f"{V3}/rooms/{room_id}/invite",
+        json={"medium": "email", "address": "a@b.c", "id_server": "x"},
+    )
     assert third_party.status_code == 400
 
 
@@ -268,12 +324,19 @@ def test_messages_paging_and_tokens(server, user):
     alice = user("alice")
     room_id = create_room(alice)
     sent = [send(alice, room_id, f"m{i}") for i in range(25)]
-    only_messages = json.dumps({"types": ["m.room.*"], "not_types": ["m.room.member",
-                                                                    "m.room.create",
-                                                                    "m.room.power_levels",
-                                                                    "m.room.join_rules",
-                                                                    "m.room.history_visibility",
-                                                                    "m.room.guest_access"]})
+    only_messages = json.dumps(
+        {
+            "types": ["m.room.*"],
+            "not_types": [
+                "m.room.member",
+                "m.room.create",
+                "m.room.power_levels",
+                "m.room.join_rules",
+                "m.room.history_visibility",
+                "m.room.guest_access",
+            ],
+        }
+    )
     seen, token, pages = [], None, 0
     while True:
         params = {"dir": "b", "limit": 10, "filter": only_messages}
@@ -292,20 +355,22 @@ def test_messages_paging_and_tokens(server, user):
     # is empty and has none.
     everything = messages(alice, room_id, dir="b", limit=25, filter=only_messages)
     assert len(everything["chunk"]) == 25
-    rest = messages(alice, room_id, dir="b", limit=25, filter=only_messages,
-                    **{"from": everything["end"]})
+    rest = messages(
+        alice, room_id, dir="b", limit=25, filter=only_messages, **{"from": everything["end"]}
+    )
     assert rest["chunk"] == [] and "end" not in rest
 
     # Forward from the start, bounded by `to`: the first ten messages only.
     forward = messages(alice, room_id, dir="f", limit=100, filter=only_messages)
     assert [e["event_id"] for e in forward["chunk"]] == sent
     middle = messages(alice, room_id, dir="b", limit=15, filter=only_messages)
-    bounded = messages(alice, room_id, dir="f", to=middle["end"], limit=100,
-                       filter=only_messages)
+    bounded = messages(alice, room_id, dir="f", to=middle["end"], limit=100, filter=only_messages)
     assert [e["event_id"] for e in bounded["chunk"]] == sent[:10]
     # A page ends exactly where the next one starts, for either direction.
     step = messages(alice, room_id, dir="f", limit=5, filter=only_messages)
-    step2 = messages(alice, room_id, dir="f", limit=5, filter=only_messages, **{"from": step["end"]})
+    step2 = messages(
+        alice, room_id, dir="f", limit=5, filter=only_messages, **{"from": step["end"]}
+    )
     assert [e["event_id"] for e in step["chunk"] + step2["chunk"]] == sent[:10]
 
     bad = alice.get(f"{V3}/rooms/{room_id}/messages", params={"dir": "b", "from": "zzz"})
@@ -332,8 +397,13 @@ def test_messages_backwards_to_a_token_still_gives_end(server, user):
 
 def test_history_visibility(server, user):
     alice, bob, carol = user("alice"), user("bob"), user("carol")
-    joined_only = create_room(alice, preset="public_chat", initial_state=[
-        {"type": "m.room.history_visibility", "content": {"history_visibility": "joined"}}])
+    joined_only = create_room(
+        alice,
+        preset="public_chat",
+        initial_state=[
+            {"type": "m.room.history_visibility", "content": {"history_visibility": "joined"}}
+        ],
+    )
     before = send(alice, joined_only, "before bob")
     bob.post(f"{V3}/join/{joined_only}", json={})
     after = send(alice, joined_only, "after bob")
@@ -355,8 +425,10 @@ def test_history_visibility(server, user):
     # A stranger sees nothing of a room that is not world readable.
     stranger = user("eve")
     assert stranger.get(f"{V3}/rooms/{shared}/messages").status_code == 403
-    alice.put(f"{V3}/rooms/{shared}/state/m.room.history_visibility",
-              json={"history_visibility": "world_readable"})
+    alice.put(
+        f"{V3}/rooms/{shared}/state/m.room.history_visibility",
+        json={"history_visibility": "world_readable"},
+    )
     assert stranger.get(f"{V3}/rooms/{shared}/messages").status_code == 200
 
 
@@ -387,7 +459,7 @@ def test_stored_events_verify_independently(server, user):
     send(alice, room_id, "signed and sealed")
 
     key_doc = MatrixClient(server.federation_url).get("/_matrix/key/v2/server").json()
-    (key_id, key), = key_doc["verify_keys"].items()
+    ((key_id, key),) = key_doc["verify_keys"].items()
     verify_key = decode_verify_key_bytes(key_id, decode_base64(key["key"]))
 
     pdus = stored_pdus(server, room_id)
@@ -400,27 +472,56 @@ def test_stored_events_verify_independently(server, user):
         assert decode_base64(pdu["hashes"]["sha256"]) == hashlib.sha256(canonical(body)).digest()
         # v11 redaction, done by hand: messages lose their content, a create keeps all;
         # other state keeps its listed keys.
-        kept = {"m.room.member": ["membership", "join_authorised_via_users_server"],
-                "m.room.join_rules": ["join_rule", "allow"],
-                "m.room.power_levels": ["ban", "events", "events_default", "invite", "kick",
-                                        "redact", "state_default", "users", "users_default"],
-                "m.room.history_visibility": ["history_visibility"]}
-        redacted = {k: v for k, v in pdu.items() if k in (
-            "type", "room_id", "sender", "state_key", "content", "hashes", "depth",
-            "prev_events", "auth_events", "origin_server_ts")}
+        kept = {
+            "m.room.member": ["membership", "join_authorised_via_users_server"],
+            "m.room.join_rules": ["join_rule", "allow"],
+            "m.room.power_levels": [
+                "ban",
+                "events",
+                "events_default",
+                "invite",
+                "kick",
+                "redact",
+                "state_default",
+                "users",
+                "users_default",
+            ],
+            "m.room.history_visibility": ["history_visibility"],
+        }
+        redacted = {
+            k: v
+            for k, v in pdu.items()
+            if k
+            in (
+                "type",
+                "room_id",
+                "sender",
+                "state_key",
+                "content",
+                "hashes",
+                "depth",
+                "prev_events",
+                "auth_events",
+                "origin_server_ts",
+            )
+        }
         if pdu["type"] != "m.room.create":
-            redacted["content"] = {k: v for k, v in pdu["content"].items()
-                                   if k in kept.get(pdu["type"], [])}
+            redacted["content"] = {
+                k: v for k, v in pdu["content"].items() if k in kept.get(pdu["type"], [])
+            }
         reference = hashlib.sha256(canonical(redacted)).digest()
         assert event_id == "$" + encode_base64(reference, urlsafe=True)
         verify_signed_json(dict(redacted, signatures=pdu["signatures"]), "weir.test", verify_key)
         # A linear room: each event follows the one before it, one deeper.
-        assert pdu["prev_events"] == ids[i - 1:i]
+        assert pdu["prev_events"] == ids[i - 1 : i]
         assert pdu["depth"] == i + 1
         # auth_events are exactly the selection the spec gives, from the state before.
         if pdu["type"] != "m.room.create":
-            wanted = {("m.room.create", ""), ("m.room.power_levels", ""),
-                      ("m.room.member", pdu["sender"])}
+            wanted = {
+                ("m.room.create", ""),
+                ("m.room.power_levels", ""),
+                ("m.room.member", pdu["sender"]),
+            }
             if pdu["type"] == "m.room.member":
                 wanted |= {("m.room.member", pdu["state_key"]), ("m.room.join_rules", "")}
             assert set(pdu["auth_events"]) == {state[k] for k in wanted if k in state}

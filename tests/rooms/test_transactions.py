@@ -32,24 +32,30 @@ def slow_keys(test_ca, dns):
         yield server
 
 
-@pytest.fixture(scope="module", params=[(0, "sqlite"), (2, "postgres")],
-            ids=["main-sqlite", "2shards-postgres"])
+@pytest.fixture(
+    scope="module", params=[(0, "sqlite"), (2, "postgres")], ids=["main-sqlite", "2shards-postgres"]
+)
 def weir(request, test_ca, dns, tmp_path_factory):
     shards, engine = request.param
     directory = str(tmp_path_factory.mktemp("txn"))
     fed = federation_settings(test_ca, dns, remote_timeout=5)
     fed.update(tls_listener_settings(test_ca, "weir.test", "127.60.0.1", port=0))
     fed["worker"] = {"shards": shards}
-    settings = merge(base_settings(os.path.join(directory, "data")), {
-        "federation": fed,
-        # Two fetches in flight in all: one per shard with two shards.
-        "security": {"federation": {"key_resolution_max_in_flight": 2}}})
+    settings = merge(
+        base_settings(os.path.join(directory, "data")),
+        {
+            "federation": fed,
+            # Two fetches in flight in all: one per shard with two shards.
+            "security": {"federation": {"key_resolution_max_in_flight": 2}},
+        },
+    )
     if engine == "postgres":
         settings["database"] = {"url": request.getfixturevalue("pg_cluster").new_database()}
     proc = WeirProcess(directory, settings).start()
     proc.shards = shards
     proc.database_url = settings.get("database", {}).get(
-        "url", f"sqlite:///{directory}/data/homeserver.db")
+        "url", f"sqlite:///{directory}/data/homeserver.db"
+    )
     yield proc
     proc.stop()
 
@@ -82,14 +88,17 @@ def test_pdus_of_a_joined_remote_user_are_stored(weir, test_ca, alice, origin):
     assert [e["event_id"] for e in timeline[-4:]] == [join_id, *ids]
     assert [e["content"].get("body") for e in timeline[-3:]] == ["one", "two", "three"]
     assert {e["sender"] for e in timeline[-3:]} == {origin.user("bob")}
-    members = alice.get(f"/_matrix/client/v3/rooms/{room.room_id}/members",
-                        params={"membership": "join"}).json()["chunk"]
+    members = alice.get(
+        f"/_matrix/client/v3/rooms/{room.room_id}/members", params={"membership": "join"}
+    ).json()["chunk"]
     assert origin.user("bob") in {m["state_key"] for m in members}
     state = room.state_ids()
     assert state[("m.room.member", origin.user("bob"))] == join_id
     # Local users build on the remote events.
-    r = alice.put(f"/_matrix/client/v3/rooms/{room.room_id}/send/m.room.message/after",
-                  json={"msgtype": "m.text", "body": "hello bob"})
+    r = alice.put(
+        f"/_matrix/client/v3/rooms/{room.room_id}/send/m.room.message/after",
+        json={"msgtype": "m.text", "body": "hello bob"},
+    )
     assert r.status_code == 200, r.text
     assert room.timeline()[-1]["event_id"] == r.json()["event_id"]
 
@@ -106,8 +115,7 @@ def test_a_received_pdu_wakes_a_waiting_sync(weir, test_ca, alice, origin):
     assert [(e["event_id"], e["sender"]) for e in events] == [(ids[0], origin.user("bob"))]
 
 
-def test_a_retry_gets_the_same_answer_and_nothing_is_applied_twice(weir, test_ca, alice,
-                                                                    origin):
+def test_a_retry_gets_the_same_answer_and_nothing_is_applied_twice(weir, test_ca, alice, origin):
     room, join_id = room_joined_by(weir, test_ca, alice, origin)
     ids, pdus = room.messages(origin, "bob", ["once"], prev=join_id)
     first = send(weir, test_ca, origin, "t-retry", pdus)
@@ -124,25 +132,51 @@ def test_each_pdu_gets_its_own_answer(weir, test_ca, alice, origin):
     room, join_id = room_joined_by(weir, test_ca, alice, origin)
     good_ids, good = room.messages(origin, "bob", ["fine"], prev=join_id)
     unknown_room_id, unknown_room = origin.pdu(
-        "!nowhere:weir.test", origin.user("bob"), "m.room.message", {"body": "x"},
-        prev_events=[join_id], auth_events=[join_id])
+        "!nowhere:weir.test",
+        origin.user("bob"),
+        "m.room.message",
+        {"body": "x"},
+        prev_events=[join_id],
+        auth_events=[join_id],
+    )
     # Signs as the origin, with the origin's key id, but another key.
     impostor = FakeOrigin(origin.name, origin.signing_key.version)
-    forged_id, forged = impostor.pdu(room.room_id, origin.user("bob"), "m.room.message",
-                                     {"body": "forged"}, prev_events=[join_id],
-                                     auth_events=room.auth_for(origin.user("bob")))
-    orphan_id, orphan = origin.pdu(room.room_id, origin.user("bob"), "m.room.message",
-                                   {"body": "orphan"}, prev_events=["$unknown"],
-                                   auth_events=room.auth_for(origin.user("bob")))
+    forged_id, forged = impostor.pdu(
+        room.room_id,
+        origin.user("bob"),
+        "m.room.message",
+        {"body": "forged"},
+        prev_events=[join_id],
+        auth_events=room.auth_for(origin.user("bob")),
+    )
+    orphan_id, orphan = origin.pdu(
+        room.room_id,
+        origin.user("bob"),
+        "m.room.message",
+        {"body": "orphan"},
+        prev_events=["$unknown"],
+        auth_events=room.auth_for(origin.user("bob")),
+    )
     # carol never joined: the auth rules refuse her message.
-    stranger_id, stranger = origin.pdu(room.room_id, origin.user("carol"), "m.room.message",
-                                       {"body": "hi"}, prev_events=[join_id],
-                                       auth_events=room.auth_for(origin.user("bob"))[:2])
-    float_id, floating = origin.pdu(room.room_id, origin.user("bob"), "m.room.message",
-                                    {"body": "x", "n": 1.5}, prev_events=[join_id],
-                                    auth_events=room.auth_for(origin.user("bob")))
-    r = send(weir, test_ca, origin, "t-mixed",
-             [*good, unknown_room, forged, orphan, stranger, floating])
+    stranger_id, stranger = origin.pdu(
+        room.room_id,
+        origin.user("carol"),
+        "m.room.message",
+        {"body": "hi"},
+        prev_events=[join_id],
+        auth_events=room.auth_for(origin.user("bob"))[:2],
+    )
+    float_id, floating = origin.pdu(
+        room.room_id,
+        origin.user("bob"),
+        "m.room.message",
+        {"body": "x", "n": 1.5},
+        prev_events=[join_id],
+        auth_events=room.auth_for(origin.user("bob")),
+    )
+    r = send(
+        weir, test_ca, origin, "t-mixed", [*good, unknown_room, forged, orphan, stranger, floating]
+    )
     assert r.status_code == 200, r.text
     results = r.json()["pdus"]
     assert_matches_spec(r, "PUT", SEND, api="server-server")
@@ -165,8 +199,10 @@ def test_soft_failed_and_rejected_pdus_are_not_stored(weir, test_ca, alice, orig
     bob = origin.user("bob")
     (said_id,), said = room.messages(origin, "bob", ["before the ban"], prev=join_id)
     assert send(weir, test_ca, origin, "t-before-ban", said).json() == {"pdus": {said_id: {}}}
-    r = alice.put(f"/_matrix/client/v3/rooms/{room.room_id}/state/m.room.member/{bob}",
-                  json={"membership": "ban"})
+    r = alice.put(
+        f"/_matrix/client/v3/rooms/{room.room_id}/state/m.room.member/{bob}",
+        json={"membership": "ban"},
+    )
     assert r.status_code == 200, r.text
     ban_id = r.json()["event_id"]
     (late_id,), late = room.messages(origin, "bob", ["did not see the ban"], prev=said_id)
@@ -177,16 +213,19 @@ def test_soft_failed_and_rejected_pdus_are_not_stored(weir, test_ca, alice, orig
     assert room.latest_event_id() == ban_id
 
 
-def test_a_pdu_may_fork_the_room_and_our_next_event_joins_the_forks(weir, test_ca, alice,
-                                                                     origin):
+def test_a_pdu_may_fork_the_room_and_our_next_event_joins_the_forks(weir, test_ca, alice, origin):
     room, join_id = room_joined_by(weir, test_ca, alice, origin)
-    r = alice.put(f"/_matrix/client/v3/rooms/{room.room_id}/send/m.room.message/fork1",
-                  json={"msgtype": "m.text", "body": "meanwhile"})
+    r = alice.put(
+        f"/_matrix/client/v3/rooms/{room.room_id}/send/m.room.message/fork1",
+        json={"msgtype": "m.text", "body": "meanwhile"},
+    )
     ours = r.json()["event_id"]
     (fork_id,), fork = room.messages(origin, "bob", ["from the join"], prev=join_id)
     assert send(weir, test_ca, origin, "t-fork", fork).json() == {"pdus": {fork_id: {}}}
-    r = alice.put(f"/_matrix/client/v3/rooms/{room.room_id}/send/m.room.message/fork2",
-                  json={"msgtype": "m.text", "body": "both"})
+    r = alice.put(
+        f"/_matrix/client/v3/rooms/{room.room_id}/send/m.room.message/fork2",
+        json={"msgtype": "m.text", "body": "both"},
+    )
     merged = dict(stored_pdus(weir, room.room_id))[r.json()["event_id"]]
     assert sorted(merged["prev_events"]) == sorted([ours, fork_id])
 
@@ -201,15 +240,19 @@ def test_a_pdu_whose_content_hash_fails_is_stored_redacted(weir, test_ca, alice,
     assert (event["event_id"], event["content"]) == (ids[0], {})
 
 
-@pytest.mark.parametrize("case, status, errcode", [
-    ("51 pdus", 400, "M_BAD_JSON"),
-    ("101 edus", 400, "M_BAD_JSON"),
-    ("no pdus", 400, "M_BAD_JSON"),
-    ("pdu not an object", 400, "M_BAD_JSON"),
-    ("body over 10 MiB", 413, "M_TOO_LARGE"),
-])
-def test_malformed_or_oversized_transactions_are_refused(weir, test_ca, origin, case, status,
-                                                         errcode):
+@pytest.mark.parametrize(
+    "case, status, errcode",
+    [
+        ("51 pdus", 400, "M_BAD_JSON"),
+        ("101 edus", 400, "M_BAD_JSON"),
+        ("no pdus", 400, "M_BAD_JSON"),
+        ("pdu not an object", 400, "M_BAD_JSON"),
+        ("body over 10 MiB", 413, "M_TOO_LARGE"),
+    ],
+)
+def test_malformed_or_oversized_transactions_are_refused(
+    weir, test_ca, origin, case, status, errcode
+):
     room_pdu = {"room_id": "!r:weir.test", "type": "m.room.message"}
     body = {"origin": origin.name, "origin_server_ts": 1, "pdus": []}
     if case == "51 pdus":
@@ -225,14 +268,16 @@ def test_malformed_or_oversized_transactions_are_refused(weir, test_ca, origin, 
     r = send(weir, test_ca, origin, f"t-bad-{case}", [], body=body)
     assert (r.status_code, r.json()["errcode"]) == (status, errcode), r.text
     # At the limits exactly is fine: 50 PDUs (for a room we are not in) and 100 EDUs.
-    ok = dict(body, pdus=[dict(room_pdu, depth=i) for i in range(50)],
-              edus=[{"edu_type": "m.typing", "content": {}}] * 100)
+    ok = dict(
+        body,
+        pdus=[dict(room_pdu, depth=i) for i in range(50)],
+        edus=[{"edu_type": "m.typing", "content": {}}] * 100,
+    )
     r = send(weir, test_ca, origin, f"t-ok-{case}", [], body=ok)
     assert r.status_code == 200 and len(r.json()["pdus"]) == 50
 
 
-def test_a_refused_key_fetch_refuses_the_whole_transaction(weir, test_ca, alice, origin,
-                                                          slow_keys):
+def test_a_refused_key_fetch_refuses_the_whole_transaction(weir, test_ca, alice, origin, slow_keys):
     """Three PDUs whose senders' keys must be fetched, held at the key server: the budget
     (two in flight in all) lets one or two fetches start and refuses the rest, so the whole
     transaction is 429 and nothing is applied. The sender retries until it succeeds: every
@@ -251,7 +296,7 @@ def test_a_refused_key_fetch_refuses_the_whole_transaction(weir, test_ca, alice,
         assert slow_keys.wait_hits("/_matrix/key/v2/server", 1)
     finally:
         slow_keys.release()
-    for attempt in range(50):
+    for _attempt in range(50):
         r = send(weir, test_ca, origin, "t-budget", pdus)
         if r.status_code != 429:
             break

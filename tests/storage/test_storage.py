@@ -36,11 +36,15 @@ def test_transaction_rolls_back_on_error(db):
 
 
 def test_unique_violation_is_recognised(db):
-    db.write(lambda tx: tx.execute("INSERT INTO users (user_id, created_ts) VALUES (?, ?)",
-                                   ("@a:x", 1)))
+    db.write(
+        lambda tx: tx.execute("INSERT INTO users (user_id, created_ts) VALUES (?, ?)", ("@a:x", 1))
+    )
     with pytest.raises(Exception) as info:
-        db.write(lambda tx: tx.execute("INSERT INTO users (user_id, created_ts) VALUES (?, ?)",
-                                       ("@a:x", 2)))
+        db.write(
+            lambda tx: tx.execute(
+                "INSERT INTO users (user_id, created_ts) VALUES (?, ?)", ("@a:x", 2)
+            )
+        )
     assert db.is_unique_violation(info.value)
 
 
@@ -49,8 +53,12 @@ def test_account_store_round_trip(db):
     assert store.create_user("@alice:x", "hash", False, 1000)
     assert not store.create_user("@alice:x", "other", True, 2000)
     user = store.get_user("@alice:x")
-    assert (user.user_id, user.password_hash, user.admin, user.deactivated) == \
-        ("@alice:x", "hash", False, False)
+    assert (user.user_id, user.password_hash, user.admin, user.deactivated) == (
+        "@alice:x",
+        "hash",
+        False,
+        False,
+    )
     assert store.get_user("@bob:x") is None
 
     store.add_device_token("@alice:x", "DEV1", "phone", "t1", 1000)
@@ -90,8 +98,10 @@ def test_long_sqlite_query_does_not_stall_the_hub(tmp_path):
 
         def slow_count(tx):
             # A recursive CTE that keeps SQLite busy in C for a good fraction of a second.
-            return tx.fetchone("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c"
-                               " WHERE x < 3000000) SELECT COUNT(*) FROM c")[0]
+            return tx.fetchone(
+                "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c"
+                " WHERE x < 3000000) SELECT COUNT(*) FROM c"
+            )[0]
 
         tick = gevent.spawn(ticker)
         started = time.monotonic()
@@ -108,9 +118,12 @@ def test_long_sqlite_query_does_not_stall_the_hub(tmp_path):
 def test_killed_reader_does_not_lose_its_connection(tmp_path):
     db = SqliteDatabase(str(tmp_path / "kill.db"), readers=1)
     try:
+
         def slow(tx):
-            return tx.fetchone("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c"
-                               " WHERE x < 2000000) SELECT COUNT(*) FROM c")[0]
+            return tx.fetchone(
+                "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c"
+                " WHERE x < 2000000) SELECT COUNT(*) FROM c"
+            )[0]
 
         g = gevent.spawn(db.read, slow)
         gevent.sleep(0)  # g runs until it blocks waiting on the threadpool
@@ -142,33 +155,43 @@ def _race_two_receipts(db, url):
     room, user = "!r:x", "@u:x"
 
     def add_room(tx):
-        tx.execute("INSERT INTO rooms (room_id, room_version, creator, created_ts)"
-                   " VALUES (?, '10', ?, 0)", (room, user))
+        tx.execute(
+            "INSERT INTO rooms (room_id, room_version, creator, created_ts) VALUES (?, '10', ?, 0)",
+            (room, user),
+        )
         for ordering in (1, 2):
-            tx.execute("INSERT INTO events (stream_ordering, event_id, room_id, type, sender,"
-                       " depth, origin_server_ts, json) VALUES (?, ?, ?, 'm.room.message', ?,"
-                       " ?, 0, '{}')", (ordering, f"${ordering}", room, user, ordering))
+            tx.execute(
+                "INSERT INTO events (stream_ordering, event_id, room_id, type, sender,"
+                " depth, origin_server_ts, json) VALUES (?, ?, ?, 'm.room.message', ?,"
+                " ?, 0, '{}')",
+                (ordering, f"${ordering}", room, user, ordering),
+            )
 
     db.write(add_room)
     store = SyncStore(db)
     holder = psycopg.connect(url)
     try:
         # Hold the receipts stream's row, so both writes read the receipt, then queue.
-        holder.execute("SELECT position FROM stream_positions WHERE stream_name = 'receipts'"
-                       " FOR UPDATE")
+        holder.execute(
+            "SELECT position FROM stream_positions WHERE stream_name = 'receipts' FOR UPDATE"
+        )
         with psycopg.connect(url, autocommit=True) as watcher:
+
             def queued(n):
                 deadline = time.monotonic() + 10
-                while watcher.execute(
+                while (
+                    watcher.execute(
                         "SELECT count(*) FROM pg_stat_activity WHERE datname ="
-                        " current_database() AND wait_event_type = 'Lock'").fetchone()[0] < n:
+                        " current_database() AND wait_event_type = 'Lock'"
+                    ).fetchone()[0]
+                    < n
+                ):
                     assert time.monotonic() < deadline, "the write never queued"
                     gevent.sleep(0.01)
 
             later = gevent.spawn(store.put_receipt, Receipt(room, "m.read", user, "", "$2", 1))
             queued(1)
-            earlier = gevent.spawn(store.put_receipt,
-                                   Receipt(room, "m.read", user, "", "$1", 2))
+            earlier = gevent.spawn(store.put_receipt, Receipt(room, "m.read", user, "", "$1", 2))
             queued(2)
             holder.rollback()
             gevent.joinall([later, earlier], raise_error=True)
@@ -186,9 +209,12 @@ def test_an_error_that_ended_the_sqlite_transaction_is_the_one_raised(tmp_path):
     db = SqliteDatabase(str(tmp_path / "rollback.db"))
     try:
         db.write(lambda tx: tx.execute("CREATE TABLE t (x INTEGER)"))
-        db.write(lambda tx: tx.execute(
-            "CREATE TRIGGER refuse BEFORE INSERT ON t BEGIN SELECT RAISE(ROLLBACK, 'refused');"
-            " END"))
+        db.write(
+            lambda tx: tx.execute(
+                "CREATE TRIGGER refuse BEFORE INSERT ON t BEGIN SELECT RAISE(ROLLBACK, 'refused');"
+                " END"
+            )
+        )
         with pytest.raises(sqlite3.IntegrityError, match="refused"):
             db.write(lambda tx: tx.execute("INSERT INTO t VALUES (1)"))
         # The writer connection is still in a usable state.

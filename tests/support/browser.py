@@ -39,22 +39,35 @@ class Connection:
     def __init__(self, base_url: str, source_ip: str | None = None, timeout: float = 60):
         parts = urlsplit(base_url)
         self._conn = http.client.HTTPConnection(
-            parts.hostname, parts.port, timeout=timeout,
-            source_address=(source_ip, 0) if source_ip else None)
+            parts.hostname,
+            parts.port,
+            timeout=timeout,
+            source_address=(source_ip, 0) if source_ip else None,
+        )
 
     def get(self, path: str, headers: dict | None = None) -> Result:
         self._conn.request("GET", path, headers=headers or {})
         response = self._conn.getresponse()
         body = response.read()
-        return Result(path, response.status, {k.lower(): v for k, v in response.getheaders()},
-                      body, time.monotonic())
+        return Result(
+            path,
+            response.status,
+            {k.lower(): v for k, v in response.getheaders()},
+            body,
+            time.monotonic(),
+        )
 
     def close(self) -> None:
         self._conn.close()
 
 
-def burst(base_url: str, paths: list[str], connections: int = 6, headers: dict | None = None,
-          source_ip: str | None = None) -> list[Result]:
+def burst(
+    base_url: str,
+    paths: list[str],
+    connections: int = 6,
+    headers: dict | None = None,
+    source_ip: str | None = None,
+) -> list[Result]:
     """Every path, in order, over `connections` keep-alive connections working in parallel;
     the results in the order of `paths`."""
     queue = deque(enumerate(paths))

@@ -32,30 +32,47 @@ def tls_listener_settings(test_ca, server_name: str, ip: str, port: int = 8448) 
     """A Weir federation listener on ``ip:port`` with a test-CA certificate for its name."""
     host = server_name.rsplit(":", 1)[0] if not server_name.startswith("[") else server_name
     cert = test_ca.issue(host.strip("[]"), ip)
-    return {"bind_address": ip, "port": port, "tls_certificate": cert.cert_path,
-            "tls_private_key": cert.key_path}
+    return {
+        "bind_address": ip,
+        "port": port,
+        "tls_certificate": cert.cert_path,
+        "tls_private_key": cert.key_path,
+    }
 
 
-def tls_weir(test_ca, directory: str, ip: str, server_name: str = "weir.test", dns=None,
-             **overrides) -> WeirProcess:
+def tls_weir(
+    test_ca, directory: str, ip: str, server_name: str = "weir.test", dns=None, **overrides
+) -> WeirProcess:
     """A Weir process (not started) in ``directory`` that talks to test peers and serves
     federation over TLS on ``ip:8448`` as ``server_name``; ``overrides`` are merged over its
     settings."""
     fed = federation_settings(test_ca, dns)
     fed.update(tls_listener_settings(test_ca, server_name, ip))
-    settings = merge(base_settings(os.path.join(directory, "data")),
-                     {"server_name": server_name, "federation": fed})
+    settings = merge(
+        base_settings(os.path.join(directory, "data")),
+        {"server_name": server_name, "federation": fed},
+    )
     return WeirProcess(directory, merge(settings, overrides))
 
 
-def make_client(test_ca, dns=None, server_name: str = "weir.test", signing_key=None, *,
-                clock=None, target_health=None, **federation) -> FederationClient:
+def make_client(
+    test_ca,
+    dns=None,
+    server_name: str = "weir.test",
+    signing_key=None,
+    *,
+    clock=None,
+    target_health=None,
+    **federation,
+) -> FederationClient:
     """An in-process FederationClient built the way the runtime builds it."""
-    config = parse_config({"server_name": server_name,
-                           "federation": federation_settings(test_ca, dns, **federation)})
+    config = parse_config(
+        {"server_name": server_name, "federation": federation_settings(test_ca, dns, **federation)}
+    )
     extra = {"clock": clock} if clock is not None else {}
-    return FederationClient.from_config(config, signing_key or generate_signing_key("t"),
-                                        target_health=target_health, **extra)
+    return FederationClient.from_config(
+        config, signing_key or generate_signing_key("t"), target_health=target_health, **extra
+    )
 
 
 class FakeClock:

@@ -49,12 +49,12 @@ class RenderError(AssertionError):
 
 def haproxy_binary() -> str | None:
     return shutil.which("haproxy") or next(
-        (p for p in ("/usr/sbin/haproxy", "/usr/local/sbin/haproxy") if os.access(p, os.X_OK)),
-        None)
+        (p for p in ("/usr/sbin/haproxy", "/usr/local/sbin/haproxy") if os.access(p, os.X_OK)), None
+    )
 
 
 def haproxy_version(binary: str) -> str:
-    """"2.6.12-1+deb12u4", from `haproxy -v`."""
+    """ "2.6.12-1+deb12u4", from `haproxy -v`."""
     out = subprocess.run([binary, "-v"], capture_output=True, text=True, check=True).stdout
     match = re.search(r"version (\S+)", out)
     return match.group(1) if match else out.strip()
@@ -63,14 +63,24 @@ def haproxy_version(binary: str) -> str:
 def _replace_once(text: str, pattern: str, replacement, what: str) -> str:
     new, count = re.subn(pattern, replacement, text, flags=re.MULTILINE)
     if count != 1:
-        raise RenderError(f"deploy/haproxy.cfg: expected exactly one {what} "
-                          f"(/{pattern}/), found {count}")
+        raise RenderError(
+            f"deploy/haproxy.cfg: expected exactly one {what} (/{pattern}/), found {count}"
+        )
     return new
 
 
-def render_config(source: str, *, client_bind: str, federation_bind: str, client_server: str,
-                  federation_server: str, certs: str, stats_socket: str,
-                  max_fds: int | None = None, check_inter: str | None = None) -> str:
+def render_config(
+    source: str,
+    *,
+    client_bind: str,
+    federation_bind: str,
+    client_server: str,
+    federation_server: str,
+    certs: str,
+    stats_socket: str,
+    max_fds: int | None = None,
+    check_inter: str | None = None,
+) -> str:
     """deploy/haproxy.cfg (``source``) for loopback.
 
     ``client_bind``/``federation_bind`` replace ``:443``/``:8448`` (e.g. ``fd@3``),
@@ -87,24 +97,32 @@ def render_config(source: str, *, client_bind: str, federation_bind: str, client
     certs = certs.rstrip("/") + "/"
     text = source
     text = _replace_once(
-        text, r"^global[ \t]*$",
+        text,
+        r"^global[ \t]*$",
         lambda m: f"global\n    stats socket {stats_socket} mode 600 level admin",
-        "global section")
+        "global section",
+    )
     for port, bind in ((443, client_bind), (8448, federation_bind)):
         text = _replace_once(
-            text, rf"^(\s*bind )\:{port}( ssl crt ){re.escape(CERTS_IN_IMAGE)}( |$)",
+            text,
+            rf"^(\s*bind )\:{port}( ssl crt ){re.escape(CERTS_IN_IMAGE)}( |$)",
             lambda m, bind=bind: f"{m.group(1)}{bind}{m.group(2)}{certs}{m.group(3)}",
-            f"'bind :{port} ssl crt {CERTS_IN_IMAGE}' line")
+            f"'bind :{port} ssl crt {CERTS_IN_IMAGE}' line",
+        )
     if max_fds is not None:
         text = _replace_once(
-            text, r"^(\s*maxconn )(\d+)[ \t]*$",
+            text,
+            r"^(\s*maxconn )(\d+)[ \t]*$",
             lambda m: f"{m.group(1)}{min(int(m.group(2)), (max_fds - 200) // 2)}",
-            "global 'maxconn N' line")
+            "global 'maxconn N' line",
+        )
     for port, server in ((8008, client_server), (8448, federation_server)):
         text = _replace_once(
-            text, rf"^(\s*server weir )weir:{port}( check\b.*)$",
+            text,
+            rf"^(\s*server weir )weir:{port}( check\b.*)$",
             lambda m, server=server: f"{m.group(1)}{server}{_intervals(m.group(2), check_inter)}",
-            f"'server weir weir:{port} check ...' line")
+            f"'server weir weir:{port} check ...' line",
+        )
     return text
 
 
@@ -115,8 +133,9 @@ def _intervals(params: str, check_inter: str | None) -> str:
         return params
     params, count = re.subn(r"\b((?:fast)?inter) \S+", rf"\g<1> {check_inter}", params)
     if count == 0:
-        raise RenderError("deploy/haproxy.cfg: a 'server weir' line has no 'inter': "
-                          f"{params.strip()!r}")
+        raise RenderError(
+            f"deploy/haproxy.cfg: a 'server weir' line has no 'inter': {params.strip()!r}"
+        )
     return params
 
 
@@ -147,9 +166,17 @@ def _listen(host: str) -> socket.socket:
 class HAProxy:
     """`haproxy -db` with deploy/haproxy.cfg rendered for loopback, in front of one Weir."""
 
-    def __init__(self, directory: str, test_ca, *, client: str, federation: str,
-                 host: str = "127.0.0.1", check_inter: str | None = None,
-                 binary: str | None = None):
+    def __init__(
+        self,
+        directory: str,
+        test_ca,
+        *,
+        client: str,
+        federation: str,
+        host: str = "127.0.0.1",
+        check_inter: str | None = None,
+        binary: str | None = None,
+    ):
         self.binary = binary or haproxy_binary()
         if self.binary is None:
             raise RuntimeError("haproxy not found")
@@ -165,11 +192,16 @@ class HAProxy:
         certs = write_cert_folder(test_ca, os.path.join(directory, "certs"), "weir.test", host)
         with open(DEPLOY_CONFIG) as f:
             self.config = render_config(
-                f.read(), client_bind=f"fd@{client_sock.fileno()}",
+                f.read(),
+                client_bind=f"fd@{client_sock.fileno()}",
                 federation_bind=f"fd@{federation_sock.fileno()}",
-                client_server=_host_port(client), federation_server=_host_port(federation),
-                certs=certs, stats_socket=self.stats_path,
-                max_fds=resource.getrlimit(resource.RLIMIT_NOFILE)[1], check_inter=check_inter)
+                client_server=_host_port(client),
+                federation_server=_host_port(federation),
+                certs=certs,
+                stats_socket=self.stats_path,
+                max_fds=resource.getrlimit(resource.RLIMIT_NOFILE)[1],
+                check_inter=check_inter,
+            )
         self.config_path = os.path.join(directory, "haproxy.cfg")
         with open(self.config_path, "w") as f:
             f.write(self.config)
@@ -177,21 +209,34 @@ class HAProxy:
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 30) -> Self:
-        check = subprocess.run([self.binary, "-c", "-q", "-f", self.config_path],
-                               capture_output=True, text=True, check=False,
-                               pass_fds=[s.fileno() for s in self._listeners])
+        check = subprocess.run(
+            [self.binary, "-c", "-q", "-f", self.config_path],
+            capture_output=True,
+            text=True,
+            check=False,
+            pass_fds=[s.fileno() for s in self._listeners],
+        )
         if check.returncode != 0:
-            raise RuntimeError(f"haproxy -c refused the rendered config:\n{check.stdout}"
-                               f"{check.stderr}")
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - open while haproxy runs
+            raise RuntimeError(
+                f"haproxy -c refused the rendered config:\n{check.stdout}{check.stderr}"
+            )
+        self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [self.binary, "-db", "-f", self.config_path], stdout=self._log,
-            stderr=subprocess.STDOUT, pass_fds=[s.fileno() for s in self._listeners])
+            [self.binary, "-db", "-f", self.config_path],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            pass_fds=[s.fileno() for s in self._listeners],
+        )
         # Up means: both backends' server passed a real health check (GET /health).
-        self.wait_for(lambda: all(self.server(b).get("check_status") == "L7OK"
-                                  and self.server(b).get("status") == "UP"
-                                  for b in ("client", "federation")),
-                      timeout, "HAProxy's servers never came UP")
+        self.wait_for(
+            lambda: all(
+                self.server(b).get("check_status") == "L7OK"
+                and self.server(b).get("status") == "UP"
+                for b in ("client", "federation")
+            ),
+            timeout,
+            "HAProxy's servers never came UP",
+        )
         return self
 
     def stop(self) -> None:

@@ -28,8 +28,9 @@ def in_flight(base_url: str, budget: str) -> float:
     return metric(base_url, "weir_budget_in_flight", budget=budget)
 
 
-def wait_for_metric(base_url: str, name: str, value: float, timeout: float = 5.0,
-                    **labels) -> float:
+def wait_for_metric(
+    base_url: str, name: str, value: float, timeout: float = 5.0, **labels
+) -> float:
     """Seconds until the metric read `value`; fails after `timeout`. The server offers no
     event to wait on across the process boundary, so this re-reads /metrics."""
     started = time.monotonic()

@@ -32,10 +32,17 @@ def parse_multipart(content_type: str, body: bytes) -> list[tuple[dict, bytes]]:
     def on_part_end():
         parts.append((state["headers"], state["data"]))
 
-    parser = MultipartParser(params[b"boundary"], {
-        "on_part_begin": on_part_begin, "on_header_field": on_header_field,
-        "on_header_value": on_header_value, "on_header_end": on_header_end,
-        "on_part_data": on_part_data, "on_part_end": on_part_end})
+    parser = MultipartParser(
+        params[b"boundary"],
+        {
+            "on_part_begin": on_part_begin,
+            "on_header_field": on_header_field,
+            "on_header_value": on_header_value,
+            "on_header_end": on_header_end,
+            "on_part_data": on_part_data,
+            "on_part_end": on_part_end,
+        },
+    )
     assert parser.write(body) == len(body)
     parser.finalize()
     return parts

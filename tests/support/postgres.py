@@ -47,14 +47,42 @@ class PostgresCluster:
         return ["runuser", "-u", self.run_as, "--", *cmd] if self.run_as else cmd
 
     def start(self) -> "PostgresCluster":
-        subprocess.run(self._cmd("initdb", "-D", self.datadir, "-A", "trust", "-U", "postgres",
-                                 "--no-sync", "-E", "UTF8", "--locale=C"),
-                       check=True, capture_output=True)
-        opts = (f"-c listen_addresses=127.0.0.1 -c port={self.port} -c unix_socket_directories="
-                f"{self.dir} -c fsync=off -c max_connections=300")
-        subprocess.run(self._cmd("pg_ctl", "-D", self.datadir, "-o", opts, "-w", "-l",
-                                 os.path.join(self.dir, "log"), "start"),
-                       check=True, capture_output=True)
+        subprocess.run(
+            self._cmd(
+                "initdb",
+                "-D",
+                self.datadir,
+                "-A",
+                "trust",
+                "-U",
+                "postgres",
+                "--no-sync",
+                "-E",
+                "UTF8",
+                "--locale=C",
+            ),
+            check=True,
+            capture_output=True,
+        )
+        opts = (
+            f"-c listen_addresses=127.0.0.1 -c port={self.port} -c unix_socket_directories="
+            f"{self.dir} -c fsync=off -c max_connections=300"
+        )
+        subprocess.run(
+            self._cmd(
+                "pg_ctl",
+                "-D",
+                self.datadir,
+                "-o",
+                opts,
+                "-w",
+                "-l",
+                os.path.join(self.dir, "log"),
+                "start",
+            ),
+            check=True,
+            capture_output=True,
+        )
         return self
 
     def url(self, database: str = "postgres") -> str:
@@ -71,6 +99,7 @@ class PostgresCluster:
         return self.url(name)
 
     def stop(self) -> None:
-        subprocess.run(self._cmd("pg_ctl", "-D", self.datadir, "-m", "immediate", "stop"),
-                       capture_output=True)
+        subprocess.run(
+            self._cmd("pg_ctl", "-D", self.datadir, "-m", "immediate", "stop"), capture_output=True
+        )
         shutil.rmtree(self.dir, ignore_errors=True)

@@ -63,47 +63,74 @@ class RemoteRoom:
         self.depth += 1
         return self.depth
 
-    def join_pdu(self, origin: FakeOrigin, localpart: str,
-                 prev: str | None = None) -> tuple[str, dict]:
+    def join_pdu(
+        self, origin: FakeOrigin, localpart: str, prev: str | None = None
+    ) -> tuple[str, dict]:
         user = origin.user(localpart)
         state = self.state_ids()
-        auth = [state[("m.room.create", "")], state[("m.room.power_levels", "")],
-                state[("m.room.join_rules", "")]]
+        auth = [
+            state[("m.room.create", "")],
+            state[("m.room.power_levels", "")],
+            state[("m.room.join_rules", "")],
+        ]
         event_id, pdu = origin.pdu(
-            self.room_id, user, "m.room.member", {"membership": "join"}, state_key=user,
-            prev_events=[prev or self.latest_event_id()], auth_events=auth,
-            depth=self._next_depth())
+            self.room_id,
+            user,
+            "m.room.member",
+            {"membership": "join"},
+            state_key=user,
+            prev_events=[prev or self.latest_event_id()],
+            auth_events=auth,
+            depth=self._next_depth(),
+        )
         self.members[user] = event_id
         return event_id, pdu
 
     def auth_for(self, user: str) -> list[str]:
         state = self.state_ids()
-        return [state[("m.room.create", "")], state[("m.room.power_levels", "")],
-                self.members[user]]
+        return [
+            state[("m.room.create", "")],
+            state[("m.room.power_levels", "")],
+            self.members[user],
+        ]
 
-    def messages(self, origin: FakeOrigin, localpart: str, bodies: list[str], prev: str,
-                 auth: list[str] | None = None) -> tuple[list[str], list[dict]]:
+    def messages(
+        self,
+        origin: FakeOrigin,
+        localpart: str,
+        bodies: list[str],
+        prev: str,
+        auth: list[str] | None = None,
+    ) -> tuple[list[str], list[dict]]:
         """Message PDUs by ``@localpart:origin``, each following the one before."""
         user = origin.user(localpart)
         auth = auth or self.auth_for(user)
         ids, pdus = [], []
         for body in bodies:
-            event_id, pdu = origin.pdu(self.room_id, user, "m.room.message",
-                                       {"msgtype": "m.text", "body": body}, prev_events=[prev],
-                                       auth_events=auth, depth=self._next_depth())
+            event_id, pdu = origin.pdu(
+                self.room_id,
+                user,
+                "m.room.message",
+                {"msgtype": "m.text", "body": body},
+                prev_events=[prev],
+                auth_events=auth,
+                depth=self._next_depth(),
+            )
             ids.append(event_id)
             pdus.append(pdu)
             prev = event_id
         return ids, pdus
 
 
-def room_joined_by(weir, ca, client, origin: FakeOrigin,
-                   localpart: str = "bob") -> tuple[RemoteRoom, str]:
+def room_joined_by(
+    weir, ca, client, origin: FakeOrigin, localpart: str = "bob"
+) -> tuple[RemoteRoom, str]:
     """A new public room of ``client``'s that ``@localpart:origin`` joined through a
     transaction to ``weir``; returns the room and the join's event ID."""
     room = RemoteRoom.create(client)
     join_id, join = room.join_pdu(origin, localpart)
-    r = send_transaction(weir.federation_url, origin, "weir.test",
-                         f"join-{room.room_id}-{localpart}", [join], ca)
+    r = send_transaction(
+        weir.federation_url, origin, "weir.test", f"join-{room.room_id}-{localpart}", [join], ca
+    )
     assert (r.status_code, r.json()) == (200, {"pdus": {join_id: {}}}), r.text
     return room, join_id

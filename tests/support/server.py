@@ -68,8 +68,10 @@ def base_settings(data_dir: str, database_url: str | None = None) -> dict:
         "server": {"http": {"port": 0}},
         "federation": {"port": 0},
         "registration": {"enabled": True, "shared_secret": "test-shared-secret"},
-        "ratelimiting": {"login": {"max_requests": 1000, "per_seconds": 1},
-                         "registration": {"max_requests": 1000, "per_seconds": 1}},
+        "ratelimiting": {
+            "login": {"max_requests": 1000, "per_seconds": 1},
+            "registration": {"max_requests": 1000, "per_seconds": 1},
+        },
     }
     if database_url:
         settings["database"] = {"url": database_url}
@@ -91,7 +93,11 @@ class WeirProcess:
         self._stderr = open(self.stderr_path, "ab")
         self.proc = subprocess.Popen(
             [sys.executable, os.path.join(REPO, "app.py"), "--config", self.config_path],
-            cwd=self.directory, stdout=subprocess.PIPE, stderr=self._stderr, env=self.env)
+            cwd=self.directory,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            env=self.env,
+        )
         with gevent.Timeout(timeout, RuntimeError(f"server not ready: {self.stderr_tail()}")):
             for raw in self.proc.stdout:
                 match = READY.match(raw.decode(errors="replace"))
@@ -166,10 +172,17 @@ def terminate(proc: subprocess.Popen, timeout: float = 20) -> None:
             proc.wait()
 
 
-def run_app(args: list[str], cwd: str, input: str | None = None,
-            timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, os.path.join(REPO, "app.py"), *args], cwd=cwd,
-                          input=input, capture_output=True, text=True, timeout=timeout)
+def run_app(
+    args: list[str], cwd: str, input: str | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, os.path.join(REPO, "app.py"), *args],
+        cwd=cwd,
+        input=input,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 class MatrixClient:
@@ -201,21 +214,36 @@ class MatrixClient:
         return self.request("DELETE", path, **kw)
 
     def register(self, username: str, password: str = "correct horse battery") -> dict:
-        first = self.post("/_matrix/client/v3/register", auth=False,
-                          json={"username": username, "password": password})
+        first = self.post(
+            "/_matrix/client/v3/register",
+            auth=False,
+            json={"username": username, "password": password},
+        )
         assert first.status_code == 401, first.text
-        second = self.post("/_matrix/client/v3/register", auth=False, json={
-            "username": username, "password": password,
-            "auth": {"type": "m.login.dummy", "session": first.json()["session"]}})
+        second = self.post(
+            "/_matrix/client/v3/register",
+            auth=False,
+            json={
+                "username": username,
+                "password": password,
+                "auth": {"type": "m.login.dummy", "session": first.json()["session"]},
+            },
+        )
         assert second.status_code == 200, second.text
         body = second.json()
         self.token = body["access_token"]
         return body
 
     def login(self, username: str, password: str = "correct horse battery") -> dict:
-        r = self.post("/_matrix/client/v3/login", auth=False, json={
-            "type": "m.login.password", "identifier": {"type": "m.id.user", "user": username},
-            "password": password})
+        r = self.post(
+            "/_matrix/client/v3/login",
+            auth=False,
+            json={
+                "type": "m.login.password",
+                "identifier": {"type": "m.id.user", "user": username},
+                "password": password,
+            },
+        )
         assert r.status_code == 200, r.text
         self.token = r.json()["access_token"]
         return r.json()

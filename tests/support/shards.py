@@ -12,8 +12,9 @@ from tests.support.federation import federation_settings, tls_listener_settings
 from tests.support.server import WeirProcess, base_settings, merge
 
 
-def sharded_settings(test_ca, dns, directory: str, ip: str, shards: int,
-                     remote_timeout: float = 3, **security) -> dict:
+def sharded_settings(
+    test_ca, dns, directory: str, ip: str, shards: int, remote_timeout: float = 3, **security
+) -> dict:
     """A TLS federation listener on ``ip`` served by ``shards`` worker shards, talking to
     test peers; ``security`` goes to ``[security.federation]``."""
     fed = federation_settings(test_ca, dns, remote_timeout=remote_timeout)
@@ -46,8 +47,7 @@ def shard_processes(weir: WeirProcess) -> dict[int, psutil.Process]:
 def shard_holding_connection(weir: WeirProcess, local_port: int) -> int | None:
     """The index of the shard with an open TCP connection from ``local_port``."""
     for index, process in shard_processes(weir).items():
-        if any(c.laddr and c.laddr.port == local_port
-               for c in process.net_connections(kind="tcp")):
+        if any(c.laddr and c.laddr.port == local_port for c in process.net_connections(kind="tcp")):
             return index
     return None
 
@@ -59,8 +59,9 @@ def access_lines(weir: WeirProcess, path_part: str) -> list[tuple[str, str]]:
     with open(weir.stderr_path, errors="replace") as f:
         for line in f:
             # "... INFO [shard 1] weir.access [request id]: METHOD PATH STATUS ..."
-            match = re.search(r"INFO (\[[^\]]+\] )?weir\.access(?: \[\w+\])?: \S+ (\S+) (\d{3}) ",
-                              line)
+            match = re.search(
+                r"INFO (\[[^\]]+\] )?weir\.access(?: \[\w+\])?: \S+ (\S+) (\d{3}) ", line
+            )
             if match and path_part in match.group(2):
                 out.append(((match.group(1) or "main").strip(" []"), match.group(3)))
     return out

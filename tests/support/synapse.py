@@ -45,8 +45,9 @@ def _free_port(ip: str = "127.0.0.1") -> int:
 
 
 class SynapseServer:
-    def __init__(self, directory: str, test_ca, ip: str = "127.31.100.1",
-                 federation_port: int = 8448):
+    def __init__(
+        self, directory: str, test_ca, ip: str = "127.31.100.1", federation_port: int = 8448
+    ):
         self.directory = directory
         self.ip = ip
         self.federation_port = federation_port
@@ -66,14 +67,24 @@ class SynapseServer:
         log_config = os.path.join(d, "log.yaml")
         # JSON is YAML: written without a YAML library.
         with open(log_config, "w") as f:
-            json.dump({
-                "version": 1,
-                "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-                "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "plain",
-                                        "stream": "ext://sys.stderr"}},
-                "root": {"level": "INFO", "handlers": ["stderr"]},
-                "disable_existing_loggers": False,
-            }, f)
+            json.dump(
+                {
+                    "version": 1,
+                    "formatters": {
+                        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}
+                    },
+                    "handlers": {
+                        "stderr": {
+                            "class": "logging.StreamHandler",
+                            "formatter": "plain",
+                            "stream": "ext://sys.stderr",
+                        }
+                    },
+                    "root": {"level": "INFO", "handlers": ["stderr"]},
+                    "disable_existing_loggers": False,
+                },
+                f,
+            )
         config = {
             "server_name": self.server_name,
             "pid_file": os.path.join(d, "homeserver.pid"),
@@ -83,12 +94,22 @@ class SynapseServer:
             "log_config": log_config,
             "database": {"name": "sqlite3", "args": {"database": os.path.join(d, "homeserver.db")}},
             "listeners": [
-                {"port": self.federation_port, "bind_addresses": [self.ip], "type": "http",
-                 "tls": True, "x_forwarded": False,
-                 "resources": [{"names": ["federation"], "compress": False}]},
-                {"port": self.client_port, "bind_addresses": ["127.0.0.1"], "type": "http",
-                 "tls": False, "x_forwarded": False,
-                 "resources": [{"names": ["client"], "compress": False}]},
+                {
+                    "port": self.federation_port,
+                    "bind_addresses": [self.ip],
+                    "type": "http",
+                    "tls": True,
+                    "x_forwarded": False,
+                    "resources": [{"names": ["federation"], "compress": False}],
+                },
+                {
+                    "port": self.client_port,
+                    "bind_addresses": ["127.0.0.1"],
+                    "type": "http",
+                    "tls": False,
+                    "x_forwarded": False,
+                    "resources": [{"names": ["client"], "compress": False}],
+                },
             ],
             "tls_certificate_path": cert.cert_path,
             "tls_private_key_path": cert.key_path,
@@ -109,23 +130,44 @@ class SynapseServer:
             # The room directory over federation, for the directory interop tests.
             "allow_public_rooms_over_federation": True,
             "room_list_publication_rules": [{"action": "allow"}],
-            "rc_federation": {"window_size": 1000, "sleep_limit": 1000, "sleep_delay": 0,
-                              "reject_limit": 1000, "concurrent": 100},
+            "rc_federation": {
+                "window_size": 1000,
+                "sleep_limit": 1000,
+                "sleep_delay": 0,
+                "reject_limit": 1000,
+                "concurrent": 100,
+            },
             "rc_registration": {"per_second": 100, "burst_count": 100},
-            "rc_login": {"address": {"per_second": 100, "burst_count": 100},
-                         "account": {"per_second": 100, "burst_count": 100}},
+            "rc_login": {
+                "address": {"per_second": 100, "burst_count": 100},
+                "account": {"per_second": 100, "burst_count": 100},
+            },
         }
         with open(self.config_path, "w") as f:
             json.dump(config, f, indent=1)
 
     def start(self, timeout: float = 120) -> SynapseServer:
-        subprocess.run([SYNAPSE_PYTHON, "-m", "synapse.app.homeserver", "-c", self.config_path,
-                        "--generate-keys"], cwd=self.directory, check=True,
-                       capture_output=True, timeout=timeout)
+        subprocess.run(
+            [
+                SYNAPSE_PYTHON,
+                "-m",
+                "synapse.app.homeserver",
+                "-c",
+                self.config_path,
+                "--generate-keys",
+            ],
+            cwd=self.directory,
+            check=True,
+            capture_output=True,
+            timeout=timeout,
+        )
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [SYNAPSE_PYTHON, "-m", "synapse.app.homeserver", "-c", self.config_path],
-            cwd=self.directory, stdout=self._log, stderr=subprocess.PIPE)
+            cwd=self.directory,
+            stdout=self._log,
+            stderr=subprocess.PIPE,
+        )
         # Ready once both listeners say so (read from its log, no polling).
         ports = set()
         with gevent.Timeout(timeout, RuntimeError(f"synapse not ready: {self.log_tail()}")):
@@ -154,16 +196,34 @@ class SynapseServer:
         except OSError:
             return ""
 
-    def register(self, localpart: str, password: str = "correct horse battery",
-                 admin: bool = False) -> dict:
+    def register(
+        self, localpart: str, password: str = "correct horse battery", admin: bool = False
+    ) -> dict:
         """Creates a user through the shared-secret admin API; returns the login response."""
         url = self.client_url + "/_synapse/admin/v1/register"
         nonce = requests.get(url, timeout=30).json()["nonce"]
         mac = hmac.new(SHARED_SECRET.encode(), digestmod=hashlib.sha1)
-        mac.update(b"\x00".join([nonce.encode(), localpart.encode(), password.encode(),
-                                 b"admin" if admin else b"notadmin"]))
-        r = requests.post(url, json={"nonce": nonce, "username": localpart, "password": password,
-                                     "admin": admin, "mac": mac.hexdigest()}, timeout=30)
+        mac.update(
+            b"\x00".join(
+                [
+                    nonce.encode(),
+                    localpart.encode(),
+                    password.encode(),
+                    b"admin" if admin else b"notadmin",
+                ]
+            )
+        )
+        r = requests.post(
+            url,
+            json={
+                "nonce": nonce,
+                "username": localpart,
+                "password": password,
+                "admin": admin,
+                "mac": mac.hexdigest(),
+            },
+            timeout=30,
+        )
         r.raise_for_status()
         return r.json()
 

@@ -1,10 +1,10 @@
 """A test certificate authority (trustme), for real TLS on loopback.
 
-    ca = TestCA(directory)                 # the session fixture `test_ca` makes one
-    cert = ca.issue("peer.test", "127.10.0.1")
-    cert.cert_path, cert.key_path          # PEM files, e.g. for federation.tls_certificate
-    ca.ca_path                             # the CA's PEM, for federation.ca_file
-    ca.server_context("peer.test")         # an ssl.SSLContext for a test server
+ca = TestCA(directory)                 # the session fixture `test_ca` makes one
+cert = ca.issue("peer.test", "127.10.0.1")
+cert.cert_path, cert.key_path          # PEM files, e.g. for federation.tls_certificate
+ca.ca_path                             # the CA's PEM, for federation.ca_file
+ca.server_context("peer.test")         # an ssl.SSLContext for a test server
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import trustme
 
 @dataclass(frozen=True)
 class CertFiles:
-    cert_path: str   # the leaf certificate followed by the chain
+    cert_path: str  # the leaf certificate followed by the chain
     key_path: str
 
 

@@ -14,10 +14,8 @@ def sync(client, since=None, timeout=0, sync_filter=None, check_spec=True, **par
     if since is not None:
         params["since"] = since
     if sync_filter is not None:
-        params["filter"] = sync_filter if isinstance(sync_filter, str) else json.dumps(
-            sync_filter)
-    r = client.get(f"{V3}/sync", params={"timeout": timeout, **params},
-                   timeout=30 + timeout / 1000)
+        params["filter"] = sync_filter if isinstance(sync_filter, str) else json.dumps(sync_filter)
+    r = client.get(f"{V3}/sync", params={"timeout": timeout, **params}, timeout=30 + timeout / 1000)
     assert r.status_code == 200, r.text
     if check_spec:
         assert_matches_spec(r, "get", "/_matrix/client/v3/sync")

@@ -30,8 +30,11 @@ class Members:
 def test_only_the_users_an_event_concerns_are_woken():
     members = Members({"!r": ["@a", "@b"]})
     notifier = Notifier(members)
-    with notifier.registered("@a") as a, notifier.registered("@a") as a2, \
-            notifier.registered("@c") as c:
+    with (
+        notifier.registered("@a") as a,
+        notifier.registered("@a") as a2,
+        notifier.registered("@c") as c,
+    ):
         assert notifier.waiting() == 3
         notifier.notify_room("!r", also=["@x"])
         assert a.is_set() and a2.is_set() and not c.is_set()
@@ -80,10 +83,16 @@ def test_sync_tokens_round_trip_and_refuse_garbage():
 
 
 def test_filters_parse_and_match_types_with_wildcards():
-    sync_filter = parse_filter({
-        "room": {"timeline": {"limit": 500, "types": ["m.room.*"], "not_types": ["m.room.name"]},
-                 "state": {"lazy_load_members": True}, "not_rooms": ["!x"]},
-        "account_data": {"not_types": ["*.secret"]}})
+    sync_filter = parse_filter(
+        {
+            "room": {
+                "timeline": {"limit": 500, "types": ["m.room.*"], "not_types": ["m.room.name"]},
+                "state": {"lazy_load_members": True},
+                "not_rooms": ["!x"],
+            },
+            "account_data": {"not_types": ["*.secret"]},
+        }
+    )
     timeline = sync_filter.room.timeline
     assert sync_filter.room.timeline_limit == 250  # capped
     assert timeline.keeps_type("m.room.message") and not timeline.keeps_type("m.room.name")
@@ -92,22 +101,31 @@ def test_filters_parse_and_match_types_with_wildcards():
     assert not sync_filter.room.keeps_room("!x") and sync_filter.room.keeps_room("!y")
     assert not sync_filter.account_data.keeps_type("my.secret")
     # `*` is the only special character.
-    assert parse_filter({"room": {"timeline": {"types": ["a.b"]}}}).room.timeline.keeps_type(
-        "a.b")
+    assert parse_filter({"room": {"timeline": {"types": ["a.b"]}}}).room.timeline.keeps_type("a.b")
     assert not parse_filter({"room": {"timeline": {"types": ["a.b"]}}}).room.timeline.keeps_type(
-        "aXb")
+        "aXb"
+    )
 
 
 def test_event_fields_keep_only_the_named_paths():
     event = {"type": "t", "content": {"body": "b", "m.x": {"y": 1}, "other": 2}, "sender": "@s"}
     assert _project(event, ("type", "content.body", "content.m\\.x.y", "missing.path")) == {
-        "type": "t", "content": {"body": "b", "m.x": {"y": 1}}}
+        "type": "t",
+        "content": {"body": "b", "m.x": {"y": 1}},
+    }
 
 
 @pytest.fixture
 def runtime(tmp_path):
-    rt = HomeserverRuntime(parse_config({"server_name": "hs.test", "data_dir": str(tmp_path),
-                                         "database": {"url": f"sqlite:///{tmp_path}/hs.db"}}))
+    rt = HomeserverRuntime(
+        parse_config(
+            {
+                "server_name": "hs.test",
+                "data_dir": str(tmp_path),
+                "database": {"url": f"sqlite:///{tmp_path}/hs.db"},
+            }
+        )
+    )
     yield rt
     rt.close()
 
@@ -127,15 +145,14 @@ def test_an_event_stored_while_a_sync_computes_still_wakes_it(runtime):
         result = original(request)
         if not computing.is_set():
             computing.set()  # the first, empty computation is done; parking comes next
-            runtime.rooms.send_message(requester, room_id, "m.room.message", {"body": "x"},
-                                       "race")
+            runtime.rooms.send_message(requester, room_id, "m.room.message", {"body": "x"}, "race")
         return result
 
     runtime.sync._respond = respond_then_send
-    body = gevent.spawn(runtime.sync.sync, requester, since, 30_000, False, None).get(
-        timeout=10)
+    body = gevent.spawn(runtime.sync.sync, requester, since, 30_000, False, None).get(timeout=10)
     assert [e["content"] for e in body["rooms"]["join"][room_id]["timeline"]["events"]] == [
-        {"body": "x"}]
+        {"body": "x"}
+    ]
 
 
 def test_typing_expires_and_wakes_the_room(runtime):

@@ -34,8 +34,10 @@ def weir(tmp_path_factory):
     from tests.support.server import WeirProcess, base_settings, merge
 
     directory = tmp_path_factory.mktemp("waiting")
-    settings = merge(base_settings(str(directory / "data")),
-                     {"server": {"http": {"keepalive_timeout": KEEPALIVE}}})
+    settings = merge(
+        base_settings(str(directory / "data")),
+        {"server": {"http": {"keepalive_timeout": KEEPALIVE}}},
+    )
     proc = WeirProcess(str(directory), settings).start()
     yield proc
     proc.stop()
@@ -66,8 +68,10 @@ def test_a_client_that_hangs_up_frees_its_registration_and_greenlet(weir, alice)
     assert metric(weir, "weir_sync_waiters") == 0
     host, port = weir.client_url.rsplit("/", 1)[1].rsplit(":", 1)
     conn = socket.create_connection((host, int(port)))
-    conn.sendall(f"GET {V3}/sync?since={quote(since)}&timeout=120000 HTTP/1.1\r\n"
-                 f"Host: {host}\r\nAuthorization: Bearer {alice.token}\r\n\r\n".encode())
+    conn.sendall(
+        f"GET {V3}/sync?since={quote(since)}&timeout=120000 HTTP/1.1\r\n"
+        f"Host: {host}\r\nAuthorization: Bearer {alice.token}\r\n\r\n".encode()
+    )
     wait_until(lambda: metric(weir, "weir_sync_waiters") == 1)
     conn.close()
     wait_until(lambda: metric(weir, "weir_sync_waiters") == 0)
@@ -121,6 +125,7 @@ def test_tokens_stay_valid_across_a_restart(start_weir):
     assert event_ids(timeline(body, room_id)) == [sent_before]
     sent_after = send(alice, room_id, "after the restart")
     assert event_ids(timeline(sync(alice, body["next_batch"]), room_id)) == [sent_after]
-    history = alice.get(f"{V3}/rooms/{room_id}/messages",
-                        params={"dir": "b", "from": before, "limit": 1}).json()
+    history = alice.get(
+        f"{V3}/rooms/{room_id}/messages", params={"dir": "b", "from": before, "limit": 1}
+    ).json()
     assert history["chunk"][0]["type"] != "m.room.message"  # from before the first message

@@ -18,8 +18,7 @@ MAX_ACCOUNT_DATA_BYTES = 64 * 1024
 @bp.get("/user/<user_id>/account_data/<data_type>")
 @requires_auth
 def get_global(user_id: str, data_type: str):
-    return json_response(runtime().account_data.get(current_requester(), user_id, "",
-                                                    data_type))
+    return json_response(runtime().account_data.get(current_requester(), user_id, "", data_type))
 
 
 @bp.put("/user/<user_id>/account_data/<data_type>")
@@ -33,8 +32,9 @@ def put_global(user_id: str, data_type: str):
 @bp.get("/user/<user_id>/rooms/<room_id>/account_data/<data_type>")
 @requires_auth
 def get_room(user_id: str, room_id: str, data_type: str):
-    return json_response(runtime().account_data.get(current_requester(), user_id, room_id,
-                                                    data_type))
+    return json_response(
+        runtime().account_data.get(current_requester(), user_id, room_id, data_type)
+    )
 
 
 @bp.put("/user/<user_id>/rooms/<room_id>/account_data/<data_type>")

@@ -52,8 +52,11 @@ class LoginBody(Schema):
 def _login_response(result) -> dict:
     body = {"user_id": result.user_id}
     if result.access_token is not None:
-        body.update(access_token=result.access_token, device_id=result.device_id,
-                    home_server=runtime().server_name)
+        body.update(
+            access_token=result.access_token,
+            device_id=result.device_id,
+            home_server=runtime().server_name,
+        )
     return body
 
 
@@ -79,17 +82,22 @@ def register():
     # User-interactive auth with the single m.login.dummy stage.
     auth = body.get("auth") or {}
     session = auth.get("session")
-    if auth.get("type") != "m.login.dummy" or (session is not None
-                                                and not rt.registration_sessions.uia.take(session)):
-        return json_response({"flows": DUMMY_FLOWS, "params": {},
-                              "session": rt.registration_sessions.uia.new()}, 401)
+    if auth.get("type") != "m.login.dummy" or (
+        session is not None and not rt.registration_sessions.uia.take(session)
+    ):
+        return json_response(
+            {"flows": DUMMY_FLOWS, "params": {}, "session": rt.registration_sessions.uia.new()}, 401
+        )
 
     if not body.get("password"):
         raise missing_param("Missing parameter: password")
     result = rt.accounts.register(
-        localpart, body["password"], device_id=body.get("device_id"),
+        localpart,
+        body["password"],
+        device_id=body.get("device_id"),
         display_name=body.get("initial_device_display_name"),
-        inhibit_login=body["inhibit_login"])
+        inhibit_login=body["inhibit_login"],
+    )
     return json_response(_login_response(result))
 
 
@@ -126,8 +134,9 @@ def login():
         raise missing_param("Missing parameter: identifier.user")
     if "password" not in body:
         raise missing_param("Missing parameter: password")
-    result = rt.accounts.login_with_password(user, body["password"], body.get("device_id"),
-                                             body.get("initial_device_display_name"))
+    result = rt.accounts.login_with_password(
+        user, body["password"], body.get("device_id"), body.get("initial_device_display_name")
+    )
     return json_response(_login_response(result))
 
 
@@ -149,5 +158,6 @@ def logout_all():
 @requires_auth
 def whoami():
     requester = current_requester()
-    return json_response({"user_id": requester.user_id, "device_id": requester.device_id,
-                          "is_guest": False})
+    return json_response(
+        {"user_id": requester.user_id, "device_id": requester.device_id, "is_guest": False}
+    )

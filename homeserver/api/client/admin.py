@@ -32,7 +32,18 @@ def register():
     rt.shared_secret_registration.require_enabled()
     body = validated_json(AdminRegisterBody())
     result = rt.shared_secret_registration.register(
-        body["nonce"], body["username"], body["password"], body["admin"], body["user_type"],
-        body["mac"])
-    return json_response({"user_id": result.user_id, "access_token": result.access_token,
-                          "device_id": result.device_id, "home_server": rt.server_name})
+        body["nonce"],
+        body["username"],
+        body["password"],
+        body["admin"],
+        body["user_type"],
+        body["mac"],
+    )
+    return json_response(
+        {
+            "user_id": result.user_id,
+            "access_token": result.access_token,
+            "device_id": result.device_id,
+            "home_server": rt.server_name,
+        }
+    )

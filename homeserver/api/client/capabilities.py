@@ -15,17 +15,23 @@ bp = Blueprint("capabilities", __name__, url_prefix="/_matrix/client/v3")
 @bp.get("/capabilities")
 @requires_auth
 def capabilities():
-    return json_response({"capabilities": {
-        "m.room_versions": {"default": DEFAULT_ROOM_VERSION.identifier,
-                            "available": {v: "stable" for v in KNOWN_ROOM_VERSIONS}},
-        # No password change, third-party identifiers or login tokens yet.
-        "m.change_password": {"enabled": False},
-        "m.3pid_changes": {"enabled": False},
-        "m.get_login_token": {"enabled": False},
-        "m.profile_fields": {"enabled": True},
-        "m.set_displayname": {"enabled": True},
-        "m.set_avatar_url": {"enabled": True},
-    }})
+    return json_response(
+        {
+            "capabilities": {
+                "m.room_versions": {
+                    "default": DEFAULT_ROOM_VERSION.identifier,
+                    "available": {v: "stable" for v in KNOWN_ROOM_VERSIONS},
+                },
+                # No password change, third-party identifiers or login tokens yet.
+                "m.change_password": {"enabled": False},
+                "m.3pid_changes": {"enabled": False},
+                "m.get_login_token": {"enabled": False},
+                "m.profile_fields": {"enabled": True},
+                "m.set_displayname": {"enabled": True},
+                "m.set_avatar_url": {"enabled": True},
+            }
+        }
+    )
 
 
 @bp.get("/pushrules/")
@@ -45,7 +51,8 @@ def global_push_rules():
 def push_rule(scope: str, kind: str, rule_id: str):
     for attribute in ("enabled", "actions"):
         if rule_id.endswith("/" + attribute):
-            rule = find_rule(current_requester().user_id, scope, kind,
-                             rule_id[:-len(attribute) - 1])
+            rule = find_rule(
+                current_requester().user_id, scope, kind, rule_id[: -len(attribute) - 1]
+            )
             return json_response({attribute: rule[attribute]})
     return json_response(find_rule(current_requester().user_id, scope, kind, rule_id))

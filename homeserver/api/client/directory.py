@@ -65,7 +65,8 @@ def delete_alias(room_alias: str):
 @requires_auth
 def room_aliases(room_id: str):
     return json_response(
-        {"aliases": runtime().directory.room_aliases(current_requester(), room_id)})
+        {"aliases": runtime().directory.room_aliases(current_requester(), room_id)}
+    )
 
 
 @bp.get("/directory/list/room/<room_id>")
@@ -85,9 +86,14 @@ def put_visibility(room_id: str):
 def public_rooms_get():
     # No auth: anyone may list rooms, ours or (under the budget) another server's.
     result = runtime().directory.list_public_rooms(
-        request.args.get("server"), query_int("limit", None, minimum=0),
-        request.args.get("since"), RoomFilter(), query_bool("include_all_networks", False),
-        request.args.get("third_party_instance_id"), outbound_caller())
+        request.args.get("server"),
+        query_int("limit", None, minimum=0),
+        request.args.get("since"),
+        RoomFilter(),
+        query_bool("include_all_networks", False),
+        request.args.get("third_party_instance_id"),
+        outbound_caller(),
+    )
     return json_response(result)
 
 
@@ -95,8 +101,9 @@ def room_filter_of(body: dict) -> RoomFilter:
     """The RoomFilter of a validated PublicRoomsBody (shared with the federation API)."""
     search = body["filter"].get("generic_search_term")
     room_types = body["filter"].get("room_types")
-    return RoomFilter(search.strip() if search else None,
-                      tuple(room_types) if room_types is not None else None)
+    return RoomFilter(
+        search.strip() if search else None, tuple(room_types) if room_types is not None else None
+    )
 
 
 @bp.post("/publicRooms")
@@ -104,6 +111,12 @@ def room_filter_of(body: dict) -> RoomFilter:
 def public_rooms_post():
     body = validated_json(PublicRoomsBody())
     result = runtime().directory.list_public_rooms(
-        request.args.get("server"), body.get("limit"), body.get("since"), room_filter_of(body),
-        body["include_all_networks"], body.get("third_party_instance_id"), outbound_caller())
+        request.args.get("server"),
+        body.get("limit"),
+        body.get("since"),
+        room_filter_of(body),
+        body["include_all_networks"],
+        body.get("third_party_instance_id"),
+        outbound_caller(),
+    )
     return json_response(result)

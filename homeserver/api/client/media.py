@@ -32,9 +32,12 @@ def _mxc_parts(location: str, with_filename: bool) -> tuple[str, str, str | None
 
 def _media_request(legacy: bool) -> MediaRequest:
     # allow_remote is the legacy API's; /client/v1 has no such parameter.
-    return MediaRequest(legacy=legacy, timeout_ms=timeout_ms(),
-                        allow_remote=query_bool("allow_remote", True) if legacy else True,
-                        caller=outbound_caller())
+    return MediaRequest(
+        legacy=legacy,
+        timeout_ms=timeout_ms(),
+        allow_remote=query_bool("allow_remote", True) if legacy else True,
+        caller=outbound_caller(),
+    )
 
 
 @bp.get(f"{CLIENT_MEDIA}/config")
@@ -48,8 +51,12 @@ def config():
 @requires_auth
 def upload():
     content_uri = runtime().media.upload(
-        current_requester().user_id, body_chunks(), request.content_length,
-        request.headers.get("Content-Type"), request.args.get("filename"))
+        current_requester().user_id,
+        body_chunks(),
+        request.content_length,
+        request.headers.get("Content-Type"),
+        request.args.get("filename"),
+    )
     return json_response({"content_uri": content_uri})
 
 
@@ -66,16 +73,20 @@ def create():
 def upload_to(location: str):
     server_name, media_id, _ = _mxc_parts(location, with_filename=False)
     runtime().media.upload_to(
-        current_requester().user_id, server_name, media_id, body_chunks(),
-        request.content_length, request.headers.get("Content-Type"),
-        request.args.get("filename"))
+        current_requester().user_id,
+        server_name,
+        media_id,
+        body_chunks(),
+        request.content_length,
+        request.headers.get("Content-Type"),
+        request.args.get("filename"),
+    )
     return json_response({})
 
 
 def _download(location: str, legacy: bool):
     server_name, media_id, filename = _mxc_parts(location, with_filename=True)
-    media_file = runtime().media.download(server_name, media_id, filename,
-                                          _media_request(legacy))
+    media_file = runtime().media.download(server_name, media_id, filename, _media_request(legacy))
     return file_response(media_file, request.environ)
 
 
@@ -93,8 +104,15 @@ def legacy_download(location: str):
 def _thumbnail(location: str, legacy: bool):
     server_name, media_id, _ = _mxc_parts(location, with_filename=False)
     query = thumbnail_query()
-    media_file = runtime().media.thumbnail(server_name, media_id, query.width, query.height,
-                                           query.method, query.animated, _media_request(legacy))
+    media_file = runtime().media.thumbnail(
+        server_name,
+        media_id,
+        query.width,
+        query.height,
+        query.method,
+        query.animated,
+        _media_request(legacy),
+    )
     return file_response(media_file, request.environ)
 
 

@@ -18,5 +18,8 @@ def metrics():
         raise unrecognized()
     if not scrape_allowed(client_key(), rt.metrics_allowed_networks):
         raise forbidden("Metrics are not served to this address")
-    return Response(rt.metrics.render(), mimetype=CONTENT_TYPE.split(";")[0],
-                    headers={"Content-Type": CONTENT_TYPE})
+    return Response(
+        rt.metrics.render(),
+        mimetype=CONTENT_TYPE.split(";")[0],
+        headers={"Content-Type": CONTENT_TYPE},
+    )

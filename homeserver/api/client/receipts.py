@@ -34,8 +34,9 @@ class TypingBody(Schema):
 @requires_auth
 def receipt(room_id: str, receipt_type: str, event_id: str):
     body = validate_body(ReceiptBody(), json_object(allow_empty=True))
-    runtime().receipts.send(current_requester(), room_id, receipt_type, event_id,
-                            body.get("thread_id"))
+    runtime().receipts.send(
+        current_requester(), room_id, receipt_type, event_id, body.get("thread_id")
+    )
     return json_response({})
 
 
@@ -43,8 +44,13 @@ def receipt(room_id: str, receipt_type: str, event_id: str):
 @requires_auth
 def read_markers(room_id: str):
     body = validate_body(ReadMarkersBody(), json_object(allow_empty=True))
-    runtime().receipts.set_read_markers(current_requester(), room_id, body.get("fully_read"),
-                                        body.get("read"), body.get("read_private"))
+    runtime().receipts.set_read_markers(
+        current_requester(),
+        room_id,
+        body.get("fully_read"),
+        body.get("read"),
+        body.get("read_private"),
+    )
     return json_response({})
 
 
@@ -52,6 +58,7 @@ def read_markers(room_id: str):
 @requires_auth
 def typing(room_id: str, user_id: str):
     body = validated_json(TypingBody())
-    runtime().typing.set_typing(current_requester(), room_id, user_id, body["typing"],
-                                body.get("timeout"))
+    runtime().typing.set_typing(
+        current_requester(), room_id, user_id, body["typing"], body.get("timeout")
+    )
     return json_response({})

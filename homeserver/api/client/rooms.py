@@ -27,8 +27,9 @@ class StateEventBody(Schema):
 
 
 class CreateRoomBody(Schema):
-    visibility = fields.String(load_default="private",
-                               validate=validate.OneOf(["public", "private"]))
+    visibility = fields.String(
+        load_default="private", validate=validate.OneOf(["public", "private"])
+    )
     preset = fields.String(load_default=None, validate=validate.OneOf(list(PRESETS)))
     room_alias_name = fields.String(load_default=None)
     name = fields.String(load_default=None)
@@ -61,26 +62,26 @@ def _content_body() -> dict:
 def create_room():
     body = validated_json(CreateRoomBody())
     if body.pop("invite_3pid"):
-        raise MatrixError(400, Codes.UNRECOGNIZED,
-                          "Third-party invites need an identity server; not supported")
+        raise MatrixError(
+            400, Codes.UNRECOGNIZED, "Third-party invites need an identity server; not supported"
+        )
     body["invite"] = tuple(body["invite"])
     body["initial_state"] = tuple(body["initial_state"])
-    room_id = runtime().room_creator.create(current_requester().user_id,
-                                            CreateRoomRequest(**body))
+    room_id = runtime().room_creator.create(current_requester().user_id, CreateRoomRequest(**body))
     return json_response({"room_id": room_id})
 
 
 @bp.get("/rooms/<room_id>/state")
 @requires_auth
 def get_state(room_id: str):
-    return json_response(runtime().rooms.state(current_requester(), room_id))
+    return json_response(runtime().room_history.state(current_requester(), room_id))
 
 
 @bp.get("/rooms/<room_id>/state/<event_type>")
 @bp.get("/rooms/<room_id>/state/<event_type>/<path:state_key>")
 @requires_auth
 def get_state_event(room_id: str, event_type: str, state_key: str = ""):
-    event = runtime().rooms.state_event(current_requester(), room_id, event_type, state_key)
+    event = runtime().room_history.state_event(current_requester(), room_id, event_type, state_key)
     fmt = request.args.get("format", "content")
     if fmt not in ("content", "event"):
         raise invalid_param("format must be content or event")
@@ -92,8 +93,9 @@ def get_state_event(room_id: str, event_type: str, state_key: str = ""):
 @requires_auth
 def put_state_event(room_id: str, event_type: str, state_key: str = ""):
     content = _content_body()
-    event_id = runtime().rooms.set_state(current_requester(), room_id, event_type, state_key,
-                                         content)
+    event_id = runtime().rooms.set_state(
+        current_requester(), room_id, event_type, state_key, content
+    )
     return json_response({"event_id": event_id})
 
 
@@ -101,15 +103,16 @@ def put_state_event(room_id: str, event_type: str, state_key: str = ""):
 @requires_auth
 def send_event(room_id: str, event_type: str, txn_id: str):
     content = _content_body()
-    event_id = runtime().rooms.send_message(current_requester(), room_id, event_type, content,
-                                            txn_id)
+    event_id = runtime().rooms.send_message(
+        current_requester(), room_id, event_type, content, txn_id
+    )
     return json_response({"event_id": event_id})
 
 
 @bp.get("/rooms/<room_id>/event/<event_id>")
 @requires_auth
 def get_event(room_id: str, event_id: str):
-    return json_response(runtime().rooms.event(current_requester(), room_id, event_id))
+    return json_response(runtime().room_history.event(current_requester(), room_id, event_id))
 
 
 def _reason(schema=ReasonBody) -> dict:
@@ -124,8 +127,9 @@ def _own_membership(room_id: str, membership: str) -> None:
     """Join or leave as oneself, with an optional reason."""
     body = _reason()
     user_id = current_requester().user_id
-    runtime().rooms.update_membership(user_id, room_id, user_id, membership,
-                                      _membership_content(body))
+    runtime().rooms.update_membership(
+        user_id, room_id, user_id, membership, _membership_content(body)
+    )
 
 
 @bp.post("/join/<path:room_id_or_alias>")
@@ -160,11 +164,13 @@ def leave_room(room_id: str):
 def invite(room_id: str):
     raw = json_object()
     if "user_id" not in raw and {"medium", "address"} & set(raw):
-        raise MatrixError(400, Codes.UNRECOGNIZED,
-                          "Third-party invites need an identity server; not supported")
+        raise MatrixError(
+            400, Codes.UNRECOGNIZED, "Third-party invites need an identity server; not supported"
+        )
     body = validate_body(TargetBody(), raw)
-    runtime().rooms.update_membership(current_requester().user_id, room_id, body["user_id"],
-                                      "invite", _membership_content(body))
+    runtime().rooms.update_membership(
+        current_requester().user_id, room_id, body["user_id"], "invite", _membership_content(body)
+    )
     return json_response({})
 
 
@@ -180,7 +186,8 @@ def kick(room_id: str):
 @requires_auth
 def joined_rooms():
     return json_response(
-        {"joined_rooms": runtime().rooms.joined_rooms(current_requester().user_id)})
+        {"joined_rooms": runtime().rooms.joined_rooms(current_requester().user_id)}
+    )
 
 
 def _membership_arg(name: str) -> str | None:
@@ -193,9 +200,13 @@ def _membership_arg(name: str) -> str | None:
 @bp.get("/rooms/<room_id>/members")
 @requires_auth
 def members(room_id: str):
-    chunk = runtime().rooms.members(current_requester(), room_id, request.args.get("at"),
-                                    _membership_arg("membership"),
-                                    _membership_arg("not_membership"))
+    chunk = runtime().room_history.members(
+        current_requester(),
+        room_id,
+        request.args.get("at"),
+        _membership_arg("membership"),
+        _membership_arg("not_membership"),
+    )
     return json_response({"chunk": chunk})
 
 
@@ -210,9 +221,15 @@ def messages(room_id: str):
     direction = request.args.get("dir", "f")
     if direction not in ("b", "f"):
         raise invalid_param("dir must be b or f")
-    page = runtime().rooms.messages(
-        current_requester(), room_id, request.args.get("from"), request.args.get("to"),
-        direction == "b", query_int("limit", 10, minimum=0), _event_filter())
+    page = runtime().room_history.messages(
+        current_requester(),
+        room_id,
+        request.args.get("from"),
+        request.args.get("to"),
+        direction == "b",
+        query_int("limit", 10, minimum=0),
+        _event_filter(),
+    )
     body = {"chunk": page.chunk, "start": page.start}
     if page.end is not None:
         body["end"] = page.end

@@ -26,11 +26,15 @@ def sync():
     if request.args.get("set_presence", "online") not in PRESENCE_STATES:
         raise invalid_param("set_presence must be one of " + ", ".join(PRESENCE_STATES))
     body = runtime().sync.sync(
-        current_requester(), request.args.get("since") or None,
-        query_int("timeout", 0, minimum=0), query_bool("full_state", False),
-        request.args.get("filter"), query_bool("use_state_after", False),
+        current_requester(),
+        request.args.get("since") or None,
+        query_int("timeout", 0, minimum=0),
+        query_bool("full_state", False),
+        request.args.get("filter"),
+        query_bool("use_state_after", False),
         # A client that hangs up while its sync waits frees the greenlet and registration.
-        while_waiting=functools.partial(stop_on_client_disconnect, request.environ))
+        while_waiting=functools.partial(stop_on_client_disconnect, request.environ),
+    )
     return json_response(body)
 
 

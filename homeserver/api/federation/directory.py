@@ -21,18 +21,30 @@ bp = Blueprint("federation_directory", __name__, url_prefix="/_matrix/federation
 @bp.get("/publicRooms")
 @requires_server_auth
 def public_rooms_get():
-    return json_response(runtime().directory.public_rooms(
-        query_int("limit", None, minimum=0), request.args.get("since"), RoomFilter(),
-        query_bool("include_all_networks", False), request.args.get("third_party_instance_id")))
+    return json_response(
+        runtime().directory.public_rooms(
+            query_int("limit", None, minimum=0),
+            request.args.get("since"),
+            RoomFilter(),
+            query_bool("include_all_networks", False),
+            request.args.get("third_party_instance_id"),
+        )
+    )
 
 
 @bp.post("/publicRooms")
 @requires_server_auth
 def public_rooms_post():
     body = validated_json(PublicRoomsBody())
-    return json_response(runtime().directory.public_rooms(
-        body.get("limit"), body.get("since"), room_filter_of(body), body["include_all_networks"],
-        body.get("third_party_instance_id")))
+    return json_response(
+        runtime().directory.public_rooms(
+            body.get("limit"),
+            body.get("since"),
+            room_filter_of(body),
+            body["include_all_networks"],
+            body.get("third_party_instance_id"),
+        )
+    )
 
 
 @bp.get("/query/directory")

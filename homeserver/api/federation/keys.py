@@ -41,9 +41,11 @@ class _KeyCriteria(Schema):
 
 class _KeyQuery(Schema):
     # May name no server: the spec's answer to that is an empty server_keys.
-    server_keys = fields.Dict(keys=fields.String(), required=True,
-                              values=fields.Dict(keys=fields.String(),
-                                                 values=fields.Nested(_KeyCriteria)))
+    server_keys = fields.Dict(
+        keys=fields.String(),
+        required=True,
+        values=fields.Dict(keys=fields.String(), values=fields.Nested(_KeyCriteria)),
+    )
 
 
 def _notarised(queries: dict[str, tuple[list[str], int]]):
@@ -70,7 +72,8 @@ def query_keys():
     now = _now_ms()
     queries = {}
     for server, wanted in body["server_keys"].items():
-        minimums = [(criteria or {}).get("minimum_valid_until_ts") or now
-                    for criteria in wanted.values()]
+        minimums = [
+            (criteria or {}).get("minimum_valid_until_ts") or now for criteria in wanted.values()
+        ]
         queries[server] = (list(wanted), max([now, *minimums]))
     return _notarised(queries)

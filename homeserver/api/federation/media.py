@@ -39,6 +39,13 @@ def download(media_id: str):
 def thumbnail(media_id: str):
     rt = runtime()
     query = thumbnail_query()
-    media_file = rt.media.thumbnail(rt.server_name, media_id, query.width, query.height,
-                                    query.method, query.animated, _as_ours())
+    media_file = rt.media.thumbnail(
+        rt.server_name,
+        media_id,
+        query.width,
+        query.height,
+        query.method,
+        query.animated,
+        _as_ours(),
+    )
     return multipart_response(media_file)

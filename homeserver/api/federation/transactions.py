@@ -38,9 +38,11 @@ def send_transaction(txn_id: str):
     pdus = _objects(body, "pdus", MAX_PDUS, required=True)
     _objects(body, "edus", MAX_EDUS, required=False)  # accepted, not processed yet
     try:
-        answer = runtime().inbound_transactions.receive(current_origin(), txn_id, pdus,
-                                                        client_key())
+        answer = runtime().inbound_transactions.receive(
+            current_origin(), txn_id, pdus, client_key()
+        )
     except KeyResolutionRefused as e:
-        raise limit_exceeded(e.retry_after_ms,
-                             f"Cannot fetch the keys of {e.destination} now") from None
+        raise limit_exceeded(
+            e.retry_after_ms, f"Cannot fetch the keys of {e.destination} now"
+        ) from None
     return json_response(answer)
