@@ -1,10 +1,9 @@
-"""Fixtures for the deployment tests: the haproxy binary, and the federation tests' DNS."""
+"""Fixtures for the deployment tests: the haproxy binary (DNS is tests/conftest.py's)."""
 
 import os
 
 import pytest
 
-from tests.federation.conftest import dns  # noqa: F401
 from tests.support.haproxy import haproxy_binary, haproxy_version
 
 
