@@ -8,7 +8,7 @@ import os
 import re
 
 from homeserver.config import load_config
-from homeserver.http.server import SHUTDOWN_GRACE_SECONDS
+from homeserver.processes.listeners import SHUTDOWN_GRACE_SECONDS
 from tests.support.server import REPO
 
 DEPLOY = os.path.join(REPO, "deploy")
