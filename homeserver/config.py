@@ -210,6 +210,12 @@ class WorkerConfig:
 
 
 @dataclass(frozen=True)
+class SenderConfig:
+    # Outbound transactions at once, in the sender's own pool (homeserver/federation/sender.py).
+    max_in_flight: int = setting(_int(1, 10000), 64)
+
+
+@dataclass(frozen=True)
 class FederationConfig:
     bind_address: str = setting(fields.String(), "127.0.0.1")
     port: int = setting(_int(0, 65535), 8448)
@@ -222,6 +228,7 @@ class FederationConfig:
     ip_range_denylist: tuple = setting(_string_list(validate=_cidrs), DEFAULT_IP_RANGE_DENYLIST)
     ip_range_allowlist: tuple = setting(_string_list(validate=_cidrs), ())
     worker: WorkerConfig = section(WorkerConfig)
+    sender: SenderConfig = section(SenderConfig)
 
 
 @dataclass(frozen=True)

@@ -113,6 +113,12 @@ class Metrics:
             ["call"],
             registry=self.registry,
         )
+        self.federation_transactions = Counter(
+            "weir_federation_transactions",
+            "Outbound federation transactions by outcome (success, failure, refused)",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.cooldown_refusals = Counter(
             "weir_cooldown_refusals",
             "Calls refused at once because the address is cooling down",

@@ -34,6 +34,7 @@ from homeserver.federation.admission import make_client_outbound_budget
 from homeserver.federation.client import FederationClient
 from homeserver.federation.cooldown import AddressCooldown
 from homeserver.federation.keyring import Keyring, shard_key_resolution_budget
+from homeserver.federation.sender import FederationSender
 from homeserver.federation.signing_key import key_id, load_or_create_signing_key
 from homeserver.http.handoff import MediaFetchHandoff
 from homeserver.media.files import MediaFileStore
@@ -45,6 +46,8 @@ from homeserver.media.remote import (
 from homeserver.media.service import MediaService
 from homeserver.metrics import Metrics
 from homeserver.rooms.creation import RoomCreator
+from homeserver.rooms.federation_membership import FederationMembership
+from homeserver.rooms.federation_reads import FederationReads
 from homeserver.rooms.history import RoomHistory
 from homeserver.rooms.pdu_checks import PduChecker
 from homeserver.rooms.service import RoomService
@@ -59,7 +62,10 @@ from homeserver.storage.directory import DirectoryStore
 from homeserver.storage.keys import ServerKeyStore
 from homeserver.storage.media import MediaStore
 from homeserver.storage.migrations import migrate
+from homeserver.storage.outbox import OutboxStore
 from homeserver.storage.profiles import ProfileStore
+from homeserver.storage.remote_invites import RemoteInviteStore
+from homeserver.storage.room_graph import RoomGraphStore
 from homeserver.storage.rooms import RoomStore
 from homeserver.storage.sync import SyncStore
 from homeserver.storage.transactions import ReceivedTransactionStore
@@ -304,6 +310,36 @@ class HomeserverRuntime:
             metrics=self.metrics,
         )
 
+    @component
+    def federation_sender(self) -> FederationSender:
+        """Our PDUs and EDUs to other servers, in a pool of its own. Built everywhere, so
+        that a wake-up is always safe; only main starts it (processes/main.py)."""
+        outcomes = self.metrics.federation_transactions
+        sender = FederationSender(
+            self.server_name,
+            OutboxStore(self.db),
+            self.federation_client,
+            self.config.federation.sender.max_in_flight,
+            on_outcome=lambda outcome: outcomes.labels(outcome).inc(),
+        )
+        self.metrics.track_pool("federation_sender", sender.pool, sender.max_in_flight)
+        self.metrics.track_gauge(
+            "weir_federation_sender_queue",
+            "PDU deliveries to other servers still owed (the outbox's rows)",
+            sender.store.depth,
+        )
+        self.metrics.track_gauge(
+            "weir_federation_sender_backoff",
+            "Destinations backing off after a failed transaction",
+            sender.in_backoff,
+        )
+        self.metrics.track_gauge(
+            "weir_federation_sender_failing_in_flight",
+            "Transactions in flight to destinations whose last attempt failed",
+            sender.failing_in_flight,
+        )
+        return sender
+
     # --- rooms and the directory -----------------------------------------------------------
 
     @component
@@ -314,6 +350,7 @@ class HomeserverRuntime:
             self.room_store, self.accounts, self.server_name, self.signing_key, self.profile_store
         )
         rooms.add_persist_listener(self.notifier.on_events_persisted)
+        rooms.add_outbox_listener(self.federation_sender.wake)
         return rooms
 
     @component
@@ -348,8 +385,37 @@ class HomeserverRuntime:
         checker = PduChecker(self.keyring, self.rooms)
         received = ReceivedTransactionStore(self.db)
         if self._transaction_relay is None:
-            return TransactionProcessor(checker, self.rooms, received)
+            return TransactionProcessor(
+                checker,
+                self.rooms,
+                received,
+                on_origin=self.federation_sender.on_inbound_transaction,
+            )
         return ShardTransactionReceiver(checker, received, self._transaction_relay)
+
+    @component
+    def room_graph(self) -> RoomGraphStore:
+        return RoomGraphStore(self.db, self.room_store)
+
+    @component
+    def remote_invites(self) -> RemoteInviteStore:
+        return RemoteInviteStore(self.db)
+
+    @component
+    def federation_membership(self) -> FederationMembership:
+        """make_*/send_* and invites from other servers; events checked like any PDU."""
+        return FederationMembership(
+            self.rooms,
+            PduChecker(self.keyring, self.rooms),
+            self.room_graph,
+            self.remote_invites,
+            self.notifier.notify_users,
+        )
+
+    @component
+    def federation_reads(self) -> FederationReads:
+        """What other servers may read of our rooms."""
+        return FederationReads(self.rooms, self.room_graph)
 
     # --- /sync: waiting syncs park on the notifier --------------------------------------
 
@@ -376,12 +442,33 @@ class HomeserverRuntime:
     @component
     def receipts(self) -> ReceiptService:
         return ReceiptService(
-            self.rooms, self.room_history, self.sync_store, self.account_data, self.notifier
+            self.rooms,
+            self.room_history,
+            self.sync_store,
+            self.account_data,
+            self.notifier,
+            on_read_receipt=self._send_receipt,
         )
+
+    def _other_servers(self, room_id: str) -> list[str]:
+        return [s for s in self.rooms.joined_servers(room_id) if s != self.server_name]
+
+    def _send_typing(self, room_id: str, user_id: str, typing: bool) -> None:
+        """Our user's typing, to the room's other servers (spec: m.typing EDU)."""
+        content = {"room_id": room_id, "user_id": user_id, "typing": typing}
+        self.federation_sender.send_edu(self._other_servers(room_id), "m.typing", content)
+
+    def _send_receipt(self, room_id: str, user_id: str, event_id: str, data: dict) -> None:
+        """Our user's public read receipt, to the room's other servers (m.receipt EDU)."""
+        read = {user_id: {"event_ids": [event_id], "data": data}}
+        content = {room_id: {"m.read": read}}
+        self.federation_sender.send_edu(self._other_servers(room_id), "m.receipt", content)
 
     @component
     def typing(self) -> TypingNotifications:
-        return TypingNotifications(self.rooms, self.notifier.notify_room)
+        return TypingNotifications(
+            self.rooms, self.notifier.notify_room, on_local_typing=self._send_typing
+        )
 
     @component
     def sync(self) -> SyncService:

@@ -40,6 +40,8 @@ def serve(config: Config, config_path: str) -> int:
         stop.set()
         federation_url = None
     if federation_url:
+        # Main alone sends to other servers; shards only receive.
+        runtime.federation_sender.start()
         # One parseable line: tests and scripts wait for it instead of polling.
         print(f"weir ready client={server.client_url} federation={federation_url}", flush=True)
         log.info(
@@ -48,5 +50,6 @@ def serve(config: Config, config_path: str) -> int:
             server.client_url,
             federation_url,
         )
-    wait_then_drain(stop, server, runtime, before=[shards.stop] if shards else [])
+    before = [runtime.federation_sender.stop, *([shards.stop] if shards else [])]
+    wait_then_drain(stop, server, runtime, before=before)
     return 0 if federation_url else 1

@@ -43,10 +43,18 @@ Relay = Callable[[str, str, list, dict, "str | None"], dict]
 class TransactionProcessor:
     """Main's side: check, authorise and store the PDUs, once per (origin, txn_id)."""
 
-    def __init__(self, checker: PduChecker, rooms: RoomService, store: ReceivedTransactionStore):
+    def __init__(
+        self,
+        checker: PduChecker,
+        rooms: RoomService,
+        store: ReceivedTransactionStore,
+        on_origin: Callable[[str], None] | None = None,
+    ):
         self.checker = checker
         self.rooms = rooms
         self.store = store
+        # Told of every transaction's origin: it is up, so the sender's backoff for it ends.
+        self._on_origin = on_origin
         self._locks = KeyedLocks()
 
     def receive(
@@ -60,6 +68,8 @@ class TransactionProcessor:
         """The answer, ``{"pdus": {event_id: {} | {"error": ...}}}``. ``results`` are answers
         already decided for PDUs not passed in (a shard's). Raises ``KeyResolutionRefused``
         with nothing applied."""
+        if self._on_origin is not None:
+            self._on_origin(origin)
         if not pdus and not results:
             return {"pdus": {}}  # EDUs only: nothing to apply, the same answer every time
         # One at a time per transaction: a retry arriving through another shard while the

@@ -4,6 +4,8 @@ reach the room's members through /sync; the fully-read marker is room account da
 
 from __future__ import annotations
 
+from typing import Callable
+
 from homeserver.core.clock import now_ms
 from homeserver.core.errors import forbidden, invalid_param
 from homeserver.storage.sync import Receipt, SyncStore
@@ -13,12 +15,23 @@ FULLY_READ = "m.fully_read"
 
 
 class ReceiptService:
-    def __init__(self, rooms, history, store: SyncStore, account_data, notifier):
+    def __init__(
+        self,
+        rooms,
+        history,
+        store: SyncStore,
+        account_data,
+        notifier,
+        on_read_receipt: Callable[[str, str, str, dict], None] | None = None,
+    ):
+        """`on_read_receipt(room_id, user_id, event_id, data)` runs after a public m.read
+        receipt was stored (the federation sender's m.receipt EDU)."""
         self.rooms = rooms
         self.history = history
         self.store = store
         self.account_data = account_data
         self.notifier = notifier
+        self._on_read_receipt = on_read_receipt
 
     def _check_readable(self, requester, room_id: str, event_id: str) -> None:
         """The sender is in the room, and the event is in it and visible to them."""
@@ -49,6 +62,9 @@ class ReceiptService:
             return  # not newer than the receipt already there
         if receipt_type == "m.read":
             self.notifier.notify_room(room_id)
+            if self._on_read_receipt is not None:
+                data = {"ts": now_ms(), **({"thread_id": thread_id} if thread_id else {})}
+                self._on_read_receipt(room_id, requester.user_id, event_id, data)
         else:
             self.notifier.notify_users([requester.user_id])  # private: only its owner
 

@@ -33,10 +33,18 @@ class _RoomTyping:
 
 
 class TypingNotifications:
-    def __init__(self, rooms, on_change: Callable[[str], None]):
-        """`on_change(room_id)` runs after a room's typing list changed."""
+    def __init__(
+        self,
+        rooms,
+        on_change: Callable[[str], None],
+        on_local_typing: Callable[[str, str, bool], None] | None = None,
+    ):
+        """`on_change(room_id)` runs after a room's typing list changed;
+        `on_local_typing(room_id, user_id, typing)` after every typing call of one of our
+        users and when it times out (the federation sender's m.typing EDU)."""
         self.rooms = rooms
         self._on_change = on_change
+        self._on_local_typing = on_local_typing
         self.epoch = secrets.token_hex(4)
         self.position = 0
         # Rooms stay here once typing happened in them since the start, so that a client is
@@ -62,12 +70,18 @@ class TypingNotifications:
                 self._changed(room_id, room)
         elif timer is not None:
             self._changed(room_id, room)
+        self._tell_others(room_id, user_id, typing)
+
+    def _tell_others(self, room_id: str, user_id: str, typing: bool) -> None:
+        if self._on_local_typing is not None:
+            self._on_local_typing(room_id, user_id, typing)
 
     def _expire(self, room_id: str, user_id: str) -> None:
         room = self._rooms[room_id]
         if room.expiries.get(user_id) is gevent.getcurrent():
             del room.expiries[user_id]
             self._changed(room_id, room)
+            self._tell_others(room_id, user_id, False)
 
     def _changed(self, room_id: str, room: _RoomTyping) -> None:
         self.position += 1

@@ -1,0 +1,320 @@
+"""The federation sender: our PDUs and EDUs to every other server in the room.
+
+PDUs come from the outbox (homeserver/storage/outbox.py), written in the transaction that
+stored the event, so nothing is lost to a restart or a `kill -9`; the sender only reads and
+clears it. EDUs (typing, receipts) are ephemeral and wait in memory, per destination.
+
+The rules (server-server spec, "Transactions"; docs/architecture.md, "Processes"):
+- one transaction in flight per destination, at most 50 PDUs and 100 EDUs, oldest first;
+  a transaction ID is taken from the database and never used again, even for a retry;
+- a pool of its own (`federation.sender.max_in_flight`), never the main pool, and one total
+  deadline per transaction, discovery included (the client's, capped by `remote_timeout`);
+- a failed destination backs off (10 s, doubling to 1 h); a success or an inbound transaction
+  from it resets that, and it then catches up: oldest first, or only the newest PDUs of a
+  room past a limit, the peer fetching the gap;
+- destinations whose last attempt failed share a quarter of the slots, and those we never
+  reached share three quarters, so a quarter is always left to servers that answer: dead
+  ones never delay live ones.
+
+Runs in main only (homeserver/processes/main.py starts and stops it). With several instances
+on one database, each destination's row carries a lease (`owner`): only its holder sends.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+from urllib.parse import quote
+
+import gevent
+from gevent.pool import Pool
+
+from homeserver.core.clock import now_ms
+from homeserver.federation.client import FederationClient
+from homeserver.federation.errors import FederationError, RemoteError
+from homeserver.storage.outbox import OutboxStore
+
+log = logging.getLogger(__name__)
+
+# Spec: "Transactions are limited in size; they can have at most 50 PDUs and 100 EDUs."
+MAX_PDUS = 50
+MAX_EDUS = 100
+# EDUs waiting for one destination; past this the oldest go (they are ephemeral).
+MAX_QUEUED_EDUS = 1000
+# Catching up after a failure: a room with more PDUs owed than this sends only its newest
+# this many, and the peer fetches the gap (/get_missing_events, /state_ids).
+CATCH_UP_ROOM_LIMIT = 50
+BACKOFF_START = 10.0
+BACKOFF_MAX = 3600.0
+# Answers meaning the peer refuses this content: retrying it would wedge the destination, so
+# its PDUs are dropped. Anything else (429, 5xx, no answer) is a failure to retry later.
+_REFUSED = (400, 403, 413)
+
+
+@dataclass
+class _Destination:
+    name: str
+    busy: bool = False  # a transaction is in flight, or waiting for a slot
+    pending: bool = False  # the outbox may hold PDUs for it
+    failing: bool = False  # the last attempt failed
+    reached: bool = False  # an attempt ever succeeded (or we heard from it)
+    catching_up: bool = False
+    interval: float = 0.0  # the current backoff, 0 when none
+    retry_at: float = 0.0  # monotonic
+    timer: gevent.Greenlet | None = None
+    edus: deque = field(default_factory=lambda: deque(maxlen=MAX_QUEUED_EDUS))
+
+
+@dataclass
+class SenderStats:
+    outcomes: dict = field(default_factory=lambda: {"success": 0, "failure": 0, "refused": 0})
+    dropped_for_catch_up: int = 0
+
+
+class FederationSender:
+    def __init__(
+        self,
+        server_name: str,
+        store: OutboxStore,
+        client: FederationClient,
+        max_in_flight: int,
+        *,
+        owner: str = "main",
+        backoff_start: float = BACKOFF_START,
+        backoff_max: float = BACKOFF_MAX,
+        on_outcome: Callable[[str], None] | None = None,
+    ):
+        self.server_name = server_name
+        self.store = store
+        self.client = client
+        self.max_in_flight = max_in_flight
+        # Failing destinations share a quarter; unreached and failing ones together three
+        # quarters: a quarter is always there for destinations that answer.
+        self.failing_limit = max(1, max_in_flight // 4)
+        self.unproven_limit = max(1, max_in_flight - self.failing_limit)
+        self.owner = owner
+        self.backoff_start = backoff_start
+        self.backoff_max = backoff_max
+        self.stats = SenderStats()
+        self._on_outcome = on_outcome
+        self.pool = Pool(max_in_flight)
+        self._destinations: dict[str, _Destination] = {}
+        self._ready: deque[str] = deque()  # destinations waiting for a slot, in turn
+        self._in_flight: dict[str, _Destination] = {}
+        self._running = False
+
+    # --- life cycle -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Resumes every destination with PDUs owed, at once: a restart retries them."""
+        self._running = True
+        for row in self.store.destination_rows():
+            dest = self._destination(row.destination)
+            dest.reached = row.retry_interval_ms == 0
+            dest.failing = row.retry_interval_ms > 0
+            dest.interval = row.retry_interval_ms / 1000
+        for name in self.store.destinations_with_pending():
+            dest = self._destination(name)
+            dest.catching_up = True
+            dest.pending = True
+            self._kick(dest)
+        log.info("federation sender started: %d destinations to resume", len(self._ready))
+
+    def stop(self) -> None:
+        """Stops sending; what is in flight is abandoned (the outbox still holds it)."""
+        self._running = False
+        for dest in self._destinations.values():
+            if dest.timer is not None:
+                dest.timer.kill(block=False)
+        self.pool.kill(block=True, timeout=5)
+
+    # --- what the rest of the server tells us -------------------------------------------
+
+    def wake(self, destinations: Iterable[str]) -> None:
+        """PDUs were queued for `destinations` (after the commit). Never blocks."""
+        for name in destinations:
+            dest = self._destination(name)
+            dest.pending = True
+            self._kick(dest)
+
+    def send_edu(self, destinations: Iterable[str], edu_type: str, content: dict) -> None:
+        """Queues an EDU for each destination (in memory: EDUs are ephemeral)."""
+        for name in destinations:
+            if name == self.server_name:
+                continue
+            dest = self._destination(name)
+            dest.edus.append({"edu_type": edu_type, "content": content})
+            self._kick(dest)
+
+    def on_inbound_transaction(self, origin: str) -> None:
+        """`origin` sent us a transaction: it is up. Its backoff ends and it is retried now."""
+        dest = self._destinations.get(origin)
+        if dest is None:
+            return
+        dest.reached = True
+        if dest.interval or dest.retry_at:
+            dest.interval, dest.retry_at = 0.0, 0.0
+            if dest.timer is not None:
+                dest.timer.kill(block=False)
+                dest.timer = None
+            self.store.set_retry(origin, 0, 0)
+            self._kick(dest)
+
+    # --- figures ----------------------------------------------------------------------------
+
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+    def in_backoff(self) -> int:
+        now = time.monotonic()
+        return sum(1 for d in self._destinations.values() if d.retry_at > now)
+
+    def failing_in_flight(self) -> int:
+        return sum(1 for d in self._in_flight.values() if d.failing)
+
+    # --- scheduling -----------------------------------------------------------------------
+
+    def _destination(self, name: str) -> _Destination:
+        dest = self._destinations.get(name)
+        if dest is None:
+            dest = self._destinations[name] = _Destination(name)
+        return dest
+
+    def _kick(self, dest: _Destination) -> None:
+        """Queues `dest` for a slot unless it is busy, backing off, or has nothing to send."""
+        if not self._running or dest.busy or dest.retry_at > time.monotonic():
+            return
+        if not dest.pending and not dest.edus:
+            return
+        dest.busy = True
+        self._ready.append(dest.name)
+        self._dispatch()
+
+    def _admissible(self, dest: _Destination) -> bool:
+        if len(self._in_flight) >= self.max_in_flight:
+            return False
+        if dest.failing:
+            return self.failing_in_flight() < self.failing_limit
+        if not dest.reached:
+            unproven = sum(1 for d in self._in_flight.values() if d.failing or not d.reached)
+            return unproven < self.unproven_limit
+        return True
+
+    def _dispatch(self) -> None:
+        """Starts every waiting destination a slot admits, in turn; the others keep their
+        place. Runs when a destination is queued and when a slot frees."""
+        if not self._running:
+            return
+        waiting: deque[str] = deque()
+        while self._ready and len(self._in_flight) < self.max_in_flight:
+            dest = self._destinations[self._ready.popleft()]
+            if self._admissible(dest):
+                self._in_flight[dest.name] = dest
+                self.pool.spawn(self._run, dest)  # never blocks: a slot is free
+            else:
+                waiting.append(dest.name)
+        waiting.extend(self._ready)
+        self._ready = waiting
+
+    def _run(self, dest: _Destination) -> None:
+        try:
+            while self._running and self._send_one(dest):
+                pass
+        except Exception:
+            log.exception("federation sender: %s", dest.name)
+            self._failed(dest)
+        finally:
+            self._in_flight.pop(dest.name, None)
+            dest.busy = False
+            if self._running and dest.retry_at <= time.monotonic():
+                self._kick(dest)  # something arrived while the last transaction ran
+            self._dispatch()
+
+    # --- one transaction ------------------------------------------------------------------
+
+    def _send_one(self, dest: _Destination) -> bool:
+        """Sends one transaction to `dest`; True if there may be more to send now."""
+        if dest.catching_up:
+            dropped = self.store.trim_rooms(dest.name, CATCH_UP_ROOM_LIMIT)
+            self.stats.dropped_for_catch_up += dropped
+            dest.catching_up = False
+        dest.pending = False
+        pdus = self.store.pending(dest.name, MAX_PDUS)
+        edus = [dest.edus.popleft() for _ in range(min(MAX_EDUS, len(dest.edus)))]
+        if not pdus and not edus:
+            return False
+        dest.pending = len(pdus) == MAX_PDUS
+        txn_id = self.store.begin_transaction(
+            dest.name, self.owner, now_ms(), int(self.client.remote_timeout * 1000) + 10_000
+        )
+        if txn_id is None:  # another instance holds the destination
+            dest.edus.extendleft(reversed(edus))
+            self._back_off(dest, persist=False)
+            return False
+        outcome = self._put(dest.name, str(txn_id), [p for _, p in pdus], edus)
+        self._count(outcome)
+        if outcome == "failure":
+            # Typing is stale by the time a dead server returns; receipts still matter.
+            dest.edus.extendleft(reversed([e for e in edus if e["edu_type"] != "m.typing"]))
+            self._failed(dest)
+            return False
+        self.store.delivered(dest.name, [ordering for ordering, _ in pdus])
+        self._succeeded(dest)
+        return dest.pending or bool(dest.edus)
+
+    def _put(self, destination: str, txn_id: str, pdus: list, edus: list) -> str:
+        body = {"origin": self.server_name, "origin_server_ts": now_ms(), "pdus": pdus}
+        if edus:
+            body["edus"] = edus
+        path = f"/_matrix/federation/v1/send/{quote(txn_id, safe='')}"
+        deadline = self.client.deadline(what=f"transaction {txn_id} to {destination}")
+        try:
+            self.client.put_json(destination, path, body, deadline=deadline)
+            return "success"
+        except RemoteError as e:
+            if e.status in _REFUSED:
+                log.warning("transaction %s refused by %s: %s", txn_id, destination, e)
+                return "refused"
+            log.info("transaction %s to %s failed: %s", txn_id, destination, e)
+            return "failure"
+        except FederationError as e:  # unreachable, deadline, malformed answer
+            log.info("transaction %s to %s failed: %s", txn_id, destination, e)
+            return "failure"
+
+    def _count(self, outcome: str) -> None:
+        self.stats.outcomes[outcome] += 1
+        if self._on_outcome is not None:
+            self._on_outcome(outcome)
+
+    def _succeeded(self, dest: _Destination) -> None:
+        was_backing_off = dest.interval > 0 or dest.failing
+        dest.failing, dest.reached = False, True
+        dest.interval, dest.retry_at = 0.0, 0.0
+        if was_backing_off:
+            self.store.set_retry(dest.name, 0, 0)
+
+    def _failed(self, dest: _Destination) -> None:
+        dest.failing = True
+        dest.catching_up = True
+        dest.pending = True
+        self._back_off(dest, persist=True)
+
+    def _back_off(self, dest: _Destination, persist: bool) -> None:
+        interval = self.backoff_start if not dest.interval else dest.interval * 2
+        dest.interval = min(interval, self.backoff_max)
+        dest.retry_at = time.monotonic() + dest.interval
+        if persist:
+            self.store.set_retry(
+                dest.name, int(dest.interval * 1000), now_ms() + int(dest.interval * 1000)
+            )
+        if dest.timer is not None:
+            dest.timer.kill(block=False)
+        dest.timer = gevent.spawn_later(dest.interval, self._retry, dest)
+
+    def _retry(self, dest: _Destination) -> None:
+        dest.timer = None
+        dest.retry_at = 0.0
+        self._kick(dest)

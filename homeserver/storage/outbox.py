@@ -1,0 +1,158 @@
+"""The federation sender's queue and per-destination state (0010_federation_outbox.sql).
+
+`queue_pdus` runs inside the write transaction that stores the events (RoomStore's
+`persist_events`), so an event is queued exactly when it is stored. `OutboxStore` is what the
+sender (homeserver/federation/sender.py) reads and clears; PDUs are handed to it as the JSON
+stored in `events`, opaque to it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Iterable
+
+from homeserver.storage.database import Database, in_lists
+
+
+def queue_pdus(tx, destinations: Iterable[str], stored: Iterable[tuple[int, str, str]]) -> None:
+    """Queues every (stream_ordering, event_id, room_id) for every destination."""
+    rows = [
+        (destination, ordering, event_id, room_id)
+        for destination in sorted(set(destinations))
+        for ordering, event_id, room_id in stored
+    ]
+    if rows:
+        tx.executemany(
+            "INSERT INTO federation_outbox (destination, stream_ordering, event_id, room_id)"
+            " VALUES (?, ?, ?, ?)",
+            rows,
+        )
+
+
+@dataclass(frozen=True)
+class DestinationRow:
+    destination: str
+    retry_interval_ms: int  # 0: the last attempt succeeded (or none was made yet)
+    retry_at_ms: int
+
+
+class OutboxStore:
+    def __init__(self, db: Database):
+        self.db = db
+
+    # --- the queue ----------------------------------------------------------------------
+
+    def pending(self, destination: str, limit: int) -> list[tuple[int, dict]]:
+        """The oldest `limit` PDUs owed to `destination`: (stream_ordering, pdu)."""
+        rows = self.db.read(
+            lambda tx: tx.fetchall(
+                "SELECT o.stream_ordering, e.json FROM federation_outbox o"
+                " JOIN events e ON e.stream_ordering = o.stream_ordering"
+                " WHERE o.destination = ? ORDER BY o.stream_ordering LIMIT ?",
+                (destination, limit),
+            )
+        )
+        return [(row[0], json.loads(row[1])) for row in rows]
+
+    def delivered(self, destination: str, orderings: list[int]) -> None:
+        """Removes what `destination` acknowledged."""
+
+        def write(tx):
+            for chunk, marks in in_lists(orderings):
+                tx.execute(
+                    "DELETE FROM federation_outbox WHERE destination = ?"
+                    f" AND stream_ordering IN ({marks})",
+                    [destination, *chunk],
+                )
+
+        if orderings:
+            self.db.write(write)
+
+    def trim_rooms(self, destination: str, keep: int) -> int:
+        """Catch-up past a limit: of each room's PDUs owed to `destination`, keeps only the
+        newest `keep` (the peer fetches the gap from their prev_events). Returns how many
+        were dropped."""
+
+        def write(tx) -> int:
+            crowded = tx.fetchall(
+                "SELECT room_id FROM federation_outbox WHERE destination = ?"
+                " GROUP BY room_id HAVING COUNT(*) > ?",
+                (destination, keep),
+            )
+            dropped = 0
+            for (room_id,) in crowded:
+                oldest_kept = tx.fetchone(
+                    "SELECT stream_ordering FROM federation_outbox"
+                    " WHERE destination = ? AND room_id = ?"
+                    " ORDER BY stream_ordering DESC LIMIT 1 OFFSET ?",
+                    (destination, room_id, keep - 1),
+                )[0]
+                before = tx.fetchone(
+                    "SELECT COUNT(*) FROM federation_outbox WHERE destination = ?"
+                    " AND room_id = ? AND stream_ordering < ?",
+                    (destination, room_id, oldest_kept),
+                )[0]
+                tx.execute(
+                    "DELETE FROM federation_outbox WHERE destination = ? AND room_id = ?"
+                    " AND stream_ordering < ?",
+                    (destination, room_id, oldest_kept),
+                )
+                dropped += before
+            return dropped
+
+        return self.db.write(write)
+
+    def destinations_with_pending(self) -> list[str]:
+        rows = self.db.read(
+            lambda tx: tx.fetchall("SELECT DISTINCT destination FROM federation_outbox")
+        )
+        return sorted(row[0] for row in rows)
+
+    def depth(self) -> int:
+        """PDU deliveries still owed, all destinations together."""
+        return self.db.read(lambda tx: tx.fetchone("SELECT COUNT(*) FROM federation_outbox"))[0]
+
+    # --- per destination ------------------------------------------------------------------
+
+    def begin_transaction(
+        self, destination: str, owner: str, now_ms: int, lease_ms: int
+    ) -> int | None:
+        """The ID of a new transaction to `destination`, never handed out before, and the
+        destination's lease for `owner` until `now_ms + lease_ms`; None while another
+        instance holds the lease."""
+
+        def write(tx) -> int | None:
+            tx.execute(
+                "INSERT INTO federation_destinations (destination) VALUES (?)"
+                " ON CONFLICT (destination) DO NOTHING",
+                (destination,),
+            )
+            row = tx.fetchone(
+                "UPDATE federation_destinations SET next_txn_id = next_txn_id + 1,"
+                " lease_owner = ?, lease_until_ms = ?"
+                " WHERE destination = ?"
+                " AND (lease_owner IS NULL OR lease_owner = ? OR lease_until_ms < ?)"
+                " RETURNING next_txn_id - 1",
+                (owner, now_ms + lease_ms, destination, owner, now_ms),
+            )
+            return None if row is None else row[0]
+
+        return self.db.write(write)
+
+    def set_retry(self, destination: str, interval_ms: int, retry_at_ms: int) -> None:
+        self.db.write(
+            lambda tx: tx.execute(
+                "UPDATE federation_destinations SET retry_interval_ms = ?, retry_at_ms = ?"
+                " WHERE destination = ?",
+                (interval_ms, retry_at_ms, destination),
+            )
+        )
+
+    def destination_rows(self) -> list[DestinationRow]:
+        rows = self.db.read(
+            lambda tx: tx.fetchall(
+                "SELECT destination, retry_interval_ms, retry_at_ms FROM federation_destinations"
+            )
+        )
+        return [DestinationRow(*row) for row in rows]
