@@ -46,7 +46,9 @@ from homeserver.media.service import MediaService
 from homeserver.metrics import Metrics
 from homeserver.rooms.creation import RoomCreator
 from homeserver.rooms.history import RoomHistory
+from homeserver.rooms.join_checks import JoinResponseChecker
 from homeserver.rooms.pdu_checks import PduChecker
+from homeserver.rooms.remote_membership import RemoteMembership
 from homeserver.rooms.service import RoomService
 from homeserver.rooms.transactions import (
     Relay,
@@ -335,6 +337,20 @@ class HomeserverRuntime:
     def directory(self) -> DirectoryService:
         return DirectoryService(
             DirectoryStore(self.db), self.rooms, self.server_name, self.remote_directory
+        )
+
+    @component
+    def remote_membership(self) -> RemoteMembership:
+        """Our users' joins, invites and invite rejections through other servers."""
+        return RemoteMembership(
+            self.rooms,
+            self.federation_client,
+            self.keyring,
+            JoinResponseChecker(PduChecker(self.keyring, self.rooms)),
+            self.client_outbound_budget,
+            self.address_cooldown,
+            self.metrics,
+            self.directory.resolve_alias_within,
         )
 
     @component
