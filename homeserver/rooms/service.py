@@ -63,6 +63,8 @@ _PERSIST_ATTEMPTS = 3
 MEMBERSHIPS = ("join", "invite", "knock", "leave", "ban")
 
 PersistListener = Callable[[list[StoredEvent]], None]
+# outbox_listener(destinations): events were queued for these servers (the sender's wake-up).
+OutboxListener = Callable[[set[str]], None]
 # validate(room_id, new_content, old_content or None), raising a MatrixError.
 StateValidator = Callable[[str, dict, "dict | None"], None]
 
@@ -95,6 +97,7 @@ class RoomService:
         self._verify_key = get_verify_key(signing_key)
         self._locks = KeyedLocks()
         self._listeners: list[PersistListener] = []
+        self._outbox_listeners: list[OutboxListener] = []
         self._state_validators: dict[str, StateValidator] = {}
 
     # --- hooks --------------------------------------------------------------------------
@@ -104,6 +107,12 @@ class RoomService:
         wake-up, not the record: a request killed while its write commits skips it, so
         readers catch up from stream positions, never from what listeners were told."""
         self._listeners.append(listener)
+
+    def add_outbox_listener(self, listener: OutboxListener) -> None:
+        """`listener(destinations)` runs after a persist that queued events for other servers
+        (the federation sender's wake-up). Like persist listeners it is not the record: the
+        queue is in the database, and the sender reads it on start."""
+        self._outbox_listeners.append(listener)
 
     def add_state_validator(self, event_type: str, validator: StateValidator) -> None:
         """Checks the content of client-sent state events of one type before they are built."""
@@ -213,15 +222,35 @@ class RoomService:
         except SignatureVerifyException:
             return False
 
-    def _persist(self, events: list[Event], **kwargs) -> list[StoredEvent]:
-        """The single point where our events are stored; listeners hear of them after."""
-        stored = self.store.persist_events(events, now_ms=now_ms(), **kwargs)
+    def _persist(
+        self, events: list[Event], send_to: Iterable[str] = (), **kwargs
+    ) -> list[StoredEvent]:
+        """The single point where events are stored; listeners hear of them after. The
+        events are queued for every server in `send_to` (never ourselves) in the same
+        transaction, and the sender is woken after the commit."""
+        destinations = set(send_to) - {self.server_name}
+        stored = self.store.persist_events(events, now_ms=now_ms(), send_to=destinations, **kwargs)
         for listener in self._listeners:
             try:
                 listener(stored)
             except Exception:
                 log.exception("persist listener failed")
+        if destinations:
+            for wake in self._outbox_listeners:
+                try:
+                    wake(destinations)
+                except Exception:
+                    log.exception("outbox listener failed")
         return stored
+
+    def destinations_for(self, event: Event) -> set[str]:
+        """The servers an event of ours goes to: those with joined members before it, and the
+        target's server when it joins; a leave or kick reaches the server it removes."""
+        servers = {server_of(u) for u in self.store.joined_users(event.room_id)}
+        if event.type == "m.room.member" and event.membership == "join" and event.state_key:
+            servers.add(server_of(event.state_key))
+        servers.discard(self.server_name)
+        return servers
 
     def _append(
         self,
@@ -276,7 +305,8 @@ class RoomService:
         except AuthError as e:
             raise forbidden(str(e)) from None
         try:
-            return self._persist([event], txn=txn)[0].event.event_id
+            send_to = self.destinations_for(event)
+            return self._persist([event], txn=txn, send_to=send_to)[0].event.event_id
         except StaleExtremities:
             raise  # `_append` reads the room again
         except Exception as e:

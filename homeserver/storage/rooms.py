@@ -14,7 +14,7 @@ from typing import Callable, Iterable
 from canonicaljson import encode_canonical_json
 
 from homeserver.core.events import Event
-from homeserver.storage import streams
+from homeserver.storage import outbox, streams
 from homeserver.storage.database import Database, in_lists
 
 EVENTS_STREAM = "events"
@@ -134,6 +134,7 @@ class RoomStore:
         now_ms: int = 0,
         extra_writes: Iterable[Callable] = (),
         received: bool = False,
+        send_to: Iterable[str] = (),
     ) -> list[StoredEvent]:
         """Stores `events` (in order, one room) in one transaction, with their effects on
         current state, stats and extremities. `extra_writes` are `fn(tx)` run in the same
@@ -142,12 +143,22 @@ class RoomStore:
         extremity of the room, and the engine's unique violation if `txn` was already used
         (or, for a `received` event, if the event is already stored). A `received` event
         (over federation) may extend any part of the room's graph: its prev_events were
-        checked to be stored, and it becomes an extremity beside the others."""
+        checked to be stored, and it becomes an extremity beside the others.
+
+        Every event is queued for each server in `send_to` (the federation sender's outbox)
+        in the same transaction, so it is queued exactly when it is stored."""
         return self.db.write(
-            self._persist, events, new_room, txn, now_ms, list(extra_writes), received
+            self._persist,
+            events,
+            new_room,
+            txn,
+            now_ms,
+            list(extra_writes),
+            received,
+            set(send_to),
         )
 
-    def _persist(self, tx, events, new_room, txn, now_ms, extra_writes, received):
+    def _persist(self, tx, events, new_room, txn, now_ms, extra_writes, received, send_to):
         room_id = events[0].room_id
         if new_room is not None:
             tx.execute(
@@ -170,6 +181,9 @@ class RoomStore:
         stored = []
         for position, event in enumerate(events, start=last - len(events) + 1):
             stored.append(self._insert_event(tx, event, position))
+        outbox.queue_pdus(
+            tx, send_to, [(s.stream_ordering, s.event.event_id, room_id) for s in stored]
+        )
         if txn is not None:
             tx.execute(
                 "INSERT INTO event_txn_ids (user_id, device_id, room_id, event_type,"
