@@ -272,7 +272,7 @@ class RemoteMembership:
             except (FederationError, DeadlineExceeded) as e:
                 count_failure(self._metrics, "leave", e)
                 raise to_client_error(e, servers[0] if servers else room_id) from None
-            self.rooms.store_prepared(event)
+            self.rooms.store_remote_leave(event)
         self._metrics.outbound_calls.labels("leave", "ok").inc()
 
     def _leave_via(self, server, room_id, user_id, content, deadline) -> Event:
@@ -305,7 +305,7 @@ class RemoteMembership:
             except (FederationError, DeadlineExceeded) as e:
                 count_failure(self._metrics, "invite", e)
                 raise to_client_error(e, server) from None
-            self.rooms.store_prepared(signed)
+            self.rooms.store_prepared(signed, server)
         self._metrics.outbound_calls.labels("invite", "ok").inc()
         return signed.event_id
 

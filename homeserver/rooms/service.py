@@ -382,14 +382,23 @@ class RoomService:
         except AuthError as e:
             raise forbidden(str(e)) from None
 
-    def store_prepared(self, event: Event) -> None:
-        """Stores an event from `prepare_event` once countersigned. The room may have moved
-        on meanwhile (the other server took its time), so it joins the graph as a received
-        event does, beside the newer extremities."""
+    def store_prepared(self, event: Event, delivered_to: str) -> None:
+        """Stores an event from `prepare_event` once countersigned, queued for the room's
+        servers but `delivered_to`, which has it. The room may have moved on meanwhile (the
+        other server took its time), so it joins the graph as a received event does, beside
+        the newer extremities."""
         with self._locks.hold(event.room_id):
             if self.store.events_in_room(event.room_id, [event.event_id]):
                 return
-            self._persist([event], received=True)
+            send_to = self.destinations_for(event) - {delivered_to}
+            self._persist([event], received=True, send_to=send_to)
+
+    def store_remote_leave(self, event: Event) -> None:
+        """Our leave of a room we were only invited to, already given to the room through
+        send_leave: stored (the invite ends here too), not queued."""
+        with self._locks.hold(event.room_id):
+            if not self.store.events_in_room(event.room_id, [event.event_id]):
+                self._persist([event], received=True)
 
     # --- events received over federation -------------------------------------------------
 
