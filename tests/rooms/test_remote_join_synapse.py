@@ -120,3 +120,24 @@ def test_unknown_remote_room_is_not_found(weir, alice, synapse):
         "!nosuchroom:" + synapse.server_name
         not in alice.get(f"{V3}/joined_rooms").json()["joined_rooms"]
     )
+
+
+def test_we_invite_a_synapse_user_and_synapse_countersigns(weir, alice, bob, synapse):
+    created = alice.post(f"{V3}/createRoom", json={"preset": "private_chat", "name": "Ours"})
+    assert created.status_code == 200, created.text
+    room_id = created.json()["room_id"]
+    bob_id = bob.get(f"{V3}/account/whoami").json()["user_id"]
+
+    r = alice.post(_room("/invite", room_id), json={"user_id": bob_id})
+    assert r.status_code == 200, r.text
+    member = alice.get(_room("/state/m.room.member/" + quote(bob_id), room_id))
+    assert member.json()["membership"] == "invite"
+    # Synapse saw it: the invite is in its user's /sync, with the room's stripped state.
+    with gevent.Timeout(10, AssertionError("the invite never reached Synapse's /sync")):
+        while True:
+            invites = bob.get(f"{V3}/sync", params={"timeout": "2000"}, timeout=30).json()
+            invited = invites.get("rooms", {}).get("invite", {}).get(room_id)
+            if invited:
+                break
+    stripped = {e["type"]: e for e in invited["invite_state"]["events"]}
+    assert stripped["m.room.name"]["content"] == {"name": "Ours"}
