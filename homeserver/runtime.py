@@ -388,6 +388,8 @@ class HomeserverRuntime:
             self.address_cooldown,
             self.metrics,
             self.directory.resolve_alias_within,
+            self.remote_invites,
+            self.notifier.notify_users,
         )
 
     @component

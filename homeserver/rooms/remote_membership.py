@@ -37,6 +37,7 @@ from homeserver.rooms.events import InvalidEvent, event_from_template, event_id_
 from homeserver.rooms.join_checks import JoinResponseChecker
 from homeserver.rooms.service import PlannedEvent, RoomService
 from homeserver.rooms.versions import KNOWN_ROOM_VERSIONS, RoomVersion
+from homeserver.storage.remote_invites import RemoteInviteStore
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +89,8 @@ class RemoteMembership:
         cooldown: AddressCooldown,
         metrics: Metrics,
         resolve_alias: AliasResolver,
+        remote_invites: RemoteInviteStore,
+        wake_users: Callable[[Iterable[str]], None],
     ):
         self.rooms = rooms
         self._client = client
@@ -97,6 +100,8 @@ class RemoteMembership:
         self._cooldown = cooldown
         self._metrics = metrics
         self._resolve_alias = resolve_alias
+        self._remote_invites = remote_invites
+        self._wake_users = wake_users
         self.server_name = rooms.server_name
 
     # --- joins ------------------------------------------------------------------------------
@@ -117,6 +122,9 @@ class RemoteMembership:
             via, alias = [*via, *servers], None
         if room_id is not None and self._local(room_id):
             return self._join_locally(user_id, room_id, content)
+        if room_id is not None:
+            # Clients join an invite without `via`: the inviting server is in the room.
+            via = [*via, *self._inviting_server(room_id, user_id)]
         started = time.monotonic()
         outcome = "error"
         try:
@@ -133,6 +141,10 @@ class RemoteMembership:
         if server_of(room_id) == self.server_name:
             raise not_found("Unknown room")  # ours, and no one is in it: nobody to ask
         return False
+
+    def _inviting_server(self, room_id: str, user_id: str) -> list[str]:
+        kept = self._remote_invites.get(room_id, user_id)
+        return [server_of(kept.event.sender)] if kept and kept.membership == "invite" else []
 
     def _join_locally(self, user_id: str, room_id: str, content: dict) -> str:
         self.rooms.update_membership(user_id, room_id, user_id, "join", content)
@@ -248,19 +260,13 @@ class RemoteMembership:
     def leave(self, user_id: str, room_id: str, caller: Caller, content: dict) -> None:
         """Leaves a room; an invite to a room none of our users is in is rejected through
         the inviting server (make_leave/send_leave), any other leave is a local event."""
-        if not is_valid_room_id(room_id) or not self.rooms.room_exists(room_id):
+        if not is_valid_room_id(room_id):
             raise not_found("Unknown room")
-        member = self.rooms.store.current_state(room_id, [("m.room.member", user_id)]).get(
-            ("m.room.member", user_id)
-        )
-        if (
-            member is None
-            or member.event.membership != "invite"
-            or self.rooms.is_joined_here(room_id)
-        ):
+        invite = self._pending_invite(room_id, user_id)
+        if invite is None:
             self.rooms.update_membership(user_id, room_id, user_id, "leave", content)
             return
-        servers = _candidates(room_id, [server_of(member.event.sender)], self.server_name)
+        servers = _candidates(room_id, [server_of(invite.sender)], self.server_name)
         with admitted(self._budget, caller):
             deadline = self._client.deadline(MEMBERSHIP_DEADLINE_SECONDS, what=f"leave {room_id}")
             try:
@@ -272,8 +278,32 @@ class RemoteMembership:
             except (FederationError, DeadlineExceeded) as e:
                 count_failure(self._metrics, "leave", e)
                 raise to_client_error(e, servers[0] if servers else room_id) from None
-            self.rooms.store_remote_leave(event)
+            self._record_rejection(room_id, event)
         self._metrics.outbound_calls.labels("leave", "ok").inc()
+
+    def _pending_invite(self, room_id: str, user_id: str) -> Event | None:
+        """The invite to reject through another server: one in a room we hold but none of
+        our users is in, or one kept beside the rooms (storage/remote_invites.py)."""
+        if self.rooms.room_exists(room_id):
+            if self.rooms.is_joined_here(room_id):
+                return None
+            member = self.rooms.store.current_state(room_id, [("m.room.member", user_id)]).get(
+                ("m.room.member", user_id)
+            )
+            return member.event if member and member.event.membership == "invite" else None
+        kept = self._remote_invites.get(room_id, user_id)
+        if kept is None:
+            raise not_found("Unknown room")
+        return kept.event if kept.membership == "invite" else None
+
+    def _record_rejection(self, room_id: str, event: Event) -> None:
+        if self.rooms.room_exists(room_id):
+            self.rooms.store_remote_leave(event)
+            return
+        kept = self._remote_invites.get(room_id, event.state_key or "")
+        if kept is not None:  # _pending_invite found it: the room is not held here
+            self._remote_invites.put(kept.room_version, event, [], "leave")
+            self._wake_users([event.state_key or ""])
 
     def _leave_via(self, server, room_id, user_id, content, deadline) -> Event:
         version, template = self._make("leave", server, room_id, user_id, deadline)

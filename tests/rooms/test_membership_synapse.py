@@ -110,6 +110,79 @@ def test_a_synapse_user_joins_our_room_and_messages_flow_both_ways(weir, synapse
     wait_for_message(synapse_sync(bob), room_id, "from weir", within=10)
 
 
+def _invited(carol, room_id: str) -> dict:
+    """Waits for the invite to `room_id` in carol's /sync, for at most 10 s."""
+    deadline = time.monotonic() + 10
+    since = None
+    while time.monotonic() < deadline:
+        params = {"timeout": 5000, **({"since": since} if since else {})}
+        data = carol.get(f"{V3}/sync", params=params, timeout=30).json()
+        invite = data["rooms"]["invite"].get(room_id)
+        if invite is not None:
+            return invite
+        since = data["next_batch"]
+    raise AssertionError("the invite never showed in /sync")
+
+
+@pytest.mark.parametrize("version", ["10"])
+def test_synapse_invites_and_our_user_joins_then_messages_flow(weir, synapse, version):
+    erin = MatrixClient(weir.client_url)
+    erin_id = erin.register(f"erin{version or 'default'}")["user_id"]
+    frank = SynapseUser(synapse, f"frank{version or 'default'}")
+    settings = {"name": "Invited", "invite": [erin_id]}
+    r = frank.call(
+        "POST", "/createRoom", json={**settings, **({"room_version": version} if version else {})}
+    )
+    assert r.status_code == 200, (r.text, synapse.log_tail())
+    room_id = r.json()["room_id"]
+    _invited(erin, room_id)
+    # No via: the inviting server is asked.
+    r = erin.post(f"{V3}/join/{quote(room_id, safe='')}", json={})
+    assert r.status_code == 200, r.text
+    assert r.json()["room_id"] == room_id
+    r = frank.call(
+        "PUT",
+        f"/rooms/{quote(room_id, safe='')}/send/m.room.message/t1",
+        json={"msgtype": "m.text", "body": "hello erin"},
+    )
+    assert r.status_code == 200, r.text
+    wait_for_message(weir_sync(erin), room_id, "hello erin", within=10)
+    r = erin.put(
+        f"{V3}/rooms/{quote(room_id, safe='')}/send/m.room.message/t2",
+        json={"msgtype": "m.text", "body": "hello frank"},
+    )
+    assert r.status_code == 200, r.text
+    wait_for_message(synapse_sync(frank), room_id, "hello frank", within=10)
+    # Leave: Synapse sees it.
+    r = erin.post(f"{V3}/rooms/{quote(room_id, safe='')}/leave", json={})
+    assert r.status_code == 200, r.text
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        r = frank.call("GET", f"/rooms/{quote(room_id, safe='')}/state/m.room.member/{erin_id}")
+        if r.status_code == 200 and r.json().get("membership") == "leave":
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError("Synapse never saw our leave")
+
+
+def test_an_invite_rejected_here_is_seen_by_synapse(weir, synapse):
+    gina = MatrixClient(weir.client_url)
+    gina_id = gina.register("gina")["user_id"]
+    hal = SynapseUser(synapse, "hal")
+    r = hal.call("POST", "/createRoom", json={"room_version": "10", "invite": [gina_id]})
+    assert r.status_code == 200, (r.text, synapse.log_tail())
+    room_id = r.json()["room_id"]
+    _invited(gina, room_id)
+    # Rejected through the inviting server: make_leave/send_leave.
+    r = gina.post(f"{V3}/rooms/{quote(room_id, safe='')}/leave", json={})
+    assert r.status_code == 200, r.text
+    r = hal.call("GET", f"/rooms/{quote(room_id, safe='')}/state/m.room.member/{gina_id}")
+    assert r.status_code == 200 and r.json()["membership"] == "leave", r.text
+    data = gina.get(f"{V3}/sync", timeout=30).json()
+    assert room_id not in data["rooms"]["invite"]
+
+
 def test_a_synapse_users_invite_shows_in_our_sync(weir, synapse):
     carol = MatrixClient(weir.client_url)
     carol.register("carol")
