@@ -31,18 +31,24 @@ from homeserver.core.errors import (
     not_found,
 )
 from homeserver.core.events import Event
-from homeserver.core.identifiers import is_valid_room_id, is_valid_user_id, server_of
+from homeserver.core.identifiers import (
+    is_valid_room_id,
+    is_valid_user_id,
+    new_room_id,
+    room_id_server,
+    server_of,
+)
 from homeserver.core.requester import Requester
 from homeserver.rooms.auth import (
     CREATE,
     AuthError,
+    auth_event_ids_to_check,
     auth_types_for_event,
     check_auth_events,
-    required_power_level,
     select_auth_events,
-    user_power_level,
 )
 from homeserver.rooms.events import MAX_PREV_EVENTS, InvalidEvent, build_event, redact
+from homeserver.rooms.power_levels import required_power_level, user_power_level
 from homeserver.rooms.received import ReceivedEventRefused, authorise_received_event
 from homeserver.rooms.versions import KNOWN_ROOM_VERSIONS, RoomVersion
 from homeserver.storage.profiles import ProfileStore
@@ -171,12 +177,13 @@ class RoomService:
         self,
         version: RoomVersion,
         planned: PlannedEvent,
-        room_id: str,
+        room_id: str | None,
         prev_events: list[Event],
         state: dict,
         ts: int,
     ) -> Event:
-        """Builds, signs and auth-checks one event. Raises AuthError for the caller to map."""
+        """Builds, signs and auth-checks one event. Raises AuthError for the caller to map.
+        `room_id` is None for the create event of a room it names (v12)."""
         auth_events = select_auth_events(
             version, planned.event_type, planned.sender, planned.state_key, planned.content, state
         )
@@ -198,8 +205,13 @@ class RoomService:
             if e.too_large:
                 raise MatrixError(413, Codes.TOO_LARGE, str(e)) from None
             raise bad_json(str(e)) from None
+        # v12 lists no create event, but the rules still check against it.
+        checked = {e.event_id: e for e in [*auth_events, *state.values()]}
         check_auth_events(
-            version, event, auth_events, lambda ev, server: self._signed_by_us(version, ev, server)
+            version,
+            event,
+            [checked[i] for i in auth_event_ids_to_check(version, event) if i in checked],
+            lambda ev, server: self._signed_by_us(version, ev, server),
         )
         return event
 
@@ -289,15 +301,35 @@ class RoomService:
 
     def create_room(
         self,
-        room_id: str,
         version: RoomVersion,
         creator: str,
         planned: list[PlannedEvent],
-        extra_writes: Iterable[Callable] = (),
-    ) -> None:
-        """Builds every initial event of a new room and stores them all, with
-        `extra_writes`, in one transaction: a room is created whole or not at all."""
+        extra_writes: Callable[[str], Iterable[Callable]] = lambda room_id: (),
+    ) -> str:
+        """Builds every initial event of a new room and stores them all, with the writes
+        `extra_writes(room_id)` gives, in one transaction: a room is created whole or not at
+        all. Returns the room ID, which in v12 is only known once the create event is built."""
         ts = now_ms()
+        for attempt in range(_PERSIST_ATTEMPTS):
+            # Two v12 rooms with the same creator, content and timestamp hash to one room ID;
+            # an earlier timestamp makes another (as Synapse does).
+            room_id, events = self._initial_events(version, planned, ts - attempt)
+            try:
+                self._persist(
+                    events,
+                    new_room=NewRoom(room_id, version.identifier, creator, ts - attempt),
+                    extra_writes=extra_writes(room_id),
+                )
+                return room_id
+            except Exception as e:
+                if not self.store.db.is_unique_violation(e) or self.store.get_room(room_id) is None:
+                    raise
+        raise MatrixError(503, Codes.UNKNOWN, "Could not pick a new room ID; try again")
+
+    def _initial_events(
+        self, version: RoomVersion, planned: list[PlannedEvent], ts: int
+    ) -> tuple[str, list[Event]]:
+        room_id = None if version.room_id_is_create_event_id else new_room_id(self.server_name)
         state: dict = {}
         events: list[Event] = []
         for item in planned:
@@ -307,14 +339,12 @@ class RoomService:
                 raise MatrixError(
                     400, Codes.INVALID_ROOM_STATE, f"{item.event_type} would not be allowed: {e}"
                 ) from None
+            room_id = event.room_id
             events.append(event)
             if event.is_state:
                 state[(event.type, event.state_key)] = event
-        self._persist(
-            events,
-            new_room=NewRoom(room_id, version.identifier, creator, ts),
-            extra_writes=extra_writes,
-        )
+        assert room_id is not None
+        return room_id, events
 
     # --- events received over federation -------------------------------------------------
 
@@ -338,7 +368,8 @@ class RoomService:
         room_id = event.room_id
         with self._locks.hold(room_id):
             known = self.store.events_in_room(
-                room_id, [event.event_id, *event.prev_event_ids, *event.auth_event_ids]
+                room_id,
+                [event.event_id, *event.prev_event_ids, *auth_event_ids_to_check(version, event)],
             )
             if event.event_id in known:
                 return False
@@ -404,7 +435,9 @@ class RoomService:
             for key, value in self.profiles.member_fields(target).items():
                 content.setdefault(key, value)
         if membership == "join" and not self.room_exists(room_id):
-            if is_valid_room_id(room_id) and server_of(room_id) != self.server_name:
+            # A room of ours would be known; a v12 room ID names no server, so an unknown
+            # one may live anywhere.
+            if is_valid_room_id(room_id) and room_id_server(room_id) != self.server_name:
                 raise self.remote_membership_unavailable()
             raise not_found("Unknown room")
         self.room_version(room_id)
