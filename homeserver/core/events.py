@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from homeserver.core.identifiers import room_id_for_create_event
+
 
 @dataclass(frozen=True)
 class Event:
@@ -17,6 +19,10 @@ class Event:
 
     @property
     def room_id(self) -> str:
+        room_id = self.pdu.get("room_id")
+        if room_id is None and self.pdu.get("type") == "m.room.create":
+            # Room version 12: the create event has no room_id; its ID names the room.
+            return room_id_for_create_event(self.event_id)
         return self.pdu["room_id"]
 
     @property

@@ -14,6 +14,8 @@ MAX_IDENTIFIER_BYTES = 255
 _DNS_NAME = re.compile(r"[A-Za-z0-9.\-]{1,255}")
 _IPV6_CHARS = re.compile(r"[0-9A-Fa-f:.]{2,45}")
 _ROOM_ID_ALPHABET = string.ascii_letters
+# A sha256 in URL-safe unpadded base64 is 43 characters.
+_HASH_ROOM_ID = re.compile(r"![A-Za-z0-9_\-]{43}")
 
 
 def is_valid_server_name(name: str) -> bool:
@@ -75,12 +77,41 @@ def parse_room_alias(alias: str) -> tuple[str, str] | None:
 
 
 def is_valid_room_id(room_id: str) -> bool:
+    """`!localpart:server` (room versions 1 to 11) or `!hash` (version 12 and later)."""
+    if ":" not in room_id:
+        return is_hash_room_id(room_id)
     parts = _split(room_id, "!")
     return parts is not None and bool(parts[0])
 
 
+def is_hash_room_id(room_id: str) -> bool:
+    """A room ID that is a create event's reference hash (room version 12 and later): `!`
+    and 43 characters of URL-safe unpadded base64, no server part."""
+    return _HASH_ROOM_ID.fullmatch(room_id) is not None
+
+
+def room_id_server(room_id: str) -> str | None:
+    """The server a room ID names, or None for a v12 room ID, which names none: a room's
+    origin is then not in its ID, and only the room's state tells where it lives."""
+    if is_hash_room_id(room_id):
+        return None
+    return server_of(room_id) or None
+
+
+def room_id_for_create_event(create_event_id: str) -> str:
+    """A v12 room's ID: its create event's ID with the sigil `!` instead of `$`."""
+    return "!" + create_event_id[1:]
+
+
+def create_event_id_for_room(room_id: str) -> str:
+    """The ID of the create event a v12 room ID names (the inverse of
+    `room_id_for_create_event`)."""
+    return "$" + room_id[1:]
+
+
 def server_of(identifier: str) -> str:
-    """The server part of `&localpart:server` ("" when there is none)."""
+    """The server part of `&localpart:server` ("" when there is none). For room IDs use
+    `room_id_server`: a v12 room ID has no server part."""
     return identifier.partition(":")[2]
 
 

@@ -1,11 +1,15 @@
-"""The authorisation rules of room versions 10 and 11, as pure functions.
+"""The authorisation rules of room versions 10, 11 and 12, as pure functions.
 
 Every function here takes an event and the state it is checked against, and touches nothing
-else: the same code checks the events we create and, later, PDUs received over federation,
-whether against their listed `auth_events` (`check_auth_events`) or against a room state
-(`check_against_state`). Rule numbers in comments are those of the room version pages.
-Rule 2.3 (an auth event that was itself rejected) is the caller's: only accepted events may
-be passed in.
+else: the same code checks the events we create and PDUs received over federation, whether
+against their auth events (`check_auth_events`) or against a room state
+(`check_against_state`). Rule numbers in comments are those of the room version 12 page;
+v10 and v11 lack its rule 2, so their later rules are numbered one lower. Rule 3.3 (an auth
+event that was itself rejected) is the caller's: only accepted events may be passed in.
+
+In v12 the create event is never listed in `auth_events`: the room ID names it. The rules
+still need it, so the events to check against are those of `auth_event_ids_to_check`.
+Power levels are `power_levels.py`'s.
 """
 
 from __future__ import annotations
@@ -19,7 +23,15 @@ from signedjson.sign import SignatureVerifyException, verify_signed_json
 from unpaddedbase64 import decode_base64
 
 from homeserver.core.events import Event
-from homeserver.core.identifiers import is_valid_user_id, server_of
+from homeserver.core.identifiers import create_event_id_for_room, is_valid_user_id, server_of
+from homeserver.rooms.power_levels import (
+    PowerLevelsError,
+    check_additional_creators,
+    check_power_levels,
+    named_level,
+    required_power_level,
+    user_power_level,
+)
 from homeserver.rooms.versions import KNOWN_ROOM_VERSIONS, RoomVersion
 
 StateKey = tuple[str, str]
@@ -34,17 +46,6 @@ POWER_LEVELS = "m.room.power_levels"
 JOIN_RULES = "m.room.join_rules"
 THIRD_PARTY_INVITE = "m.room.third_party_invite"
 
-_PL_INT_KEYS = (
-    "users_default",
-    "events_default",
-    "state_default",
-    "ban",
-    "redact",
-    "kick",
-    "invite",
-)
-_PL_MAP_KEYS = ("events", "notifications")
-
 
 class AuthError(Exception):
     """The event is not allowed; the message says which rule refused it."""
@@ -56,7 +57,8 @@ class AuthError(Exception):
 def auth_types_for_event(
     version: RoomVersion, event_type: str, sender: str, state_key: str | None, content: dict
 ) -> list[StateKey]:
-    """The (type, state_key) pairs whose current events are this event's `auth_events`."""
+    """The (type, state_key) pairs of the state the auth rules look at for this event: its
+    `auth_events`, and in v12 the create event too (see `select_auth_events`)."""
     if event_type == CREATE:
         return []
     wanted: list[StateKey] = [(CREATE, ""), (POWER_LEVELS, ""), (MEMBER, sender)]
@@ -89,11 +91,22 @@ def select_auth_events(
     content: dict,
     state: StateMap,
 ) -> list[Event]:
+    """The events to list as a new event's `auth_events` (server-server spec, "Auth events
+    selection"): never the create event in v12, whose room ID names it."""
     return [
         state[k]
         for k in auth_types_for_event(version, event_type, sender, state_key, content)
-        if k in state
+        if k in state and not (k == (CREATE, "") and version.room_id_is_create_event_id)
     ]
+
+
+def auth_event_ids_to_check(version: RoomVersion, event: Event) -> list[str]:
+    """The IDs of the events `check_auth_events` needs for `event`: its `auth_events`, and in
+    v12 the create event its room ID names (none for a create event)."""
+    ids = list(event.auth_event_ids)
+    if version.room_id_is_create_event_id and event.type != CREATE:
+        ids.append(create_event_id_for_room(event.room_id))
+    return ids
 
 
 def _third_party_token(content: dict) -> str | None:
@@ -113,28 +126,34 @@ def check_auth_events(
     auth_events: Iterable[Event],
     verify_server_signature: SignatureCheck | None = None,
 ) -> None:
-    """Checks `event` against the events it lists as `auth_events` (rules 1 to 10)."""
+    """Checks `event` against its auth events: `auth_events` are the events whose IDs
+    `auth_event_ids_to_check` gives (in v12, those listed plus the room's create event)."""
     if event.type == CREATE:
         _check_create(version, event)
         return
+    if version.room_id_is_create_event_id and any(
+        e == create_event_id_for_room(event.room_id) for e in event.auth_event_ids
+    ):
+        raise AuthError("auth_events must not list the m.room.create event")  # 3.2
     by_key: dict[StateKey, Event] = {}
     for auth_event in auth_events:
         key = (auth_event.type, auth_event.state_key or "")
         if auth_event.state_key is None:
             raise AuthError("auth event is not a state event")
         if key in by_key:
-            raise AuthError(f"duplicate auth event for {key}")  # 2.1
+            raise AuthError(f"duplicate auth event for {key}")  # 3.1
         by_key[key] = auth_event
     allowed = set(
         auth_types_for_event(version, event.type, event.sender, event.state_key, event.content)
     )
     for key, auth_event in by_key.items():
         if key not in allowed:
-            raise AuthError(f"unexpected auth event {key}")  # 2.2
+            raise AuthError(f"unexpected auth event {key}")  # 3.2
         if auth_event.room_id != event.room_id:
-            raise AuthError("auth event from another room")  # 2.5
+            raise AuthError("auth event from another room")  # 3.5
     if (CREATE, "") not in by_key:
-        raise AuthError("no m.room.create among the auth events")  # 2.4
+        raise AuthError("no m.room.create among the auth events")  # v10 and v11 rule 2.4
+    _check_room_id_names_create(version, event, by_key[(CREATE, "")])  # 2
     _check_rules(version, event, by_key, verify_server_signature)
 
 
@@ -150,6 +169,7 @@ def check_against_state(
         return
     if (CREATE, "") not in state:
         raise AuthError("the room has no m.room.create event")
+    _check_room_id_names_create(version, event, state[(CREATE, "")])
     auth = {
         k: state[k]
         for k in auth_types_for_event(
@@ -164,15 +184,31 @@ def check_against_state(
 
 
 def _check_create(version: RoomVersion, event: Event) -> None:
-    # Rule 1 (v11 drops 1.4, the creator property).
+    # Rule 1 (v11 drops the creator property, v12 the room ID and adds additional_creators).
     if event.prev_event_ids:
-        raise AuthError("m.room.create must not have prev_events")
-    if server_of(event.room_id) != server_of(event.sender):
+        raise AuthError("m.room.create must not have prev_events")  # 1.1
+    if version.room_id_is_create_event_id:
+        if "room_id" in event.pdu:  # 1.2: the create event's ID is the room ID
+            raise AuthError("m.room.create must not have a room_id")
+    elif server_of(event.room_id) != server_of(event.sender):
         raise AuthError("m.room.create sender and room ID are on different servers")
     if "room_version" in event.content and event.content["room_version"] not in KNOWN_ROOM_VERSIONS:
-        raise AuthError(f"unknown room version {event.content['room_version']!r}")
+        raise AuthError(f"unknown room version {event.content['room_version']!r}")  # 1.3
     if not version.implicit_room_creator and "creator" not in event.content:
         raise AuthError("m.room.create has no creator")
+    if version.creators_have_infinite_power and "additional_creators" in event.content:
+        try:
+            check_additional_creators(event.content["additional_creators"])  # 1.4
+        except PowerLevelsError as e:
+            raise AuthError(str(e)) from None
+
+
+def _check_room_id_names_create(version: RoomVersion, event: Event, create: Event) -> None:
+    # v12 rule 2: the room ID is the create event's ID, with `!` for `$`.
+    if version.room_id_is_create_event_id and create.event_id != create_event_id_for_room(
+        event.room_id
+    ):
+        raise AuthError("the room ID does not name this room's m.room.create event")
 
 
 def _check_rules(
@@ -182,7 +218,7 @@ def _check_rules(
     verify_server_signature: SignatureCheck | None,
 ) -> None:
     create = auth[(CREATE, "")]
-    # Rule 3: m.federate false keeps other servers out.
+    # Rule 4: m.federate false keeps other servers out.
     if create.content.get("m.federate", True) is False and server_of(event.sender) != server_of(
         create.sender
     ):
@@ -194,32 +230,35 @@ def _check_rules(
 
     sender_membership = _membership(auth, event.sender)
     if sender_membership != "join":
-        raise AuthError(f"{event.sender} is not in the room")  # 5
+        raise AuthError(f"{event.sender} is not in the room")  # 6
 
     sender_level = user_power_level(version, event.sender, auth)
-    if event.type == THIRD_PARTY_INVITE:  # 6
-        if sender_level >= _named_level(auth, "invite", 0):
+    if event.type == THIRD_PARTY_INVITE:  # 7
+        if sender_level >= named_level(auth, "invite", 0):
             return
         raise AuthError("power level too low to invite")
 
     required = required_power_level(event.type, event.is_state, auth)
-    if required > sender_level:  # 7
+    if required > sender_level:  # 8
         raise AuthError(f"sending {event.type} needs power level {required}")
 
     if (
         event.state_key is not None
         and event.state_key.startswith("@")
         and event.state_key != event.sender
-    ):  # 8
+    ):  # 9
         raise AuthError("state keys starting with @ are reserved for that user")
 
-    if event.type == POWER_LEVELS:  # 9
-        _check_power_levels(version, event, auth, sender_level)
+    if event.type == POWER_LEVELS:  # 10
+        try:
+            check_power_levels(version, event, auth, sender_level)
+        except PowerLevelsError as e:
+            raise AuthError(str(e)) from None
 
 
 @dataclass(frozen=True)
 class _MemberEvent:
-    """An m.room.member event that passed rules 4.1 and 4.2, with what rules 4.3 to 4.7 look
+    """An m.room.member event that passed rules 5.1 and 5.2, with what rules 5.3 to 5.7 look
     up about it in the auth state."""
 
     version: RoomVersion
@@ -243,9 +282,9 @@ def _check_membership(
 ) -> None:
     target = event.state_key
     membership = event.content.get("membership")
-    if target is None or not isinstance(membership, str):  # 4.1
+    if target is None or not isinstance(membership, str):  # 5.1
         raise AuthError("m.room.member needs a state_key and content.membership")
-    _check_authorising_server(event, verify_server_signature)  # 4.2
+    _check_authorising_server(event, verify_server_signature)  # 5.2
     member = _MemberEvent(
         version,
         event,
@@ -257,12 +296,12 @@ def _check_membership(
     )
     rule = _MEMBERSHIP_RULES.get(membership)
     if rule is None:
-        raise AuthError(f"unknown membership {membership!r}")  # 4.8
+        raise AuthError(f"unknown membership {membership!r}")  # 5.8
     rule(member)
 
 
 def _check_authorising_server(event: Event, verify_server_signature: SignatureCheck | None) -> None:
-    # Rule 4.2: a restricted join names a member who admitted it, and that member's server
+    # Rule 5.2: a restricted join names a member who admitted it, and that member's server
     # must have signed the event.
     authoriser = event.content.get("join_authorised_via_users_server")
     if authoriser is None:
@@ -274,91 +313,91 @@ def _check_authorising_server(event: Event, verify_server_signature: SignatureCh
 
 
 def _check_join(member: _MemberEvent) -> None:
-    # Rule 4.3.
+    # Rule 5.3.
     event, auth, version = member.event, member.auth, member.version
     create = auth[(CREATE, "")]
+    # Only the create event's sender: v12's additional creators join like anyone else.
     creator = create.sender if version.implicit_room_creator else create.content.get("creator")
     if event.prev_event_ids == [create.event_id] and member.target == creator:
-        return  # 4.3.1: the creator's own first join
-    if event.sender != member.target:  # 4.3.2
+        return  # 5.3.1: the creator's own first join
+    if event.sender != member.target:  # 5.3.2
         raise AuthError("cannot join on behalf of another user")
-    if member.sender_membership == "ban":  # 4.3.3
+    if member.sender_membership == "ban":  # 5.3.3
         raise AuthError("you are banned from this room")
     _check_join_rule(member)
 
 
 def _check_join_rule(member: _MemberEvent) -> None:
-    # Rules 4.3.4 to 4.3.7: what the room's join rule lets a (not banned) user do.
+    # Rules 5.3.4 to 5.3.7: what the room's join rule lets a (not banned) user do.
     version, join_rule = member.version, member.join_rule
     if join_rule in ("invite", "knock") and (
         join_rule == "invite" or version.knock_join_rule
-    ):  # 4.3.4
+    ):  # 5.3.4
         if member.sender_membership in ("invite", "join"):
             return
         raise AuthError("you are not invited to this room")
     if (join_rule == "restricted" and version.restricted_join_rule) or (
         join_rule == "knock_restricted" and version.knock_restricted_join_rule
-    ):  # 4.3.5
+    ):  # 5.3.5
         if member.sender_membership in ("join", "invite"):
             return
         authoriser = member.event.content.get("join_authorised_via_users_server")
         if (
             not isinstance(authoriser, str)
             or _membership(member.auth, authoriser) != "join"
-            or member.level(authoriser) < _named_level(member.auth, "invite", 0)
+            or member.level(authoriser) < named_level(member.auth, "invite", 0)
         ):
             raise AuthError("join is not authorised by a member who may invite")
         return
-    if join_rule == "public":  # 4.3.6
+    if join_rule == "public":  # 5.3.6
         return
-    raise AuthError(f"cannot join a room whose join rule is {join_rule!r}")  # 4.3.7
+    raise AuthError(f"cannot join a room whose join rule is {join_rule!r}")  # 5.3.7
 
 
 def _check_invite(member: _MemberEvent) -> None:
-    # Rule 4.4.
+    # Rule 5.4.
     event, target_membership = member.event, member.target_membership
-    if "third_party_invite" in event.content:  # 4.4.1
+    if "third_party_invite" in event.content:  # 5.4.1
         _check_third_party_invite(event, member.auth, target_membership)
         return
-    if member.sender_membership != "join":  # 4.4.2
+    if member.sender_membership != "join":  # 5.4.2
         raise AuthError("you are not in the room")
-    if target_membership in ("join", "ban"):  # 4.4.3
+    if target_membership in ("join", "ban"):  # 5.4.3
         raise AuthError(
             f"{member.target} is already "
             f"{'in the room' if target_membership == 'join' else 'banned'}"
         )
-    if member.level(event.sender) >= _named_level(member.auth, "invite", 0):  # 4.4.4
+    if member.level(event.sender) >= named_level(member.auth, "invite", 0):  # 5.4.4
         return
     raise AuthError("power level too low to invite")
 
 
 def _check_leave(member: _MemberEvent) -> None:
-    # Rule 4.5: leaving, or (sent by another user) a kick or an unban.
+    # Rule 5.5: leaving, or (sent by another user) a kick or an unban.
     event, auth = member.event, member.auth
-    if event.sender == member.target:  # 4.5.1
+    if event.sender == member.target:  # 5.5.1
         if member.sender_membership in ("invite", "join", "knock"):
             return
         raise AuthError("you are not in the room")
-    if member.sender_membership != "join":  # 4.5.2
+    if member.sender_membership != "join":  # 5.5.2
         raise AuthError("you are not in the room")
     sender_level = member.level(event.sender)
-    if member.target_membership == "ban" and sender_level < _named_level(auth, "ban", 50):
-        raise AuthError("power level too low to unban")  # 4.5.3
+    if member.target_membership == "ban" and sender_level < named_level(auth, "ban", 50):
+        raise AuthError("power level too low to unban")  # 5.5.3
     if (
-        sender_level >= _named_level(auth, "kick", 50)
-        and member.level(member.target) < sender_level
-    ):  # 4.5.4
+        sender_level >= named_level(auth, "kick", 50) and member.level(member.target) < sender_level
+    ):  # 5.5.4
         return
     raise AuthError("power level too low to kick this user")
 
 
 def _check_ban(member: _MemberEvent) -> None:
-    # Rule 4.6.
+    # Rule 5.6.
     if member.sender_membership != "join":
         raise AuthError("you are not in the room")
     sender_level = member.level(member.event.sender)
     if (
-        sender_level >= _named_level(member.auth, "ban", 50)
+        sender_level >= named_level(member.auth, "ban", 50)
         and member.level(member.target) < sender_level
     ):
         return
@@ -366,7 +405,7 @@ def _check_ban(member: _MemberEvent) -> None:
 
 
 def _check_knock(member: _MemberEvent) -> None:
-    # Rule 4.7: only rooms whose join rule takes knocks, and only for oneself.
+    # Rule 5.7: only rooms whose join rule takes knocks, and only for oneself.
     version = member.version
     knock_rules = ["knock"] if version.knock_join_rule else []
     if version.knock_restricted_join_rule:
@@ -392,7 +431,7 @@ _MEMBERSHIP_RULES: dict[str, Callable[[_MemberEvent], None]] = {
 def _check_third_party_invite(
     event: Event, auth: dict[StateKey, Event], target_membership: str | None
 ) -> None:
-    # Rule 4.4.1: an invite that redeems an m.room.third_party_invite.
+    # Rule 5.4.1: an invite that redeems an m.room.third_party_invite.
     if target_membership == "ban":
         raise AuthError("the invited user is banned")
     signed = _third_party_signed(event)
@@ -449,84 +488,7 @@ def _signed_by_any(signed: dict, signatures: dict, keys: list[str]) -> bool:
     return False
 
 
-def _check_power_levels(
-    version: RoomVersion, event: Event, auth: dict[StateKey, Event], sender_level: int
-) -> None:
-    new = event.content
-    _check_power_levels_format(version, new)  # 9.1 to 9.3
-    old_event = auth.get((POWER_LEVELS, ""))
-    if old_event is None:  # 9.4
-        return
-    old = old_event.content
-    _check_named_level_changes(old, new, sender_level)  # 9.5
-    _check_level_map_changes(old, new, sender_level)  # 9.6, 9.7
-    _check_user_level_changes(old, new, event.sender, sender_level)  # 9.8, 9.9
-
-
-def _check_power_levels_format(version: RoomVersion, new: dict) -> None:
-    if version.integer_power_levels:
-        for key in _PL_INT_KEYS:  # 9.1
-            if key in new and not _is_int(new[key]):
-                raise AuthError(f"power levels: {key} must be an integer")
-        for key in _PL_MAP_KEYS:  # 9.2
-            if key in new and not (
-                isinstance(new[key], dict) and all(_is_int(v) for v in new[key].values())
-            ):
-                raise AuthError(f"power levels: {key} must map to integers")
-    users = new.get("users", {})
-    if not isinstance(users, dict) or not all(
-        is_valid_user_id(u) and _is_int(v) for u, v in users.items()
-    ):  # 9.3
-        raise AuthError("power levels: users must map user IDs to integers")
-
-
-def _check_named_level_changes(old: dict, new: dict, sender_level: int) -> None:
-    for key in _PL_INT_KEYS:  # 9.5
-        if old.get(key) != new.get(key):
-            for value in (old.get(key), new.get(key)):
-                if value is not None and _as_int(value) > sender_level:
-                    raise AuthError(f"power levels: cannot change {key} above your own level")
-
-
-def _check_level_map_changes(old: dict, new: dict, sender_level: int) -> None:
-    for key in _PL_MAP_KEYS:
-        old_map, new_map = old.get(key) or {}, new.get(key) or {}
-        for name in set(old_map) | set(new_map):
-            if old_map.get(name) == new_map.get(name):
-                continue
-            if name in old_map and _as_int(old_map[name]) > sender_level:  # 9.6
-                raise AuthError(f"power levels: cannot change {key}.{name}")
-            if name in new_map and _as_int(new_map[name]) > sender_level:  # 9.7
-                raise AuthError(f"power levels: cannot raise {key}.{name} above your level")
-
-
-def _check_user_level_changes(old: dict, new: dict, sender: str, sender_level: int) -> None:
-    users = new.get("users", {})
-    old_users = old.get("users") or {}
-    for user in set(old_users) | set(users):
-        if old_users.get(user) == users.get(user):
-            continue
-        if user != sender and user in old_users and _as_int(old_users[user]) >= sender_level:  # 9.8
-            raise AuthError(f"power levels: cannot change the level of {user}")
-        if user in users and _as_int(users[user]) > sender_level:  # 9.9
-            raise AuthError("power levels: cannot give a level above your own")
-
-
-# --- power levels and membership lookups ------------------------------------------------
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _as_int(value) -> int:
-    """A power level value; older room versions allowed numeric strings."""
-    if _is_int(value):
-        return value
-    try:
-        return int(str(value).strip())
-    except ValueError:
-        return 0
+# --- membership lookups -----------------------------------------------------------------
 
 
 def _membership(auth: Mapping[StateKey, Event], user_id: str) -> str | None:
@@ -537,39 +499,3 @@ def _membership(auth: Mapping[StateKey, Event], user_id: str) -> str | None:
 def _join_rule(auth: Mapping[StateKey, Event]) -> str | None:
     event = auth.get((JOIN_RULES, ""))
     return event.content.get("join_rule") if event is not None else None
-
-
-def _named_level(auth: Mapping[StateKey, Event], name: str, default: int) -> int:
-    """The invite, kick, ban or redact level."""
-    event = auth.get((POWER_LEVELS, ""))
-    if event is None or name not in event.content:
-        return default
-    return _as_int(event.content[name])
-
-
-def user_power_level(version: RoomVersion, user_id: str, state: Mapping[StateKey, Event]) -> int:
-    power_levels = state.get((POWER_LEVELS, ""))
-    if power_levels is not None:
-        users = power_levels.content.get("users") or {}
-        if isinstance(users, dict) and user_id in users:
-            return _as_int(users[user_id])
-        return _as_int(power_levels.content.get("users_default", 0))
-    # No power levels yet: the creator has 100, everyone else 0.
-    create = state.get((CREATE, ""))
-    if create is None:
-        return 0
-    creator = create.sender if version.implicit_room_creator else create.content.get("creator")
-    return 100 if user_id == creator else 0
-
-
-def required_power_level(event_type: str, is_state: bool, state: Mapping[StateKey, Event]) -> int:
-    power_levels = state.get((POWER_LEVELS, ""))
-    if power_levels is None:
-        return 0  # state_default is 0, not 50, when there is no power levels event at all
-    content = power_levels.content
-    events = content.get("events") or {}
-    if isinstance(events, dict) and event_type in events:
-        return _as_int(events[event_type])
-    if is_state:
-        return _as_int(content.get("state_default", 50))
-    return _as_int(content.get("events_default", 0))

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from homeserver.core.errors import Codes, MatrixError, invalid_param, not_found
-from homeserver.core.identifiers import is_valid_user_id, new_room_id, server_of
+from homeserver.core.identifiers import is_valid_user_id, server_of
 from homeserver.rooms.service import PlannedEvent, RoomService
 from homeserver.rooms.versions import (
     DEFAULT_ROOM_VERSION,
@@ -54,9 +54,13 @@ class CreateRoomRequest:
     power_level_content_override: dict | None = None
 
 
-def default_power_levels(creator: str, preset: Preset, invitees: tuple) -> dict:
-    users = {creator: 100}
-    if preset.invitees_are_admins:
+def default_power_levels(
+    version: RoomVersion, creator: str, preset: Preset, invitees: tuple
+) -> dict:
+    # v12: creators are above every level and may not be listed; a trusted chat's invitees
+    # are made creators instead (`_create_content`).
+    users = {} if version.creators_have_infinite_power else {creator: 100}
+    if preset.invitees_are_admins and not version.creators_have_infinite_power:
         users.update({user: 100 for user in invitees})
     return {
         "users": users,
@@ -67,7 +71,8 @@ def default_power_levels(creator: str, preset: Preset, invitees: tuple) -> dict:
             "m.room.history_visibility": 100,
             "m.room.canonical_alias": 50,
             "m.room.avatar": 50,
-            "m.room.tombstone": 100,
+            # v12: only creators may upgrade the room (Synapse's default too).
+            "m.room.tombstone": 150 if version.creators_have_infinite_power else 100,
             "m.room.server_acl": 100,
             "m.room.encryption": 100,
         },
@@ -83,9 +88,7 @@ def default_power_levels(creator: str, preset: Preset, invitees: tuple) -> dict:
 def plan_room(
     version: RoomVersion, creator: str, request: CreateRoomRequest, alias: str | None
 ) -> list[PlannedEvent]:
-    preset = PRESETS[
-        request.preset or ("public_chat" if request.visibility == "public" else "private_chat")
-    ]
+    preset = _preset(request)
     initial: dict[tuple[str, str], dict] = {}
     for item in request.initial_state:
         initial[(item["type"], item.get("state_key", ""))] = item["content"]
@@ -100,7 +103,7 @@ def plan_room(
 
     power_levels = initial.pop(("m.room.power_levels", ""), None)
     if power_levels is None:
-        power_levels = default_power_levels(creator, preset, request.invite)
+        power_levels = default_power_levels(version, creator, preset, request.invite)
     power_levels = {**power_levels, **(request.power_level_content_override or {})}
     planned.append(state("m.room.power_levels", power_levels))
 
@@ -127,6 +130,12 @@ def plan_room(
     return planned
 
 
+def _preset(request: CreateRoomRequest) -> Preset:
+    return PRESETS[
+        request.preset or ("public_chat" if request.visibility == "public" else "private_chat")
+    ]
+
+
 def _create_content(version: RoomVersion, creator: str, request: CreateRoomRequest) -> dict:
     content = dict(request.creation_content)
     content["room_version"] = version.identifier
@@ -134,6 +143,15 @@ def _create_content(version: RoomVersion, creator: str, request: CreateRoomReque
         content.pop("creator", None)  # v11: the creator is the create event's sender
     else:
         content["creator"] = creator
+    if (
+        version.creators_have_infinite_power
+        and _preset(request).invitees_are_admins
+        and request.invite
+    ):
+        # v12: a trusted private chat's invitees become creators, as Synapse makes them.
+        given = content.get("additional_creators", [])
+        if isinstance(given, list):  # anything else is refused by the auth rules
+            content["additional_creators"] = list(dict.fromkeys([*given, *request.invite]))
     return content
 
 
@@ -180,7 +198,30 @@ class RoomCreator:
         for item in request.initial_state:
             if item["type"] in _RESERVED_INITIAL_STATE:
                 raise invalid_param(f"initial_state may not contain {item['type']}")
-        invitees = tuple(dict.fromkeys(u for u in request.invite if u != creator))
+        invitees = self._invitees(creator, request.invite)
+        request = CreateRoomRequest(**{**request.__dict__, "invite": invitees})
+
+        alias = None
+        if request.room_alias_name is not None:
+            alias = self.directory.check_new_alias(
+                f"#{request.room_alias_name}:{self.server_name}", taken_errcode=Codes.ROOM_IN_USE
+            )
+
+        def extra_writes(room_id: str) -> list:
+            writes = []
+            if alias is not None:
+                writes.append(self.directory.alias_writer(alias, room_id, creator))
+            if request.visibility == "public":
+                writes.append(self.directory.publish_writer(room_id))
+            return writes
+
+        return self.rooms.create_room(
+            version, creator, plan_room(version, creator, request, alias), extra_writes
+        )
+
+    def _invitees(self, creator: str, invite: tuple) -> tuple:
+        """The users to invite, once each, all local users that exist."""
+        invitees = tuple(dict.fromkeys(u for u in invite if u != creator))
         for user_id in invitees:
             if not is_valid_user_id(user_id):
                 raise invalid_param(f"Not a valid user ID: {user_id}")
@@ -193,24 +234,7 @@ class RoomCreator:
                 )
             if not self.rooms.accounts.user_exists(user_id):
                 raise not_found(f"Unknown user {user_id}")
-        request = CreateRoomRequest(**{**request.__dict__, "invite": invitees})
-
-        alias = None
-        if request.room_alias_name is not None:
-            alias = self.directory.check_new_alias(
-                f"#{request.room_alias_name}:{self.server_name}", taken_errcode=Codes.ROOM_IN_USE
-            )
-
-        room_id = new_room_id(self.server_name)
-        extra_writes = []
-        if alias is not None:
-            extra_writes.append(self.directory.alias_writer(alias, room_id, creator))
-        if request.visibility == "public":
-            extra_writes.append(self.directory.publish_writer(room_id))
-        self.rooms.create_room(
-            room_id, version, creator, plan_room(version, creator, request, alias), extra_writes
-        )
-        return room_id
+        return invitees
 
     @staticmethod
     def _room_version(identifier: str | None) -> RoomVersion:

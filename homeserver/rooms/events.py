@@ -16,7 +16,13 @@ from signedjson.sign import sign_json
 from unpaddedbase64 import encode_base64
 
 from homeserver.core.events import Event
-from homeserver.core.identifiers import is_valid_room_id, is_valid_user_id
+from homeserver.core.identifiers import (
+    create_event_id_for_room,
+    is_hash_room_id,
+    is_valid_room_id,
+    is_valid_user_id,
+    room_id_for_create_event,
+)
 from homeserver.rooms.versions import RoomVersion
 
 MAX_PDU_BYTES = 65536
@@ -130,6 +136,18 @@ def event_id_for(version: RoomVersion, pdu: dict) -> str:
     return "$" + encode_base64(compute_reference_hash(version, pdu), urlsafe=True)
 
 
+def room_id_of(version: RoomVersion, pdu: dict) -> str:
+    """The room a PDU belongs to: its `room_id`, or for the create event of a room whose ID
+    is its create event's (v12), the ID its reference hash gives."""
+    if version.room_id_is_create_event_id and _is_create(pdu) and "room_id" not in pdu:
+        return room_id_for_create_event(event_id_for(version, pdu))
+    return pdu["room_id"]
+
+
+def _is_create(pdu: dict) -> bool:
+    return pdu.get("type") == "m.room.create" and pdu.get("state_key") == ""
+
+
 def add_hashes_and_signatures(
     version: RoomVersion, pdu: dict, server_name: str, signing_key
 ) -> None:
@@ -182,7 +200,7 @@ def check_size_limits(event: Event) -> None:
 def build_event(
     version: RoomVersion,
     *,
-    room_id: str,
+    room_id: str | None,
     sender: str,
     event_type: str,
     content: dict,
@@ -193,14 +211,16 @@ def build_event(
     server_name: str,
     signing_key,
 ) -> Event:
-    """A signed event of ours. `prev_events` are the room's forward extremities."""
+    """A signed event of ours. `prev_events` are the room's forward extremities. `room_id`
+    is None only for the create event of a room whose ID it will give (v12)."""
     if len(prev_events) > MAX_PREV_EVENTS or len(auth_event_ids) > MAX_AUTH_EVENTS:
         raise InvalidEvent("too many prev_events or auth_events")
+    if (room_id is None) != (version.room_id_is_create_event_id and event_type == "m.room.create"):
+        raise InvalidEvent("only a v12 create event, and every one, has no room_id")
     if version.strict_canonical_json:
         check_canonical_values(content)
     depth = min(max((e.depth for e in prev_events), default=0) + 1, MAX_DEPTH)
-    pdu = {
-        "room_id": room_id,
+    pdu: dict[str, Any] = {
         "sender": sender,
         "type": event_type,
         "content": copy.deepcopy(content),
@@ -209,6 +229,8 @@ def build_event(
         "depth": depth,
         "origin_server_ts": origin_server_ts,
     }
+    if room_id is not None:
+        pdu["room_id"] = room_id
     if state_key is not None:
         pdu["state_key"] = state_key
     add_hashes_and_signatures(version, pdu, server_name, signing_key)
@@ -267,7 +289,6 @@ _PDU_FIELDS = {
     "hashes": dict,
     "origin_server_ts": int,
     "prev_events": list,
-    "room_id": str,
     "sender": str,
     "signatures": dict,
     "type": str,
@@ -283,8 +304,9 @@ def check_pdu_format(version: RoomVersion, event: Event) -> None:
         value = pdu.get(name)
         if not isinstance(value, kind) or isinstance(value, bool):
             raise InvalidEvent(f"{name} is missing or not a {kind.__name__}")
-    if not is_valid_user_id(pdu["sender"]) or not is_valid_room_id(pdu["room_id"]):
-        raise InvalidEvent("sender or room_id is not a valid identifier")
+    if not is_valid_user_id(pdu["sender"]):
+        raise InvalidEvent("sender is not a valid user ID")
+    _check_room_id(version, pdu)
     if "state_key" in pdu and not isinstance(pdu["state_key"], str):
         raise InvalidEvent("state_key is not a string")
     if not isinstance(pdu["hashes"].get("sha256"), str):
@@ -295,6 +317,23 @@ def check_pdu_format(version: RoomVersion, event: Event) -> None:
     if version.strict_canonical_json:
         check_canonical_values(pdu, "event")
     check_size_limits(event)
+
+
+def _check_room_id(version: RoomVersion, pdu: dict) -> None:
+    """v12: the create event has no room_id (auth rule 1.2 rejects one that has), every other
+    event names its room by hash and does not list the create event in auth_events (the room
+    ID implies it). Before v12: a `!localpart:server` room ID on every event."""
+    room_id = pdu.get("room_id")
+    if not version.room_id_is_create_event_id:
+        if not isinstance(room_id, str) or ":" not in room_id or not is_valid_room_id(room_id):
+            raise InvalidEvent("room_id is missing or not a valid room ID")
+        return
+    if room_id is None and _is_create(pdu):
+        return
+    if not isinstance(room_id, str) or not is_hash_room_id(room_id):
+        raise InvalidEvent("room_id is missing or not a room version 12 room ID")
+    if create_event_id_for_room(room_id) in pdu["auth_events"]:
+        raise InvalidEvent("auth_events must not list the create event")
 
 
 def _check_event_references(pdu: dict) -> None:

@@ -16,7 +16,7 @@ def client_event(
         "content": pdu["content"],
         "sender": pdu["sender"],
         "origin_server_ts": pdu["origin_server_ts"],
-        "room_id": pdu["room_id"],
+        "room_id": stored.event.room_id,  # a v12 create event has none in its PDU
     }
     if "state_key" in pdu:
         out["state_key"] = pdu["state_key"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from homeserver.core.events import Event
 from homeserver.rooms.auth import (
     AuthError,
+    auth_event_ids_to_check,
     auth_types_for_event,
     check_against_state,
     check_auth_events,
@@ -29,7 +30,8 @@ def authorise_received_event(
     """Steps 4 to 6 of the spec's "Checks performed on receipt of a PDU", kept minimal: the
     event must pass the auth rules against its auth_events, against the state before it,
     and against the current state; else `ReceivedEventRefused`. Run under the room's lock;
-    `known` are those of the event's prev_events and auth_events that are stored, and
+    `known` are those of the event's prev_events and `auth_event_ids_to_check` that are
+    stored, and
     `signed_by` the servers whose signatures on it were verified.
 
     Missing prev_events or auth_events are not fetched from other servers (no backfill):
@@ -37,7 +39,8 @@ def authorise_received_event(
     the current state when its prev_events are the room's forward extremities (the linear
     case), else the state at the newest of them in stream order."""
     room_id = event.room_id
-    missing = [e for e in event.prev_event_ids + event.auth_event_ids if e not in known]
+    auth_ids = auth_event_ids_to_check(version, event)
+    missing = [e for e in event.prev_event_ids + auth_ids if e not in known]
     if missing:
         raise ReceivedEventRefused(
             f"unknown prev_events or auth_events ({', '.join(missing[:3])}); "
@@ -48,7 +51,7 @@ def authorise_received_event(
         return server in signed_by
 
     try:
-        check_auth_events(version, event, [known[e].event for e in event.auth_event_ids], signed)
+        check_auth_events(version, event, [known[e].event for e in auth_ids], signed)
     except AuthError as e:
         raise ReceivedEventRefused(f"rejected by its auth events: {e}") from None
     keys = auth_types_for_event(version, event.type, event.sender, event.state_key, event.content)

@@ -20,7 +20,12 @@ from budget import DeadlineExceeded, InFlightBudget, OutboundDeadline
 from homeserver.core.clock import now_ms
 from homeserver.core.errors import Codes, MatrixError, not_found
 from homeserver.core.events import Event
-from homeserver.core.identifiers import is_valid_room_id, is_valid_server_name, server_of
+from homeserver.core.identifiers import (
+    is_valid_room_id,
+    is_valid_server_name,
+    room_id_server,
+    server_of,
+)
 from homeserver.federation.admission import Caller, admitted, count_failure
 from homeserver.federation.client import FederationClient
 from homeserver.federation.cooldown import AddressCooldown
@@ -74,7 +79,7 @@ def _q(value: str) -> str:
 
 def _candidates(room_id: str, via: Iterable[str], ours: str) -> list[str]:
     """The servers to try, in order: `via`, then the room ID's own server (none in v12)."""
-    servers = [*via, server_of(room_id)]
+    servers = [*via, room_id_server(room_id) or ""]
     return [s for s in dict.fromkeys(servers) if s and s != ours and is_valid_server_name(s)]
 
 
@@ -138,7 +143,7 @@ class RemoteMembership:
     def _local(self, room_id: str) -> bool:
         if self.rooms.room_exists(room_id) and self.rooms.is_joined_here(room_id):
             return True
-        if server_of(room_id) == self.server_name:
+        if room_id_server(room_id) == self.server_name:
             raise not_found("Unknown room")  # ours, and no one is in it: nobody to ask
         return False
 

@@ -31,19 +31,25 @@ from homeserver.core.errors import (
     not_found,
 )
 from homeserver.core.events import Event
-from homeserver.core.identifiers import is_valid_room_id, is_valid_user_id, server_of
+from homeserver.core.identifiers import (
+    is_valid_room_id,
+    is_valid_user_id,
+    new_room_id,
+    server_of,
+)
 from homeserver.core.requester import Requester
 from homeserver.rooms.auth import (
     CREATE,
     AuthError,
+    auth_event_ids_to_check,
     auth_types_for_event,
     check_auth_events,
-    required_power_level,
     select_auth_events,
-    user_power_level,
 )
 from homeserver.rooms.events import MAX_PREV_EVENTS, InvalidEvent, build_event, redact
+from homeserver.rooms.power_levels import required_power_level, user_power_level
 from homeserver.rooms.received import ReceivedEventRefused, authorise_received_event
+from homeserver.rooms.restricted_joins import authorise_restricted_join
 from homeserver.rooms.versions import KNOWN_ROOM_VERSIONS, RoomVersion
 from homeserver.storage.profiles import ProfileStore
 from homeserver.storage.rooms import (
@@ -180,12 +186,13 @@ class RoomService:
         self,
         version: RoomVersion,
         planned: PlannedEvent,
-        room_id: str,
+        room_id: str | None,
         prev_events: list[Event],
         state: dict,
         ts: int,
     ) -> Event:
-        """Builds, signs and auth-checks one event. Raises AuthError for the caller to map."""
+        """Builds, signs and auth-checks one event. Raises AuthError for the caller to map.
+        `room_id` is None for the create event of a room it names (v12)."""
         auth_events = select_auth_events(
             version, planned.event_type, planned.sender, planned.state_key, planned.content, state
         )
@@ -207,8 +214,13 @@ class RoomService:
             if e.too_large:
                 raise MatrixError(413, Codes.TOO_LARGE, str(e)) from None
             raise bad_json(str(e)) from None
+        # v12 lists no create event, but the rules still check against it.
+        checked = {e.event_id: e for e in [*auth_events, *state.values()]}
         check_auth_events(
-            version, event, auth_events, lambda ev, server: self._signed_by_us(version, ev, server)
+            version,
+            event,
+            [checked[i] for i in auth_event_ids_to_check(version, event) if i in checked],
+            lambda ev, server: self._signed_by_us(version, ev, server),
         )
         return event
 
@@ -319,15 +331,35 @@ class RoomService:
 
     def create_room(
         self,
-        room_id: str,
         version: RoomVersion,
         creator: str,
         planned: list[PlannedEvent],
-        extra_writes: Iterable[Callable] = (),
-    ) -> None:
-        """Builds every initial event of a new room and stores them all, with
-        `extra_writes`, in one transaction: a room is created whole or not at all."""
+        extra_writes: Callable[[str], Iterable[Callable]] = lambda room_id: (),
+    ) -> str:
+        """Builds every initial event of a new room and stores them all, with the writes
+        `extra_writes(room_id)` gives, in one transaction: a room is created whole or not at
+        all. Returns the room ID, which in v12 is only known once the create event is built."""
         ts = now_ms()
+        for attempt in range(_PERSIST_ATTEMPTS):
+            # Two v12 rooms with the same creator, content and timestamp hash to one room ID;
+            # an earlier timestamp makes another (as Synapse does).
+            room_id, events = self._initial_events(version, planned, ts - attempt)
+            try:
+                self._persist(
+                    events,
+                    new_room=NewRoom(room_id, version.identifier, creator, ts - attempt),
+                    extra_writes=extra_writes(room_id),
+                )
+                return room_id
+            except Exception as e:
+                if not self.store.db.is_unique_violation(e) or self.store.get_room(room_id) is None:
+                    raise
+        raise MatrixError(503, Codes.UNKNOWN, "Could not pick a new room ID; try again")
+
+    def _initial_events(
+        self, version: RoomVersion, planned: list[PlannedEvent], ts: int
+    ) -> tuple[str, list[Event]]:
+        room_id = None if version.room_id_is_create_event_id else new_room_id(self.server_name)
         state: dict = {}
         events: list[Event] = []
         for item in planned:
@@ -337,14 +369,12 @@ class RoomService:
                 raise MatrixError(
                     400, Codes.INVALID_ROOM_STATE, f"{item.event_type} would not be allowed: {e}"
                 ) from None
+            room_id = event.room_id
             events.append(event)
             if event.is_state:
                 state[(event.type, event.state_key)] = event
-        self._persist(
-            events,
-            new_room=NewRoom(room_id, version.identifier, creator, ts),
-            extra_writes=extra_writes,
-        )
+        assert room_id is not None
+        return room_id, events
 
     # --- membership through other servers (rooms/remote_membership.py) ---------------------
 
@@ -430,7 +460,8 @@ class RoomService:
         room_id = event.room_id
         with self._locks.hold(room_id):
             known = self.store.events_in_room(
-                room_id, [event.event_id, *event.prev_event_ids, *event.auth_event_ids]
+                room_id,
+                [event.event_id, *event.prev_event_ids, *auth_event_ids_to_check(version, event)],
             )
             if event.event_id in known:
                 return False
@@ -560,40 +591,6 @@ class RoomService:
         return self.update_membership(requester.user_id, room_id, target, "leave", content)
 
     def authorise_restricted_join(self, room_id: str, user_id: str, content: dict) -> None:
-        """For a restricted room, names a local member who may invite as the authoriser of a
-        join by someone who is in one of the allowed rooms (room version 8+ rules)."""
+        """Names the local authoriser of a join to a restricted room (restricted_joins.py)."""
         version = self.room_version(room_id)
-        keys = [
-            ("m.room.join_rules", ""),
-            ("m.room.member", user_id),
-            ("m.room.power_levels", ""),
-            ("m.room.create", ""),
-        ]
-        state = {k: s.event for k, s in self.store.current_state(room_id, keys).items()}
-        rules = state.get(("m.room.join_rules", ""))
-        rule = rules.content.get("join_rule") if rules else None
-        if rules is None or rule not in ("restricted", "knock_restricted"):
-            return
-        member = state.get(("m.room.member", user_id))
-        if member is not None and member.membership in ("join", "invite"):
-            return
-        allowed = {
-            a.get("room_id")
-            for a in rules.content.get("allow") or []
-            if isinstance(a, dict) and a.get("type") == "m.room_membership"
-        }
-        if not allowed & set(self.joined_rooms(user_id)):
-            raise forbidden("You are not in any of the rooms this room admits members of")
-        invite_level = (
-            state[("m.room.power_levels", "")].content.get("invite", 0)
-            if ("m.room.power_levels", "") in state
-            else 0
-        )
-        candidates = [
-            u for u in self.store.joined_users(room_id) if server_of(u) == self.server_name
-        ]
-        powers = {u: user_power_level(version, u, state) for u in candidates}
-        able = [u for u in candidates if powers[u] >= invite_level]
-        if not able:
-            raise forbidden("No member of this server may admit you to the room")
-        content["join_authorised_via_users_server"] = max(able, key=lambda u: (powers[u], u))
+        authorise_restricted_join(self.store, version, self.server_name, room_id, user_id, content)

@@ -4,10 +4,10 @@ Code that depends on the room version (event format, redaction, auth rules) asks
 `RoomVersion` a question (`version.updated_redaction_rules`), never compares identifiers.
 Adding a version is adding an entry here, plus code for any flag that is new.
 
-Room version 12 is left open: it would set `room_id_is_create_event_hash` (the room ID is
-the create event's reference hash, and the create event is not listed in `auth_events`)
-and `creators_have_infinite_power`. Neither is implemented yet, so 12 is not listed in
-`KNOWN_ROOM_VERSIONS` and asking for it is `M_UNSUPPORTED_ROOM_VERSION`.
+Room version 12 (spec v1.16, "Room Version 12") is 11 with three changes, one flag each:
+room IDs from the create event (MSC4291), creators with infinite power (MSC4289), and
+state resolution v2.1 (MSC4297). Weir has no state resolution yet; the third flag says
+which algorithm the room needs for whoever writes it.
 """
 
 from __future__ import annotations
@@ -35,9 +35,16 @@ class RoomVersion:
     # redaction's `redacts`, power levels' `invite` and third_party_invite.signed, and no
     # longer keeps the top-level `origin`, `membership` and `prev_state`.
     updated_redaction_rules: bool
-    # v12 (not implemented; see the module docstring).
-    room_id_is_create_event_hash: bool = False
+    # v12: the room ID is the create event's ID with `!` for `$` (no server part); the
+    # create event has no room_id and is never listed in auth_events (the room ID implies
+    # it); an event whose room ID names no accepted create event is rejected.
+    room_id_is_create_event_id: bool = False
+    # v12: the create event's sender and its content's `additional_creators` are the
+    # creators, whose power level is infinite; power levels may not list them in `users`.
     creators_have_infinite_power: bool = False
+    # v12: state resolution v2.1 (iterative auth checks start from an empty state, and the
+    # full conflicted set includes the conflicted state subgraph).
+    state_resolution_v2_1: bool = False
 
 
 ROOM_V10 = RoomVersion(
@@ -57,6 +64,21 @@ ROOM_V11 = dataclasses.replace(
     ROOM_V10, identifier="11", implicit_room_creator=True, updated_redaction_rules=True
 )
 
-KNOWN_ROOM_VERSIONS: dict[str, RoomVersion] = {v.identifier: v for v in (ROOM_V10, ROOM_V11)}
+# Room version 12 is version 11 with hashed room IDs, all-powerful creators and state
+# resolution v2.1.
+ROOM_V12 = dataclasses.replace(
+    ROOM_V11,
+    identifier="12",
+    room_id_is_create_event_id=True,
+    creators_have_infinite_power=True,
+    state_resolution_v2_1=True,
+)
 
+KNOWN_ROOM_VERSIONS: dict[str, RoomVersion] = {
+    v.identifier: v for v in (ROOM_V10, ROOM_V11, ROOM_V12)
+}
+
+# createRoom's default stays 10 for now, though the spec says servers SHOULD default to 12:
+# joins across servers and state resolution (v2, and v12's v2.1) are not in Weir yet, and a
+# room made today should be one every peer can join. Switch to ROOM_V12 once they are.
 DEFAULT_ROOM_VERSION = ROOM_V10

@@ -3,7 +3,14 @@ discovery, so a name that passes validation never fails later, after a slot was 
 
 import pytest
 
-from homeserver.core.identifiers import is_valid_server_name
+from homeserver.core.identifiers import (
+    create_event_id_for_room,
+    is_hash_room_id,
+    is_valid_room_id,
+    is_valid_server_name,
+    room_id_for_create_event,
+    room_id_server,
+)
 from homeserver.federation.discovery import split_server_name
 
 NAMES = [
@@ -50,3 +57,31 @@ def test_a_final_newline_is_not_part_of_a_server_name(name):
     # Identifier grammar: a server name has no whitespace; a pattern ending in `$` would
     # accept one final "\n", which would then reach DNS and the Host header.
     assert not is_valid_server_name(name)
+
+
+@pytest.mark.parametrize(
+    "room_id, server",
+    [
+        ("!abc:example.org", "example.org"),
+        ("!abc:example.org:8448", "example.org:8448"),
+        ("!" + "Nhcu5BS-UMnFX7hBVfVSoXiD7OgH6iRT-xyIuqDnpYQ", None),  # v12: the spec's example
+    ],
+)
+def test_room_ids_of_every_version_are_valid_and_only_old_ones_name_a_server(room_id, server):
+    assert is_valid_room_id(room_id)
+    assert room_id_server(room_id) == server
+    assert is_hash_room_id(room_id) == (server is None)
+
+
+@pytest.mark.parametrize(
+    "room_id", ["!", "!short", "!" + "A" * 44, "!" + "A" * 42 + "=", "!" + "A" * 43 + "\n", "!:hs"]
+)
+def test_malformed_room_ids_are_invalid(room_id):
+    assert not is_valid_room_id(room_id)
+
+
+def test_a_v12_room_id_and_its_create_event_id_map_to_each_other():
+    event_id = "$Nhcu5BS-UMnFX7hBVfVSoXiD7OgH6iRT-xyIuqDnpYQ"
+    room_id = room_id_for_create_event(event_id)
+    assert room_id == "!Nhcu5BS-UMnFX7hBVfVSoXiD7OgH6iRT-xyIuqDnpYQ"
+    assert create_event_id_for_room(room_id) == event_id

@@ -124,7 +124,7 @@ def test_create_room_options_and_refusals(server, user):
         r = alice.post(f"{V3}/createRoom", json=body)
         assert (r.status_code, r.json()["errcode"]) == (status, errcode), r.text
 
-    refused({"room_version": "12"}, 400, "M_UNSUPPORTED_ROOM_VERSION")
+    refused({"room_version": "13"}, 400, "M_UNSUPPORTED_ROOM_VERSION")
     refused({"preset": "party"}, 400, "M_BAD_JSON")
     refused({"invite": ["@someone:elsewhere.example"]}, 400, "M_UNRECOGNIZED")
     refused({"invite": ["@nobody-here:weir.test"]}, 404, "M_NOT_FOUND")

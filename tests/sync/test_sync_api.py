@@ -499,7 +499,10 @@ def test_capabilities_and_default_push_rules(server, user):
     caps = alice.get(f"{V3}/capabilities")
     assert_matches_spec(caps, "get", "/_matrix/client/v3/capabilities")
     versions = caps.json()["capabilities"]["m.room_versions"]
-    assert versions == {"default": "10", "available": {"10": "stable", "11": "stable"}}
+    assert versions == {
+        "default": "10",
+        "available": {"10": "stable", "11": "stable", "12": "stable"},
+    }
     assert caps.json()["capabilities"]["m.change_password"] == {"enabled": False}
 
     rules = alice.get(f"{V3}/pushrules/")
