@@ -17,8 +17,13 @@ import gevent.pool
 
 from homeserver.core.events import Event
 from homeserver.federation.errors import KeyResolutionRefused, MalformedResponse
-from homeserver.rooms.auth import AuthError, check_against_state, check_auth_events
-from homeserver.rooms.events import InvalidEvent, check_pdu_format, event_id_for
+from homeserver.rooms.auth import (
+    AuthError,
+    auth_event_ids_to_check,
+    check_against_state,
+    check_auth_events,
+)
+from homeserver.rooms.events import InvalidEvent, check_pdu_format, event_id_for, room_id_of
 from homeserver.rooms.pdu_checks import CheckedPdu, PduChecker
 from homeserver.rooms.versions import RoomVersion
 
@@ -60,7 +65,7 @@ def _identified(server: str, version: RoomVersion, room_id: str, pdus: list[dict
             check_pdu_format(version, Event(event_id, pdu))
         except (InvalidEvent, KeyError, TypeError) as e:
             raise BadJoinResponse(server, f"event {event_id} is not valid: {e}") from None
-        if pdu["room_id"] != room_id:
+        if room_id_of(version, pdu) != room_id:
             raise BadJoinResponse(server, f"event {event_id} is of another room")
         found[event_id] = pdu
     return found
@@ -115,14 +120,14 @@ class JoinResponseChecker:
 
     @staticmethod
     def _authorised(server, version, event: Event, events: dict, signed_by: dict) -> None:
-        missing = [a for a in event.auth_event_ids if a not in events]
-        if missing:
+        needed = auth_event_ids_to_check(version, event)  # v12: the create event too
+        if any(a not in events for a in needed):
             raise BadJoinResponse(server, f"{event.event_id} names unknown auth events")
         try:
             check_auth_events(
                 version,
                 event,
-                [events[a] for a in event.auth_event_ids],
+                [events[a] for a in needed],
                 lambda ev, name: name in signed_by.get(ev.event_id, ()),
             )
         except AuthError as e:

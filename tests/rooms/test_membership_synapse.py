@@ -124,7 +124,7 @@ def _invited(carol, room_id: str) -> dict:
     raise AssertionError("the invite never showed in /sync")
 
 
-@pytest.mark.parametrize("version", ["10"])
+@pytest.mark.parametrize("version", ["10", None])  # None: Synapse's default (v12)
 def test_synapse_invites_and_our_user_joins_then_messages_flow(weir, synapse, version):
     erin = MatrixClient(weir.client_url)
     erin_id = erin.register(f"erin{version or 'default'}")["user_id"]
