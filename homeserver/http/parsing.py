@@ -19,6 +19,7 @@ from homeserver.core.errors import (
     invalid_param,
     missing_param,
 )
+from homeserver.http.disconnect import ClientDisconnected
 
 DEFAULT_MAX_JSON_BYTES = 1024 * 1024
 MAX_DEPTH = strict_json.MAX_DEPTH
@@ -45,9 +46,18 @@ def read_body(max_bytes: int) -> bytes:
 
 def body_chunks(chunk_size: int = 64 * 1024) -> Iterator[bytes]:
     """The request body as it arrives, chunk by chunk (Content-Length or chunked), so that a
-    large upload is never held in memory. The caller caps the total."""
+    large upload is never held in memory. The caller caps the total.
+
+    A client that hangs up mid-body ends the request as `ClientDisconnected`: no traceback,
+    one access-log line, and the caller's `finally` removes what it wrote."""
     stream = request.stream
-    while chunk := stream.read(chunk_size):
+    while True:
+        try:
+            chunk = stream.read(chunk_size)
+        except OSError:  # pywsgi: "unexpected end of file while reading request"
+            raise ClientDisconnected() from None
+        if not chunk:
+            return
         yield chunk
 
 
