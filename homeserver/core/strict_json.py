@@ -58,12 +58,9 @@ def nested_deeper_than(value: Any, limit: int) -> bool:
     stack = [(value, 1)]
     while stack:
         item, depth = stack.pop()
-        if isinstance(item, dict):
-            children = item.values()
-        elif isinstance(item, list):
-            children = item
-        else:
+        if not isinstance(item, (dict, list)):
             continue
+        children = item.values() if isinstance(item, dict) else item
         if depth > limit:
             return True
         stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))

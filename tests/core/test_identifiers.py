@@ -50,3 +50,13 @@ def test_a_final_newline_is_not_part_of_a_server_name(name):
     # Identifier grammar: a server name has no whitespace; a pattern ending in `$` would
     # accept one final "\n", which would then reach DNS and the Host header.
     assert not is_valid_server_name(name)
+
+
+@pytest.mark.parametrize("name", ["..", ".", "a..b", ".a", "a.", "a..b:8448", "..:80", "a.-"[:2]])
+def test_an_empty_label_is_no_server_name(name):
+    assert not is_valid_server_name(name)
+
+
+@pytest.mark.parametrize("name", ["a", "a.b", "a-b.c:8448", "1.2.3.4", "[::1]:80"])
+def test_names_with_every_label_are_server_names(name):
+    assert is_valid_server_name(name)

@@ -22,7 +22,7 @@ import pytest
 import requests
 
 from tests.media.images import bomb_png
-from tests.peers.origins import OriginKeyServer, send_transaction, transaction_body
+from tests.peers.origins import OriginKeyServer, send_transaction
 from tests.support.federation import federation_settings, tls_listener_settings
 from tests.support.remote_room import room_joined_by
 from tests.support.server import MatrixClient, WeirProcess, base_settings, merge
