@@ -52,7 +52,7 @@ def test_a_final_newline_is_not_part_of_a_server_name(name):
     assert not is_valid_server_name(name)
 
 
-@pytest.mark.parametrize("name", ["..", ".", "a..b", ".a", "a.", "a..b:8448", "..:80", "a.-"[:2]])
+@pytest.mark.parametrize("name", ["..", ".", "a..b", ".a", "a.", "a..b:8448", "..:80"])
 def test_an_empty_label_is_no_server_name(name):
     assert not is_valid_server_name(name)
 

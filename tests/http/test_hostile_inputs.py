@@ -285,6 +285,20 @@ def assert_log_clean(weir) -> None:
     assert len(upload_lines) == 1, upload_lines
 
 
+def test_more_than_100_headers_are_one_log_line(weir):
+    # Both listeners serve through the same WeirHandler (homeserver/http/server.py).
+    headers = "".join(f"X-H{i}: v\r\n" for i in range(120)).encode()
+    request = b"GET /_matrix/client/versions HTTP/1.1\r\nHost: weir\r\n" + headers + b"\r\n"
+    host, port = weir.client_url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(request)
+        head = sock.recv(65536)
+    assert head.split(b" ")[1] in (b"400", b"431"), head
+    time.sleep(0.5)  # nothing to wait on: the point is a line that must not appear
+    with open(weir.stderr_path, errors="replace") as f:
+        assert "Traceback" not in f.read()
+
+
 def test_logs_cannot_be_forged_and_never_show_a_token(weir):
     alice = MatrixClient(weir.client_url)
     alice.register(f"carol{int(time.time() * 1000)}")
