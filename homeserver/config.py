@@ -41,6 +41,7 @@ DEFAULT_IP_RANGE_DENYLIST = (
     # link-local, site-local, multicast, NAT64 and 6to4/Teredo transition ranges.
     "::/128",
     "::1/128",
+    "::/96",  # IPv4-compatible IPv6 (deprecated): ::127.0.0.1 would reach loopback
     "::ffff:0:0/96",
     "100::/64",
     "2001:db8::/32",

@@ -14,6 +14,7 @@ import contextvars
 import functools
 import json
 import logging
+import re
 import sys
 import time
 
@@ -38,7 +39,20 @@ class RequestIdFilter(logging.Filter):
         return True
 
 
+# C0 and C1 controls, DEL, and the Unicode line and paragraph separators: any of them in a
+# logged path or value could end a line, and forge the next one.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def escape_controls(text: str) -> str:
+    """`text` with every control character as a visible escape (`\\n`, `\\x1b`)."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+
+
 class TextFormatter(logging.Formatter):
+    """One line per record: the message has its control characters escaped, so only a
+    traceback (which the code adds, never a client) spans lines."""
+
     def __init__(self, process: str = ""):
         label = f"[{process}] " if process else ""
         super().__init__(f"%(asctime)s %(levelname)s {label}%(name)s%(request_tag)s: %(message)s")
@@ -47,6 +61,10 @@ class TextFormatter(logging.Formatter):
         request_id = getattr(record, "request_id", None)
         record.request_tag = f" [{request_id}]" if request_id else ""
         return super().format(record)
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = escape_controls(record.message)
+        return super().formatMessage(record)
 
 
 class JsonFormatter(logging.Formatter):

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 
 from homeserver.accounts.registration import RegistrationSessions
 from homeserver.accounts.service import AccountService, LoginResult
-from homeserver.core.errors import Codes, MatrixError, forbidden
+from homeserver.core.errors import Codes, MatrixError, forbidden, invalid_param
+
+_HEX = re.compile(r"[0-9a-fA-F]*")
 
 
 def expected_mac(
@@ -43,10 +46,11 @@ class SharedSecretRegistration:
         self, nonce: str, username: str, password: str, admin: bool, user_type: str | None, mac: str
     ) -> LoginResult:
         secret = self.require_enabled()
+        if not _HEX.fullmatch(mac):  # fullmatch: `$` would let a final newline through
+            raise invalid_param("mac must be a hex digest")
         if not self._sessions.admin_nonces.take(nonce):
             raise MatrixError(400, Codes.UNKNOWN, "unrecognised nonce")
         want = expected_mac(secret, nonce, username, password, admin, user_type)
-        # Bytes, not str: compare_digest refuses a str that is not ASCII.
-        if not hmac.compare_digest(want.encode(), mac.lower().encode("utf-8", "replace")):
+        if not hmac.compare_digest(want, mac.lower()):
             raise forbidden("HMAC incorrect")
         return self._accounts.register(username.lower(), password, admin=admin)

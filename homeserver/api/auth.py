@@ -12,13 +12,26 @@ from homeserver.core.requester import Requester
 
 
 def access_token() -> str | None:
-    header = request.headers.get("Authorization", "")
-    if header:
-        scheme, _, token = header.partition(" ")
+    """The token from the header or the query, never both: as Synapse, a request that
+    carries two (which would one be?) is refused."""
+    headers = [h for h in request.headers.getlist("Authorization") if h]
+    in_query = request.args.getlist("access_token")
+    if len(headers) > 1:
+        raise MatrixError(401, Codes.MISSING_TOKEN, "Too many Authorization headers")
+    if len(in_query) > 1:
+        raise MatrixError(401, Codes.MISSING_TOKEN, "Too many access_token query parameters")
+    if headers and in_query:
+        raise MatrixError(
+            401,
+            Codes.MISSING_TOKEN,
+            "Mixing Authorization headers and access_token query parameters",
+        )
+    if headers:
+        scheme, _, token = headers[0].partition(" ")
         if scheme.lower() == "bearer" and token.strip():
             return token.strip()
         raise MatrixError(401, Codes.MISSING_TOKEN, "Invalid Authorization header")
-    return request.args.get("access_token") or None
+    return in_query[0] if in_query and in_query[0] else None
 
 
 def optional_requester() -> Requester | None:

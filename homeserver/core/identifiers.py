@@ -10,8 +10,9 @@ import string
 
 MAX_IDENTIFIER_BYTES = 255
 
-# Used with fullmatch: `$` would also match before a final newline.
-_DNS_NAME = re.compile(r"[A-Za-z0-9.\-]{1,255}")
+# Used with fullmatch: `$` would also match before a final newline. Labels are never empty:
+# "..", ".a", "a." and "a..b" name no host (Synapse's grammar refuses them too).
+_DNS_NAME = re.compile(r"[A-Za-z0-9\-]+(?:\.[A-Za-z0-9\-]+)*")
 _IPV6_CHARS = re.compile(r"[0-9A-Fa-f:.]{2,45}")
 _ROOM_ID_ALPHABET = string.ascii_letters
 # A sha256 in URL-safe unpadded base64 is 43 characters.
@@ -34,7 +35,7 @@ def is_valid_server_name(name: str) -> bool:
     else:
         host, sep, port = name.partition(":")
         rest = sep + port
-        if not _DNS_NAME.fullmatch(host):
+        if len(host) > 255 or not _DNS_NAME.fullmatch(host):
             return False
     if rest:
         port = rest[1:]

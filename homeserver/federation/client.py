@@ -16,7 +16,6 @@ map them for a client with ``federation.errors.to_client_error``.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from typing import Any, Callable
@@ -25,6 +24,7 @@ from urllib.parse import urlencode, urlsplit
 from canonicaljson import encode_canonical_json
 
 from budget import OutboundDeadline
+from homeserver.core import strict_json
 from homeserver.federation.discovery import DnsResolver, ServerDiscovery
 from homeserver.federation.errors import FederationError, MalformedResponse, RemoteError
 from homeserver.federation.ip_filter import IpFilter
@@ -203,8 +203,8 @@ class FederationClient:
             self._raise_for_status(destination, response)
             body = read_body(destination, response, max_bytes)
         try:
-            return json.loads(body)
-        except (ValueError, UnicodeDecodeError, RecursionError):  # nested too deep
+            return strict_json.loads(body)
+        except ValueError:  # not strict JSON, or nested too deep
             raise MalformedResponse(destination, "response is not JSON") from None
 
     # -- streams (media) -------------------------------------------------------------------
@@ -293,10 +293,10 @@ class FederationClient:
         errcode, body = None, None
         try:
             raw = read_body(destination, response, ERROR_BODY_MAX_BYTES)
-            body = json.loads(raw)
+            body = strict_json.loads(raw)
             if isinstance(body, dict) and isinstance(body.get("errcode"), str):
                 errcode = body["errcode"]
-        except (FederationError, ValueError, UnicodeDecodeError, RecursionError):
+        except (FederationError, ValueError):
             pass
         finally:
             discard(response)

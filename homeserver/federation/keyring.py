@@ -213,7 +213,11 @@ class Keyring:
             raise invalid_param(f"at most {MAX_NOTARY_QUERY_SERVERS} servers per query")
         jobs = [
             gevent.spawn(
-                with_request_context(self._notarised_document), server, key_ids, min_ts, source_ip
+                with_request_context(self._notarised_or_refused),
+                server,
+                key_ids,
+                min_ts,
+                source_ip,
             )
             for server, (key_ids, min_ts) in queries.items()
         ]
@@ -222,9 +226,19 @@ class Keyring:
         finally:
             gevent.killall([j for j in jobs if not j.ready()])
         for job in jobs:
-            if isinstance(job.exception, KeyResolutionRefused):
-                raise job.exception
-        return [job.value for job in jobs if job.successful() and job.value is not None]
+            if isinstance(job.value, KeyResolutionRefused):
+                raise job.value
+        return [job.value for job in jobs if job.successful() and isinstance(job.value, dict)]
+
+    def _notarised_or_refused(
+        self, server_name: str, key_ids: list[str], min_ts: int, source_ip: str | None
+    ) -> dict | KeyResolutionRefused | None:
+        # A refusal is returned, not raised: gevent prints a traceback for every greenlet
+        # that dies of an exception, and a notary over its rate is no bug.
+        try:
+            return self._notarised_document(server_name, key_ids, min_ts, source_ip)
+        except KeyResolutionRefused as e:
+            return e
 
     def _notarised_document(
         self, server_name: str, key_ids: list[str], min_ts: int, source_ip: str | None

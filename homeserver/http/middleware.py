@@ -3,24 +3,34 @@
 from __future__ import annotations
 
 import logging
-import re
 import secrets
 import time
+from urllib.parse import unquote_plus
 
 from budget import client_key
 from homeserver.logs import current_request_id
 
 access_log = logging.getLogger("weir.access")
 
-_TOKEN_IN_QUERY = re.compile(r"(access_token=)[^&]*")
+_SECRET_PARAMS = frozenset({"access_token"})
 
 
 def redacted_path(environ: dict) -> str:
+    """The path and query, the token's value redacted however its key is spelt: the query
+    is parsed as Werkzeug parses it (`access%5Ftoken` is `access_token` to the app).
+    Control characters are escaped by the log formatter (homeserver/logs.py)."""
     path = environ.get("PATH_INFO", "")
     query = environ.get("QUERY_STRING", "")
     if query:
-        path += "?" + _TOKEN_IN_QUERY.sub(r"\1<redacted>", query)
+        path += "?" + "&".join(_redacted_pair(pair) for pair in query.split("&"))
     return path
+
+
+def _redacted_pair(pair: str) -> str:
+    key, sep, _ = pair.partition("=")
+    if unquote_plus(key, errors="replace").strip().lower() in _SECRET_PARAMS:
+        return f"{key}{sep}<redacted>"
+    return pair
 
 
 class RequestContextMiddleware:

@@ -6,14 +6,12 @@ M_INVALID_PARAM or M_TOO_LARGE.
 
 from __future__ import annotations
 
-import json
-import math
-import re
 from typing import Any, Iterator, overload
 
 from flask import request
 from marshmallow import EXCLUDE, Schema, ValidationError
 
+from homeserver.core import strict_json
 from homeserver.core.errors import (
     Codes,
     MatrixError,
@@ -21,11 +19,12 @@ from homeserver.core.errors import (
     invalid_param,
     missing_param,
 )
+from homeserver.http.disconnect import ClientDisconnected
 
 DEFAULT_MAX_JSON_BYTES = 1024 * 1024
+MAX_DEPTH = strict_json.MAX_DEPTH
+MAX_BODY_DEPTH = strict_json.MAX_BODY_DEPTH
 _MISSING = "Missing data for required field."
-# A \uD800-\uDFFF escape: half of a surrogate pair, valid only with its other half.
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 def read_body(max_bytes: int) -> bytes:
@@ -47,14 +46,24 @@ def read_body(max_bytes: int) -> bytes:
 
 def body_chunks(chunk_size: int = 64 * 1024) -> Iterator[bytes]:
     """The request body as it arrives, chunk by chunk (Content-Length or chunked), so that a
-    large upload is never held in memory. The caller caps the total."""
+    large upload is never held in memory. The caller caps the total.
+
+    A client that hangs up mid-body ends the request as `ClientDisconnected`: no traceback,
+    one access-log line, and the caller's `finally` removes what it wrote."""
     stream = request.stream
-    while chunk := stream.read(chunk_size):
+    while True:
+        try:
+            chunk = stream.read(chunk_size)
+        except OSError:  # pywsgi: "unexpected end of file while reading request"
+            raise ClientDisconnected() from None
+        if not chunk:
+            return
         yield chunk
 
 
 def parse_json(raw: bytes) -> Any:
-    """`raw`, the body `read_body` returned, parsed as JSON (400 M_NOT_JSON if it is not).
+    """`raw`, the body `read_body` returned, parsed as strict JSON (`core/strict_json.py`):
+    400 M_NOT_JSON if it is not JSON, 400 M_BAD_JSON past `MAX_BODY_DEPTH`.
 
     Parsed once per request: a federation body may be megabytes, parsed on the hub, and the
     guard that verifies its signature and the handler after it both need it."""
@@ -62,39 +71,32 @@ def parse_json(raw: bytes) -> Any:
     if cached is not None and cached[0] is raw:
         return cached[1]
     try:
-        value = json.loads(raw, parse_constant=_not_a_json_number, parse_float=_finite_float)
-        if _SURROGATE_ESCAPE.search(raw):
-            # A lone surrogate is no character and has no UTF-8 form: nothing built from it
-            # could be hashed (canonical JSON is UTF-8) or sent back. Pairs encode fine.
-            json.dumps(value, ensure_ascii=False).encode("utf-8")
-    except (ValueError, RecursionError):
-        # ValueError covers UnicodeDecodeError and UnicodeEncodeError; RecursionError is
-        # nesting deeper than the parser goes.
+        value = strict_json.loads(raw, MAX_BODY_DEPTH)
+    except strict_json.TooDeep:
+        raise too_deep(MAX_BODY_DEPTH) from None
+    except strict_json.NotJson:
         raise MatrixError(400, Codes.NOT_JSON, "Content not JSON.") from None
     request.environ["weir.json"] = (raw, value)
     return value
 
 
-def _not_a_json_number(name: str):
-    # Python's parser takes NaN and (-)Infinity; JSON has no such numbers, and a value kept
-    # with one would be served back as JSON no strict client can parse.
-    raise ValueError(f"{name} is not a JSON number")
+def too_deep(limit: int) -> MatrixError:
+    return bad_json(f"JSON nested deeper than {limit} levels")
 
 
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):  # 1e999: the parser would read it as Infinity
-        raise ValueError(f"{text} is out of range")
-    return value
-
-
-def json_object(max_bytes: int = DEFAULT_MAX_JSON_BYTES, allow_empty: bool = False) -> dict:
+def json_object(
+    max_bytes: int = DEFAULT_MAX_JSON_BYTES, allow_empty: bool = False, max_depth: int = MAX_DEPTH
+) -> dict:
+    """The body as a JSON object. Nested at most `max_depth` deep: a client's body is kept
+    as it is (event content, account data), so it gets the depth of a kept value."""
     raw = read_body(max_bytes)
     if not raw.strip() and allow_empty:
         return {}
     body = parse_json(raw)
     if not isinstance(body, dict):
         raise MatrixError(400, Codes.NOT_JSON, "Content must be a JSON object.")
+    if strict_json.nested_deeper_than(body, max_depth):
+        raise too_deep(max_depth)
     return body
 
 

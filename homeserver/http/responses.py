@@ -27,8 +27,15 @@ _WERKZEUG_ERRCODES = {
 
 
 def json_response(body, status: int = 200, headers: dict | None = None) -> Response:
+    text = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError:
+        # A lone surrogate kept before the strict decoder (core/strict_json.py) refused them
+        # has no UTF-8 form; escaped, the answer is still JSON, and never a 500 forever.
+        data = json.dumps(body, separators=(",", ":")).encode("ascii")
     return Response(
-        json.dumps(body, ensure_ascii=False, separators=(",", ":")),
+        data,
         status=status,
         headers=headers,
         mimetype="application/json",

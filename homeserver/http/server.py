@@ -9,6 +9,7 @@ server out before its listeners close.
 
 from __future__ import annotations
 
+import http.client
 import socket
 import ssl
 from typing import Any
@@ -55,6 +56,13 @@ class WeirHandler(WSGIHandler):
             self.socket.close()
         except OSError:
             pass
+
+    def _handle_client_error(self, ex):
+        # http.client's "got more than 100 headers" is an HTTPException, not the ValueError
+        # pywsgi takes for bad input: without this, each such request prints a traceback.
+        if isinstance(ex, http.client.HTTPException):
+            ex = ValueError(str(ex))
+        return super()._handle_client_error(ex)
 
     def read_requestline(self):
         # Between requests the connection is idle: a shutdown may close it at once.

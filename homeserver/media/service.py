@@ -35,6 +35,7 @@ from homeserver.media.thumbnails import (
     key_for,
     pregenerated_keys,
     probe,
+    refusal_returned,
     render,
     select_thumbnail,
 )
@@ -314,7 +315,7 @@ class MediaService:
         if source is None:
             path = self.files.original_path(origin, media_id)
             try:
-                image = self.thumbnail_pool.apply(probe, (path, self.config.max_image_pixels))
+                image = self._decode(probe, path, self.config.max_image_pixels)
                 source = ThumbnailSource(image.width, image.height, image.animated, None)
             except ImageTooLarge:
                 source = ThumbnailSource(None, None, False, "too_large")
@@ -330,12 +331,17 @@ class MediaService:
             raise ValueError(f"thumbnail source of {origin}/{media_id} has no size recorded")
         return SourceImage(source.width, source.height, source.animated)
 
+    def _decode(self, fn, *args):
+        """`fn(*args)` on the thumbnail pool; a refused image raised here, in the caller."""
+        value, refusal = self.thumbnail_pool.apply(refusal_returned, (fn, *args))
+        if refusal is not None:
+            raise refusal
+        return value
+
     def _render_and_store(self, origin: str, media_id: str, keys: list[ThumbnailKey]) -> None:
         original = self.files.original_path(origin, media_id)
         try:
-            encoded = self.thumbnail_pool.apply(
-                render, (original, keys, self.config.max_image_pixels)
-            )
+            encoded = self._decode(render, original, keys, self.config.max_image_pixels)
         except ImageTooLarge:
             raise _image_too_large() from None
         except NotAnImage:

@@ -34,6 +34,9 @@ PREGENERATED_SIZES = (
 # Each frame of an animation is decoded at full size: an animated thumbnail may decode this
 # many times max_image_pixels in all, or it is made from the first frame only.
 ANIMATION_PIXEL_FACTOR = 10
+# And at most this many frames, however small: each decoded frame and each thumbnail frame is
+# an image held in memory, and a 1x1 GIF may have a million frames in a few megabytes.
+MAX_ANIMATION_FRAMES = 500
 
 _EXIF_ORIENTATION = 0x0112
 _TRANSPOSE_FOR_ORIENTATION = {
@@ -61,6 +64,16 @@ class SourceImage:
     width: int  # after EXIF orientation
     height: int
     animated: bool  # more than one frame, and within the animation budget
+
+
+def refusal_returned(fn, *args):
+    """`(fn(*args), None)`, or `(None, refusal)` when the image is refused. For the thread
+    pool: gevent prints a traceback for any exception a pool thread raises, and a refused
+    image is an answer, not a bug."""
+    try:
+        return fn(*args), None
+    except (ImageTooLarge, NotAnImage) as e:
+        return None, e
 
 
 def is_thumbnailable(content_type: str | None) -> bool:
@@ -175,8 +188,16 @@ def probe(path: str, max_pixels: int) -> SourceImage:
             frames = getattr(image, "n_frames", 1)  # walks the frame headers, decodes nothing
         except Exception:
             frames = 1
-        animated = 1 < frames and frames * width * height <= ANIMATION_PIXEL_FACTOR * max_pixels
+        animated = _animation_fits(frames, width, height, max_pixels)
         return SourceImage(width, height, animated)
+
+
+def _animation_fits(frames: int, width: int, height: int, max_pixels: int) -> bool:
+    """Whether an animation may be decoded whole: frames x pixels within its budget."""
+    return (
+        1 < frames <= MAX_ANIMATION_FRAMES
+        and frames * width * height <= ANIMATION_PIXEL_FACTOR * max_pixels
+    )
 
 
 def render(path: str, keys: list[ThumbnailKey], max_pixels: int) -> list[bytes]:
@@ -262,9 +283,9 @@ def _render_animated(
     frames, durations = [], []
     budget = ANIMATION_PIXEL_FACTOR * max_pixels
     decoded = 0
-    for frame in ImageSequence.Iterator(image):
+    for index, frame in enumerate(ImageSequence.Iterator(image)):
         decoded += frame.size[0] * frame.size[1]
-        if decoded > budget:
+        if decoded > budget or index >= MAX_ANIMATION_FRAMES:
             raise ImageTooLarge("animation over its decoding budget")
         rgba = _oriented(frame.convert("RGBA"), orientation)
         frames.append(_without_metadata(_resized(rgba, key)))

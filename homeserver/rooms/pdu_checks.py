@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import gevent
 from unpaddedbase64 import decode_base64
 
+from homeserver.core import strict_json
 from homeserver.core.events import Event
 from homeserver.core.identifiers import server_of
 from homeserver.federation.errors import InvalidSignature, KeyResolutionRefused
@@ -39,6 +40,9 @@ from homeserver.rooms.versions import (
 )
 
 log = logging.getLogger(__name__)
+
+# A PDU's content may nest as deep as any kept value; the PDU is one level more.
+MAX_PDU_DEPTH = strict_json.MAX_DEPTH + 1
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,8 @@ def _identify(pdu: dict, rooms: dict) -> CheckedPdu:
     # default version would, so the sender is still told something about it.
     event_id = event_id_for(version or DEFAULT_ROOM_VERSION, pdu)
     checked = CheckedPdu(event_id, pdu, version or DEFAULT_ROOM_VERSION)
+    if strict_json.nested_deeper_than(pdu, MAX_PDU_DEPTH):
+        return _failed(checked, f"invalid event: nested deeper than {MAX_PDU_DEPTH} levels")
     if version is None:
         return _failed(checked, "this server is not in the room")
     try:

@@ -85,3 +85,13 @@ def test_a_v12_room_id_and_its_create_event_id_map_to_each_other():
     room_id = room_id_for_create_event(event_id)
     assert room_id == "!Nhcu5BS-UMnFX7hBVfVSoXiD7OgH6iRT-xyIuqDnpYQ"
     assert create_event_id_for_room(room_id) == event_id
+
+
+@pytest.mark.parametrize("name", ["..", ".", "a..b", ".a", "a.", "a..b:8448", "..:80"])
+def test_an_empty_label_is_no_server_name(name):
+    assert not is_valid_server_name(name)
+
+
+@pytest.mark.parametrize("name", ["a", "a.b", "a-b.c:8448", "1.2.3.4", "[::1]:80"])
+def test_names_with_every_label_are_server_names(name):
+    assert is_valid_server_name(name)

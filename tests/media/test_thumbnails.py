@@ -7,6 +7,7 @@ from PIL import Image
 
 from homeserver.media.files import ThumbnailKey
 from homeserver.media.thumbnails import (
+    MAX_ANIMATION_FRAMES,
     ImageTooLarge,
     NotAnImage,
     SourceImage,
@@ -153,6 +154,19 @@ def test_a_long_animation_is_thumbnailed_from_its_first_frame(tmp_path):
     assert not long.animated
     key = key_for(long, "image/gif", 32, 32, "crop", animated=True)
     assert not key.animated and key.content_type == "image/png"
+
+
+def test_an_animation_of_many_tiny_frames_is_bounded_by_its_frame_count(tmp_path):
+    # 600 frames of 2x2: a few pixels in all, but each frame is an image held in memory.
+    path = tmp_path / "anim"
+    path.write_bytes(animated_gif(frames=MAX_ANIMATION_FRAMES + 100, size=2))
+    many = probe(str(path), 10_000_000)
+    assert not many.animated
+    # Asked to render it animated all the same, it stops at the cap.
+    with pytest.raises(ImageTooLarge):
+        render(str(path), [ThumbnailKey(2, 2, "crop", "image/webp", True)], 10_000_000)
+    path.write_bytes(animated_gif(frames=MAX_ANIMATION_FRAMES, size=2))
+    assert probe(str(path), 10_000_000).animated
 
 
 def test_decompression_bomb_is_refused_from_its_header(tmp_path):

@@ -12,7 +12,7 @@ from homeserver.api.federation_auth import (
 )
 from homeserver.core.errors import bad_json, limit_exceeded
 from homeserver.federation.errors import KeyResolutionRefused
-from homeserver.http.parsing import json_object
+from homeserver.http.parsing import MAX_BODY_DEPTH, json_object
 from homeserver.http.responses import json_response
 from homeserver.rooms.transactions import MAX_EDUS, MAX_PDUS
 
@@ -34,7 +34,9 @@ def _objects(body: dict, name: str, limit: int, required: bool) -> list:
 @bp.put("/_matrix/federation/v1/send/<txn_id>")
 @requires_server_auth
 def send_transaction(txn_id: str):
-    body = json_object(FEDERATION_MAX_BODY_BYTES)
+    # A PDU nested too deep is refused alone (rooms/pdu_checks.py), so the body may nest
+    # as deep as any body.
+    body = json_object(FEDERATION_MAX_BODY_BYTES, max_depth=MAX_BODY_DEPTH)
     pdus = _objects(body, "pdus", MAX_PDUS, required=True)
     _objects(body, "edus", MAX_EDUS, required=False)  # accepted, not processed yet
     try:
