@@ -46,7 +46,7 @@ from homeserver.media.remote import (
 from homeserver.media.service import MediaService
 from homeserver.metrics import Metrics
 from homeserver.rooms.creation import RoomCreator
-from homeserver.rooms.federation_membership import FederationMembership
+from homeserver.rooms.federation_membership import FederationMembership, MembershipRelay
 from homeserver.rooms.federation_reads import FederationReads
 from homeserver.rooms.history import RoomHistory
 from homeserver.rooms.join_checks import JoinResponseChecker
@@ -116,6 +116,7 @@ class HomeserverRuntime:
         pools: bool = False,
         key_resolution_shards: int = 1,
         transaction_relay: Relay | None = None,
+        membership_relay: MembershipRelay | None = None,
     ):
         self.config = config
         self.server_name = config.server_name
@@ -126,6 +127,7 @@ class HomeserverRuntime:
         self.metrics_allowed_networks = parse_networks(config.metrics.allowed_networks)
         self._key_resolution_shards = key_resolution_shards
         self._transaction_relay = transaction_relay
+        self._membership_relay = membership_relay
         self._building = RLock()
 
     def build_all(self) -> None:
@@ -428,6 +430,7 @@ class HomeserverRuntime:
             self.room_graph,
             self.remote_invites,
             self.notifier.notify_users,
+            self._membership_relay,
         )
 
     @component
