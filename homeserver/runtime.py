@@ -30,6 +30,7 @@ from homeserver.accounts.shared_secret import SharedSecretRegistration
 from homeserver.config import Config
 from homeserver.directory.remote import RemoteDirectory
 from homeserver.directory.service import DirectoryService
+from homeserver.e2ee.key_backup import KeyBackupService
 from homeserver.federation.admission import make_client_outbound_budget
 from homeserver.federation.client import FederationClient
 from homeserver.federation.cooldown import AddressCooldown
@@ -61,6 +62,7 @@ from homeserver.rooms.transactions import (
 from homeserver.storage.accounts import AccountStore
 from homeserver.storage.database import Database, open_database
 from homeserver.storage.directory import DirectoryStore
+from homeserver.storage.key_backup import KeyBackupStore
 from homeserver.storage.keys import ServerKeyStore
 from homeserver.storage.media import MediaStore
 from homeserver.storage.migrations import migrate
@@ -496,6 +498,12 @@ class HomeserverRuntime:
         return SyncService(
             self.rooms, self.room_history, self.sync_store, self.notifier, self.typing, self.filters
         )
+
+    # --- end-to-end encryption ------------------------------------------------------------
+
+    @component
+    def key_backup(self) -> KeyBackupService:
+        return KeyBackupService(KeyBackupStore(self.db))
 
     # --- media -----------------------------------------------------------------------------
 
