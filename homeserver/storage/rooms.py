@@ -255,11 +255,11 @@ class RoomStore:
                 " SET event_id = excluded.event_id, membership = excluded.membership",
                 (room_id, event.type, event.state_key, event.event_id, event.membership),
             )
-            self._update_stats(tx, event, previous_membership, position)
+            self.update_stats(tx, event, previous_membership, position)
         return StoredEvent(event, position, unsigned)
 
     @staticmethod
-    def _update_stats(tx, event: Event, previous_membership: str | None, position: int) -> None:
+    def update_stats(tx, event: Event, previous_membership: str | None, position: int) -> None:
         room_id = event.room_id
         if event.type == "m.room.member":
             joined = (event.membership == "join") - (previous_membership == "join")
