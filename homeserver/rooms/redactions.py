@@ -17,6 +17,10 @@ algorithm keeps. The content hash was checked when the event arrived; a server t
 the redacted event from us finds the hash no longer matches and keeps it redacted, which is
 what the spec asks of it. Synapse keeps originals for a week for moderators; we do not,
 so a redaction here removes the content at once, and nothing can undo it.
+
+Not done: the spec asks that a redaction not reach clients until it has applied; ours are
+served like any event, applied or not (a client given one whose target it lacks, or one
+that did not apply, still shows the target as this server serves it).
 """
 
 from __future__ import annotations
