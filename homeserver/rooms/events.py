@@ -210,9 +210,11 @@ def build_event(
     origin_server_ts: int,
     server_name: str,
     signing_key,
+    redacts: str | None = None,
 ) -> Event:
     """A signed event of ours. `prev_events` are the room's forward extremities. `room_id`
-    is None only for the create event of a room whose ID it will give (v12)."""
+    is None only for the create event of a room whose ID it will give (v12). `redacts` is a
+    redaction's top-level target (room versions before 11)."""
     if len(prev_events) > MAX_PREV_EVENTS or len(auth_event_ids) > MAX_AUTH_EVENTS:
         raise InvalidEvent("too many prev_events or auth_events")
     if (room_id is None) != (version.room_id_is_create_event_id and event_type == "m.room.create"):
@@ -233,6 +235,8 @@ def build_event(
         pdu["room_id"] = room_id
     if state_key is not None:
         pdu["state_key"] = state_key
+    if redacts is not None:
+        pdu["redacts"] = redacts
     add_hashes_and_signatures(version, pdu, server_name, signing_key)
     event = Event(event_id_for(version, pdu), pdu)
     check_size_limits(event)

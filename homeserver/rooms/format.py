@@ -20,6 +20,8 @@ def client_event(
     }
     if "state_key" in pdu:
         out["state_key"] = pdu["state_key"]
+    if pdu["type"] == "m.room.redaction":
+        _both_redacts(pdu, out)
     unsigned = {"age": max(0, now_ms - pdu["origin_server_ts"]), **stored.unsigned}
     if txn_id is not None:
         unsigned["transaction_id"] = txn_id  # only ever given to the device that sent it
@@ -27,3 +29,15 @@ def client_event(
         unsigned["membership"] = membership
     out["unsigned"] = unsigned
     return out
+
+
+def _both_redacts(pdu: dict, out: dict) -> None:
+    """A redaction names its target at the top level before room version 11 and in content
+    from 11: clients get it in both places, whichever they read (as Synapse serves it)."""
+    top, inner = pdu.get("redacts"), pdu["content"].get("redacts")
+    target = top if isinstance(top, str) else inner
+    if not isinstance(target, str):
+        return
+    out["redacts"] = target
+    if inner is None:
+        out["content"] = {**pdu["content"], "redacts": target}

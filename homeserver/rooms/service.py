@@ -14,7 +14,6 @@ persist point; the filters, tokens and pages that reads use are `pagination.py`'
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from signedjson.key import get_verify_key
@@ -47,8 +46,10 @@ from homeserver.rooms.auth import (
     select_auth_events,
 )
 from homeserver.rooms.events import MAX_PREV_EVENTS, InvalidEvent, build_event, redact
+from homeserver.rooms.planned import PlannedEvent
 from homeserver.rooms.power_levels import required_power_level, user_power_level
 from homeserver.rooms.received import ReceivedEventRefused, authorise_received_event
+from homeserver.rooms.redactions import REDACTION, local_redaction, redaction_write
 from homeserver.rooms.resolution import RoomResolver
 from homeserver.rooms.restricted_joins import authorise_restricted_join
 from homeserver.rooms.versions import KNOWN_ROOM_VERSIONS, RoomVersion
@@ -75,16 +76,6 @@ PersistListener = Callable[[list[StoredEvent]], None]
 OutboxListener = Callable[[set[str]], None]
 # validate(room_id, new_content, old_content or None), raising a MatrixError.
 StateValidator = Callable[[str, dict, "dict | None"], None]
-
-
-@dataclass(frozen=True)
-class PlannedEvent:
-    """An event a room creation will send, before it has prev_events, auth or signatures."""
-
-    sender: str
-    event_type: str
-    content: dict
-    state_key: str | None = None
 
 
 class RoomService:
@@ -170,11 +161,7 @@ class RoomService:
         if requester.is_admin:
             return True
         version = self.room_version(room_id)
-        keys = [
-            ("m.room.create", ""),
-            ("m.room.power_levels", ""),
-            ("m.room.member", requester.user_id),
-        ]
+        keys = [(CREATE, ""), ("m.room.power_levels", ""), ("m.room.member", requester.user_id)]
         state = {k: s.event for k, s in self.store.current_state(room_id, keys).items()}
         member = state.get(("m.room.member", requester.user_id))
         if member is None or member.membership != "join":
@@ -211,6 +198,7 @@ class RoomService:
                 origin_server_ts=ts,
                 server_name=self.server_name,
                 signing_key=self.signing_key,
+                redacts=planned.redacts,
             )
         except InvalidEvent as e:
             if e.too_large:
@@ -243,7 +231,11 @@ class RoomService:
         events are queued for every server in `send_to` (never ourselves) in the same
         transaction, and the sender is woken after the commit."""
         destinations = set(send_to) - {self.server_name}
-        stored = self.store.persist_events(events, now_ms=now_ms(), send_to=destinations, **kwargs)
+        ts = now_ms()
+        writes = [*kwargs.pop("extra_writes", ()), redaction_write(events, ts)]
+        stored = self.store.persist_events(
+            events, now_ms=ts, send_to=destinations, extra_writes=writes, **kwargs
+        )
         for listener in self._listeners:
             try:
                 listener(stored)
@@ -482,11 +474,21 @@ class RoomService:
     def send_message(
         self, requester: Requester, room_id: str, event_type: str, content: dict, txn_id: str
     ) -> str:
-        if event_type == "m.room.redaction":
-            # Redacting needs the redact endpoint and applying redactions when serving.
-            raise MatrixError(400, Codes.UNRECOGNIZED, "Redactions are not supported yet")
         txn = TxnKey(requester.user_id, requester.device_id, room_id, event_type, txn_id)
+        if event_type == REDACTION:
+            return self.redact(requester, room_id, None, content, txn)
         return self._append(room_id, PlannedEvent(requester.user_id, event_type, content), txn=txn)
+
+    def redact(
+        self, requester: Requester, room_id: str, event_id: str | None, content: dict, txn: TxnKey
+    ) -> str:
+        """A local user's redaction of `event_id` (from /send: of `content.redacts`); a retry
+        of `txn` gets its event again, whatever the rules say now."""
+        version = self.room_version(room_id)
+        if (existing := self.store.event_for_txn(txn)) is not None:
+            return existing
+        planned = local_redaction(self.store, version, requester, room_id, event_id, content)
+        return self._append(room_id, planned, txn=txn)
 
     def set_state(
         self, requester: Requester, room_id: str, event_type: str, state_key: str, content: dict
@@ -533,7 +535,10 @@ class RoomService:
             raise not_found("Unknown room")
         self.room_version(room_id)
         if membership in ("invite", "join", "knock") and server_of(target) != self.server_name:
-            raise self.remote_membership_elsewhere()
+            # Through their server (rooms/remote_membership.py), never as plain state.
+            raise MatrixError(
+                400, Codes.FORBIDDEN, "Another server's user is invited with /invite only"
+            )
         if membership == "invite" and not self.accounts.user_exists(target):
             raise not_found(f"Unknown user {target}")
         if membership == "join" and sender == target:
@@ -575,16 +580,6 @@ class RoomService:
                 )
             except MatrixError as e:
                 log.warning("profile update not sent to %s: %s", room_id, e)
-
-    @staticmethod
-    def remote_membership_elsewhere() -> MatrixError:
-        """A member event for another server's user goes through that server (the /invite,
-        /join and /knock endpoints do it: rooms/remote_membership.py), never as plain state."""
-        return MatrixError(
-            400,
-            Codes.FORBIDDEN,
-            "Another server's user can be invited with /invite; only they can join or knock",
-        )
 
     def kick(self, requester: Requester, room_id: str, target: str, reason: str | None) -> str:
         self.room_version(room_id)

@@ -199,7 +199,7 @@ class RoomStore:
             stored.append(self._insert_event(tx, event, position, res))
         if res.current is not None:
             position = stored[-1].stream_ordering
-            event_state.set_current_state(tx, room_id, res.current, position, self._update_stats)
+            event_state.set_current_state(tx, room_id, res.current, position, self.update_stats)
         outbox.queue_pdus(
             tx, send_to, [(s.stream_ordering, s.event.event_id, room_id) for s in stored]
         )
@@ -277,11 +277,11 @@ class RoomStore:
                 " SET event_id = excluded.event_id, membership = excluded.membership",
                 (room_id, event.type, event.state_key, event.event_id, event.membership),
             )
-            self._update_stats(tx, event, previous_membership, position)
+            self.update_stats(tx, event, previous_membership, position)
         return StoredEvent(event, position, unsigned)
 
     @staticmethod
-    def _update_stats(tx, event: Event, previous_membership: str | None, position: int) -> None:
+    def update_stats(tx, event: Event, previous_membership: str | None, position: int) -> None:
         room_id = event.room_id
         if event.type == "m.room.member":
             joined = (event.membership == "join") - (previous_membership == "join")

@@ -16,6 +16,7 @@ from homeserver.rooms.creation import PRESETS, CreateRoomRequest
 from homeserver.rooms.events import MAX_PDU_BYTES
 from homeserver.rooms.pagination import EventFilter
 from homeserver.rooms.service import MEMBERSHIPS
+from homeserver.storage.rooms import TxnKey
 from homeserver.sync.filters import decode_filter_json, parse_room_event_filter
 
 bp = Blueprint("rooms", __name__, url_prefix="/_matrix/client/v3")
@@ -107,6 +108,18 @@ def send_event(room_id: str, event_type: str, txn_id: str):
     event_id = runtime().rooms.send_message(
         current_requester(), room_id, event_type, content, txn_id
     )
+    return json_response({"event_id": event_id})
+
+
+@bp.put("/rooms/<room_id>/redact/<event_id>/<txn_id>")
+@requires_auth
+def redact_event(room_id: str, event_id: str, txn_id: str):
+    requester = current_requester()
+    # Scoped by the request path, as transaction IDs are: /redact of another event, or a
+    # /send of the same ID, is another transaction.
+    txn = TxnKey(requester.user_id, requester.device_id, room_id, f"/redact/{event_id}", txn_id)
+    content = json_object(max_bytes=MAX_PDU_BYTES, allow_empty=True)
+    event_id = runtime().rooms.redact(requester, room_id, event_id, content, txn)
     return json_response({"event_id": event_id})
 
 
