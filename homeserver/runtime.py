@@ -27,9 +27,15 @@ from homeserver.accounts.profile import ProfileService
 from homeserver.accounts.registration import RegistrationSessions
 from homeserver.accounts.service import AccountService
 from homeserver.accounts.shared_secret import SharedSecretRegistration
+from homeserver.accounts.uia import UserInteractiveAuth
 from homeserver.config import Config
 from homeserver.directory.remote import RemoteDirectory
 from homeserver.directory.service import DirectoryService
+from homeserver.e2ee.cross_signing import CrossSigning
+from homeserver.e2ee.devices import DeviceService
+from homeserver.e2ee.keys import KeyService
+from homeserver.e2ee.sync_part import E2eeSync
+from homeserver.e2ee.to_device import ToDeviceService
 from homeserver.federation.admission import make_client_outbound_budget
 from homeserver.federation.client import FederationClient
 from homeserver.federation.cooldown import AddressCooldown
@@ -61,6 +67,7 @@ from homeserver.rooms.transactions import (
 from homeserver.storage.accounts import AccountStore
 from homeserver.storage.database import Database, open_database
 from homeserver.storage.directory import DirectoryStore
+from homeserver.storage.e2ee import E2eeStore
 from homeserver.storage.keys import ServerKeyStore
 from homeserver.storage.media import MediaStore
 from homeserver.storage.migrations import migrate
@@ -254,7 +261,14 @@ class HomeserverRuntime:
 
     @component
     def accounts(self) -> AccountService:
-        return AccountService(AccountStore(self.db), self.server_name)
+        accounts = AccountService(AccountStore(self.db), self.server_name)
+        accounts.add_device_key_listener(self._keys_changed)
+        return accounts
+
+    @component
+    def uia(self) -> UserInteractiveAuth:
+        """User-interactive auth by password, for deleting devices and cross-signing."""
+        return UserInteractiveAuth(self.registration_sessions, self.accounts)
 
     @component
     def registration_sessions(self) -> RegistrationSessions:
@@ -491,8 +505,52 @@ class HomeserverRuntime:
     @component
     def sync(self) -> SyncService:
         return SyncService(
-            self.rooms, self.room_history, self.sync_store, self.notifier, self.typing, self.filters
+            self.rooms,
+            self.room_history,
+            self.sync_store,
+            self.notifier,
+            self.typing,
+            self.filters,
+            self.e2ee_sync,
         )
+
+    # --- end-to-end encryption: keys, devices, to-device messages ------------------------
+
+    @component
+    def e2ee_store(self) -> E2eeStore:
+        return E2eeStore(self.db)
+
+    def _keys_changed(self, user_id: str) -> None:
+        """A device list changed: wake the syncs of everyone sharing a room with the user
+        (their device_lists.changed), the user included. Nobody waiting: no read."""
+        if self.notifier.waiting():
+            self.notifier.notify_users(self.e2ee_store.users_sharing_a_room(user_id))
+
+    @component
+    def cross_signing(self) -> CrossSigning:
+        return CrossSigning(self.e2ee_store, self.server_name, self._keys_changed)
+
+    @component
+    def keys(self) -> KeyService:
+        return KeyService(self.e2ee_store, self.cross_signing, self.server_name, self._keys_changed)
+
+    @component
+    def devices(self) -> DeviceService:
+        return DeviceService(self.e2ee_store, self.accounts, self._keys_changed)
+
+    @component
+    def to_device(self) -> ToDeviceService:
+        service = ToDeviceService(self.e2ee_store, self.server_name, self.notifier.notify_users)
+        self.metrics.track_counter(
+            "weir_to_device_dropped",
+            "To-device messages dropped because their device held too many undelivered",
+            lambda: service.dropped,
+        )
+        return service
+
+    @component
+    def e2ee_sync(self) -> E2eeSync:
+        return E2eeSync(self.e2ee_store)
 
     # --- media -----------------------------------------------------------------------------
 
