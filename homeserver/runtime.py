@@ -31,7 +31,6 @@ from homeserver.accounts.uia import UserInteractiveAuth
 from homeserver.config import Config
 from homeserver.directory.remote import RemoteDirectory
 from homeserver.directory.service import DirectoryService
-from homeserver.e2ee.cross_signing import CrossSigning
 from homeserver.e2ee.devices import DeviceService
 from homeserver.e2ee.keys import KeyService
 from homeserver.e2ee.sync_part import E2eeSync
@@ -267,7 +266,6 @@ class HomeserverRuntime:
 
     @component
     def uia(self) -> UserInteractiveAuth:
-        """User-interactive auth by password, for deleting devices and cross-signing."""
         return UserInteractiveAuth(self.registration_sessions, self.accounts)
 
     @component
@@ -511,7 +509,7 @@ class HomeserverRuntime:
             self.notifier,
             self.typing,
             self.filters,
-            self.e2ee_sync,
+            E2eeSync(self.e2ee_store),
         )
 
     # --- end-to-end encryption: keys, devices, to-device messages ------------------------
@@ -521,18 +519,14 @@ class HomeserverRuntime:
         return E2eeStore(self.db)
 
     def _keys_changed(self, user_id: str) -> None:
-        """A device list changed: wake the syncs of everyone sharing a room with the user
-        (their device_lists.changed), the user included. Nobody waiting: no read."""
+        """A device list changed: wake the syncs of all who share a room with the user."""
         if self.notifier.waiting():
             self.notifier.notify_users(self.e2ee_store.users_sharing_a_room(user_id))
 
     @component
-    def cross_signing(self) -> CrossSigning:
-        return CrossSigning(self.e2ee_store, self.server_name, self._keys_changed)
-
-    @component
     def keys(self) -> KeyService:
-        return KeyService(self.e2ee_store, self.cross_signing, self.server_name, self._keys_changed)
+        """Device, one-time and fallback keys, and cross-signing (keys.cross_signing)."""
+        return KeyService(self.e2ee_store, self.server_name, self._keys_changed)
 
     @component
     def devices(self) -> DeviceService:
@@ -547,10 +541,6 @@ class HomeserverRuntime:
             lambda: service.dropped,
         )
         return service
-
-    @component
-    def e2ee_sync(self) -> E2eeSync:
-        return E2eeSync(self.e2ee_store)
 
     # --- media -----------------------------------------------------------------------------
 

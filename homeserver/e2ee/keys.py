@@ -17,6 +17,7 @@ from homeserver.core.identifiers import is_valid_user_id, server_of
 from homeserver.core.requester import Requester
 from homeserver.e2ee.cross_signing import CrossSigning
 from homeserver.e2ee.signatures import has_valid_signature, invalid_signature
+from homeserver.e2ee.sync_part import E2eeSync, Range
 from homeserver.storage.e2ee import E2eeStore
 
 log = logging.getLogger(__name__)
@@ -31,14 +32,14 @@ class KeyService:
     def __init__(
         self,
         store: E2eeStore,
-        cross_signing: CrossSigning,
         server_name: str,
         on_keys_changed: Callable[[str], None],
     ):
         self.store = store
-        self.cross_signing = cross_signing
+        self.cross_signing = CrossSigning(store, server_name, on_keys_changed)
         self.server_name = server_name
         self.on_keys_changed = on_keys_changed
+        self.device_lists = E2eeSync(store)
 
     # --- upload -------------------------------------------------------------------------
 
@@ -167,6 +168,13 @@ class KeyService:
         # deadline; until then each is a failure and its users are absent.
         for server in remote:
             out["failures"][server] = NOT_FEDERATED
+
+    # --- changes ------------------------------------------------------------------------
+
+    def changes(self, requester: Requester, span: Range) -> dict:
+        """GET /keys/changes: device list changes between two sync tokens."""
+        changed, left = self.device_lists.changes(requester.user_id, span)
+        return {"changed": changed, "left": left}
 
     # --- claim --------------------------------------------------------------------------
 

@@ -448,11 +448,12 @@ class E2eeStore:
         return [ToDeviceMessage(r[0], r[1], r[2], json.loads(r[3])) for r in rows]
 
     def delete_to_device(self, user_id: str, device_id: str, up_to: int) -> None:
-        """The device acknowledged everything up to `up_to` (its next sync's `since`)."""
-        self.db.write(
-            lambda tx: tx.execute(
-                "DELETE FROM to_device_messages WHERE user_id = ? AND device_id = ?"
-                " AND stream_position <= ?",
-                (user_id, device_id, up_to),
-            )
-        )
+        """The device acknowledged everything up to `up_to` (its next sync's `since`). Read
+        first: most syncs acknowledge nothing new, and a write would queue them all behind
+        SQLite's one writer."""
+        params = (user_id, device_id, up_to)
+        where = "WHERE user_id = ? AND device_id = ? AND stream_position <= ?"
+        if self.db.read(
+            lambda tx: tx.fetchone(f"SELECT 1 FROM to_device_messages {where} LIMIT 1", params)
+        ):
+            self.db.write(lambda tx: tx.execute(f"DELETE FROM to_device_messages {where}", params))

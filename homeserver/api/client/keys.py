@@ -52,8 +52,7 @@ def key_changes():
         raise missing_param("Missing parameter: from and to")
     since, until = SyncToken.parse(start), SyncToken.parse(end)
     span = Range(since.events, until.events, since.device_lists, until.device_lists, 0, 0)
-    changed, left = runtime().e2ee_sync.changes(current_requester().user_id, span)
-    return json_response({"changed": changed, "left": left})
+    return json_response(runtime().keys.changes(current_requester(), span))
 
 
 @bp.post("/keys/device_signing/upload")
@@ -62,12 +61,12 @@ def upload_cross_signing_keys():
     rt = runtime()
     requester = current_requester()
     body = json_object()
-    if rt.cross_signing.needs_auth(requester, body):
+    if rt.keys.cross_signing.needs_auth(requester, body):
         auth = body.get("auth")
         if isinstance(auth, dict) and "type" in auth:
             enforce_rate_limit(rt.login_rate_limiter)
         rt.uia.require_password(requester, auth)
-    rt.cross_signing.upload_keys(requester, body)
+    rt.keys.cross_signing.upload_keys(requester, body)
     return json_response({})
 
 
@@ -75,7 +74,7 @@ def upload_cross_signing_keys():
 @requires_auth
 def upload_signatures():
     return json_response(
-        runtime().cross_signing.upload_signatures(current_requester(), json_object())
+        runtime().keys.cross_signing.upload_signatures(current_requester(), json_object())
     )
 
 
