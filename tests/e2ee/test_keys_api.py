@@ -225,3 +225,11 @@ def test_cross_signing_upload_replace_with_auth_and_sign_a_device(server, device
     assert alice.user_id not in r.json()["user_signing_keys"]  # the owner's alone
     mine = alice.client.post(f"{V3}/keys/query", json={"device_keys": {alice.user_id: []}})
     assert mine.json()["user_signing_keys"][alice.user_id] == body["user_signing_key"]
+
+
+def test_logout_forgets_the_device_keys(server, device):
+    alice, bob = device("alice"), device("bob")
+    alice.upload(device_keys=alice.device_keys(), one_time_keys=alice.one_time_keys(1))
+    assert alice.client.post(f"{V3}/logout", json={}).status_code == 200
+    r = bob.client.post(f"{V3}/keys/query", json={"device_keys": {alice.user_id: []}})
+    assert r.json()["device_keys"][alice.user_id] == {}
