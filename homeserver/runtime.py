@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable, Generic, TypeVar, overload
 
 from gevent.lock import RLock
 from gevent.pool import Pool
@@ -27,10 +26,16 @@ from homeserver.accounts.profile import ProfileService
 from homeserver.accounts.registration import RegistrationSessions
 from homeserver.accounts.service import AccountService
 from homeserver.accounts.shared_secret import SharedSecretRegistration
+from homeserver.accounts.uia import UserInteractiveAuth
 from homeserver.config import Config
+from homeserver.core.components import component
 from homeserver.directory.remote import RemoteDirectory
 from homeserver.directory.service import DirectoryService
+from homeserver.e2ee.devices import DeviceService
 from homeserver.e2ee.key_backup import KeyBackupService
+from homeserver.e2ee.keys import KeyService
+from homeserver.e2ee.sync_part import E2eeSync
+from homeserver.e2ee.to_device import ToDeviceService
 from homeserver.federation.admission import make_client_outbound_budget
 from homeserver.federation.client import FederationClient
 from homeserver.federation.cooldown import AddressCooldown
@@ -62,6 +67,7 @@ from homeserver.rooms.transactions import (
 from homeserver.storage.accounts import AccountStore
 from homeserver.storage.database import Database, open_database
 from homeserver.storage.directory import DirectoryStore
+from homeserver.storage.e2ee import E2eeStore
 from homeserver.storage.key_backup import KeyBackupStore
 from homeserver.storage.keys import ServerKeyStore
 from homeserver.storage.media import MediaStore
@@ -81,33 +87,6 @@ from homeserver.sync.service import SyncService
 from homeserver.sync.typing import TypingNotifications
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
-
-
-class component(Generic[T]):
-    """A part of the runtime, built on first use and then kept. A build may yield (the
-    database opens on a thread pool), so greenlets racing for one part wait for the first
-    build rather than make a second."""
-
-    def __init__(self, build: Callable[[Any], T]):
-        self.build = build
-        self.name = build.__name__
-        self.__doc__ = build.__doc__
-
-    @overload
-    def __get__(self, runtime: None, owner: type) -> component[T]: ...
-
-    @overload
-    def __get__(self, runtime: HomeserverRuntime, owner: type) -> T: ...
-
-    def __get__(self, runtime, owner=None):
-        if runtime is None:
-            return self
-        with runtime._building:
-            if self.name not in runtime.__dict__:
-                runtime.__dict__[self.name] = self.build(runtime)
-        return runtime.__dict__[self.name]
 
 
 class HomeserverRuntime:
@@ -258,7 +237,13 @@ class HomeserverRuntime:
 
     @component
     def accounts(self) -> AccountService:
-        return AccountService(AccountStore(self.db), self.server_name)
+        accounts = AccountService(AccountStore(self.db), self.server_name)
+        accounts.add_device_key_listener(self._keys_changed)
+        return accounts
+
+    @component
+    def uia(self) -> UserInteractiveAuth:
+        return UserInteractiveAuth(self.registration_sessions, self.accounts)
 
     @component
     def registration_sessions(self) -> RegistrationSessions:
@@ -496,10 +481,44 @@ class HomeserverRuntime:
     @component
     def sync(self) -> SyncService:
         return SyncService(
-            self.rooms, self.room_history, self.sync_store, self.notifier, self.typing, self.filters
+            self.rooms,
+            self.room_history,
+            self.sync_store,
+            self.notifier,
+            self.typing,
+            self.filters,
+            E2eeSync(self.e2ee_store),
         )
 
-    # --- end-to-end encryption ------------------------------------------------------------
+    # --- end-to-end encryption: keys, devices, to-device messages ------------------------
+
+    @component
+    def e2ee_store(self) -> E2eeStore:
+        return E2eeStore(self.db)
+
+    def _keys_changed(self, user_id: str) -> None:
+        """A device list changed: wake the syncs of all who share a room with the user."""
+        if self.notifier.waiting():
+            self.notifier.notify_users(self.e2ee_store.users_sharing_a_room(user_id))
+
+    @component
+    def keys(self) -> KeyService:
+        """Device, one-time and fallback keys, and cross-signing (keys.cross_signing)."""
+        return KeyService(self.e2ee_store, self.server_name, self._keys_changed)
+
+    @component
+    def devices(self) -> DeviceService:
+        return DeviceService(self.e2ee_store, self.accounts, self._keys_changed)
+
+    @component
+    def to_device(self) -> ToDeviceService:
+        service = ToDeviceService(self.e2ee_store, self.server_name, self.notifier.notify_users)
+        self.metrics.track_counter(
+            "weir_to_device_dropped",
+            "To-device messages dropped because their device held too many undelivered",
+            lambda: service.dropped,
+        )
+        return service
 
     @component
     def key_backup(self) -> KeyBackupService:

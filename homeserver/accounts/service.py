@@ -7,6 +7,7 @@ import re
 import secrets
 import string
 from dataclasses import dataclass
+from typing import Callable
 
 from homeserver.accounts.passwords import check_password, hash_password
 from homeserver.core.clock import now_ms
@@ -37,6 +38,11 @@ class AccountService:
         self.store = store
         self.server_name = server_name
         self._dummy_hash: str | None = None
+        # Called with a user ID when a device with keys is removed (e2ee: a device list change).
+        self._device_key_listeners: list[Callable[[str], None]] = []
+
+    def add_device_key_listener(self, listener: Callable[[str], None]) -> None:
+        self._device_key_listeners.append(listener)
 
     # --- identifiers -------------------------------------------------------------------
 
@@ -140,8 +146,20 @@ class AccountService:
             return None
         return Requester(owner.user_id, owner.device_id, owner.admin, token_hash)
 
+    def check_password(self, user_id: str, password: str) -> bool:
+        """The user's own password, checked as login does (user-interactive auth)."""
+        row = self.store.get_user(user_id)
+        ok = check_password(password, row.password_hash if row else self._unknown_user_hash())
+        return ok and row is not None and not row.deactivated
+
+    def remove_devices(self, user_id: str, device_ids: list[str]) -> None:
+        """Logs the devices out and forgets their keys and pending to-device messages."""
+        if self.store.remove_devices(user_id, device_ids):
+            for listener in self._device_key_listeners:
+                listener(user_id)
+
     def logout(self, requester: Requester) -> None:
-        self.store.remove_device(requester.user_id, requester.device_id)
+        self.remove_devices(requester.user_id, [requester.device_id])
 
     def logout_all(self, requester: Requester) -> None:
-        self.store.remove_all_devices(requester.user_id)
+        self.remove_devices(requester.user_id, self.store.device_ids(requester.user_id))

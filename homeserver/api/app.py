@@ -14,8 +14,10 @@ from homeserver.api.client import (
     accounts,
     admin,
     capabilities,
+    devices,
     directory,
     key_backup,
+    keys,
     media,
     metrics,
     profile,
@@ -27,8 +29,9 @@ from homeserver.api.client import (
 from homeserver.api.context import RUNTIME_EXTENSION
 from homeserver.api.federation import directory as federation_directory
 from homeserver.api.federation import events as federation_events
-from homeserver.api.federation import keys, membership, transactions
+from homeserver.api.federation import keys as federation_keys
 from homeserver.api.federation import media as federation_media
+from homeserver.api.federation import membership, transactions
 from homeserver.api.federation import profile as federation_profile
 from homeserver.http.middleware import RequestContextMiddleware
 from homeserver.http.responses import CORS_HEADERS, register_error_handlers
@@ -52,6 +55,8 @@ def client_blueprints():
         receipts.bp,
         capabilities.bp,
         key_backup.bp,
+        devices.bp,
+        keys.bp,
     ]
 
 
@@ -59,7 +64,7 @@ def federation_blueprints():
     # The well-known and health routes are served here too: a load balancer or a peer may
     # ask either listener.
     return [
-        keys.bp,
+        federation_keys.bp,
         federation_profile.bp,
         federation_directory.bp,
         transactions.bp,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from homeserver.storage.database import Database
+from homeserver.storage.e2ee import delete_device_rows
 
 
 @dataclass(frozen=True)
@@ -92,21 +93,34 @@ class AccountStore:
         )
         return TokenOwner(row[0], row[1], bool(row[2])) if row else None
 
-    def remove_device(self, user_id: str, device_id: str) -> None:
+    def remove_devices(self, user_id: str, device_ids: list[str]) -> bool:
+        """Removes the devices, their tokens, keys and pending to-device messages; True if
+        any had device keys (a device list change others must hear of)."""
+
         def tx(tx):
-            tx.execute(
-                "DELETE FROM access_tokens WHERE user_id = ? AND device_id = ?",
-                (user_id, device_id),
-            )
-            tx.execute(
-                "DELETE FROM devices WHERE user_id = ? AND device_id = ?", (user_id, device_id)
-            )
+            had_keys = False
+            for device_id in device_ids:
+                tx.execute(
+                    "DELETE FROM access_tokens WHERE user_id = ? AND device_id = ?",
+                    (user_id, device_id),
+                )
+                tx.execute(
+                    "DELETE FROM devices WHERE user_id = ? AND device_id = ?",
+                    (user_id, device_id),
+                )
+                had_keys = delete_device_rows(tx, user_id, device_id) or had_keys
+            return had_keys
 
-        self.db.write(tx)
+        return self.db.write(tx)
 
-    def remove_all_devices(self, user_id: str) -> None:
-        def tx(tx):
-            tx.execute("DELETE FROM access_tokens WHERE user_id = ?", (user_id,))
-            tx.execute("DELETE FROM devices WHERE user_id = ?", (user_id,))
+    def remove_device(self, user_id: str, device_id: str) -> bool:
+        return self.remove_devices(user_id, [device_id])
 
-        self.db.write(tx)
+    def device_ids(self, user_id: str) -> list[str]:
+        rows = self.db.read(
+            lambda tx: tx.fetchall("SELECT device_id FROM devices WHERE user_id = ?", (user_id,))
+        )
+        return [r[0] for r in rows]
+
+    def remove_all_devices(self, user_id: str) -> bool:
+        return self.remove_devices(user_id, self.device_ids(user_id))

@@ -14,12 +14,19 @@ from dataclasses import dataclass, field
 
 from homeserver.storage import streams
 from homeserver.storage.database import Database, in_lists
+from homeserver.storage.e2ee import DEVICE_LISTS_STREAM, TO_DEVICE_STREAM
 from homeserver.storage.remote_invites import RemoteInviteStore
 from homeserver.storage.rooms import EVENTS_STREAM, RoomStore
 
 ACCOUNT_DATA_STREAM = "account_data"
 RECEIPTS_STREAM = "receipts"
-_STREAMS = (EVENTS_STREAM, ACCOUNT_DATA_STREAM, RECEIPTS_STREAM)
+_STREAMS = (
+    EVENTS_STREAM,
+    ACCOUNT_DATA_STREAM,
+    RECEIPTS_STREAM,
+    TO_DEVICE_STREAM,
+    DEVICE_LISTS_STREAM,
+)
 
 
 @dataclass(frozen=True)
@@ -29,6 +36,8 @@ class StreamPositions:
     events: int
     account_data: int
     receipts: int
+    to_device: int
+    device_lists: int
 
 
 @dataclass(frozen=True)

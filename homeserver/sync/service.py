@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from homeserver.core.clock import now_ms
 from homeserver.core.requester import Requester
+from homeserver.e2ee.sync_part import E2eeSync, E2eeSyncPart, Range
 from homeserver.rooms.format import client_event
 from homeserver.rooms.history import RoomHistory
 from homeserver.rooms.pagination import stream_token
@@ -102,6 +103,7 @@ class SyncService:
         notifier: Notifier,
         typing: TypingNotifications,
         filters: Filters,
+        e2ee: E2eeSync | None = None,
     ):
         self.rooms = rooms
         self.history = history
@@ -109,6 +111,7 @@ class SyncService:
         self.notifier = notifier
         self.typing = typing
         self.filters = filters
+        self.e2ee = e2ee
 
     def sync(
         self,
@@ -184,7 +187,8 @@ class SyncService:
                 rooms[section][room_id] = entry
 
         account_data = self._global_account_data(request, batch)
-        has_updates = bool(account_data or any(rooms.values()))
+        e2ee = self._e2ee_part(request, batch)
+        has_updates = bool(account_data or any(rooms.values()) or e2ee.has_updates)
         next_batch = since
         if since is None or has_updates:
             positions = batch.positions
@@ -194,13 +198,31 @@ class SyncService:
                 positions.receipts,
                 batch.typing_position,
                 self.typing.epoch,
+                e2ee.to_device_position,
+                positions.device_lists,
             )
         body = {
             "next_batch": str(next_batch),
             "account_data": {"events": account_data},
             "rooms": rooms,
+            **e2ee.fields(),
         }
         return body, has_updates
+
+    def _e2ee_part(self, request: SyncRequest, batch: _Batch) -> E2eeSyncPart:
+        """To-device messages and device lists (e2ee/sync_part.py)."""
+        if self.e2ee is None:
+            return E2eeSyncPart()
+        since, positions = request.since, batch.positions
+        span = Range(
+            since.events if since else None,
+            positions.events,
+            since.device_lists if since else 0,
+            positions.device_lists,
+            since.to_device if since else 0,
+            positions.to_device,
+        )
+        return self.e2ee.part(request.requester, span)
 
     def _memberships_at(
         self, request: SyncRequest, snapshot: SyncSnapshot

@@ -1,11 +1,12 @@
 """Sync tokens: where a client is in every stream /sync serves.
 
-`s<events>_<account_data>_<receipts>_<typing>_<epoch>`. The first three are positions in
-streams kept in the database, so a token means the same after a restart. Typing lives in
-memory: its position counts from 0 again in each process, and `epoch` names the process that
-gave it (see typing.py for why that loses nothing). The token starts like a /messages token
-(`s<events>`), so /messages accepts a next_batch as `from`, as the spec asks. Clients treat it
-as opaque.
+`s<events>_<account_data>_<receipts>_<typing>_<epoch>_<to_device>_<device_lists>`. All but
+typing and epoch are positions in streams kept in the database, so a token means the same
+after a restart. Typing lives in memory: its position counts from 0 again in each process,
+and `epoch` names the process that gave it (see typing.py for why that loses nothing). The
+token starts like a /messages token (`s<events>`), so /messages accepts a next_batch as
+`from`, as the spec asks. Clients treat it as opaque. A token from before the last two parts
+existed reads them as 0.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from dataclasses import dataclass
 
 from homeserver.core.errors import invalid_param
 
-_TOKEN = re.compile(r"^s(\d{1,18})_(\d{1,18})_(\d{1,18})_(\d{1,18})_([0-9a-f]{8})$")
+_TOKEN = re.compile(
+    r"^s(\d{1,18})_(\d{1,18})_(\d{1,18})_(\d{1,18})_([0-9a-f]{8})(?:_(\d{1,18})_(\d{1,18}))?$"
+)
 
 
 @dataclass(frozen=True)
@@ -25,10 +28,13 @@ class SyncToken:
     receipts: int
     typing: int
     typing_epoch: str
+    to_device: int = 0
+    device_lists: int = 0
 
     def __str__(self) -> str:
         return (
             f"s{self.events}_{self.account_data}_{self.receipts}_{self.typing}_{self.typing_epoch}"
+            f"_{self.to_device}_{self.device_lists}"
         )
 
     @classmethod
@@ -37,7 +43,8 @@ class SyncToken:
         if match is None:
             raise invalid_param("since is not a sync token from this server")
         events, account_data, receipts, typing = map(int, match.groups()[:4])
-        return cls(events, account_data, receipts, typing, match.group(5))
+        to_device, device_lists = (int(g or 0) for g in match.groups()[5:])
+        return cls(events, account_data, receipts, typing, match.group(5), to_device, device_lists)
 
     def typing_since(self, epoch: str) -> int:
         """The typing position this token has seen, in the current process's epoch."""

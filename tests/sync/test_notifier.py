@@ -73,11 +73,13 @@ def test_close_wakes_everyone_and_later_registrations_at_once():
 
 
 def test_sync_tokens_round_trip_and_refuse_garbage():
-    token = SyncToken(12, 3, 4, 5, "0a1b2c3d")
-    assert str(token) == "s12_3_4_5_0a1b2c3d"
+    token = SyncToken(12, 3, 4, 5, "0a1b2c3d", 6, 7)
+    assert str(token) == "s12_3_4_5_0a1b2c3d_6_7"
     assert SyncToken.parse(str(token)) == token
+    # A token from before the to-device and device-list parts reads them as 0.
+    assert SyncToken.parse("s12_3_4_5_0a1b2c3d") == SyncToken(12, 3, 4, 5, "0a1b2c3d", 0, 0)
     assert token.typing_since("0a1b2c3d") == 5 and token.typing_since("ffffffff") == 0
-    for bad in ("", "s12", "s1_2_3_4", "s1_2_3_4_XYZ", "x1_2_3_4_0a1b2c3d"):
+    for bad in ("", "s12", "s1_2_3_4", "s1_2_3_4_XYZ", "x1_2_3_4_0a1b2c3d", "s1_2_3_4_0a1b2c3d_5"):
         with pytest.raises(MatrixError):
             SyncToken.parse(bad)
 

@@ -1,0 +1,100 @@
+"""What end-to-end encryption adds to /sync: `to_device`, `device_lists`,
+`device_one_time_keys_count` and `device_unused_fallback_key_types`.
+
+Device list changes are those of users who share a room with the syncing user now (and
+their own), plus everyone in a room the user joined since the token; `left` are users
+who left a shared room since the token, or were in a room the user left, and share none
+now. `/keys/changes` gives the same between two tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from homeserver.core.requester import Requester
+from homeserver.storage.e2ee import E2eeStore
+
+TO_DEVICE_LIMIT = 100  # per response; the rest follows in the next sync at once
+
+
+@dataclass
+class E2eeSyncPart:
+    to_device: list[dict] = field(default_factory=list)
+    to_device_position: int = 0
+    changed: list[str] = field(default_factory=list)
+    left: list[str] = field(default_factory=list)
+    one_time_key_counts: dict = field(default_factory=dict)
+    unused_fallback_key_types: list[str] = field(default_factory=list)
+
+    @property
+    def has_updates(self) -> bool:
+        return bool(self.to_device or self.changed or self.left)
+
+    def fields(self) -> dict:
+        return {
+            "to_device": {"events": self.to_device},
+            "device_lists": {"changed": self.changed, "left": self.left},
+            # signed_curve25519 is listed even at 0: some clients read its absence as
+            # "no count sent" and never upload.
+            "device_one_time_keys_count": {"signed_curve25519": 0, **self.one_time_key_counts},
+            "device_unused_fallback_key_types": self.unused_fallback_key_types,
+        }
+
+
+@dataclass(frozen=True)
+class Range:
+    """(after, up_to] in the events, device list and to-device streams; `after` None
+    for an initial sync."""
+
+    events_after: int | None
+    events_up_to: int
+    lists_after: int
+    lists_up_to: int
+    to_device_after: int
+    to_device_up_to: int
+
+
+class E2eeSync:
+    def __init__(self, store: E2eeStore):
+        self.store = store
+
+    def part(self, requester: Requester, span: Range) -> E2eeSyncPart:
+        user_id, device_id = requester.user_id, requester.device_id
+        if span.events_after is not None and span.to_device_after:
+            self.store.delete_to_device(user_id, device_id, span.to_device_after)
+        messages = self.store.to_device_messages(
+            user_id, device_id, span.to_device_after, span.to_device_up_to, TO_DEVICE_LIMIT
+        )
+        part = E2eeSyncPart(
+            to_device=[
+                {"sender": m.sender, "type": m.type, "content": m.content} for m in messages
+            ],
+            to_device_position=(
+                messages[-1].position if len(messages) == TO_DEVICE_LIMIT else span.to_device_up_to
+            ),
+            one_time_key_counts=self.store.one_time_key_counts(user_id, device_id),
+            unused_fallback_key_types=self.store.unused_fallback_key_types(user_id, device_id),
+        )
+        if span.events_after is not None:
+            part.changed, part.left = self.changes(user_id, span)
+        return part
+
+    def changes(self, user_id: str, span: Range) -> tuple[list[str], list[str]]:
+        """(changed, left) for `user_id` over the span (events_after must be set)."""
+        assert span.events_after is not None
+        sharing = self.store.users_sharing_a_room(user_id)
+        changed = self.store.changed_users(span.lists_after, span.lists_up_to, sorted(sharing))
+        gone: set[str] = set()
+        rooms = self.store.rooms_of(user_id)
+        for room_id, member, membership in self.store.membership_changes(
+            rooms, span.events_after, span.events_up_to
+        ):
+            if member == user_id:
+                members = self.store.members_ever(room_id)
+                (changed if membership == "join" else gone).update(members)
+            elif membership == "join":
+                changed.add(member)
+            elif membership in ("leave", "ban"):
+                gone.add(member)
+        left = {u for u in gone if u not in sharing}
+        return sorted(changed & sharing), sorted(left)
