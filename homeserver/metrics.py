@@ -120,6 +120,14 @@ class Metrics:
             ["outcome"],
             registry=self.registry,
         )
+        # Typing changes and receipts of other servers' users, each accepted or dropped
+        # (homeserver/sync/edus.py says why one is dropped; its log line says which).
+        self.inbound_edu_items = Counter(
+            "weir_inbound_edu_items",
+            "Typing changes and read receipts received from other servers, by outcome",
+            ["edu_type", "outcome"],
+            registry=self.registry,
+        )
         self.cooldown_refusals = Counter(
             "weir_cooldown_refusals",
             "Calls refused at once because the address is cooling down",

@@ -52,9 +52,16 @@ class MainLink:
         )
 
     def relay(
-        self, origin: str, txn_id: str, pdus: list, results: dict, source_ip: str | None
+        self,
+        origin: str,
+        txn_id: str,
+        pdus: list,
+        results: dict,
+        source_ip: str | None,
+        edus: list,
     ) -> dict:
-        """Main's answer to a checked transaction (``federation.transactions.Relay``)."""
+        """Main's answer to a checked transaction (``rooms.transactions.Relay``); its EDUs
+        are applied in main, where typing lives and syncs wait."""
         try:
             reply = self.connection.request(
                 FrameType.RELAY,
@@ -64,6 +71,7 @@ class MainLink:
                     "pdus": pdus,
                     "results": results,
                     "source_ip": source_ip,
+                    "edus": edus,
                 },
                 RELAY_TIMEOUT_SECONDS,
             )
