@@ -120,14 +120,6 @@ class Metrics:
             ["outcome"],
             registry=self.registry,
         )
-        # Typing changes and receipts of other servers' users, each accepted or dropped
-        # (homeserver/sync/edus.py says why one is dropped; its log line says which).
-        self.inbound_edu_items = Counter(
-            "weir_inbound_edu_items",
-            "Typing changes and read receipts received from other servers, by outcome",
-            ["edu_type", "outcome"],
-            registry=self.registry,
-        )
         self.cooldown_refusals = Counter(
             "weir_cooldown_refusals",
             "Calls refused at once because the address is cooling down",
@@ -140,6 +132,17 @@ class Metrics:
             "Remote joins: make_join, send_join and checking the room's state",
             ["outcome"],
             buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=self.registry,
+        )
+        self.inbound_edu_items = self._inbound_edu_items()
+
+    def _inbound_edu_items(self) -> Counter:
+        # Typing changes and receipts of other servers' users, each accepted or dropped
+        # (homeserver/sync/edus.py says why one is dropped; its log line says which).
+        return Counter(
+            "weir_inbound_edu_items",
+            "Typing changes and read receipts received from other servers, by outcome",
+            ["edu_type", "outcome"],
             registry=self.registry,
         )
 
