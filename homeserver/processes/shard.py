@@ -58,7 +58,7 @@ class MainLink:
         pdus: list,
         results: dict,
         source_ip: str | None,
-        edus: list,
+        edus: list | None = None,
     ) -> dict:
         """Main's answer to a checked transaction (``rooms.transactions.Relay``); its EDUs
         are applied in main, where typing lives and syncs wait."""
@@ -71,7 +71,7 @@ class MainLink:
                     "pdus": pdus,
                     "results": results,
                     "source_ip": source_ip,
-                    "edus": edus,
+                    "edus": edus or [],
                 },
                 RELAY_TIMEOUT_SECONDS,
             )
