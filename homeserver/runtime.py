@@ -30,6 +30,7 @@ from homeserver.accounts.shared_secret import SharedSecretRegistration
 from homeserver.config import Config
 from homeserver.directory.remote import RemoteDirectory
 from homeserver.directory.service import DirectoryService
+from homeserver.e2ee.key_backup import KeyBackupService
 from homeserver.federation.admission import make_client_outbound_budget
 from homeserver.federation.client import FederationClient
 from homeserver.federation.cooldown import AddressCooldown
@@ -46,7 +47,7 @@ from homeserver.media.remote import (
 from homeserver.media.service import MediaService
 from homeserver.metrics import Metrics
 from homeserver.rooms.creation import RoomCreator
-from homeserver.rooms.federation_membership import FederationMembership
+from homeserver.rooms.federation_membership import FederationMembership, MembershipRelay
 from homeserver.rooms.federation_reads import FederationReads
 from homeserver.rooms.history import RoomHistory
 from homeserver.rooms.join_checks import JoinResponseChecker
@@ -61,6 +62,7 @@ from homeserver.rooms.transactions import (
 from homeserver.storage.accounts import AccountStore
 from homeserver.storage.database import Database, open_database
 from homeserver.storage.directory import DirectoryStore
+from homeserver.storage.key_backup import KeyBackupStore
 from homeserver.storage.keys import ServerKeyStore
 from homeserver.storage.media import MediaStore
 from homeserver.storage.migrations import migrate
@@ -117,6 +119,7 @@ class HomeserverRuntime:
         pools: bool = False,
         key_resolution_shards: int = 1,
         transaction_relay: Relay | None = None,
+        membership_relay: MembershipRelay | None = None,
     ):
         self.config = config
         self.server_name = config.server_name
@@ -127,6 +130,7 @@ class HomeserverRuntime:
         self.metrics_allowed_networks = parse_networks(config.metrics.allowed_networks)
         self._key_resolution_shards = key_resolution_shards
         self._transaction_relay = transaction_relay
+        self._membership_relay = membership_relay
         self._building = RLock()
 
     def build_all(self) -> None:
@@ -430,6 +434,7 @@ class HomeserverRuntime:
             self.room_graph,
             self.remote_invites,
             self.notifier.notify_users,
+            self._membership_relay,
         )
 
     @component
@@ -506,6 +511,12 @@ class HomeserverRuntime:
         return SyncService(
             self.rooms, self.room_history, self.sync_store, self.notifier, self.typing, self.filters
         )
+
+    # --- end-to-end encryption ------------------------------------------------------------
+
+    @component
+    def key_backup(self) -> KeyBackupService:
+        return KeyBackupService(KeyBackupStore(self.db))
 
     # --- media -----------------------------------------------------------------------------
 

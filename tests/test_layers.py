@@ -23,7 +23,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("federation transport", ("homeserver.federation",)),
     ("accounts", ("homeserver.accounts",)),
     ("rooms", ("homeserver.rooms",)),
-    ("directory, media, sync", ("homeserver.directory", "homeserver.media", "homeserver.sync")),
+    (
+        "directory, media, sync, e2ee",
+        ("homeserver.directory", "homeserver.media", "homeserver.sync", "homeserver.e2ee"),
+    ),
     ("http", ("homeserver.http",)),
     ("composition root", ("homeserver.runtime",)),
     ("api", ("homeserver.api",)),

@@ -15,6 +15,7 @@ from homeserver.api.client import (
     admin,
     capabilities,
     directory,
+    key_backup,
     media,
     metrics,
     profile,
@@ -50,6 +51,7 @@ def client_blueprints():
         profile.bp,
         receipts.bp,
         capabilities.bp,
+        key_backup.bp,
     ]
 
 

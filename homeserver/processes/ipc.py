@@ -44,6 +44,7 @@ class FrameType(enum.IntEnum):
     HELLO = 1  # shard -> main, once connected and serving: {"shard", "pid"}
     HEALTH = 2  # main -> shard: liveness; the reply carries the shard's figures
     RELAY = 3  # shard -> main: a transaction's checked PDUs; the reply is the answer
+    MEMBERSHIP = 4  # shard -> main: a send_join/leave/knock or invite; the reply is the answer
 
 
 class IpcError(Exception):

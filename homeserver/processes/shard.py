@@ -60,30 +60,40 @@ class MainLink:
         source_ip: str | None,
         edus: list | None = None,
     ) -> dict:
-        """Main's answer to a checked transaction (``rooms.transactions.Relay``); its EDUs
+        """Main's answer to a checked transaction (``rooms/transactions.py`` Relay); its EDUs
         are applied in main, where typing lives and syncs wait."""
+        body = {"origin": origin, "txn_id": txn_id, "pdus": pdus, "results": results}
+        frame = {**body, "source_ip": source_ip, "edus": edus or []}
+        return self._ask_main(FrameType.RELAY, frame, origin)
+
+    def membership(self, call: str, args: dict, source_ip: str | None) -> dict:
+        """Main's answer to a membership write (``rooms/federation_membership.py``
+        MembershipRelay): main checks and stores it, as it does a transaction."""
+        frame = {"call": call, "args": args, "source_ip": source_ip}
+        return self._ask_main(FrameType.MEMBERSHIP, frame, str(args.get("origin")))
+
+    def _ask_main(self, frame_type: FrameType, body: dict, origin: str) -> dict:
         try:
-            reply = self.connection.request(
-                FrameType.RELAY,
-                {
-                    "origin": origin,
-                    "txn_id": txn_id,
-                    "pdus": pdus,
-                    "results": results,
-                    "source_ip": source_ip,
-                    "edus": edus or [],
-                },
-                RELAY_TIMEOUT_SECONDS,
-            )
+            reply = self.connection.request(frame_type, body, RELAY_TIMEOUT_SECONDS)
         except IpcError as e:
-            # Main may or may not have applied it: the retry gets main's recorded answer.
-            log.warning("relaying transaction %s from %s: %s", txn_id, origin, e)
+            # Main may or may not have applied it: a retry gets main's recorded answer.
+            log.warning("relaying %s from %s to main: %s", frame_type.name, origin, e)
             raise MatrixError(
                 503,
                 Codes.UNKNOWN,
-                "The transaction could not be finished now; retry it",
+                "The request could not be finished now; retry it",
                 headers={"Retry-After": "1"},
             ) from None
+        error = reply.get("error")
+        if isinstance(error, dict) and isinstance(error.get("body"), dict):
+            found = error["body"]
+            extra = {k: v for k, v in found.items() if k not in ("errcode", "error")}
+            raise MatrixError(
+                int(error.get("status") or 500),
+                str(found.get("errcode") or Codes.UNKNOWN),
+                str(found.get("error") or ""),
+                **extra,
+            )
         refused = reply.get("refused")
         if isinstance(refused, dict):
             raise KeyResolutionRefused(
@@ -133,6 +143,7 @@ def run_shard(config: Config, index: int, listen_fd: int, parent_pid: int) -> in
         pools=True,
         key_resolution_shards=config.federation.worker.shards,
         transaction_relay=link.relay,
+        membership_relay=link.membership,
     )
     link.runtime = runtime
     listener = socket.socket(fileno=listen_fd)

@@ -45,6 +45,7 @@ import gevent
 from gevent.event import Event
 
 from homeserver.config import Config
+from homeserver.core.errors import MatrixError
 from homeserver.federation.errors import KeyResolutionRefused
 from homeserver.processes.ipc import FrameConnection, FrameType, IpcError, IpcServer
 from homeserver.processes.listeners import SHUTDOWN_GRACE_SECONDS
@@ -145,7 +146,11 @@ class FederationShards:
         fed = self.config.federation
         self.ipc = IpcServer(
             ipc_socket_path(self.config),
-            {FrameType.HELLO: self._hello, FrameType.RELAY: self._relay},
+            {
+                FrameType.HELLO: self._hello,
+                FrameType.RELAY: self._relay,
+                FrameType.MEMBERSHIP: self._membership,
+            },
             on_close=self._disconnected,
         ).start()
         try:
@@ -313,6 +318,44 @@ class FederationShards:
 
     def _relay(self, connection: FrameConnection, body: dict) -> dict:
         return answer_relay(self.runtime.inbound_transactions, body)
+
+    def _membership(self, connection: FrameConnection, body: dict) -> dict:
+        return answer_membership(self.runtime.federation_membership, body)
+
+
+# The membership writes a shard hands main, and their arguments' types.
+_MEMBERSHIP_CALLS = {
+    "send_membership": {
+        "origin": str,
+        "room_id": str,
+        "event_id": str,
+        "pdu": dict,
+        "membership": str,
+    },
+    "receive_invite": {"origin": str, "room_id": str, "event_id": str, "body": dict},
+}
+
+
+def answer_membership(membership, body: dict) -> dict:
+    """Main's answer to a MEMBERSHIP frame: main checks and stores the event itself
+    (rooms/federation_membership.py), as for a relayed transaction."""
+    call, args, source_ip = body.get("call"), body.get("args"), body.get("source_ip")
+    types = _MEMBERSHIP_CALLS.get(call) if isinstance(call, str) else None
+    if (
+        not isinstance(call, str)
+        or types is None
+        or not isinstance(args, dict)
+        or set(args) != set(types)
+        or not all(isinstance(args[k], t) for k, t in types.items())
+        or not (source_ip is None or isinstance(source_ip, str))
+    ):
+        raise ValueError("malformed membership relay")
+    try:
+        return {"answer": getattr(membership, call)(**args, source_ip=source_ip)}
+    except KeyResolutionRefused as e:
+        return {"refused": {"server": e.destination, "retry_after_ms": e.retry_after_ms}}
+    except MatrixError as e:
+        return {"error": {"status": e.status, "body": e.to_json()}}
 
 
 def answer_relay(processor, body: dict) -> dict:

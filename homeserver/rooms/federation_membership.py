@@ -65,6 +65,10 @@ def incompatible_version(version: str) -> MatrixError:
     )
 
 
+# (call, arguments, source IP) -> main's answer: how a worker shard hands main the writes.
+MembershipRelay = Callable[[str, dict, "str | None"], dict]
+
+
 class FederationMembership:
     def __init__(
         self,
@@ -73,8 +77,11 @@ class FederationMembership:
         graph: RoomGraphStore,
         invites: RemoteInviteStore,
         wake_users: Callable[[Iterable[str]], None],
+        relay: MembershipRelay | None = None,
     ):
         self.rooms = rooms
+        # In a worker shard: main stores, so the writes below are main's to do.
+        self.relay = relay
         self.checker = checker
         self.graph = graph
         self.invites = invites
@@ -158,6 +165,9 @@ class FederationMembership:
         source_ip: str | None,
     ) -> dict:
         """Checks, stores and answers a signed join, leave or knock of `origin`'s user."""
+        if self.relay is not None:
+            args = {"origin": origin, "room_id": room_id, "event_id": event_id, "pdu": pdu}
+            return self.relay("send_membership", {**args, "membership": membership}, source_ip)
         version = self._resident_room(room_id)
         pdu = self._check_member_event(version, origin, room_id, event_id, pdu, membership)
         if membership == "join":
@@ -278,6 +288,9 @@ class FederationMembership:
     ) -> dict:
         """`PUT /v2/invite`: checks the invite of one of our users, signs it, keeps it, and
         answers with the event as signed."""
+        if self.relay is not None:
+            args = {"origin": origin, "room_id": room_id, "event_id": event_id, "body": body}
+            return self.relay("receive_invite", args, source_ip)
         version_id = body.get("room_version")
         if not isinstance(version_id, str):
             raise bad_json("room_version is required")

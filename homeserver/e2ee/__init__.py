@@ -1,0 +1,1 @@
+"""End-to-end encryption support: the server stores and relays keys; it never decrypts."""
