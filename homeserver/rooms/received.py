@@ -1,18 +1,30 @@
 """PDUs received over federation: the authorisation a PDU must pass before
-`RoomService.receive_event` stores it, and the refusal the sender is told about."""
+`RoomService.receive_event` stores it, and the refusal the sender is told about.
+
+Steps 4 to 6 of the spec's "Checks performed on receipt of a PDU": the auth rules against
+the event's auth events, then against the state before it (the resolution of the states
+after its prev_events, `resolution.py`), then against the current state. Failing either of
+the first two rejects the event, and the rejection is remembered (a retry is refused from
+the record, without fetching or checking anything); failing only the third soft-fails it:
+stored, never shown to clients, never a forward extremity.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from homeserver.core.clock import now_ms
 from homeserver.core.events import Event
 from homeserver.rooms.auth import (
     AuthError,
+    StateKey,
     auth_event_ids_to_check,
-    auth_types_for_event,
     check_against_state,
     check_auth_events,
 )
+from homeserver.rooms.resolution import RoomResolver
 from homeserver.rooms.versions import RoomVersion
-from homeserver.storage.rooms import RoomStore, StoredEvent
+from homeserver.storage.rooms import StoredEvent
 
 
 class ReceivedEventRefused(Exception):
@@ -20,25 +32,30 @@ class ReceivedEventRefused(Exception):
     what the sender is told for it."""
 
 
+@dataclass(frozen=True)
+class Authorised:
+    """A received event that may be stored: the state before it, whether it is
+    soft-failed, and (if it is not) the room's current state once it is stored."""
+
+    state_before: dict[StateKey, str]
+    soft_failed: bool
+    current: dict[StateKey, str] | None
+
+
 def authorise_received_event(
-    store: RoomStore,
+    resolver: RoomResolver,
     version: RoomVersion,
     event: Event,
     known: dict[str, StoredEvent],
     signed_by: frozenset[str],
-) -> None:
-    """Steps 4 to 6 of the spec's "Checks performed on receipt of a PDU", kept minimal: the
-    event must pass the auth rules against its auth_events, against the state before it,
-    and against the current state; else `ReceivedEventRefused`. Run under the room's lock;
-    `known` are those of the event's prev_events and `auth_event_ids_to_check` that are
-    stored, and
-    `signed_by` the servers whose signatures on it were verified.
-
-    Missing prev_events or auth_events are not fetched from other servers (no backfill):
-    such an event is refused. There is no state resolution: the state before an event is
-    the current state when its prev_events are the room's forward extremities (the linear
-    case), else the state at the newest of them in stream order."""
-    room_id = event.room_id
+) -> Authorised:
+    """Run under the room's lock; `known` are those of the event's prev_events and
+    `auth_event_ids_to_check` that are stored, and `signed_by` the servers whose signatures
+    on it were verified. Missing prev_events or auth_events are not fetched (no gap
+    filling yet): such an event is refused, and not remembered as rejected."""
+    refused = resolver.states.rejections([event.event_id]).get(event.event_id)
+    if refused is not None:
+        raise ReceivedEventRefused(f"already rejected: {refused}")
     auth_ids = auth_event_ids_to_check(version, event)
     missing = [e for e in event.prev_event_ids + auth_ids if e not in known]
     if missing:
@@ -50,27 +67,25 @@ def authorise_received_event(
     def signed(ev: Event, server: str) -> bool:
         return server in signed_by
 
+    def reject(reason: str) -> ReceivedEventRefused:
+        resolver.states.reject(event, reason, now_ms())
+        return ReceivedEventRefused(reason)
+
+    rejected = resolver.states.rejections(auth_ids)
+    if rejected:  # rule 3.3
+        raise reject(f"auth event {next(iter(rejected))} was rejected")
     try:
         check_auth_events(version, event, [known[e].event for e in auth_ids], signed)
     except AuthError as e:
-        raise ReceivedEventRefused(f"rejected by its auth events: {e}") from None
-    keys = auth_types_for_event(version, event.type, event.sender, event.state_key, event.content)
-    extremities = {e.event_id for e in store.forward_extremities(room_id)}
-    linear = set(event.prev_event_ids) == extremities
-    if not linear:
-        position = max(known[e].stream_ordering for e in event.prev_event_ids)
-        before = {k: s.event for k, s in store.state_at(room_id, position).items()}
-        try:
-            check_against_state(version, event, before, signed)
-        except AuthError as e:
-            raise ReceivedEventRefused(f"rejected by the state before it: {e}") from None
-    current = {k: s.event for k, s in store.current_state(room_id, keys).items()}
+        raise reject(f"rejected by its auth events: {e}") from None
+    before = resolver.state_before(event)
+    try:
+        check_against_state(version, event, resolver.events_of(before), signed)
+    except AuthError as e:
+        raise reject(f"rejected by the state before it: {e}") from None
+    current = {k: s.event for k, s in resolver.store.current_state(event.room_id).items()}
     try:
         check_against_state(version, event, current, signed)
-    except AuthError as e:
-        # In the linear case the current state is the state before the event.
-        raise ReceivedEventRefused(
-            f"rejected by the state before it: {e}"
-            if linear
-            else f"soft-failed against the current state: {e}"
-        ) from None
+    except AuthError:
+        return Authorised(before, True, None)
+    return Authorised(before, False, resolver.current_after(event, before))

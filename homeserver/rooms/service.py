@@ -49,11 +49,13 @@ from homeserver.rooms.auth import (
 from homeserver.rooms.events import MAX_PREV_EVENTS, InvalidEvent, build_event, redact
 from homeserver.rooms.power_levels import required_power_level, user_power_level
 from homeserver.rooms.received import ReceivedEventRefused, authorise_received_event
+from homeserver.rooms.resolution import RoomResolver
 from homeserver.rooms.restricted_joins import authorise_restricted_join
 from homeserver.rooms.versions import KNOWN_ROOM_VERSIONS, RoomVersion
 from homeserver.storage.profiles import ProfileStore
 from homeserver.storage.rooms import (
     NewRoom,
+    ResolvedPersist,
     RoomStore,
     StaleExtremities,
     StoredEvent,
@@ -448,13 +450,10 @@ class RoomService:
         its format, signatures and hashes (spec "Checks performed on receipt of a PDU",
         steps 1 to 3); `signed_by` are the servers whose signatures it verified.
 
-        Steps 4 to 6 are `authorise_received_event`'s. Any failure raises
-        `ReceivedEventRefused` and nothing is stored: a rejected or soft-failed event is not
-        kept at all, so a later event naming it as a prev_event is refused as having unknown
-        prev_events. Returns False if the event was already stored (nothing is applied
-        twice), True if it was stored now. `send_to` are the servers it is queued for, in
-        the same transaction (a join or leave that came through send_* goes on to the room's
-        other servers; one that came in a transaction does not)."""
+        Steps 4 to 6 are `authorise_received_event`'s: a rejected event raises
+        `ReceivedEventRefused` and is remembered, a soft-failed one is stored hidden.
+        Returns False if it was already stored, True if stored now. `send_to`: the servers
+        it is queued for, in the same transaction (a send_* join or leave goes on)."""
         if event.type == CREATE:
             raise ReceivedEventRefused("m.room.create of a room that already exists")
         room_id = event.room_id
@@ -465,9 +464,13 @@ class RoomService:
             )
             if event.event_id in known:
                 return False
-            authorise_received_event(self.store, version, event, known, signed_by)
+            resolver = RoomResolver(self.store, version, room_id)
+            ok = authorise_received_event(resolver, version, event, known, signed_by)
+            resolved = ResolvedPersist(
+                {event.event_id: ok.state_before}, ok.soft_failed, ok.current
+            )
             try:
-                self._persist([event], received=True, send_to=send_to)
+                self._persist([event], received=True, send_to=send_to, resolved=resolved)
             except Exception as e:
                 if self.store.db.is_unique_violation(e):
                     return False  # stored meanwhile by another process

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
 from canonicaljson import encode_canonical_json
 
 from homeserver.core.events import Event
-from homeserver.storage import outbox, streams
+from homeserver.storage import event_state, outbox, streams
 from homeserver.storage.database import Database, in_lists
 
 EVENTS_STREAM = "events"
@@ -79,6 +79,16 @@ class TxnKey:
     txn_id: str
 
 
+@dataclass(frozen=True)
+class ResolvedPersist:
+    """What state resolution decided for events being stored: the state before each (by
+    event ID), whether they were soft-failed, and the room's new current state."""
+
+    state_before: Mapping[str, Mapping[StateKey, str]] = field(default_factory=dict)
+    soft_failed: bool = False
+    current: Mapping[StateKey, str] | None = None
+
+
 class StaleExtremities(Exception):
     """The room moved on between building an event and storing it."""
 
@@ -135,6 +145,7 @@ class RoomStore:
         extra_writes: Iterable[Callable] = (),
         received: bool = False,
         send_to: Iterable[str] = (),
+        resolved: ResolvedPersist | None = None,
     ) -> list[StoredEvent]:
         """Stores `events` (in order, one room) in one transaction, with their effects on
         current state, stats and extremities. `extra_writes` are `fn(tx)` run in the same
@@ -146,7 +157,9 @@ class RoomStore:
         checked to be stored, and it becomes an extremity beside the others.
 
         Every event is queued for each server in `send_to` (the federation sender's outbox)
-        in the same transaction, so it is queued exactly when it is stored."""
+        in the same transaction, so it is queued exactly when it is stored. `resolved`
+        carries what state resolution decided for received events (event_state.py keeps
+        the state at each event)."""
         return self.db.write(
             self._persist,
             events,
@@ -156,9 +169,10 @@ class RoomStore:
             list(extra_writes),
             received,
             set(send_to),
+            resolved or ResolvedPersist(),
         )
 
-    def _persist(self, tx, events, new_room, txn, now_ms, extra_writes, received, send_to):
+    def _persist(self, tx, events, new_room, txn, now_ms, extra_writes, received, send_to, res):
         room_id = events[0].room_id
         if new_room is not None:
             tx.execute(
@@ -180,7 +194,12 @@ class RoomStore:
         last = streams.advance(tx, EVENTS_STREAM, len(events))
         stored = []
         for position, event in enumerate(events, start=last - len(events) + 1):
-            stored.append(self._insert_event(tx, event, position))
+            before = res.state_before.get(event.event_id)
+            event_state.record_state(tx, event, before, local=not received)
+            stored.append(self._insert_event(tx, event, position, res))
+        if res.current is not None:
+            position = stored[-1].stream_ordering
+            event_state.set_current_state(tx, room_id, res.current, position, self._update_stats)
         outbox.queue_pdus(
             tx, send_to, [(s.stream_ordering, s.event.event_id, room_id) for s in stored]
         )
@@ -202,7 +221,7 @@ class RoomStore:
             write(tx)
         return stored
 
-    def _insert_event(self, tx, event: Event, position: int) -> StoredEvent:
+    def _insert_event(self, tx, event: Event, position: int, res: ResolvedPersist) -> StoredEvent:
         room_id = event.room_id
         unsigned: dict = {}
         previous_membership = None
@@ -223,8 +242,8 @@ class RoomStore:
                 previous_membership = prev[2]
         tx.execute(
             "INSERT INTO events (stream_ordering, event_id, room_id, type, state_key, sender,"
-            " depth, origin_server_ts, membership, json, unsigned)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " depth, origin_server_ts, membership, json, unsigned, soft_failed)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 position,
                 event.event_id,
@@ -237,8 +256,11 @@ class RoomStore:
                 event.membership,
                 encode_canonical_json(event.pdu).decode("utf-8"),
                 json.dumps(unsigned) if unsigned else None,
+                int(res.soft_failed),
             ),
         )
+        if res.soft_failed:  # stored for the graph only: no extremity, no current state
+            return StoredEvent(event, position, unsigned)
         for prev_id in event.prev_event_ids:
             tx.execute(
                 "DELETE FROM event_forward_extremities WHERE room_id = ? AND event_id = ?",
@@ -248,7 +270,7 @@ class RoomStore:
             "INSERT INTO event_forward_extremities (room_id, event_id) VALUES (?, ?)",
             (room_id, event.event_id),
         )
-        if event.is_state:
+        if event.is_state and res.current is None:
             tx.execute(
                 "INSERT INTO current_state (room_id, type, state_key, event_id, membership)"
                 " VALUES (?, ?, ?, ?, ?) ON CONFLICT (room_id, type, state_key) DO UPDATE"
@@ -384,11 +406,11 @@ class RoomStore:
         With `changed_after`, only the keys set after that position (a state delta); with
         `keys` or `event_type`, only those."""
         sql = (
-            f"SELECT {_EVENT_COLUMNS} FROM events e WHERE e.room_id = ?"
+            f"SELECT {_EVENT_COLUMNS} FROM events e WHERE e.room_id = ? AND e.soft_failed = 0"
             " AND e.state_key IS NOT NULL AND e.stream_ordering <= ?"
             " AND e.stream_ordering > ?"
             " AND e.stream_ordering = (SELECT MAX(e2.stream_ordering) FROM events e2"
-            "  WHERE e2.room_id = e.room_id AND e2.type = e.type"
+            "  WHERE e2.room_id = e.room_id AND e2.type = e.type AND e2.soft_failed = 0"
             "  AND e2.state_key = e.state_key AND e2.stream_ordering <= ?)"
         )
         params: list = [room_id, position, changed_after, position]
@@ -417,7 +439,7 @@ class RoomStore:
     ) -> list[StoredEvent]:
         """Events with `after < stream_ordering <= up_to`, oldest first or newest first."""
         sql = (
-            f"SELECT {_EVENT_COLUMNS} FROM events e WHERE e.room_id = ?"
+            f"SELECT {_EVENT_COLUMNS} FROM events e WHERE e.room_id = ? AND e.soft_failed = 0"
             " AND e.stream_ordering > ? AND e.stream_ordering <= ?"
         )
         params: list = [room_id, after, up_to]
@@ -452,7 +474,7 @@ class RoomStore:
         membership and history visibility timelines for deciding what a user may see."""
         sql = (
             f"SELECT {_EVENT_COLUMNS} FROM events e WHERE e.room_id = ? AND e.type = ?"
-            " AND e.state_key = ? ORDER BY e.stream_ordering"
+            " AND e.state_key = ? AND e.soft_failed = 0 ORDER BY e.stream_ordering"
         )
 
         def read(tx):
@@ -500,7 +522,7 @@ class RoomStore:
                 r[0]
                 for r in tx.fetchall(
                     f"SELECT DISTINCT room_id FROM events WHERE room_id IN ({marks})"
-                    " AND stream_ordering > ? AND stream_ordering <= ?",
+                    " AND stream_ordering > ? AND stream_ordering <= ? AND soft_failed = 0",
                     (*chunk, after, up_to),
                 )
             )

@@ -84,7 +84,7 @@ def test_a_synapse_user_joins_our_room_and_messages_flow_both_ways(weir, synapse
     )
     assert r.status_code == 200, r.text
     room_id = r.json()["room_id"]
-    bob = SynapseUser(synapse, "bob")
+    bob = SynapseUser(synapse, "member_bob")
     # Synapse's make_join and send_join against us.
     r = bob.call(
         "POST", f"/join/{quote(room_id, safe='')}", params={"server_name": WEIR_NAME}, json={}
@@ -128,7 +128,7 @@ def _invited(carol, room_id: str) -> dict:
 def test_synapse_invites_and_our_user_joins_then_messages_flow(weir, synapse, version):
     erin = MatrixClient(weir.client_url)
     erin_id = erin.register(f"erin{version or 'default'}")["user_id"]
-    frank = SynapseUser(synapse, f"frank{version or 'default'}")
+    frank = SynapseUser(synapse, f"member_frank{version or 'default'}")
     settings = {"name": "Invited", "invite": [erin_id]}
     r = frank.call(
         "POST", "/createRoom", json={**settings, **({"room_version": version} if version else {})}
@@ -169,7 +169,7 @@ def test_synapse_invites_and_our_user_joins_then_messages_flow(weir, synapse, ve
 def test_an_invite_rejected_here_is_seen_by_synapse(weir, synapse):
     gina = MatrixClient(weir.client_url)
     gina_id = gina.register("gina")["user_id"]
-    hal = SynapseUser(synapse, "hal")
+    hal = SynapseUser(synapse, "member_hal")
     r = hal.call("POST", "/createRoom", json={"room_version": "10", "invite": [gina_id]})
     assert r.status_code == 200, (r.text, synapse.log_tail())
     room_id = r.json()["room_id"]
@@ -186,7 +186,7 @@ def test_an_invite_rejected_here_is_seen_by_synapse(weir, synapse):
 def test_a_synapse_users_invite_shows_in_our_sync(weir, synapse):
     carol = MatrixClient(weir.client_url)
     carol.register("carol")
-    dave = SynapseUser(synapse, "dave")
+    dave = SynapseUser(synapse, "member_dave")
     r = dave.call(
         "POST",
         "/createRoom",

@@ -118,8 +118,8 @@ def test_v12_creation_options(server, user):
     twins = {create_room(alice, room_version="12") for _ in range(2)}
     assert len(twins) == 2
 
-    # An unknown v12 room names no server: it can only be elsewhere, and joining one needs
-    # federation, which is not there yet.
+    # An unknown v12 room names no server: without `via` there is nobody to ask.
     unknown = "!" + "A" * 43
     r = alice.post(f"{V3}/join/{quote(unknown)}", json={})
-    assert (r.status_code, r.json()["errcode"]) == (501, "M_UNRECOGNIZED")
+    assert (r.status_code, r.json()["errcode"]) == (404, "M_NOT_FOUND")
+    assert "via" in r.json()["error"]

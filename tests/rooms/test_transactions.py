@@ -191,10 +191,14 @@ def test_each_pdu_gets_its_own_answer(weir, test_ca, alice, origin):
     assert not {forged_id, orphan_id, stranger_id, float_id} & set(stored)
 
 
-def test_soft_failed_and_rejected_pdus_are_not_stored(weir, test_ca, alice, origin):
+def test_soft_failed_pdus_are_stored_hidden_and_rejected_ones_remembered(
+    weir, test_ca, alice, origin
+):
     """bob is banned while his server has not heard yet. His next message, built on the
     event before the ban, passes the auth rules against the state before it but not against
-    the current state: soft-failed. One built on the ban itself is rejected outright."""
+    the current state: soft-failed, so accepted and stored, but never shown to clients and
+    never a forward extremity. One built on the ban itself is rejected outright, and a retry
+    is answered from the record of that rejection."""
     room, join_id = room_joined_by(weir, test_ca, alice, origin)
     bob = origin.user("bob")
     (said_id,), said = room.messages(origin, "bob", ["before the ban"], prev=join_id)
@@ -208,9 +212,20 @@ def test_soft_failed_and_rejected_pdus_are_not_stored(weir, test_ca, alice, orig
     (late_id,), late = room.messages(origin, "bob", ["did not see the ban"], prev=said_id)
     (after_id,), after = room.messages(origin, "bob", ["saw the ban"], prev=ban_id)
     results = send(weir, test_ca, origin, "t-after-ban", [*late, *after]).json()["pdus"]
-    assert results[late_id]["error"].startswith("soft-failed against the current state")
+    assert results[late_id] == {}
     assert results[after_id]["error"].startswith("rejected by the state before it")
+    assert late_id in dict(stored_pdus(weir, room.room_id))
+    assert after_id not in dict(stored_pdus(weir, room.room_id))
+    assert late_id not in [e["event_id"] for e in room.timeline()]
     assert room.latest_event_id() == ban_id
+    retry = send(weir, test_ca, origin, "t-retry", after).json()["pdus"]
+    assert retry[after_id]["error"].startswith("already rejected: rejected by the state")
+    # Our next event follows the ban alone, not the soft-failed message.
+    r = alice.put(
+        f"/_matrix/client/v3/rooms/{room.room_id}/send/m.room.message/after-ban",
+        json={"msgtype": "m.text", "body": "next"},
+    )
+    assert dict(stored_pdus(weir, room.room_id))[r.json()["event_id"]]["prev_events"] == [ban_id]
 
 
 def test_a_pdu_may_fork_the_room_and_our_next_event_joins_the_forks(weir, test_ca, alice, origin):

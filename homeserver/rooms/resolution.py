@@ -1,0 +1,93 @@
+"""State resolution against the store: the state before a received event (the resolution
+of the states after its prev_events) and the room's current state (the resolution of the
+states at its forward extremities). The algorithm is `state_res.py`'s, pure; this module
+reads the events, auth chains and state groups it needs."""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+from homeserver.core.events import Event
+from homeserver.rooms.auth import StateKey
+from homeserver.rooms.state_res import auth_chain_from_lookup, resolve_state
+from homeserver.rooms.versions import RoomVersion
+from homeserver.storage.event_state import EventStateStore
+from homeserver.storage.room_graph import RoomGraphStore
+from homeserver.storage.rooms import RoomStore
+
+StateIds = dict[StateKey, str]
+
+# How far back an auth chain is read into memory for one resolution.
+_AUTH_CHAIN_CAP = 10_000
+
+
+class RoomResolver:
+    """One room's events and states, read as a resolution needs them (under its lock)."""
+
+    def __init__(self, store: RoomStore, version: RoomVersion, room_id: str):
+        self.store = store
+        self.version = version
+        self.room_id = room_id
+        self.states = EventStateStore(store.db)
+        self._graph = RoomGraphStore(store.db, store)
+        self._events: dict[str, Event | None] = {}
+
+    def add(self, events: Iterable[Event]) -> None:
+        for event in events:
+            self._events[event.event_id] = event
+
+    def get(self, event_id: str) -> Event | None:
+        if event_id not in self._events:
+            found = self.store.events_in_room(self.room_id, [event_id]).get(event_id)
+            self._events[event_id] = found.event if found else None
+        return self._events[event_id]
+
+    def state_after(self, event_ids: list[str]) -> list[StateIds]:
+        """The state after each event: its state group, or for an event stored without one,
+        the state by stream order just after it (how rooms were read before)."""
+        grouped = self.states.state_after(event_ids)
+        sets = []
+        for event_id in event_ids:
+            if event_id in grouped:
+                sets.append(grouped[event_id])
+                continue
+            stored = self.store.events_in_room(self.room_id, [event_id]).get(event_id)
+            position = stored.stream_ordering if stored else 0
+            at = self.store.state_at(self.room_id, position)
+            sets.append({k: s.event.event_id for k, s in at.items()})
+        return sets
+
+    def resolve(self, state_sets: list[StateIds]) -> StateIds:
+        if len(state_sets) == 1:
+            return dict(state_sets[0])
+        ids = {e for s in state_sets for e in s.values()}
+        # One read for every auth chain the algorithm will walk.
+        self.add(s.event for s in self._graph.auth_chain(self.room_id, ids, _AUTH_CHAIN_CAP))
+        rejected = self.states.rejections(ids)
+        return resolve_state(
+            self.version,
+            state_sets,
+            self.get,
+            auth_chain_from_lookup(self.get),
+            lambda e: e in rejected,
+        )
+
+    def state_before(self, event: Event) -> StateIds:
+        return self.resolve(self.state_after(list(event.prev_event_ids)))
+
+    def current_after(self, event: Event, before: Mapping[StateKey, str]) -> StateIds:
+        """The current state once `event` is a forward extremity: the resolution of the
+        state after it and the states at the other extremities it does not replace."""
+        after = dict(before)
+        if event.state_key is not None:
+            after[(event.type, event.state_key)] = event.event_id
+        others = [
+            e.event_id
+            for e in self.store.forward_extremities(self.room_id)
+            if e.event_id not in event.prev_event_ids
+        ]
+        return self.resolve([after, *self.state_after(others)])
+
+    def events_of(self, state: Mapping[StateKey, str]) -> dict[StateKey, Event]:
+        found = self.store.events_in_room(self.room_id, state.values())
+        return {k: found[v].event for k, v in state.items() if v in found}
