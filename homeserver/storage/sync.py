@@ -176,7 +176,7 @@ class SyncStore:
     def put_receipt(self, receipt: Receipt) -> int | None:
         """Moves the user's receipt forward to `receipt.event_id`; returns the new stream
         position, or None when the receipt already points at that event or a later one, or
-        the event is not one of the room's."""
+        the event is not one of the room's shown events."""
         return self.db.write(lambda tx: self._put_receipt_in(tx, receipt))
 
     def put_receipts(self, receipts: list[Receipt]) -> list[Receipt]:
@@ -188,8 +188,10 @@ class SyncStore:
 
     @staticmethod
     def _put_receipt_in(tx, receipt: Receipt) -> int | None:
+        # A soft-failed event is hidden from clients: a receipt for it would point at nothing.
         row = tx.fetchone(
-            "SELECT stream_ordering FROM events WHERE event_id = ? AND room_id = ?",
+            "SELECT stream_ordering FROM events"
+            " WHERE event_id = ? AND room_id = ? AND soft_failed = 0",
             (receipt.event_id, receipt.room_id),
         )
         if row is None:
