@@ -218,7 +218,7 @@ def test_soft_failed_pdus_are_stored_hidden_and_rejected_ones_remembered(
     assert after_id not in dict(stored_pdus(weir, room.room_id))
     assert late_id not in [e["event_id"] for e in room.timeline()]
     assert room.latest_event_id() == ban_id
-    retry = send(weir, test_ca, origin, "t-retry", after).json()["pdus"]
+    retry = send(weir, test_ca, origin, "t-retry-rejected", after).json()["pdus"]
     assert retry[after_id]["error"].startswith("already rejected: rejected by the state")
     # Our next event follows the ban alone, not the soft-failed message.
     r = alice.put(
