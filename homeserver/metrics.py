@@ -134,6 +134,17 @@ class Metrics:
             buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
             registry=self.registry,
         )
+        self.inbound_edu_items = self._inbound_edu_items()
+
+    def _inbound_edu_items(self) -> Counter:
+        # Typing changes and receipts of other servers' users, each accepted or dropped
+        # (homeserver/sync/edus.py says why one is dropped; its log line says which).
+        return Counter(
+            "weir_inbound_edu_items",
+            "Typing changes and read receipts received from other servers, by outcome",
+            ["edu_type", "outcome"],
+            registry=self.registry,
+        )
 
     def track_budget(self, budget: InFlightBudget) -> None:
         self._live.budgets.append(budget)

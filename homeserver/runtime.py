@@ -80,6 +80,7 @@ from homeserver.storage.rooms import RoomStore
 from homeserver.storage.sync import SyncStore
 from homeserver.storage.transactions import ReceivedTransactionStore
 from homeserver.sync.account_data import AccountDataService
+from homeserver.sync.edus import InboundEdus
 from homeserver.sync.filters import Filters
 from homeserver.sync.notifier import Notifier
 from homeserver.sync.receipts import ReceiptService
@@ -397,6 +398,7 @@ class HomeserverRuntime:
                 self.rooms,
                 received,
                 on_origin=self.federation_sender.on_inbound_transaction,
+                on_edus=self.inbound_edus.receive,
             )
         return ShardTransactionReceiver(checker, received, self._transaction_relay)
 
@@ -476,6 +478,17 @@ class HomeserverRuntime:
     def typing(self) -> TypingNotifications:
         return TypingNotifications(
             self.rooms, self.notifier.notify_room, on_local_typing=self._send_typing
+        )
+
+    @component
+    def inbound_edus(self) -> InboundEdus:
+        """Remote users' typing and receipts, from /send (main only: typing is in memory)."""
+        counter = self.metrics.inbound_edu_items
+        return InboundEdus(
+            self.room_store.joined_users,
+            self.typing,
+            self.receipts,
+            lambda edu_type, outcome: counter.labels(edu_type, outcome).inc(),
         )
 
     @component

@@ -52,11 +52,19 @@ class MainLink:
         )
 
     def relay(
-        self, origin: str, txn_id: str, pdus: list, results: dict, source_ip: str | None
+        self,
+        origin: str,
+        txn_id: str,
+        pdus: list,
+        results: dict,
+        source_ip: str | None,
+        edus: list | None = None,
     ) -> dict:
-        """Main's answer to a checked transaction (``rooms/transactions.py`` Relay)."""
+        """Main's answer to a checked transaction (``rooms/transactions.py`` Relay); its EDUs
+        are applied in main, where typing lives and syncs wait."""
         body = {"origin": origin, "txn_id": txn_id, "pdus": pdus, "results": results}
-        return self._ask_main(FrameType.RELAY, {**body, "source_ip": source_ip}, origin)
+        frame = {**body, "source_ip": source_ip, "edus": edus or []}
+        return self._ask_main(FrameType.RELAY, frame, origin)
 
     def membership(self, call: str, args: dict, source_ip: str | None) -> dict:
         """Main's answer to a membership write (``rooms/federation_membership.py``

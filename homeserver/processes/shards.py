@@ -360,10 +360,10 @@ def answer_membership(membership, body: dict) -> dict:
 
 def answer_relay(processor, body: dict) -> dict:
     """Main's answer to a RELAY frame: it checks the PDUs again under its own budget,
-    authorises and stores them (``TransactionProcessor.receive``)."""
+    authorises and stores them, then applies the EDUs (``TransactionProcessor.receive``)."""
     origin, txn_id = body.get("origin"), body.get("txn_id")
     pdus, results = body.get("pdus"), body.get("results")
-    source_ip = body.get("source_ip")
+    source_ip, edus = body.get("source_ip"), body.get("edus", [])
     if not (
         isinstance(origin, str)
         and isinstance(txn_id, str)
@@ -371,10 +371,11 @@ def answer_relay(processor, body: dict) -> dict:
         and all(isinstance(p, dict) for p in pdus)
         and isinstance(results, dict)
         and (source_ip is None or isinstance(source_ip, str))
+        and isinstance(edus, list)
     ):
         raise ValueError("malformed relay")
     try:
-        answer = processor.receive(origin, txn_id, pdus, source_ip, results)
+        answer = processor.receive(origin, txn_id, pdus, source_ip, results, edus)
     except KeyResolutionRefused as e:
         return {"refused": {"server": e.destination, "retry_after_ms": e.retry_after_ms}}
     return {"answer": answer}

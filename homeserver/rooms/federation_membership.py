@@ -69,6 +69,9 @@ def incompatible_version(version: str) -> MatrixError:
 MembershipRelay = Callable[[str, dict, "str | None"], dict]
 
 
+CREATE_KEY = ("m.room.create", "")
+
+
 class FederationMembership:
     def __init__(
         self,
@@ -148,7 +151,11 @@ class FederationMembership:
         }
         try:
             # The authorising server's signature is ours, added at send_join.
-            check_auth_events(version, Event("$template", template), auth_events, lambda e, s: True)
+            # In v12 the create event is implied by the room ID, not listed: checked all the same.
+            implied = [state[CREATE_KEY]] if version.room_id_is_create_event_id else []
+            check_auth_events(
+                version, Event("$template", template), auth_events + implied, lambda e, s: True
+            )
         except AuthError as e:
             raise forbidden(f"You may not {content['membership']} this room: {e}") from None
         return template

@@ -13,7 +13,13 @@ even if the answer was lost). A refused key resolution anywhere refuses the whol
 transaction with 429 before anything is applied or recorded, so the sender's retry loses
 nothing.
 
-EDUs (typing, receipts, presence, to-device) are accepted and not processed yet.
+EDUs: the ones we apply (``APPLIED_EDU_TYPES``: typing and read receipts) go to main with the
+PDUs, since typing lives in main's memory and main wakes the syncs; main hands them to its
+``on_edus`` (homeserver/sync/edus.py checks and applies them) after the PDUs, so a receipt
+may point at an event of the same transaction. They are applied once per transaction: a
+retry answered from the record applies nothing again. Every other EDU is accepted and
+dropped (``applied_edus`` says why, type by type). The transaction's answer never depends on
+its EDUs (spec: EDUs have no answer).
 """
 
 from __future__ import annotations
@@ -35,9 +41,27 @@ log = logging.getLogger(__name__)
 MAX_PDUS = 50
 MAX_EDUS = 100
 
-# relay(origin, txn_id, pdus, results, source_ip) -> answer: hands checked PDUs to main.
-# `results` are the shard's answers for the PDUs it dropped. Raises KeyResolutionRefused.
-Relay = Callable[[str, str, list, dict, "str | None"], dict]
+# The EDU types main applies. Every other type is accepted and dropped:
+# - m.presence: Weir has no presence (no presence API, no presence in /sync), so there is
+#   nothing to show it in;
+# - m.device_list_update, m.signing_key_update, m.direct_to_device: they belong to end-to-end
+#   encryption (device lists and to-device messages), and will go to its device-list and
+#   to-device handlers when that issue lands;
+# - anything else is unknown to us (spec: a server ignores EDUs it does not understand).
+APPLIED_EDU_TYPES = frozenset({"m.typing", "m.receipt"})
+
+# relay(origin, txn_id, pdus, results, source_ip, edus) -> answer: hands checked PDUs, and
+# the EDUs main applies, to main. `results` are the shard's answers for the PDUs it dropped.
+# Raises KeyResolutionRefused.
+Relay = Callable[[str, str, list, dict, "str | None", list], dict]
+
+# on_edus(origin, edus): checks and applies a transaction's EDUs of APPLIED_EDU_TYPES.
+EduHandler = Callable[[str, list], None]
+
+
+def applied_edus(edus: list) -> list[dict]:
+    """The EDUs of a transaction that main applies; the rest are dropped (see above)."""
+    return [e for e in edus if isinstance(e, dict) and e.get("edu_type") in APPLIED_EDU_TYPES]
 
 
 class TransactionProcessor:
@@ -49,12 +73,14 @@ class TransactionProcessor:
         rooms: RoomService,
         store: ReceivedTransactionStore,
         on_origin: Callable[[str], None] | None = None,
+        on_edus: EduHandler | None = None,
     ):
         self.checker = checker
         self.rooms = rooms
         self.store = store
         # Told of every transaction's origin: it is up, so the sender's backoff for it ends.
         self._on_origin = on_origin
+        self._on_edus = on_edus
         self._locks = KeyedLocks()
 
     def receive(
@@ -64,38 +90,53 @@ class TransactionProcessor:
         pdus: list[dict],
         source_ip: str | None,
         results: dict | None = None,
+        edus: list | None = None,
     ) -> dict:
         """The answer, ``{"pdus": {event_id: {} | {"error": ...}}}``. ``results`` are answers
         already decided for PDUs not passed in (a shard's). Raises ``KeyResolutionRefused``
-        with nothing applied."""
+        with nothing applied, EDUs included."""
         if self._on_origin is not None:
             self._on_origin(origin)
         if not pdus and not results:
-            return {"pdus": {}}  # EDUs only: nothing to apply, the same answer every time
+            # EDUs only: nothing recorded, the same answer every time. Typing and receipts
+            # are idempotent, so a retry applying them again changes nothing.
+            self._apply_edus(origin, edus)
+            return {"pdus": {}}
         # One at a time per transaction: a retry arriving through another shard while the
         # first attempt runs waits for its answer.
         with self._locks.hold(json.dumps([origin, txn_id])):
             answer = self.store.answer(origin, txn_id)
             if answer is not None:
                 return answer
-            results = dict(results or {})
-            checked = self.checker.check(pdus, source_ip)
-            # Parents before children (a child is deeper), whatever order they were sent in.
-            for item in sorted(checked, key=lambda c: c.pdu["depth"] if c.error is None else 0):
-                if item.error is not None:
-                    results[item.event_id] = {"error": item.error}
-                    continue
-                if item.event is None:  # the checker sets one or the other, never neither
-                    raise ValueError(f"checked PDU {item.event_id} has no event and no error")
-                try:
-                    self.rooms.receive_event(item.version, item.event, item.signed_by)
-                    results[item.event_id] = {}
-                except ReceivedEventRefused as e:
-                    log.info("event %s from %s refused: %s", item.event_id, origin, e)
-                    results[item.event_id] = {"error": str(e)}
-            answer = {"pdus": results}
+            answer = self._apply_pdus(origin, pdus, source_ip, dict(results or {}))
             self.store.record(origin, txn_id, answer, now_ms())
-            return answer
+        self._apply_edus(origin, edus)
+        return answer
+
+    def _apply_edus(self, origin: str, edus: list | None) -> None:
+        applied = applied_edus(edus or [])
+        if applied and self._on_edus is not None:
+            self._on_edus(origin, applied)
+
+    def _apply_pdus(
+        self, origin: str, pdus: list[dict], source_ip: str | None, results: dict
+    ) -> dict:
+        """Checks, authorises and stores the PDUs: the transaction's answer."""
+        checked = self.checker.check(pdus, source_ip)
+        # Parents before children (a child is deeper), whatever order they were sent in.
+        for item in sorted(checked, key=lambda c: c.pdu["depth"] if c.error is None else 0):
+            if item.error is not None:
+                results[item.event_id] = {"error": item.error}
+                continue
+            if item.event is None:  # the checker sets one or the other, never neither
+                raise ValueError(f"checked PDU {item.event_id} has no event and no error")
+            try:
+                self.rooms.receive_event(item.version, item.event, item.signed_by)
+                results[item.event_id] = {}
+            except ReceivedEventRefused as e:
+                log.info("event %s from %s refused: %s", item.event_id, origin, e)
+                results[item.event_id] = {"error": str(e)}
+        return {"pdus": results}
 
 
 class ShardTransactionReceiver:
@@ -107,9 +148,21 @@ class ShardTransactionReceiver:
         self.store = store
         self.relay = relay
 
-    def receive(self, origin: str, txn_id: str, pdus: list[dict], source_ip: str | None) -> dict:
+    def receive(
+        self,
+        origin: str,
+        txn_id: str,
+        pdus: list[dict],
+        source_ip: str | None,
+        edus: list | None = None,
+    ) -> dict:
+        # Only the EDUs main applies cross the IPC; the others end here.
+        applied = applied_edus(edus or [])
         if not pdus:
-            return {"pdus": {}}  # EDUs only: nothing for main to apply
+            # EDUs only: main applies them; no PDU for it to check again.
+            return (
+                self.relay(origin, txn_id, [], {}, source_ip, applied) if applied else {"pdus": {}}
+            )
         # A retry of an answered transaction costs no key resolution at all.
         answer = self.store.answer(origin, txn_id)
         if answer is not None:
@@ -119,4 +172,4 @@ class ShardTransactionReceiver:
         dropped = {
             item.event_id: {"error": item.error} for item in checked if item.error is not None
         }
-        return self.relay(origin, txn_id, passed, dropped, source_ip)
+        return self.relay(origin, txn_id, passed, dropped, source_ip, applied)

@@ -184,48 +184,59 @@ class SyncStore:
 
     def put_receipt(self, receipt: Receipt) -> int | None:
         """Moves the user's receipt forward to `receipt.event_id`; returns the new stream
-        position, or None when the receipt already points at that event or a later one."""
+        position, or None when the receipt already points at that event or a later one, or
+        the event is not one of the room's shown events."""
+        return self.db.write(lambda tx: self._put_receipt_in(tx, receipt))
 
-        def write(tx):
-            row = tx.fetchone(
-                "SELECT stream_ordering FROM events WHERE event_id = ?", (receipt.event_id,)
-            )
-            if row is None:
-                return None
-            ordering = row[0]
-            current = tx.fetchone(
-                "SELECT event_stream_ordering FROM receipts WHERE room_id = ?"
-                " AND receipt_type = ? AND user_id = ? AND thread_id = ?",
-                (receipt.room_id, receipt.receipt_type, receipt.user_id, receipt.thread_id),
-            )
-            if current is not None and current[0] >= ordering:
-                return None
-            position = streams.advance(tx, RECEIPTS_STREAM)
-            # Checked again as it is written: on PostgreSQL another write may have committed
-            # a later receipt since `current` was read (then this position stays unused).
-            moved = tx.fetchone(
-                "INSERT INTO receipts (room_id, receipt_type, user_id, thread_id, event_id,"
-                " event_stream_ordering, ts, stream_position) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-                " ON CONFLICT (room_id, receipt_type, user_id, thread_id) DO UPDATE"
-                " SET event_id = excluded.event_id,"
-                " event_stream_ordering = excluded.event_stream_ordering,"
-                " ts = excluded.ts, stream_position = excluded.stream_position"
-                " WHERE receipts.event_stream_ordering < excluded.event_stream_ordering"
-                " RETURNING stream_position",
-                (
-                    receipt.room_id,
-                    receipt.receipt_type,
-                    receipt.user_id,
-                    receipt.thread_id,
-                    receipt.event_id,
-                    ordering,
-                    receipt.ts,
-                    position,
-                ),
-            )
-            return position if moved else None
+    def put_receipts(self, receipts: list[Receipt]) -> list[Receipt]:
+        """`put_receipt` for each, in one write transaction (a remote server's batch);
+        returns those that moved."""
+        return self.db.write(
+            lambda tx: [r for r in receipts if self._put_receipt_in(tx, r) is not None]
+        )
 
-        return self.db.write(write)
+    @staticmethod
+    def _put_receipt_in(tx, receipt: Receipt) -> int | None:
+        # A soft-failed event is hidden from clients: a receipt for it would point at nothing.
+        row = tx.fetchone(
+            "SELECT stream_ordering FROM events"
+            " WHERE event_id = ? AND room_id = ? AND soft_failed = 0",
+            (receipt.event_id, receipt.room_id),
+        )
+        if row is None:
+            return None
+        ordering = row[0]
+        current = tx.fetchone(
+            "SELECT event_stream_ordering FROM receipts WHERE room_id = ?"
+            " AND receipt_type = ? AND user_id = ? AND thread_id = ?",
+            (receipt.room_id, receipt.receipt_type, receipt.user_id, receipt.thread_id),
+        )
+        if current is not None and current[0] >= ordering:
+            return None
+        position = streams.advance(tx, RECEIPTS_STREAM)
+        # Checked again as it is written: on PostgreSQL another write may have committed
+        # a later receipt since `current` was read (then this position stays unused).
+        moved = tx.fetchone(
+            "INSERT INTO receipts (room_id, receipt_type, user_id, thread_id, event_id,"
+            " event_stream_ordering, ts, stream_position) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (room_id, receipt_type, user_id, thread_id) DO UPDATE"
+            " SET event_id = excluded.event_id,"
+            " event_stream_ordering = excluded.event_stream_ordering,"
+            " ts = excluded.ts, stream_position = excluded.stream_position"
+            " WHERE receipts.event_stream_ordering < excluded.event_stream_ordering"
+            " RETURNING stream_position",
+            (
+                receipt.room_id,
+                receipt.receipt_type,
+                receipt.user_id,
+                receipt.thread_id,
+                receipt.event_id,
+                ordering,
+                receipt.ts,
+                position,
+            ),
+        )
+        return position if moved else None
 
     def receipt_changes(self, room_ids: list[str], after: int, up_to: int) -> list[Receipt]:
         """Receipts in `room_ids` set with `after < position <= up_to`."""

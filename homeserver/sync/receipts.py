@@ -68,6 +68,15 @@ class ReceiptService:
         else:
             self.notifier.notify_users([requester.user_id])  # private: only its owner
 
+    def receive_remote(self, receipts: list[Receipt]) -> int:
+        """Remote users' public receipts, already checked (homeserver/sync/edus.py): stored
+        in one write, and the rooms where one moved woken. Never sent on: their server
+        sends them to the room's other servers itself. Returns how many moved."""
+        moved = self.store.put_receipts(receipts)
+        for room_id in dict.fromkeys(r.room_id for r in moved):
+            self.notifier.notify_room(room_id)
+        return len(moved)
+
     def set_read_markers(
         self,
         requester,

@@ -19,11 +19,19 @@ from typing import Callable
 import gevent
 
 from homeserver.core.errors import forbidden
+from homeserver.core.identifiers import server_of
 
 # How long a user stays "typing" without a refresh: the client's timeout, capped so a client
 # cannot pin itself as typing for hours; and the default when it gives none.
 DEFAULT_TYPING_TIMEOUT_MS = 30_000
 MAX_TYPING_TIMEOUT_MS = 120_000
+# A remote user's typing lasts this long unless its server says it again: the m.typing EDU
+# carries no timeout, and Synapse re-sends a still-typing user's EDU every 40 s and times
+# remote typing out after 60 s, as we do.
+REMOTE_TYPING_TIMEOUT_MS = 60_000
+# Remote users shown typing at once in one room: a longer list tells a client nothing more,
+# and it bounds the timers a room full of one server's users can hold.
+MAX_REMOTE_TYPING_PER_ROOM = 100
 
 
 @dataclass
@@ -59,18 +67,34 @@ class TypingNotifications:
         self.rooms.room_version(room_id)  # 404 for an unknown room
         if self.rooms.membership(room_id, user_id) != "join":
             raise forbidden("You are not in this room")
+        seconds = min(timeout_ms or DEFAULT_TYPING_TIMEOUT_MS, MAX_TYPING_TIMEOUT_MS) / 1000
+        self._set(room_id, user_id, typing, seconds)
+        self._tell_others(room_id, user_id, typing)
+
+    def set_remote_typing(self, room_id: str, user_id: str, typing: bool) -> bool:
+        """A remote user's m.typing EDU, already checked (homeserver/sync/edus.py): shown
+        for REMOTE_TYPING_TIMEOUT_MS, and never sent on. False when the room's list of
+        remote typers is full and this user is not on it."""
+        room = self._rooms.get(room_id)
+        if typing and room is not None and user_id not in room.expiries:
+            ours = self.rooms.server_name
+            remote = sum(1 for u in room.expiries if server_of(u) != ours)
+            if remote >= MAX_REMOTE_TYPING_PER_ROOM:
+                return False
+        self._set(room_id, user_id, typing, REMOTE_TYPING_TIMEOUT_MS / 1000)
+        return True
+
+    def _set(self, room_id: str, user_id: str, typing: bool, seconds: float) -> None:
         room = self._rooms.setdefault(room_id, _RoomTyping())
         timer = room.expiries.pop(user_id, None)
         if timer is not None:
             timer.kill(block=False)
         if typing:
-            seconds = min(timeout_ms or DEFAULT_TYPING_TIMEOUT_MS, MAX_TYPING_TIMEOUT_MS) / 1000
             room.expiries[user_id] = gevent.spawn_later(seconds, self._expire, room_id, user_id)
             if timer is None:
                 self._changed(room_id, room)
         elif timer is not None:
             self._changed(room_id, room)
-        self._tell_others(room_id, user_id, typing)
 
     def _tell_others(self, room_id: str, user_id: str, typing: bool) -> None:
         if self._on_local_typing is not None:

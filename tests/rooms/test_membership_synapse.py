@@ -75,16 +75,17 @@ def synapse_sync(user: SynapseUser):
     return once
 
 
-def test_a_synapse_user_joins_our_room_and_messages_flow_both_ways(weir, synapse):
+@pytest.mark.parametrize("version", ["10", "12"])
+def test_a_synapse_user_joins_our_room_and_messages_flow_both_ways(weir, synapse, version):
     alice = MatrixClient(weir.client_url)
-    alice.register("alice")
+    alice.register(f"alice{version}")
     r = alice.post(
         f"{V3}/createRoom",
-        json={"preset": "public_chat", "room_version": "10", "name": "Weir side"},
+        json={"preset": "public_chat", "room_version": version, "name": "Weir side"},
     )
     assert r.status_code == 200, r.text
     room_id = r.json()["room_id"]
-    bob = SynapseUser(synapse, "member_bob")
+    bob = SynapseUser(synapse, f"member_bob{version}")
     # Synapse's make_join and send_join against us.
     r = bob.call(
         "POST", f"/join/{quote(room_id, safe='')}", params={"server_name": WEIR_NAME}, json={}

@@ -38,10 +38,10 @@ def send_transaction(txn_id: str):
     # as deep as any body.
     body = json_object(FEDERATION_MAX_BODY_BYTES, max_depth=MAX_BODY_DEPTH)
     pdus = _objects(body, "pdus", MAX_PDUS, required=True)
-    _objects(body, "edus", MAX_EDUS, required=False)  # accepted, not processed yet
+    edus = _objects(body, "edus", MAX_EDUS, required=False)
     try:
         answer = runtime().inbound_transactions.receive(
-            current_origin(), txn_id, pdus, client_key()
+            current_origin(), txn_id, pdus, client_key(), edus=edus
         )
     except KeyResolutionRefused as e:
         raise limit_exceeded(
