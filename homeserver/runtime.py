@@ -46,6 +46,8 @@ from homeserver.media.remote import (
 from homeserver.media.service import MediaService
 from homeserver.metrics import Metrics
 from homeserver.rooms.creation import RoomCreator
+from homeserver.rooms.federation_membership import FederationMembership
+from homeserver.rooms.federation_reads import FederationReads
 from homeserver.rooms.history import RoomHistory
 from homeserver.rooms.pdu_checks import PduChecker
 from homeserver.rooms.service import RoomService
@@ -62,6 +64,8 @@ from homeserver.storage.media import MediaStore
 from homeserver.storage.migrations import migrate
 from homeserver.storage.outbox import OutboxStore
 from homeserver.storage.profiles import ProfileStore
+from homeserver.storage.remote_invites import RemoteInviteStore
+from homeserver.storage.room_graph import RoomGraphStore
 from homeserver.storage.rooms import RoomStore
 from homeserver.storage.sync import SyncStore
 from homeserver.storage.transactions import ReceivedTransactionStore
@@ -388,6 +392,30 @@ class HomeserverRuntime:
                 on_origin=self.federation_sender.on_inbound_transaction,
             )
         return ShardTransactionReceiver(checker, received, self._transaction_relay)
+
+    @component
+    def room_graph(self) -> RoomGraphStore:
+        return RoomGraphStore(self.db, self.room_store)
+
+    @component
+    def remote_invites(self) -> RemoteInviteStore:
+        return RemoteInviteStore(self.db)
+
+    @component
+    def federation_membership(self) -> FederationMembership:
+        """make_*/send_* and invites from other servers; events checked like any PDU."""
+        return FederationMembership(
+            self.rooms,
+            PduChecker(self.keyring, self.rooms),
+            self.room_graph,
+            self.remote_invites,
+            self.notifier.notify_users,
+        )
+
+    @component
+    def federation_reads(self) -> FederationReads:
+        """What other servers may read of our rooms."""
+        return FederationReads(self.rooms, self.room_graph)
 
     # --- /sync: waiting syncs park on the notifier --------------------------------------
 

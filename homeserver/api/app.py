@@ -25,7 +25,8 @@ from homeserver.api.client import (
 )
 from homeserver.api.context import RUNTIME_EXTENSION
 from homeserver.api.federation import directory as federation_directory
-from homeserver.api.federation import keys, transactions
+from homeserver.api.federation import events as federation_events
+from homeserver.api.federation import keys, membership, transactions
 from homeserver.api.federation import media as federation_media
 from homeserver.api.federation import profile as federation_profile
 from homeserver.http.middleware import RequestContextMiddleware
@@ -60,6 +61,8 @@ def federation_blueprints():
         federation_profile.bp,
         federation_directory.bp,
         transactions.bp,
+        membership.bp,
+        federation_events.bp,
         versions.bp,
         federation_media.bp,
     ]

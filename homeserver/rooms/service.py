@@ -352,7 +352,13 @@ class RoomService:
         """Is one of our users joined to the room? Only then are its events taken in."""
         return any(server_of(u) == self.server_name for u in self.store.joined_users(room_id))
 
-    def receive_event(self, version: RoomVersion, event: Event, signed_by: frozenset[str]) -> bool:
+    def receive_event(
+        self,
+        version: RoomVersion,
+        event: Event,
+        signed_by: frozenset[str],
+        send_to: Iterable[str] = (),
+    ) -> bool:
         """Authorises a PDU received over federation and stores it, through the same persist
         point as our own events (so listeners, and /sync, see it). The caller has checked
         its format, signatures and hashes (spec "Checks performed on receipt of a PDU",
@@ -362,7 +368,9 @@ class RoomService:
         `ReceivedEventRefused` and nothing is stored: a rejected or soft-failed event is not
         kept at all, so a later event naming it as a prev_event is refused as having unknown
         prev_events. Returns False if the event was already stored (nothing is applied
-        twice), True if it was stored now."""
+        twice), True if it was stored now. `send_to` are the servers it is queued for, in
+        the same transaction (a join or leave that came through send_* goes on to the room's
+        other servers; one that came in a transaction does not)."""
         if event.type == CREATE:
             raise ReceivedEventRefused("m.room.create of a room that already exists")
         room_id = event.room_id
@@ -374,7 +382,7 @@ class RoomService:
                 return False
             authorise_received_event(self.store, version, event, known, signed_by)
             try:
-                self._persist([event], received=True)
+                self._persist([event], received=True, send_to=send_to)
             except Exception as e:
                 if self.store.db.is_unique_violation(e):
                     return False  # stored meanwhile by another process
@@ -443,7 +451,7 @@ class RoomService:
         if membership == "invite" and not self.accounts.user_exists(target):
             raise not_found(f"Unknown user {target}")
         if membership == "join" and sender == target:
-            self._authorise_restricted_join(room_id, target, content)
+            self.authorise_restricted_join(room_id, target, content)
         if (
             membership == "leave"
             and sender == target
@@ -496,7 +504,7 @@ class RoomService:
         content = {"reason": reason} if reason is not None else {}
         return self.update_membership(requester.user_id, room_id, target, "leave", content)
 
-    def _authorise_restricted_join(self, room_id: str, user_id: str, content: dict) -> None:
+    def authorise_restricted_join(self, room_id: str, user_id: str, content: dict) -> None:
         """For a restricted room, names a local member who may invite as the authoriser of a
         join by someone who is in one of the allowed rooms (room version 8+ rules)."""
         version = self.room_version(room_id)

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from homeserver.storage import streams
 from homeserver.storage.database import Database, in_lists
+from homeserver.storage.remote_invites import RemoteInviteStore
 from homeserver.storage.rooms import EVENTS_STREAM, RoomStore
 
 ACCOUNT_DATA_STREAM = "account_data"
@@ -58,6 +59,13 @@ class SyncSnapshot:
     # Of the rooms joined at `positions.events` and kept by the filter, those with events
     # after the token's position; None for an initial sync.
     rooms_with_events: set[str] | None
+    # For invites to rooms this server is not in (they are among `memberships`): the
+    # stripped state to show, by room, the invite event last.
+    remote_invite_state: dict[str, list[dict]] = field(default_factory=dict)
+
+
+def _stripped(pdu: dict) -> dict:
+    return {k: pdu[k] for k in ("type", "state_key", "sender", "content") if k in pdu}
 
 
 class SyncStore:
@@ -82,7 +90,16 @@ class SyncStore:
                 with_events = RoomStore.rooms_with_events_in(
                     tx, joined, events_after, positions.events
                 )
-            return SyncSnapshot(positions, memberships, with_events)
+            remote = [
+                r
+                for r in RemoteInviteStore.invites_in(tx, user_id)
+                if r.stream_ordering <= positions.events and r.membership == "invite"
+            ]
+            memberships += [(r.room_id, r.membership, r.stream_ordering) for r in remote]
+            invite_state = {
+                r.room_id: [*r.invite_room_state, _stripped(r.event.pdu)] for r in remote
+            }
+            return SyncSnapshot(positions, memberships, with_events, invite_state)
 
         return self.db.read(read)
 

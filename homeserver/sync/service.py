@@ -170,6 +170,10 @@ class SyncService:
                 )
                 entry = self._joined_room(request, batch, room_id, changed, has_events)
                 section = "join"
+            elif room_id in snapshot.remote_invite_state:
+                entry = {"invite_state": {"events": snapshot.remote_invite_state[room_id]}}
+                entry = entry if changed else None
+                section = "invite"
             elif membership in ("invite", "knock"):
                 entry = self._stripped_room(request, room_id, membership) if changed else None
                 section = membership

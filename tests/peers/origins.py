@@ -35,7 +35,7 @@ from homeserver.rooms.events import add_hashes_and_signatures, event_id_for
 from homeserver.rooms.versions import ROOM_V10, RoomVersion
 from tests.peers.honest import HonestPeer
 
-__all__ = ["FakeOrigin", "OriginKeyServer", "send_transaction"]
+__all__ = ["FakeOrigin", "OriginKeyServer", "federation_request", "send_transaction"]
 
 KEYS_PATH = "/_matrix/key/v2/server"
 
@@ -168,6 +168,31 @@ def send_transaction(
     return requests.put(
         federation_url + uri,
         data=json.dumps(content),
+        headers=headers,
+        verify=getattr(ca, "ca_path", ca),
+        timeout=timeout,
+    )
+
+
+def federation_request(
+    federation_url: str,
+    origin: FakeOrigin,
+    destination: str,
+    method: str,
+    uri: str,
+    ca,
+    body: dict | None = None,
+    timeout: float = 60,
+) -> requests.Response:
+    """Any federation request as ``origin``, signed; ``uri`` is the path with its query,
+    exactly as signed and sent."""
+    headers = {"Authorization": origin.sign_request(destination, method, uri, body)}
+    if body is not None:
+        headers["Content-Type"] = "application/json"
+    return requests.request(
+        method,
+        federation_url + uri,
+        data=json.dumps(body) if body is not None else None,
         headers=headers,
         verify=getattr(ca, "ca_path", ca),
         timeout=timeout,

@@ -1,0 +1,110 @@
+"""Walks of a room's event graph for serving other servers: the state before an event, an
+event's auth chain, backfill and missing events.
+
+Every walk stays inside one room and stops at a count given by the caller, so what a remote
+server can ask for is bounded by the room and by that cap, never by the request.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+from typing import Iterable
+
+from homeserver.core.events import Event
+from homeserver.storage.database import Database, in_lists
+from homeserver.storage.rooms import RoomStore, StateKey, StoredEvent
+
+
+def _stored(row) -> StoredEvent:
+    return StoredEvent(Event(row[1], json.loads(row[2])), row[0])
+
+
+class RoomGraphStore:
+    def __init__(self, db: Database, rooms: RoomStore):
+        self.db = db
+        self.rooms = rooms
+
+    def _events(self, tx, room_id: str, event_ids: Iterable[str]) -> list[StoredEvent]:
+        found: list[StoredEvent] = []
+        for chunk, marks in in_lists(list(event_ids)):
+            found += [
+                _stored(r)
+                for r in tx.fetchall(
+                    "SELECT stream_ordering, event_id, json FROM events"
+                    f" WHERE room_id = ? AND event_id IN ({marks})",
+                    (room_id, *chunk),
+                )
+            ]
+        return found
+
+    def event_in_room(self, room_id: str, event_id: str) -> StoredEvent | None:
+        return self.rooms.events_in_room(room_id, [event_id]).get(event_id)
+
+    def state_before(self, event: StoredEvent) -> dict[StateKey, StoredEvent]:
+        """The room's state just before `event`. Rooms are kept linear by stream order
+        (rooms/received.py says how forks are read), so that is the state just after the
+        position before it."""
+        return self.rooms.state_at(event.event.room_id, event.stream_ordering - 1)
+
+    def auth_chain(self, room_id: str, event_ids: Iterable[str], limit: int) -> list[StoredEvent]:
+        """The auth events of `event_ids`, theirs, and so on (not the events themselves),
+        oldest first; at most `limit` of them."""
+
+        def walk(tx):
+            seen: dict[str, StoredEvent] = {}
+            frontier = {
+                a for e in self._events(tx, room_id, event_ids) for a in e.event.auth_event_ids
+            }
+            while frontier and len(seen) < limit:
+                layer = self._events(tx, room_id, frontier - seen.keys())
+                for stored in layer:
+                    seen[stored.event.event_id] = stored
+                frontier = {a for s in layer for a in s.event.auth_event_ids} - seen.keys()
+            return sorted(seen.values(), key=lambda s: s.stream_ordering)[:limit]
+
+        return self.db.read(walk)
+
+    def walk_back(
+        self,
+        room_id: str,
+        start: Iterable[str],
+        limit: int,
+        stop: Iterable[str] = (),
+        min_depth: int = 0,
+    ) -> list[StoredEvent]:
+        """Events reached from `start` (included) through prev_events, deepest first, not
+        past `stop` nor below `min_depth`; at most `limit`, sorted oldest (least deep) first."""
+        stop_ids = set(stop)
+
+        def walk(tx):
+            found: dict[str, StoredEvent] = {}
+            queue: list[tuple[int, str, StoredEvent]] = []
+            for stored in self._events(tx, room_id, set(start) - stop_ids):
+                heapq.heappush(queue, (-stored.event.depth, stored.event.event_id, stored))
+            while queue and len(found) < limit:
+                _, event_id, stored = heapq.heappop(queue)
+                if event_id in found or stored.event.depth < min_depth:
+                    continue
+                found[event_id] = stored
+                parents = set(stored.event.prev_event_ids) - stop_ids - found.keys()
+                for parent in self._events(tx, room_id, parents):
+                    heapq.heappush(queue, (-parent.event.depth, parent.event.event_id, parent))
+            return sorted(found.values(), key=lambda s: (s.event.depth, s.stream_ordering))
+
+        return self.db.read(walk)
+
+    def server_memberships(self, room_id: str, server_name: str) -> list[tuple[int, str, str]]:
+        """(position, user_id, membership) of every member event in the room about a user
+        of `server_name`, oldest first: what a server could see, when, is read from it."""
+        suffix = ":" + server_name
+        rows = self.db.read(
+            lambda tx: tx.fetchall(
+                "SELECT stream_ordering, state_key, membership FROM events"
+                " WHERE room_id = ? AND type = 'm.room.member' AND state_key IS NOT NULL"
+                " ORDER BY stream_ordering",
+                (room_id,),
+            )
+        )
+        # Matched here, not with LIKE: a server name may hold `_`, a LIKE wildcard.
+        return [(r[0], r[1], r[2]) for r in rows if r[1].endswith(suffix)]
