@@ -20,6 +20,7 @@ from typing import Callable
 from prometheus_client import (
     CollectorRegistry,
     Counter,
+    Histogram,
     ProcessCollector,
     generate_latest,
 )
@@ -122,6 +123,15 @@ class Metrics:
         self.cooldown_refusals = Counter(
             "weir_cooldown_refusals",
             "Calls refused at once because the address is cooling down",
+            registry=self.registry,
+        )
+        # A remote join from make_join to the room stored, by outcome: a big room's state
+        # and its key fetches are what make it slow.
+        self.send_join_duration = Histogram(
+            "weir_send_join_duration_seconds",
+            "Remote joins: make_join, send_join and checking the room's state",
+            ["outcome"],
+            buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
             registry=self.registry,
         )
 

@@ -49,7 +49,9 @@ from homeserver.rooms.creation import RoomCreator
 from homeserver.rooms.federation_membership import FederationMembership
 from homeserver.rooms.federation_reads import FederationReads
 from homeserver.rooms.history import RoomHistory
+from homeserver.rooms.join_checks import JoinResponseChecker
 from homeserver.rooms.pdu_checks import PduChecker
+from homeserver.rooms.remote_membership import RemoteMembership
 from homeserver.rooms.service import RoomService
 from homeserver.rooms.transactions import (
     Relay,
@@ -372,6 +374,20 @@ class HomeserverRuntime:
     def directory(self) -> DirectoryService:
         return DirectoryService(
             DirectoryStore(self.db), self.rooms, self.server_name, self.remote_directory
+        )
+
+    @component
+    def remote_membership(self) -> RemoteMembership:
+        """Our users' joins, invites and invite rejections through other servers."""
+        return RemoteMembership(
+            self.rooms,
+            self.federation_client,
+            self.keyring,
+            JoinResponseChecker(PduChecker(self.keyring, self.rooms)),
+            self.client_outbound_budget,
+            self.address_cooldown,
+            self.metrics,
+            self.directory.resolve_alias_within,
         )
 
     @component

@@ -217,23 +217,27 @@ class RemoteDirectory:
     # --- aliases ----------------------------------------------------------------------------
 
     def resolve_alias(self, alias: str, server: str, caller: Caller) -> tuple[str, list[str]]:
-        def fetch(deadline):
-            body = self._client.get_json(
-                server,
-                QUERY_DIRECTORY_PATH,
-                {"room_alias": alias},
-                deadline=deadline,
-                max_bytes=ALIAS_MAX_BYTES,
-                target_health=self._cooldown,
-            )
-            if not isinstance(body, dict) or not isinstance(body.get("room_id"), str):
-                raise MalformedResponse(server, "query/directory answer has no room_id")
-            servers = body.get("servers", [])
-            if not isinstance(servers, list) or not all(isinstance(s, str) for s in servers):
-                raise MalformedResponse(server, "query/directory servers is not a string list")
-            return body["room_id"], servers
+        return self._call(
+            "alias", server, caller, lambda deadline: self.alias_within(alias, server, deadline)
+        )
 
-        return self._call("alias", server, caller, fetch)
+    def alias_within(self, alias: str, server: str, deadline) -> tuple[str, list[str]]:
+        """The lookup alone, for a call that already holds a slot and a deadline (a remote
+        join by alias: rooms/remote_membership.py). Raises FederationError."""
+        body = self._client.get_json(
+            server,
+            QUERY_DIRECTORY_PATH,
+            {"room_alias": alias},
+            deadline=deadline,
+            max_bytes=ALIAS_MAX_BYTES,
+            target_health=self._cooldown,
+        )
+        if not isinstance(body, dict) or not isinstance(body.get("room_id"), str):
+            raise MalformedResponse(server, "query/directory answer has no room_id")
+        servers = body.get("servers", [])
+        if not isinstance(servers, list) or not all(isinstance(s, str) for s in servers):
+            raise MalformedResponse(server, "query/directory servers is not a string list")
+        return body["room_id"], servers
 
     # --- the admitted call -------------------------------------------------------------------
 

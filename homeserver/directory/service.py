@@ -143,6 +143,15 @@ class DirectoryService:
             raise invalid_param("Room alias has an invalid server name")
         return self.remote.resolve_alias(alias, server, caller)
 
+    def resolve_alias_within(self, alias: str, deadline) -> tuple[str, list[str]]:
+        """As `resolve_alias`, inside a caller's own slot and deadline (a remote join)."""
+        _localpart, server = self.parse_alias(alias)
+        if server == self.server_name:
+            return self.resolve_local_alias(alias)
+        if not is_valid_server_name(server):
+            raise invalid_param("Room alias has an invalid server name")
+        return self.remote.alias_within(alias, server, deadline)
+
     def resolve_local_alias(self, alias: str) -> tuple[str, list[str]]:
         found = self.store.get_alias(alias)
         if found is None:

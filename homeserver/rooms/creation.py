@@ -185,7 +185,12 @@ class RoomCreator:
             if not is_valid_user_id(user_id):
                 raise invalid_param(f"Not a valid user ID: {user_id}")
             if server_of(user_id) != self.server_name:
-                raise self.rooms.remote_membership_unavailable()
+                # Each would be a call to another server, under its own deadline.
+                raise MatrixError(
+                    400,
+                    Codes.UNRECOGNIZED,
+                    "createRoom invites only this server's users; invite others with /invite",
+                )
             if not self.rooms.accounts.user_exists(user_id):
                 raise not_found(f"Unknown user {user_id}")
         request = CreateRoomRequest(**{**request.__dict__, "invite": invitees})

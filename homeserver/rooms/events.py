@@ -217,6 +217,47 @@ def build_event(
     return event
 
 
+# Fields a make_join/make_leave/make_knock template may carry into the event we sign; the
+# resident server chose prev_events, auth_events and depth, we choose the rest.
+_TEMPLATE_FIELDS = (
+    "room_id",
+    "sender",
+    "type",
+    "state_key",
+    "content",
+    "prev_events",
+    "auth_events",
+    "depth",
+    "origin",
+)
+
+
+def event_from_template(
+    version: RoomVersion,
+    template: dict,
+    *,
+    content: dict,
+    origin_server_ts: int,
+    server_name: str,
+    signing_key,
+) -> Event:
+    """Our membership event from another server's make_* template: its graph position,
+    our content, hashes and signature. Raises `InvalidEvent` for a template that does not
+    make a valid event."""
+    pdu = {k: copy.deepcopy(template[k]) for k in _TEMPLATE_FIELDS if k in template}
+    pdu["content"] = copy.deepcopy(content)
+    pdu["origin_server_ts"] = origin_server_ts
+    pdu["hashes"] = {"sha256": ""}  # replaced below; the format check wants the field
+    pdu["signatures"] = {}
+    event = Event(event_id_for(version, pdu), pdu)
+    check_pdu_format(version, event)
+    del pdu["hashes"], pdu["signatures"]
+    add_hashes_and_signatures(version, pdu, server_name, signing_key)
+    event = Event(event_id_for(version, pdu), pdu)
+    check_size_limits(event)
+    return event
+
+
 # --- received PDUs ----------------------------------------------------------------------
 
 _PDU_FIELDS = {

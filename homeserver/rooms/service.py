@@ -346,6 +346,60 @@ class RoomService:
             extra_writes=extra_writes,
         )
 
+    # --- membership through other servers (rooms/remote_membership.py) ---------------------
+
+    def store_remote_join(
+        self, version: RoomVersion, creator: str, events: list[Event], join: Event
+    ):
+        """Stores a room joined through another server: the checked state and auth chain
+        (those not stored already) and our join, all in one transaction, creating the room if
+        it is new here. Our join, which send_join delivered, is not queued for sending."""
+        room_id = join.room_id
+        with self._locks.hold(room_id):
+            known = self.store.events_in_room(room_id, [e.event_id for e in [*events, join]])
+            if join.event_id in known:
+                return
+            new = [e for e in events if e.event_id not in known]
+            room = self.store.get_room(room_id)
+            self._persist(
+                [*new, join],
+                new_room=None if room else NewRoom(room_id, version.identifier, creator, now_ms()),
+                received=True,
+                extra_writes=[self.store.only_extremity(room_id, join.event_id)],
+            )
+
+    def prepare_event(self, room_id: str, planned: PlannedEvent) -> tuple[RoomVersion, Event]:
+        """Builds, signs and authorises an event as `_append` would, without storing it: for
+        one another server must countersign first (an invite of its user)."""
+        version = self.room_version(room_id)
+        keys = auth_types_for_event(
+            version, planned.event_type, planned.sender, planned.state_key, planned.content
+        )
+        state = {k: s.event for k, s in self.store.current_state(room_id, keys).items()}
+        prev_events = self.store.forward_extremities(room_id)[-MAX_PREV_EVENTS:]
+        try:
+            return version, self._build(version, planned, room_id, prev_events, state, now_ms())
+        except AuthError as e:
+            raise forbidden(str(e)) from None
+
+    def store_prepared(self, event: Event, delivered_to: str) -> None:
+        """Stores an event from `prepare_event` once countersigned, queued for the room's
+        servers but `delivered_to`, which has it. The room may have moved on meanwhile (the
+        other server took its time), so it joins the graph as a received event does, beside
+        the newer extremities."""
+        with self._locks.hold(event.room_id):
+            if self.store.events_in_room(event.room_id, [event.event_id]):
+                return
+            send_to = self.destinations_for(event) - {delivered_to}
+            self._persist([event], received=True, send_to=send_to)
+
+    def store_remote_leave(self, event: Event) -> None:
+        """Our leave of a room we were only invited to, already given to the room through
+        send_leave: stored (the invite ends here too), not queued."""
+        with self._locks.hold(event.room_id):
+            if not self.store.events_in_room(event.room_id, [event.event_id]):
+                self._persist([event], received=True)
+
     # --- events received over federation -------------------------------------------------
 
     def is_joined_here(self, room_id: str) -> bool:
@@ -442,12 +496,10 @@ class RoomService:
             for key, value in self.profiles.member_fields(target).items():
                 content.setdefault(key, value)
         if membership == "join" and not self.room_exists(room_id):
-            if is_valid_room_id(room_id) and server_of(room_id) != self.server_name:
-                raise self.remote_membership_unavailable()
             raise not_found("Unknown room")
         self.room_version(room_id)
         if membership in ("invite", "join", "knock") and server_of(target) != self.server_name:
-            raise self.remote_membership_unavailable()
+            raise self.remote_membership_elsewhere()
         if membership == "invite" and not self.accounts.user_exists(target):
             raise not_found(f"Unknown user {target}")
         if membership == "join" and sender == target:
@@ -491,10 +543,13 @@ class RoomService:
                 log.warning("profile update not sent to %s: %s", room_id, e)
 
     @staticmethod
-    def remote_membership_unavailable() -> MatrixError:
-        """Joining remote rooms and inviting remote users needs federation: not yet."""
+    def remote_membership_elsewhere() -> MatrixError:
+        """A member event for another server's user goes through that server (the /invite,
+        /join and /knock endpoints do it: rooms/remote_membership.py), never as plain state."""
         return MatrixError(
-            501, Codes.UNRECOGNIZED, "Joins and invites across servers are not available yet"
+            400,
+            Codes.FORBIDDEN,
+            "Another server's user can be invited with /invite; only they can join or knock",
         )
 
     def kick(self, requester: Requester, room_id: str, target: str, reason: str | None) -> str:

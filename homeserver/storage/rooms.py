@@ -288,6 +288,20 @@ class RoomStore:
             (value if isinstance(value, str) else None, room_id),
         )
 
+    @staticmethod
+    def only_extremity(room_id: str, event_id: str) -> Callable:
+        """A write (for `extra_writes`) leaving `event_id` the room's one forward extremity:
+        after a remote join, the events of its state and auth chain are not the room's
+        frontier, our join is."""
+
+        def write(tx) -> None:
+            tx.execute(
+                "DELETE FROM event_forward_extremities WHERE room_id = ? AND event_id <> ?",
+                (room_id, event_id),
+            )
+
+        return write
+
     # --- rooms --------------------------------------------------------------------------
 
     def get_room(self, room_id: str) -> RoomRow | None:

@@ -126,7 +126,7 @@ def test_create_room_options_and_refusals(server, user):
 
     refused({"room_version": "12"}, 400, "M_UNSUPPORTED_ROOM_VERSION")
     refused({"preset": "party"}, 400, "M_BAD_JSON")
-    refused({"invite": ["@someone:elsewhere.example"]}, 501, "M_UNRECOGNIZED")
+    refused({"invite": ["@someone:elsewhere.example"]}, 400, "M_UNRECOGNIZED")
     refused({"invite": ["@nobody-here:weir.test"]}, 404, "M_NOT_FOUND")
     refused({"room_alias_name": "bad:alias"}, 400, "M_INVALID_PARAM")
     refused({"initial_state": [{"type": "m.room.create", "content": {}}]}, 400, "M_INVALID_PARAM")
@@ -299,7 +299,8 @@ def test_membership_join_invite_leave_kick(server, user):
         == 404
     )
     remote = alice.post(f"{V3}/rooms/{room_id}/invite", json={"user_id": "@x:elsewhere.example"})
-    assert (remote.status_code, remote.json()["errcode"]) == (501, "M_UNRECOGNIZED")
+    # Another server's user is invited through their server, which cannot be reached here.
+    assert (remote.status_code, remote.json()["errcode"]) == (502, "M_UNKNOWN"), remote.text
     third_party = alice.post(
         f"{V3}/rooms/{room_id}/invite",
         json={"medium": "email", "address": "a@b.c", "id_server": "x"},
@@ -312,7 +313,7 @@ def test_join_errors(server, user):
     unknown = alice.post(f"{V3}/join/!nope:weir.test", json={})
     assert (unknown.status_code, unknown.json()["errcode"]) == (404, "M_NOT_FOUND")
     remote = alice.post(f"{V3}/join/!room:elsewhere.example", json={})
-    assert (remote.status_code, remote.json()["errcode"]) == (501, "M_UNRECOGNIZED")
+    assert (remote.status_code, remote.json()["errcode"]) == (502, "M_UNKNOWN"), remote.text
     no_alias = alice.post(f"{V3}/join/%23missing:weir.test", json={})
     assert (no_alias.status_code, no_alias.json()["errcode"]) == (404, "M_NOT_FOUND")
     garbage = alice.post(f"{V3}/join/lobby", json={})

@@ -8,6 +8,7 @@ from marshmallow import Schema, fields, validate
 from homeserver.api.auth import current_requester, requires_auth
 from homeserver.api.context import outbound_caller, runtime
 from homeserver.core.errors import Codes, MatrixError, invalid_param
+from homeserver.core.identifiers import is_valid_user_id, server_of
 from homeserver.http.parsing import json_object, query_int, validated_json
 from homeserver.http.parsing import validate as validate_body
 from homeserver.http.responses import json_response
@@ -123,40 +124,57 @@ def _membership_content(body: dict) -> dict:
     return {"reason": body["reason"]} if "reason" in body else {}
 
 
-def _own_membership(room_id: str, membership: str) -> None:
-    """Join or leave as oneself, with an optional reason."""
-    body = _reason()
-    user_id = current_requester().user_id
-    runtime().rooms.update_membership(
-        user_id, room_id, user_id, membership, _membership_content(body)
-    )
+def _via() -> list[str]:
+    # `server_name` is the older spelling of `via`; clients send either.
+    return request.args.getlist("via") + request.args.getlist("server_name")
 
 
 @bp.post("/join/<path:room_id_or_alias>")
 @requires_auth
 def join_room_or_alias(room_id_or_alias: str):
     if room_id_or_alias.startswith("#"):
-        room_id, _servers = runtime().directory.resolve_alias(room_id_or_alias, outbound_caller())
+        room_id, alias = None, room_id_or_alias
     elif room_id_or_alias.startswith("!"):
-        room_id = room_id_or_alias
+        room_id, alias = room_id_or_alias, None
     else:
         raise invalid_param("Expected a room ID (!...) or a room alias (#...)")
-    _own_membership(room_id, "join")
-    return json_response({"room_id": room_id})
+    content = _membership_content(_reason())
+    joined = runtime().remote_membership.join(
+        current_requester().user_id, room_id, _via(), outbound_caller(), content, alias=alias
+    )
+    return json_response({"room_id": joined})
 
 
 @bp.post("/rooms/<room_id>/join")
 @requires_auth
 def join_room(room_id: str):
-    _own_membership(room_id, "join")
-    return json_response({"room_id": room_id})
+    content = _membership_content(_reason())
+    joined = runtime().remote_membership.join(
+        current_requester().user_id, room_id, [], outbound_caller(), content
+    )
+    return json_response({"room_id": joined})
 
 
 @bp.post("/rooms/<room_id>/leave")
 @requires_auth
 def leave_room(room_id: str):
-    _own_membership(room_id, "leave")
+    content = _membership_content(_reason())
+    runtime().remote_membership.leave(
+        current_requester().user_id, room_id, outbound_caller(), content
+    )
     return json_response({})
+
+
+@bp.post("/knock/<path:room_id_or_alias>")
+@requires_auth
+def knock(room_id_or_alias: str):
+    if not room_id_or_alias.startswith("!"):
+        raise MatrixError(400, Codes.UNRECOGNIZED, "Knocking by alias is not supported yet")
+    content = _membership_content(_reason())
+    room_id = runtime().remote_membership.knock(
+        current_requester().user_id, room_id_or_alias, content
+    )
+    return json_response({"room_id": room_id})
 
 
 @bp.post("/rooms/<room_id>/invite")
@@ -168,9 +186,12 @@ def invite(room_id: str):
             400, Codes.UNRECOGNIZED, "Third-party invites need an identity server; not supported"
         )
     body = validate_body(TargetBody(), raw)
-    runtime().rooms.update_membership(
-        current_requester().user_id, room_id, body["user_id"], "invite", _membership_content(body)
-    )
+    user_id, content = current_requester().user_id, _membership_content(body)
+    target = body["user_id"]
+    if is_valid_user_id(target) and server_of(target) != runtime().server_name:
+        runtime().remote_membership.invite(user_id, room_id, target, outbound_caller(), content)
+    else:
+        runtime().rooms.update_membership(user_id, room_id, target, "invite", content)
     return json_response({})
 
 

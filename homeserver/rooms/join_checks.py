@@ -1,0 +1,155 @@
+"""Checking a `send_join` answer before anything of it is stored (server-server spec,
+"Joining Rooms" and "Checks performed on receipt of a PDU").
+
+Every event of the answer, the room's state, its auth chain and the join event itself, must
+have its room version's format, carry valid signatures (keys from the keyring, under its
+budget), and pass the auth rules against its own auth events; the join must also pass against
+the state. A content hash that does not match keeps the event redacted, as the spec says. One
+failure refuses the whole answer: a resident server that hands us a forged room is not
+trusted for any of it, and the join tries the next server.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gevent.pool
+
+from homeserver.core.events import Event
+from homeserver.federation.errors import KeyResolutionRefused, MalformedResponse
+from homeserver.rooms.auth import AuthError, check_against_state, check_auth_events
+from homeserver.rooms.events import InvalidEvent, check_pdu_format, event_id_for
+from homeserver.rooms.pdu_checks import CheckedPdu, PduChecker
+from homeserver.rooms.versions import RoomVersion
+
+# A room's state and auth chain can be large; past this the answer is refused rather than
+# held in memory and checked event by event.
+MAX_JOIN_EVENTS = 50_000
+# Signature checks running at once: each may wait on a key fetch for another server.
+VERIFY_CONCURRENCY = 16
+
+
+class BadJoinResponse(MalformedResponse):
+    """A send_join answer that does not check out; nothing of it is stored."""
+
+
+@dataclass(frozen=True)
+class JoinedRoom:
+    """A checked send_join answer: the events to store, in an order where each event's
+    auth events come before it and the room's state comes last, then our join."""
+
+    version: RoomVersion
+    creator: str
+    events: list[Event]
+    join: Event
+
+
+def _pdus(server: str, body: object, key: str) -> list[dict]:
+    items = body.get(key) if isinstance(body, dict) else None
+    if not isinstance(items, list) or not all(isinstance(p, dict) for p in items):
+        raise BadJoinResponse(server, f"send_join answer has no {key} list of events")
+    return items
+
+
+def _identified(server: str, version: RoomVersion, room_id: str, pdus: list[dict]) -> dict:
+    """{event_id: pdu}, each of the room and of the version's format."""
+    found: dict[str, dict] = {}
+    for pdu in pdus:
+        event_id = event_id_for(version, pdu)
+        try:
+            check_pdu_format(version, Event(event_id, pdu))
+        except (InvalidEvent, KeyError, TypeError) as e:
+            raise BadJoinResponse(server, f"event {event_id} is not valid: {e}") from None
+        if pdu["room_id"] != room_id:
+            raise BadJoinResponse(server, f"event {event_id} is of another room")
+        found[event_id] = pdu
+    return found
+
+
+class JoinResponseChecker:
+    def __init__(self, checker: PduChecker):
+        self._checker = checker
+
+    def check(self, server: str, version: RoomVersion, our_join: Event, body: object) -> JoinedRoom:
+        """The checked room, or `BadJoinResponse`; raises `KeyResolutionRefused` when the
+        keyring's budget refuses a key fetch. Run it under the join's deadline."""
+        room_id = our_join.room_id
+        state_pdus, chain_pdus = _pdus(server, body, "state"), _pdus(server, body, "auth_chain")
+        if len(state_pdus) + len(chain_pdus) > MAX_JOIN_EVENTS:
+            raise BadJoinResponse(server, "send_join answer has too many events")
+        state_ids = _identified(server, version, room_id, state_pdus)
+        everything = {**_identified(server, version, room_id, chain_pdus), **state_ids}
+        join_pdu = body.get("event") if isinstance(body, dict) else None
+        if not isinstance(join_pdu, dict) or event_id_for(version, join_pdu) != our_join.event_id:
+            join_pdu = our_join.pdu  # v1 answers, or a server that did not countersign
+        everything[our_join.event_id] = join_pdu
+        checked = self._verified(server, version, everything)
+        events = {i: c.event for i, c in checked.items() if c.event is not None}
+        signed_by = {i: c.signed_by for i, c in checked.items()}
+        for event in events.values():
+            self._authorised(server, version, event, events, signed_by)
+        state = {(events[i].type, events[i].state_key): events[i] for i in state_ids}
+        join = events[our_join.event_id]
+        self._join_allowed(server, version, join, state, signed_by[join.event_id])
+        others = {i: e for i, e in events.items() if i != join.event_id}
+        return JoinedRoom(version, self._creator(server, state), _ordered(others, state_ids), join)
+
+    def _verified(self, server: str, version: RoomVersion, pdus: dict) -> dict[str, CheckedPdu]:
+        """Signatures and content hashes of every event, checked a few at a time."""
+        pool = gevent.pool.Pool(VERIFY_CONCURRENCY)
+        try:
+            results = pool.imap_unordered(
+                lambda item: self._checker.verify(CheckedPdu(item[0], item[1], version), None),
+                pdus.items(),
+            )
+            checked: dict[str, CheckedPdu] = {}
+            for result in results:
+                if isinstance(result, KeyResolutionRefused):
+                    raise result
+                if result.error is not None:
+                    raise BadJoinResponse(server, f"event {result.event_id}: {result.error}")
+                checked[result.event_id] = result
+            return checked
+        finally:
+            pool.kill()  # the join's deadline may end this before the checks do
+
+    @staticmethod
+    def _authorised(server, version, event: Event, events: dict, signed_by: dict) -> None:
+        missing = [a for a in event.auth_event_ids if a not in events]
+        if missing:
+            raise BadJoinResponse(server, f"{event.event_id} names unknown auth events")
+        try:
+            check_auth_events(
+                version,
+                event,
+                [events[a] for a in event.auth_event_ids],
+                lambda ev, name: name in signed_by.get(ev.event_id, ()),
+            )
+        except AuthError as e:
+            raise BadJoinResponse(server, f"{event.event_id} breaks the auth rules: {e}") from None
+
+    @staticmethod
+    def _join_allowed(server, version, join: Event, state: dict, signed: frozenset) -> None:
+        if ("m.room.create", "") not in state:
+            raise BadJoinResponse(server, "the room's state has no m.room.create")
+        try:
+            check_against_state(version, join, state, lambda ev, name: name in signed)
+        except AuthError as e:
+            raise BadJoinResponse(server, f"our join is not allowed by the state: {e}") from None
+
+    @staticmethod
+    def _creator(server: str, state: dict) -> str:
+        create = state[("m.room.create", "")]
+        creator = create.content.get("creator", create.sender)
+        if not isinstance(creator, str):
+            raise BadJoinResponse(server, "m.room.create has no creator")
+        return creator
+
+
+def _ordered(events: dict[str, Event], state_ids: dict) -> list[Event]:
+    """Auth chain events not in the state, then the state, each by depth: stored in this
+    order, the room's current state ends as the answer's state."""
+    chain = [e for i, e in events.items() if i not in state_ids]
+    state = [events[i] for i in state_ids]
+    by_depth = lambda e: (e.depth, e.origin_server_ts, e.event_id)  # noqa: E731
+    return sorted(chain, key=by_depth) + sorted(state, key=by_depth)

@@ -1,0 +1,104 @@
+"""A fake resident server: an honest peer holding one room version 10 public room, which
+answers make_join and send_join for it, honestly or with a chosen lie in its answer.
+
+    peer = ResidentPeer(test_ca, host="127.40.15.2").start()
+    peer.lie = "forged_state"        # or "bad_signature", or None
+    alice.post("/_matrix/client/v3/join/" + peer.room_id, ...)
+    assert peer.send_joins() == 1
+"""
+
+from __future__ import annotations
+
+import time
+from urllib.parse import unquote
+
+from signedjson.key import generate_signing_key
+
+from homeserver.rooms.events import add_hashes_and_signatures, event_id_for
+from homeserver.rooms.versions import ROOM_V10
+from tests.peers.honest import HonestPeer, SeenRequest
+
+
+class ResidentPeer(HonestPeer):
+    def __init__(self, ca, host: str, port: int = 8448):
+        super().__init__(f"{host}:{port}", ca, host=host, port=port)
+        self.room_id = f"!resident:{self.server_name}"
+        self.creator = f"@creator:{self.server_name}"
+        self.lie: str | None = None
+        self.events: list[tuple[str, dict]] = []  # (event_id, pdu), in order
+        self._build_room()
+        self.make_join_prefix = f"/_matrix/federation/v1/make_join/{self.room_id}/"
+        self.send_join_prefix = f"/_matrix/federation/v2/send_join/{self.room_id}/"
+        self.route("GET", self.make_join_prefix, self._make_join, prefix=True)
+        self.route("PUT", self.send_join_prefix, self._send_join, prefix=True)
+
+    def send_joins(self) -> int:
+        return sum(1 for r in self.requests if r.path.startswith(self.send_join_prefix))
+
+    def _event(self, event_type, content, state_key="", sender=None, signing_key=None) -> dict:
+        by_type = {p["type"]: i for i, p in self.events if p.get("state_key") == ""}
+        auth = [by_type[t] for t in ("m.room.create", "m.room.power_levels") if t in by_type]
+        auth += [i for i, p in self.events if p.get("state_key") == (sender or self.creator)][-1:]
+        pdu = {
+            "room_id": self.room_id,
+            "sender": sender or self.creator,
+            "type": event_type,
+            "state_key": state_key,
+            "content": content,
+            "prev_events": [self.events[-1][0]] if self.events else [],
+            "auth_events": auth if event_type != "m.room.create" else [],
+            "depth": len(self.events) + 1,
+            "origin_server_ts": int(time.time() * 1000),
+        }
+        add_hashes_and_signatures(ROOM_V10, pdu, self.server_name, signing_key or self.signing_key)
+        return pdu
+
+    def _add(self, *args, **kw) -> str:
+        pdu = self._event(*args, **kw)
+        event_id = event_id_for(ROOM_V10, pdu)
+        self.events.append((event_id, pdu))
+        return event_id
+
+    def _build_room(self) -> None:
+        self._add("m.room.create", {"creator": self.creator, "room_version": "10"})
+        self._add("m.room.member", {"membership": "join"}, state_key=self.creator)
+        self._add("m.room.power_levels", {"users": {self.creator: 100}})
+        self._add("m.room.join_rules", {"join_rule": "public"})
+        self._add("m.room.name", {"name": "Resident"})
+
+    def _make_join(self, req: SeenRequest) -> tuple:
+        user_id = unquote(req.path[len(self.make_join_prefix) :])
+        by_type = {p["type"]: i for i, p in self.events}
+        template = {
+            "room_id": self.room_id,
+            "sender": user_id,
+            "type": "m.room.member",
+            "state_key": user_id,
+            "content": {"membership": "join"},
+            "prev_events": [self.events[-1][0]],
+            "auth_events": [
+                by_type[t] for t in ("m.room.create", "m.room.power_levels", "m.room.join_rules")
+            ],
+            "depth": len(self.events) + 1,
+            "origin": self.server_name,
+            "origin_server_ts": int(time.time() * 1000),
+        }
+        return 200, {"room_version": "10", "event": template}
+
+    def _send_join(self, req: SeenRequest) -> tuple:
+        state = [pdu for _, pdu in self.events]
+        if self.lie == "forged_state":
+            # Well signed, but sent by someone who was never in the room.
+            intruder = f"@intruder:{self.server_name}"
+            state[-1] = self._event("m.room.name", {"name": "Owned"}, sender=intruder)
+        elif self.lie == "bad_signature":
+            # Signed with a key that is not the one this server publishes.
+            wrong = generate_signing_key(self.signing_key.version)
+            state[3] = self._event("m.room.join_rules", {"join_rule": "public"}, signing_key=wrong)
+        return 200, {
+            "origin": self.server_name,
+            "state": state,
+            "auth_chain": state[:3],
+            "event": req.json(),
+            "members_omitted": False,
+        }
