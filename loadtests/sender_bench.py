@@ -157,9 +157,8 @@ def run(weir, ca, dns, keys, sink, args) -> None:
         gevent.sleep(1.5)  # the old answers were cached for 1 s
         held = deliveries(alice, room_id, sink, live, args.messages, "held")
         assert tarpit.current > 0, "the tarpits hold nothing: nothing was measured"
-        print(
-            f"{'delivery, dead members held':<38} {percentiles(held)}  max {max(held) * 1000:.1f} ms"
-        )
+        label = "delivery, dead members held"
+        print(f"{label:<38} {percentiles(held)}  max {max(held) * 1000:.1f} ms")
         for name, samples in local_latencies(weir, alice.token, args.requests).items():
             print(f"{name + ', tarpits held':<38} {percentiles(samples)}")
         print(
