@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 CONFIG ?= config.toml
 
-.PHONY: install dev run test lint bench synapse haproxy image clean
+.PHONY: install dev run test lint bench bench-tools synapse haproxy image clean
 
 install: $(VENV)/.installed
 dev: $(VENV)/.dev-installed
@@ -68,7 +68,14 @@ lint: dev
 # load test with 30 s per phase (it judges itself; its results go to loadtests/results/).
 BENCHES := $(basename $(notdir $(sort $(wildcard loadtests/*_bench.py))))
 
-bench: dev
+# The throughput bench drives the server with wrk: installed here when missing (as root, from
+# the distribution), never by `make test`.
+bench-tools:
+	@command -v wrk >/dev/null || \
+		{ [ "$$(id -u)" = 0 ] && apt-get update -q && apt-get install -y -q wrk; } || \
+		{ echo "wrk is missing: install it (apt-get install wrk) or run make as root"; exit 1; }
+
+bench: dev bench-tools
 	$(BIN)/python -m budget.bench
 	@set -e; for bench in $(BENCHES); do \
 		echo "== python -m loadtests.$$bench"; $(BIN)/python -m loadtests.$$bench; done

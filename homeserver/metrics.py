@@ -7,9 +7,10 @@ they happen. docs/operations.md says what each one means to an operator.
 
 What registers here: every budget (`track_budget`: client_outbound, key_resolution,
 media_fetch), every rate limiter (`track_rate_limiter`), every pool (`track_pool`: main,
-federation, media), the address cool-down, waiting syncs, remote fetches, the process
-itself (CPU, memory, open file descriptors against the limit), and the federation worker
-shards' liveness (federation/shards.py).
+federation, media), every thread pool's queue (`track_threadpool`, `track_queue`:
+password_hashing, thumbnails, database_read, database_write), the address cool-down, waiting
+syncs, remote fetches, the process itself (CPU, memory, open file descriptors against the
+limit), and the federation worker shards' liveness (federation/shards.py).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class _LiveCollector:
         self.budgets: list[InFlightBudget] = []
         self.rate_limiters: list[tuple[str, RateLimiter]] = []
         self.pools: list[tuple[str, Callable[[], int], int]] = []
+        self.threadpools: list[tuple[str, Callable[[], int], int]] = []
         self.gauges: list[tuple[str, str, Callable[[], float]]] = []
         self.counters: list[tuple[str, str, Callable[[], float]]] = []
 
@@ -69,6 +71,17 @@ class _LiveCollector:
             occupancy.add_metric([name], count())
             size.add_metric([name], limit)
         yield from (occupancy, size)
+
+        queued = GaugeMetricFamily(
+            "weir_threadpool_queued", "Greenlets waiting for a thread of the pool", labels=["pool"]
+        )
+        threads = GaugeMetricFamily(
+            "weir_threadpool_threads", "Threads the pool may run", labels=["pool"]
+        )
+        for name, waiting, limit in self.threadpools:
+            queued.add_metric([name], waiting())
+            threads.add_metric([name], limit)
+        yield from (queued, threads)
 
         for name, doc, read in self.gauges:
             yield GaugeMetricFamily(name, doc, value=read())
@@ -154,6 +167,14 @@ class Metrics:
 
     def track_pool(self, name: str, pool, size: int) -> None:
         self._live.pools.append((name, pool.__len__, size))
+
+    def track_threadpool(self, name: str, pool) -> None:
+        """A CountedThreadPool (homeserver/core/threads.py)."""
+        self.track_queue(name, lambda: pool.queued, pool.maxsize)
+
+    def track_queue(self, name: str, waiting: Callable[[], int], threads: int) -> None:
+        """Work that waits for one of `threads` native threads (or connections on them)."""
+        self._live.threadpools.append((name, waiting, threads))
 
     def track_gauge(self, name: str, doc: str, read: Callable[[], float]) -> None:
         self._live.gauges.append((name, doc, read))

@@ -22,6 +22,7 @@ from gevent.threadpool import ThreadPool
 from nacl.signing import SigningKey
 
 from budget import InFlightBudget, RateLimiter, parse_networks
+from homeserver.accounts.passwords import PasswordHasher
 from homeserver.accounts.profile import ProfileService
 from homeserver.accounts.registration import RegistrationSessions
 from homeserver.accounts.service import AccountService
@@ -29,6 +30,7 @@ from homeserver.accounts.shared_secret import SharedSecretRegistration
 from homeserver.accounts.uia import UserInteractiveAuth
 from homeserver.config import Config
 from homeserver.core.components import component
+from homeserver.core.threads import CountedThreadPool
 from homeserver.directory.remote import RemoteDirectory
 from homeserver.directory.service import DirectoryService
 from homeserver.e2ee.devices import DeviceService
@@ -126,6 +128,7 @@ class HomeserverRuntime:
             ("notifier", "close"),
             ("typing", "close"),
             ("thumbnail_pool", "kill"),
+            ("password_hasher", "close"),
             ("db", "close"),
         ):
             if name in built:
@@ -139,6 +142,9 @@ class HomeserverRuntime:
         os.makedirs(self.config.data_dir, exist_ok=True)
         db = open_database(self.config.database.url)
         migrate(db)
+        if db.readers:  # SQLite: connections on threads of its own; PostgreSQL waits on sockets
+            self.metrics.track_queue("database_read", lambda: db.waiting_reads, db.readers)
+            self.metrics.track_queue("database_write", lambda: db.waiting_writes, 1)
         return db
 
     @component
@@ -238,9 +244,15 @@ class HomeserverRuntime:
 
     @component
     def accounts(self) -> AccountService:
-        accounts = AccountService(AccountStore(self.db), self.server_name)
+        accounts = AccountService(AccountStore(self.db), self.server_name, self.password_hasher)
         accounts.add_device_key_listener(self._keys_changed)
         return accounts
+
+    @component
+    def password_hasher(self) -> PasswordHasher:
+        hasher = PasswordHasher()
+        self.metrics.track_threadpool("password_hashing", hasher.pool)
+        return hasher
 
     @component
     def uia(self) -> UserInteractiveAuth:
@@ -572,7 +584,9 @@ class HomeserverRuntime:
     @component
     def thumbnail_pool(self) -> ThreadPool:
         """Pillow decoding and encoding is CPU-bound and would block the hub: native threads."""
-        return ThreadPool(self.config.media.thumbnail_threads)
+        pool = CountedThreadPool(self.config.media.thumbnail_threads)
+        self.metrics.track_threadpool("thumbnails", pool)
+        return pool
 
     @component
     def media(self) -> MediaService:

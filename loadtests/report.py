@@ -23,6 +23,19 @@ def _ms(value) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+def _login_line(phases: dict) -> str:
+    """Login p50 per phase: scrypt on its own thread pool should not feel the attack."""
+    figures = [phases[p].get("by_endpoint", {}).get("POST /login") for p in ("baseline", "attack")]
+    if not all(f and f["p50_ms"] for f in figures):
+        return "login: no logins in a phase"
+    base, attack = figures
+    change = attack["p50_ms"] / base["p50_ms"] - 1
+    return (
+        f"login p50: baseline {_ms(base['p50_ms'])} ms ({base['requests']} logins), "
+        f"attack {_ms(attack['p50_ms'])} ms ({attack['requests']}), {change:+.0%}"
+    )
+
+
 def summary_table(summary: dict) -> str:
     phases = summary["phases"]
     lines = [f"{'':<18}{'requests':>10}{'failures':>10}{'p50 ms':>9}{'p99 ms':>9}"]
@@ -32,6 +45,7 @@ def summary_table(summary: dict) -> str:
             f"{phase + ' local':<18}{local['requests']:>10}{local['failures']:>10}"
             f"{_ms(local['p50_ms']):>9}{_ms(local['p99_ms']):>9}"
         )
+    lines.append(_login_line(phases))
     refusals = phases["attack"]["refusals"]
     seen = refusals["seen_by_attackers"]
     lines.append(

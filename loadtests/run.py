@@ -186,6 +186,7 @@ class Scraper:
             "refusals": {},
             "pool": {},
             "pool_size": {},
+            "threadpool_queued": {},
             "deadline_expiries": 0.0,
         }
         families = {
@@ -194,6 +195,7 @@ class Scraper:
             "weir_budget_refusals_total": "refusals",
             "weir_pool_greenlets": "pool",
             "weir_pool_size": "pool_size",
+            "weir_threadpool_queued": "threadpool_queued",
         }
         for (name, labels), value in samples.items():
             labels = dict(labels)

@@ -44,7 +44,6 @@ import requests
 from gevent.event import Event
 from gevent.lock import BoundedSemaphore
 
-from homeserver.accounts.passwords import hash_password
 from homeserver.accounts.service import hash_token
 from homeserver.config import parse_config
 from homeserver.core.clock import now_ms
@@ -69,7 +68,8 @@ def populate(settings: dict, users: int, groups: list[int]) -> tuple[list[str], 
     first members are the next users in order. Returns (tokens, room IDs); the room's
     creator and sender is an extra user whose token comes last."""
     rt = HomeserverRuntime(parse_config(settings))
-    password_hash = hash_password("bench")  # one scrypt for everyone: the hash is never checked
+    # One scrypt for everyone: the hash is never checked.
+    password_hash = rt.password_hasher.hash("bench")
     tokens = []
     for i in range(users + 1):
         user_id, token = f"@u{i}:bench.test", f"bench-token-{i}"

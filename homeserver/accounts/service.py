@@ -9,7 +9,7 @@ import string
 from dataclasses import dataclass
 from typing import Callable
 
-from homeserver.accounts.passwords import check_password, hash_password
+from homeserver.accounts.passwords import PasswordHasher
 from homeserver.core.clock import now_ms
 from homeserver.core.errors import Codes, MatrixError, forbidden, invalid_param
 from homeserver.core.requester import Requester
@@ -34,8 +34,9 @@ def hash_token(token: str) -> str:
 
 
 class AccountService:
-    def __init__(self, store: AccountStore, server_name: str):
+    def __init__(self, store: AccountStore, server_name: str, hasher: PasswordHasher):
         self.store = store
+        self.hasher = hasher
         self.server_name = server_name
         self._dummy_hash: str | None = None
         # Called with a user ID when a device with keys is removed (e2ee: a device list change).
@@ -88,7 +89,7 @@ class AccountService:
         display_name: str | None = None,
         inhibit_login: bool = False,
     ) -> LoginResult:
-        password_hash = hash_password(password) if password else None
+        password_hash = self.hasher.hash(password) if password else None
         if localpart is None:
             # No name asked for: pick a random one, as Synapse picks a numeric one.
             for _ in range(10):
@@ -117,14 +118,14 @@ class AccountService:
         user_id = self.user_id_for(self.localpart_of(user))
         row = self.store.get_user(user_id)
         # Hash even for an unknown user, so timing does not reveal which accounts exist.
-        ok = check_password(password, row.password_hash if row else self._unknown_user_hash())
+        ok = self.hasher.check(password, row.password_hash if row else self._unknown_user_hash())
         if row is None or row.deactivated or not ok:
             raise forbidden("Invalid username or password")
         return self._new_session(user_id, device_id, display_name)
 
     def _unknown_user_hash(self) -> str:
         if self._dummy_hash is None:
-            self._dummy_hash = hash_password(secrets.token_hex(16))
+            self._dummy_hash = self.hasher.hash(secrets.token_hex(16))
         return self._dummy_hash
 
     def _new_session(
@@ -149,7 +150,7 @@ class AccountService:
     def check_password(self, user_id: str, password: str) -> bool:
         """The user's own password, checked as login does (user-interactive auth)."""
         row = self.store.get_user(user_id)
-        ok = check_password(password, row.password_hash if row else self._unknown_user_hash())
+        ok = self.hasher.check(password, row.password_hash if row else self._unknown_user_hash())
         return ok and row is not None and not row.deactivated
 
     def remove_devices(self, user_id: str, device_ids: list[str]) -> None:

@@ -7,7 +7,7 @@ run`) and tests that build the app alone serve both from one app.
 
 from __future__ import annotations
 
-from flask import Flask, Response, request
+from flask import Flask
 
 from homeserver.api.client import (
     account_data,
@@ -34,7 +34,7 @@ from homeserver.api.federation import media as federation_media
 from homeserver.api.federation import membership, transactions
 from homeserver.api.federation import profile as federation_profile
 from homeserver.http.middleware import RequestContextMiddleware
-from homeserver.http.responses import CORS_HEADERS, register_error_handlers
+from homeserver.http.responses import register_error_handlers
 
 CLIENT = "client"
 FEDERATION = "federation"
@@ -92,20 +92,8 @@ def create_flask_app(runtime, listeners: tuple[str, ...] = (CLIENT, FEDERATION))
 
     register_error_handlers(app)
 
-    @app.before_request
-    def preflight():
-        # CORS preflight: answered for any path, before routing, as the spec recommends.
-        if request.method == "OPTIONS":
-            return Response(status=204)
-        return None
-
-    @app.after_request
-    def cors(response: Response) -> Response:
-        for name, value in CORS_HEADERS.items():
-            response.headers.setdefault(name, value)
-        return response
-
-    # Flask's documented way to add WSGI middleware; mypy sees wsgi_app only as a method.
+    # The CORS headers and the OPTIONS preflight are the middleware's: added to every
+    # response without a pass through Flask's Headers, and a preflight without a dispatch.
     app.wsgi_app = RequestContextMiddleware(  # type: ignore[method-assign]
         app.wsgi_app, runtime.trusted_proxies
     )

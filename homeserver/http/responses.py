@@ -18,6 +18,8 @@ CORS_HEADERS = {
     "Access-Control-Allow-Methods": "GET, POST, PUT, DELETE, OPTIONS",
     "Access-Control-Allow-Headers": "X-Requested-With, Content-Type, Authorization",
 }
+# As WSGI headers: added to every response as it starts (http/middleware.py).
+CORS_HEADER_LIST = list(CORS_HEADERS.items())
 
 _WERKZEUG_ERRCODES = {
     404: (Codes.UNRECOGNIZED, "Unrecognized request"),

@@ -36,6 +36,8 @@ class WeirHandler(WSGIHandler):
     # pywsgi's (untyped) request body, None before a request is read; a _LingeringDiscard
     # once the connection is closing.
     wsgi_input: Any
+    # Set once the first request is read: every later one is a keep-alive request.
+    _kept_alive = False
 
     def handle(self):
         sock = self.socket
@@ -70,6 +72,14 @@ class WeirHandler(WSGIHandler):
         current = gevent.getcurrent()
         idle.add(current)
         try:
+            if self._kept_alive:
+                # pywsgi reads a keep-alive request that has already arrived without going
+                # through the hub, so a busy connection would be served run after run while
+                # every other one waits. One turn of the hub first: each ready connection is
+                # served once before any is served twice (docs/operations.md).
+                gevent.sleep(0)
+            else:
+                self._kept_alive = True
             if self.server.closing:
                 return ""
             return super().read_requestline()
@@ -95,6 +105,11 @@ class WeirHandler(WSGIHandler):
         ):
             headers = [*headers, ("Connection", "close")]
         return super().start_response(status, headers, exc_info)
+
+    def log_request(self):
+        # pywsgi formats a line per request for its own log, which Weir turns off (log=None);
+        # the access log is http/middleware.py's.
+        pass
 
     def handle_error(self, t, v, tb):
         if issubclass(t, gevent.GreenletExit):

@@ -65,6 +65,11 @@ class Tx:
 class Database:
     dialect = ""
 
+    # Greenlets waiting for a connection to read or write on: the queues /metrics shows.
+    waiting_reads = 0
+    waiting_writes = 0
+    readers = 0
+
     def write(self, fn: Callable[..., Any], *args) -> Any:
         raise NotImplementedError
 
@@ -86,6 +91,9 @@ class SqliteDatabase(Database):
     def __init__(self, path: str, readers: int = 6):
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         self.path = path
+        self.readers = readers
+        # A thread per connection: a query waits for a connection, never for a thread, and
+        # no other kind of work (password hashing has its own pool) runs here.
         self._pool = ThreadPool(readers + 1)
         self._writer = self._connect(readonly=False)
         self._writer_lock = BoundedSemaphore(1)
@@ -136,11 +144,19 @@ class SqliteDatabase(Database):
                 job.rawlink(lambda _job: give_back())
 
     def write(self, fn, *args):
-        self._writer_lock.acquire()
+        self.waiting_writes += 1
+        try:
+            self._writer_lock.acquire()
+        finally:
+            self.waiting_writes -= 1
         return self._run(self._writer, "BEGIN IMMEDIATE", fn, args, self._writer_lock.release)
 
     def read(self, fn, *args):
-        conn = self._readers.get()
+        self.waiting_reads += 1
+        try:
+            conn = self._readers.get()
+        finally:
+            self.waiting_reads -= 1
         return self._run(conn, "BEGIN", fn, args, lambda: self._readers.put(conn))
 
     def close(self) -> None:

@@ -73,7 +73,7 @@ def test_typing_and_receipts_cross_both_ways_with_synapse(weir, synapse):
     assert r.status_code == 200, r.text
     room_id = r.json()["room_id"]
     room = quote(room_id, safe="")
-    bob = SynapseUser(synapse, "bob")
+    bob = SynapseUser(synapse, "edus_bob")
     r = bob.call("POST", f"/join/{room}", params={"server_name": WEIR_NAME}, json={})
     assert r.status_code == 200, (r.text, synapse.log_tail())
     at_weir, at_synapse = weir_call(alice), bob.call

@@ -51,7 +51,7 @@ def test_a_redaction_from_either_side_shows_redacted_on_both(weir, synapse, vers
     assert r.status_code == 200, r.text
     room_id = r.json()["room_id"]
     room = quote(room_id, safe="")
-    bob = SynapseUser(synapse, f"bob{version}")
+    bob = SynapseUser(synapse, f"redact_bob{version}")
     r = bob.call("POST", f"/join/{room}", params={"server_name": WEIR_NAME}, json={})
     assert r.status_code == 200, (r.text, synapse.log_tail())
 

@@ -1,0 +1,187 @@
+"""The request path in process: fair turns between keep-alive connections, CORS on every
+response, the OPTIONS preflight, the access log at INFO, and the thread pools' gauges."""
+
+from __future__ import annotations
+
+import logging
+import socket
+
+import gevent
+import pytest
+import requests
+from gevent import monkey
+from gevent.event import Event
+from gevent.pool import Pool
+
+from homeserver.api.app import create_flask_app
+from homeserver.config import parse_config
+from homeserver.http.responses import CORS_HEADERS
+from homeserver.http.server import WeirWSGIServer
+from homeserver.runtime import HomeserverRuntime
+from tests.support.server import base_settings
+
+PIPELINED = 5
+
+
+def test_pipelined_keep_alive_connections_are_served_in_turns():
+    # Each connection sends all its requests at once, so each next one has already arrived
+    # when its previous one is answered: without a turn of the hub in between, one
+    # connection would be served to its end while the other waits.
+    served: list[str] = []
+    both_started = Event()
+    done = Event()
+
+    def app(environ, start_response):
+        conn, number = environ["PATH_INFO"].split("/")[1:]
+        served.append(conn)
+        if number == "0":
+            # Hold the first request of each until both connections are in: from then on
+            # both have requests waiting, whatever order they were accepted in. (Only there:
+            # waiting on an Event may itself yield.)
+            if len(served) == 2:
+                both_started.set()
+            both_started.wait()
+        if len(served) == 2 * PIPELINED:
+            done.set()
+        start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", "2")])
+        return [b"ok"]
+
+    server = WeirWSGIServer(("127.0.0.1", 0), app, pool=Pool(4), keepalive_timeout=5)
+    server.start()
+    socks = []
+    try:
+        for conn in ("a", "b"):
+            sock = socket.create_connection(("127.0.0.1", server.server_port))
+            sock.sendall(
+                b"".join(
+                    f"GET /{conn}/{i} HTTP/1.1\r\nHost: t\r\n\r\n".encode()
+                    for i in range(PIPELINED)
+                )
+            )
+            socks.append(sock)
+        assert done.wait(10)
+    finally:
+        for sock in socks:
+            sock.close()
+        server.stop()
+    # After both first requests, no connection is served twice in a row.
+    rest = served[2:]
+    assert sorted(rest) == ["a"] * (PIPELINED - 1) + ["b"] * (PIPELINED - 1)
+    assert all(x != y for x, y in zip(rest, rest[1:])), served
+
+
+# --- thread pools by kind ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def runtime(tmp_path):
+    rt = HomeserverRuntime(parse_config(base_settings(str(tmp_path / "data")), str(tmp_path)))
+    yield rt
+    rt.close()
+
+
+def _block_every_thread(pool) -> tuple[object, list]:
+    """Occupies each thread of `pool` until the returned native lock is released; returns
+    once every thread has taken its job."""
+    lock = monkey.get_original("threading", "Lock")()
+    started = monkey.get_original("threading", "Semaphore")(0)
+    lock.acquire()
+
+    def hold():
+        started.release()
+        with lock:
+            pass
+
+    jobs = [gevent.spawn(pool.apply, hold) for _ in range(pool.maxsize)]
+    for _ in jobs:  # a native wait, so on another pool's thread (the hub's)
+        gevent.get_hub().threadpool.apply(started.acquire)
+    return lock, jobs
+
+
+def test_database_queries_do_not_wait_behind_password_hashing(runtime):
+    hasher = runtime.password_hasher
+    stored = hasher.hash("secret")
+    lock, jobs = _block_every_thread(hasher.pool)
+    try:
+        login = gevent.spawn(hasher.check, "secret", stored)
+        gevent.sleep(0)
+        assert hasher.pool.queued == 1  # the hash waits, in its own pool's queue...
+        # ...and the database answers meanwhile.
+        assert runtime.db.read(lambda tx: tx.fetchone("SELECT 1")) == (1,)
+        assert runtime.accounts.store.get_user("@nobody:weir.test") is None
+        assert not login.ready()
+    finally:
+        lock.release()
+    gevent.joinall([*jobs, login], raise_error=True)
+    assert hasher.pool.queued == 0
+    assert login.value is True
+
+
+def test_metrics_show_each_thread_pool_queue(runtime):
+    runtime.build_all()
+    lock, jobs = _block_every_thread(runtime.password_hasher.pool)
+    try:
+        waiting = gevent.spawn(runtime.password_hasher.hash, "secret")
+        gevent.sleep(0)
+        text = runtime.metrics.render().decode()
+    finally:
+        lock.release()
+    gevent.joinall([*jobs, waiting], raise_error=True)
+    threads = runtime.password_hasher.pool.maxsize
+    assert 'weir_threadpool_queued{pool="password_hashing"} 1.0' in text
+    assert f'weir_threadpool_threads{{pool="password_hashing"}} {threads}.0' in text
+    for pool in ("thumbnails", "database_read", "database_write"):
+        assert f'weir_threadpool_queued{{pool="{pool}"}} 0.0' in text
+        assert f'weir_threadpool_threads{{pool="{pool}"}}' in text
+
+
+# --- the lean hot path: same answers ----------------------------------------------------------
+
+
+@pytest.fixture
+def served(runtime):
+    server = WeirWSGIServer(
+        ("127.0.0.1", 0), create_flask_app(runtime), pool=Pool(8), keepalive_timeout=5
+    )
+    server.start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.stop(timeout=1)
+
+
+def _has_cors(response) -> bool:
+    return all(response.headers.get(name) == value for name, value in CORS_HEADERS.items())
+
+
+def test_preflight_answers_204_with_cors_on_any_path(served):
+    for path in ("/_matrix/client/v3/login", "/no/such/path", "/_matrix/federation/v1/version"):
+        r = requests.options(
+            served + path,
+            headers={"Origin": "https://app.element.io", "Access-Control-Request-Method": "POST"},
+        )
+        assert r.status_code == 204 and r.content == b""
+        assert _has_cors(r)
+
+
+def test_cors_headers_on_json_responses_and_errors_once_each(served):
+    ok = requests.get(served + "/_matrix/client/versions")
+    not_found = requests.get(served + "/_matrix/client/v3/nothing")
+    unauthorized = requests.get(served + "/_matrix/client/v3/account/whoami")
+    assert [r.status_code for r in (ok, not_found, unauthorized)] == [200, 404, 401]
+    for r in (ok, not_found, unauthorized):
+        assert _has_cors(r)
+        # One of each, not one per layer that might add it.
+        names = [name.lower() for name in r.raw.headers.keys()]
+        assert names.count("access-control-allow-origin") == 1
+
+
+def test_access_log_has_a_line_per_request_at_info(served, caplog):
+    caplog.set_level(logging.INFO, logger="weir.access")
+    requests.get(served + "/_matrix/client/versions?access_token=secret")
+    requests.options(served + "/anything")
+    requests.get(served + "/_matrix/client/v3/nothing")
+    lines = [r.getMessage() for r in caplog.records if r.name == "weir.access"]
+    assert len(lines) == 3
+    assert lines[0].startswith("GET /_matrix/client/versions?access_token=<redacted> 200 ")
+    assert lines[1].startswith("OPTIONS /anything 204 ")
+    assert lines[2].startswith("GET /_matrix/client/v3/nothing 404 ")
+    assert all(getattr(r, "request_id", None) for r in caplog.records if r.name == "weir.access")
