@@ -258,3 +258,24 @@ def gevent_sleep_past_ttl():
     import gevent
 
     gevent.sleep(1.5)
+
+
+def test_a_kick_reaches_the_server_it_removes(weir, test_ca, keys, sink, alice):
+    """A leave or kick goes to the servers joined before it: the kicked user's too."""
+    origin = keys.add_origin("kicked")
+    room, _ = room_joined_by(weir, test_ca, alice, origin)
+    user = origin.user("bob")
+    r = alice.post(f"{V3}/rooms/{room.room_id}/kick", json={"user_id": user, "reason": "bye"})
+    assert r.status_code == 200, r.text
+    assert sink.wait_pdus(origin.name, 1), sink.attempts(origin.name)
+    [kick] = sink.pdus(origin.name)
+    assert (kick["type"], kick["state_key"], kick["content"]["membership"]) == (
+        "m.room.member",
+        user,
+        "leave",
+    )
+    # Nobody of that server is left: later events stay here.
+    say(alice, room.room_id, ["after the kick"], prefix="k")
+    r = alice.get(f"{V3}/rooms/{room.room_id}/messages", params={"dir": "b", "limit": 1})
+    assert r.json()["chunk"][0]["content"]["body"] == "after the kick"
+    assert not sink.wait_until(lambda: len(sink.pdus(origin.name)) > 1, timeout=1)
