@@ -34,7 +34,7 @@ from gevent.pool import Pool
 
 from homeserver.core.clock import now_ms
 from homeserver.federation.client import FederationClient
-from homeserver.federation.errors import FederationError, RemoteError
+from homeserver.federation.errors import DeadlineExceeded, FederationError, RemoteError
 from homeserver.storage.outbox import OutboxStore
 
 log = logging.getLogger(__name__)
@@ -196,12 +196,12 @@ class FederationSender:
     def _admissible(self, dest: _Destination) -> bool:
         if len(self._in_flight) >= self.max_in_flight:
             return False
-        if dest.failing:
-            return self.failing_in_flight() < self.failing_limit
-        if not dest.reached:
-            unproven = sum(1 for d in self._in_flight.values() if d.failing or not d.reached)
-            return unproven < self.unproven_limit
-        return True
+        if not dest.failing and dest.reached:
+            return True
+        unproven = sum(1 for d in self._in_flight.values() if d.failing or not d.reached)
+        if unproven >= self.unproven_limit:
+            return False
+        return not dest.failing or self.failing_in_flight() < self.failing_limit
 
     def _dispatch(self) -> None:
         """Starts every waiting destination a slot admits, in turn; the others keep their
@@ -209,11 +209,15 @@ class FederationSender:
         if not self._running:
             return
         waiting: deque[str] = deque()
-        while self._ready and len(self._in_flight) < self.max_in_flight:
+        # A greenlet that is ending still holds its place in the pool until it has exited:
+        # spawning then would block. Its exit runs this again (the link below).
+        while self._ready and self.pool.free_count() > 0:
             dest = self._destinations[self._ready.popleft()]
             if self._admissible(dest):
                 self._in_flight[dest.name] = dest
-                self.pool.spawn(self._run, dest)  # never blocks: a slot is free
+                runner = self.pool.spawn(self._run, dest)  # never blocks: a place is free
+                # The pool's own link (which frees the place) was made first, so it runs first.
+                runner.link(lambda _: self._dispatch())
             else:
                 waiting.append(dest.name)
         waiting.extend(self._ready)
@@ -231,7 +235,6 @@ class FederationSender:
             dest.busy = False
             if self._running and dest.retry_at <= time.monotonic():
                 self._kick(dest)  # something arrived while the last transaction ran
-            self._dispatch()
 
     # --- one transaction ------------------------------------------------------------------
 
@@ -246,7 +249,8 @@ class FederationSender:
         edus = [dest.edus.popleft() for _ in range(min(MAX_EDUS, len(dest.edus)))]
         if not pdus and not edus:
             return False
-        dest.pending = len(pdus) == MAX_PDUS
+        if len(pdus) == MAX_PDUS:
+            dest.pending = True  # never cleared here: a wake-up during the read stands
         txn_id = self.store.begin_transaction(
             dest.name, self.owner, now_ms(), int(self.client.remote_timeout * 1000) + 10_000
         )
@@ -280,7 +284,7 @@ class FederationSender:
                 return "refused"
             log.info("transaction %s to %s failed: %s", txn_id, destination, e)
             return "failure"
-        except FederationError as e:  # unreachable, deadline, malformed answer
+        except (FederationError, DeadlineExceeded) as e:  # unreachable, late, malformed
             log.info("transaction %s to %s failed: %s", txn_id, destination, e)
             return "failure"
 

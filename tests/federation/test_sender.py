@@ -10,7 +10,7 @@ from tests.peers.origins import OriginKeyServer, send_transaction
 from tests.peers.receiver import TransactionSink
 from tests.peers.tarpit import Tarpit
 from tests.support.federation import federation_settings, tls_listener_settings
-from tests.support.metrics import metric
+from tests.support.metrics import metric, read_metrics
 from tests.support.remote_room import RemoteRoom, room_joined_by
 from tests.support.server import MatrixClient, WeirProcess, base_settings, merge
 
@@ -232,6 +232,24 @@ def test_dead_servers_take_a_quarter_of_the_slots_and_never_delay_a_live_one(
         say(alice, room.room_id, ["again"], prefix="r")
         assert sink.wait_pdus(live.name, before + 2, timeout=2), "the live server waited"
         assert tarpit.max_concurrent <= 8, tarpit.counters()
+        # Every dead server has now been tried once and failed.
+        assert tarpit.wait_accepted(len(dead), timeout=60), tarpit.counters()
+    # A fresh tarpit counts from here. Each dead server sends us a transaction, which ends
+    # its backoff: all fifty want to send at once. Those that failed get a quarter of the
+    # slots, and with those never reached yet, three quarters: never the live server's.
+    with Tarpit("127.62.0.9", keys.port) as tarpit:
+        for i, origin in enumerate(dead):
+            r = send_transaction(
+                weir.federation_url, origin, "weir.test", f"back{i}", [], test_ca, edus=[]
+            )
+            assert r.status_code == 200, r.text
+        assert tarpit.wait_accepted(4, timeout=20), tarpit.counters()  # two rounds at least
+        say(alice, room.room_id, ["quarter"], prefix="s")
+        assert sink.wait_pdus(live.name, before + 3, timeout=2), (
+            bodies(sink, live.name),
+            {k: v for k, v in read_metrics(weir.client_url).items() if "sender" in k[0]},
+        )
+        assert tarpit.max_concurrent <= 6, tarpit.counters()
         assert metric(weir.client_url, "weir_federation_sender_failing_in_flight") <= 2
 
 
@@ -240,3 +258,24 @@ def gevent_sleep_past_ttl():
     import gevent
 
     gevent.sleep(1.5)
+
+
+def test_a_kick_reaches_the_server_it_removes(weir, test_ca, keys, sink, alice):
+    """A leave or kick goes to the servers joined before it: the kicked user's too."""
+    origin = keys.add_origin("kicked")
+    room, _ = room_joined_by(weir, test_ca, alice, origin)
+    user = origin.user("bob")
+    r = alice.post(f"{V3}/rooms/{room.room_id}/kick", json={"user_id": user, "reason": "bye"})
+    assert r.status_code == 200, r.text
+    assert sink.wait_pdus(origin.name, 1), sink.attempts(origin.name)
+    [kick] = sink.pdus(origin.name)
+    assert (kick["type"], kick["state_key"], kick["content"]["membership"]) == (
+        "m.room.member",
+        user,
+        "leave",
+    )
+    # Nobody of that server is left: later events stay here.
+    say(alice, room.room_id, ["after the kick"], prefix="k")
+    r = alice.get(f"{V3}/rooms/{room.room_id}/messages", params={"dir": "b", "limit": 1})
+    assert r.json()["chunk"][0]["content"]["body"] == "after the kick"
+    assert not sink.wait_until(lambda: len(sink.pdus(origin.name)) > 1, timeout=1)
