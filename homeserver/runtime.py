@@ -29,6 +29,7 @@ from homeserver.accounts.shared_secret import SharedSecretRegistration
 from homeserver.accounts.uia import UserInteractiveAuth
 from homeserver.config import Config
 from homeserver.core.components import component
+from homeserver.core.identifiers import host_of
 from homeserver.directory.remote import RemoteDirectory
 from homeserver.directory.service import DirectoryService
 from homeserver.e2ee.devices import DeviceService
@@ -39,6 +40,7 @@ from homeserver.e2ee.to_device import ToDeviceService
 from homeserver.federation.admission import make_client_outbound_budget
 from homeserver.federation.client import FederationClient
 from homeserver.federation.cooldown import AddressCooldown
+from homeserver.federation.event_resolution import EventResolutionBudget
 from homeserver.federation.keyring import Keyring, shard_key_resolution_budget
 from homeserver.federation.sender import FederationSender
 from homeserver.federation.signing_key import key_id, load_or_create_signing_key
@@ -51,9 +53,11 @@ from homeserver.media.remote import (
 )
 from homeserver.media.service import MediaService
 from homeserver.metrics import Metrics
+from homeserver.rooms.backfill import Backfiller
 from homeserver.rooms.creation import RoomCreator
 from homeserver.rooms.federation_membership import FederationMembership, MembershipRelay
 from homeserver.rooms.federation_reads import FederationReads
+from homeserver.rooms.gaps import GapFiller
 from homeserver.rooms.history import RoomHistory
 from homeserver.rooms.join_checks import JoinResponseChecker
 from homeserver.rooms.pdu_checks import PduChecker
@@ -103,7 +107,7 @@ class HomeserverRuntime:
         self.config = config
         self.server_name = config.server_name
         # What /.well-known/matrix/server delegates to: our host, the federation port.
-        self.federation_address = f"{_host_of(config.server_name)}:{config.federation.port}"
+        self.federation_address = f"{host_of(config.server_name)}:{config.federation.port}"
         self.pools = pools
         self.trusted_proxies = parse_networks(config.server.http.trusted_proxies)
         self.metrics_allowed_networks = parse_networks(config.metrics.allowed_networks)
@@ -175,12 +179,7 @@ class HomeserverRuntime:
     @component
     def address_cooldown(self) -> AddressCooldown:
         cooldown = AddressCooldown()
-        self.metrics.track_gauge(
-            "weir_cooldown_addresses", "Resolved addresses cooling down", cooldown.cooling_count
-        )
-        self.metrics.track_counter(
-            "weir_cooldowns_started", "Cool-downs started", lambda: cooldown.cooldowns_started
-        )
+        cooldown.track_figures(self.metrics)
         return cooldown
 
     @component
@@ -314,22 +313,7 @@ class HomeserverRuntime:
             self.config.federation.sender.max_in_flight,
             on_outcome=lambda outcome: outcomes.labels(outcome).inc(),
         )
-        self.metrics.track_pool("federation_sender", sender.pool, sender.max_in_flight)
-        self.metrics.track_gauge(
-            "weir_federation_sender_queue",
-            "PDU deliveries to other servers still owed (the outbox's rows)",
-            sender.store.depth,
-        )
-        self.metrics.track_gauge(
-            "weir_federation_sender_backoff",
-            "Destinations backing off after a failed transaction",
-            sender.in_backoff,
-        )
-        self.metrics.track_gauge(
-            "weir_federation_sender_failing_in_flight",
-            "Transactions in flight to destinations whose last attempt failed",
-            sender.failing_in_flight,
-        )
+        sender.track_figures(self.metrics)
         return sender
 
     # --- rooms and the directory -----------------------------------------------------------
@@ -348,7 +332,36 @@ class HomeserverRuntime:
     @component
     def room_history(self) -> RoomHistory:
         """What a user may read of a room, as its history visibility allows."""
-        return RoomHistory(self.room_store, self.rooms.room_version)
+        return RoomHistory(self.room_store, self.rooms.room_version, self.backfiller.backfill)
+
+    @component
+    def event_resolution(self) -> EventResolutionBudget:
+        """Calls inbound PDUs cause (rooms/gaps.py); a shard's share, or main's whole."""
+        budget = EventResolutionBudget.from_config(self.config, self._key_resolution_shards)
+        self.metrics.track_budget(budget.budget)
+        self.metrics.track_rate_limiter("event_resolution_per_origin", budget.rate)
+        return budget
+
+    @component
+    def gaps(self) -> GapFiller:
+        return GapFiller(
+            self.rooms,
+            PduChecker(self.keyring, self.rooms),
+            self.federation_client,
+            self.event_resolution,
+        )
+
+    @component
+    def backfiller(self) -> Backfiller:
+        """/messages past our oldest event: a client-triggered call (ADR-0079)."""
+        return Backfiller(
+            self.rooms,
+            PduChecker(self.keyring, self.rooms),
+            self.federation_client,
+            self.client_outbound_budget,
+            self.address_cooldown,
+            self.metrics,
+        )
 
     @component
     def room_store(self) -> RoomStore:
@@ -399,6 +412,7 @@ class HomeserverRuntime:
                 received,
                 on_origin=self.federation_sender.on_inbound_transaction,
                 on_edus=self.inbound_edus.receive,
+                gaps=self.gaps,
             )
         return ShardTransactionReceiver(checker, received, self._transaction_relay)
 
@@ -526,11 +540,7 @@ class HomeserverRuntime:
     @component
     def to_device(self) -> ToDeviceService:
         service = ToDeviceService(self.e2ee_store, self.server_name, self.notifier.notify_users)
-        self.metrics.track_counter(
-            "weir_to_device_dropped",
-            "To-device messages dropped because their device held too many undelivered",
-            lambda: service.dropped,
-        )
+        service.track_figures(self.metrics)
         return service
 
     @component
@@ -584,10 +594,3 @@ class HomeserverRuntime:
             self.thumbnail_pool,
             self.remote_media,
         )
-
-
-def _host_of(server_name: str) -> str:
-    """The host part of a server name: `[::1]:8008` -> `[::1]`, `a.b:80` -> `a.b`."""
-    if server_name.startswith("["):
-        return server_name[: server_name.index("]") + 1]
-    return server_name.rsplit(":", 1)[0] if server_name.count(":") == 1 else server_name
