@@ -95,6 +95,7 @@ def test_a_gap_is_filled_from_synapse(weir, alice, bob, synapse):
     weir.stop()
     missed = [_say(bob, room_id, f"missed {n}") for n in range(5)]
     weir.start()
+    alice.base_url = weir.client_url  # the client listener's port is picked anew
     # Our message wakes Synapse's sender for us (an inbound transaction ends its backoff).
     _say(alice, room_id, "back")
     last = _say(bob, room_id, "sixth")
