@@ -277,6 +277,10 @@ class TrustedKeyServer:
 class FederationSecurityConfig:
     key_resolution_max_in_flight: int = setting(_int(1), 16)
     key_resolution_per_ip_rate: RateConfig = section(RateConfig)
+    # Calls to other servers caused by an inbound PDU (rooms/gaps.py): missing events,
+    # state, auth events.
+    event_resolution_max_in_flight: int = setting(_int(1), 16)
+    event_resolution_per_origin_rate: RateConfig = section(RateConfig)
     trusted_key_servers: tuple = setting(_Tuple(fields.Nested(schema_for(TrustedKeyServer))), ())
 
 

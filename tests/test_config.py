@@ -16,6 +16,9 @@ def test_empty_config_takes_every_default():
     assert config.server.http.media_fetch_max_per_client == 8
     assert config.federation.remote_timeout == 60
     assert config.security.federation.key_resolution_per_ip_rate.max_requests == 30
+    assert config.security.federation.event_resolution_max_in_flight == 16
+    assert config.security.federation.event_resolution_per_origin_rate.max_requests == 30
+    assert config.security.federation.event_resolution_per_origin_rate.per_seconds == 60
     assert config.data_dir == "/srv/weir/data"
     assert config.database.url == "sqlite:////srv/weir/data/homeserver.db"
     assert "127.0.0.0/8" in config.federation.ip_range_denylist

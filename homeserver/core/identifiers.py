@@ -110,6 +110,13 @@ def create_event_id_for_room(room_id: str) -> str:
     return "$" + room_id[1:]
 
 
+def host_of(server_name: str) -> str:
+    """The host part of a server name: `[::1]:8008` -> `[::1]`, `a.b:80` -> `a.b`."""
+    if server_name.startswith("["):
+        return server_name[: server_name.index("]") + 1]
+    return server_name.rsplit(":", 1)[0] if server_name.count(":") == 1 else server_name
+
+
 def server_of(identifier: str) -> str:
     """The server part of `&localpart:server` ("" when there is none). For room IDs use
     `room_id_server`: a v12 room ID has no server part."""

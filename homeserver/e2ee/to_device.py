@@ -20,6 +20,7 @@ from homeserver.core.clock import now_ms
 from homeserver.core.errors import invalid_param
 from homeserver.core.identifiers import is_valid_user_id, server_of
 from homeserver.core.requester import Requester
+from homeserver.metrics import Metrics
 from homeserver.storage.e2ee import E2eeStore
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,13 @@ class ToDeviceService:
         self.notify_users = notify_users
         self.max_pending = max_pending
         self.dropped = 0
+
+    def track_figures(self, metrics: Metrics) -> None:
+        metrics.track_counter(
+            "weir_to_device_dropped",
+            "To-device messages dropped because their device held too many undelivered",
+            lambda: self.dropped,
+        )
 
     def send(self, requester: Requester, event_type: str, txn_id: str, messages: object) -> None:
         if not (0 < len(txn_id) <= MAX_TXN_ID):

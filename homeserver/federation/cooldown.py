@@ -13,6 +13,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from homeserver.federation.errors import AddressCoolingDown
+from homeserver.metrics import Metrics
 
 BASE_COOLDOWN_SECONDS = 30.0
 MAX_COOLDOWN_SECONDS = 600.0
@@ -95,3 +96,11 @@ class AddressCooldown:
     def cooling_count(self) -> int:
         now = self._clock()
         return sum(1 for s in self._states.values() if s.until > now)
+
+    def track_figures(self, metrics: Metrics) -> None:
+        metrics.track_gauge(
+            "weir_cooldown_addresses", "Resolved addresses cooling down", self.cooling_count
+        )
+        metrics.track_counter(
+            "weir_cooldowns_started", "Cool-downs started", lambda: self.cooldowns_started
+        )

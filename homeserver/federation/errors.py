@@ -16,6 +16,7 @@ __all__ = [
     "DestinationUnreachable",
     "FederationError",
     "InvalidSignature",
+    "EventResolutionRefused",
     "KeyResolutionRefused",
     "MalformedResponse",
     "RemoteError",
@@ -94,6 +95,17 @@ class KeyResolutionRefused(FederationError):
 
     def __init__(self, destination: str, retry_after_ms: int, why: str):
         super().__init__(destination, f"key resolution refused: {why}")
+        self.retry_after_ms = retry_after_ms
+
+
+class EventResolutionRefused(KeyResolutionRefused):
+    """A call an inbound PDU needs (its missing events, its state) was refused by the
+    event-resolution budget or the origin's rate (homeserver/federation/event_resolution.py).
+    Answered like a refused key resolution, which is why it is one: the whole transaction
+    gets 429, with nothing applied, and the sender retries."""
+
+    def __init__(self, destination: str, retry_after_ms: int, why: str):
+        FederationError.__init__(self, destination, f"event resolution refused: {why}")
         self.retry_after_ms = retry_after_ms
 
 

@@ -4,11 +4,12 @@ the room's history visibility allows (spec: "History visibility"). Sync reads th
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional
 
 from homeserver.core.clock import now_ms
 from homeserver.core.errors import forbidden, not_found
 from homeserver.core.requester import Requester
+from homeserver.federation.admission import Caller
 from homeserver.rooms.format import client_event
 from homeserver.rooms.pagination import (
     EventFilter,
@@ -25,12 +26,23 @@ from homeserver.storage.rooms import RoomStore, StoredEvent
 # skipping events the user may not see, so hidden history cannot make a request unbounded.
 MAX_MESSAGES_LIMIT = 1000
 _MAX_SCAN_ROUNDS = 10
+# Below every position: history is stored at negative ones (storage/history.py).
+BOTTOM = -(2**62)
+
+# backfill(room_id, caller) -> how many events it stored (rooms/backfill.py).
+Backfill = Callable[[str, Caller], int]
 
 
 class RoomHistory:
-    def __init__(self, store: RoomStore, room_version: Callable[[str], RoomVersion]):
+    def __init__(
+        self,
+        store: RoomStore,
+        room_version: Callable[[str], RoomVersion],
+        backfill: Optional[Backfill] = None,
+    ):
         self.store = store
         self.room_version = room_version
+        self._backfill = backfill
 
     # --- reading ------------------------------------------------------------------------
 
@@ -181,6 +193,16 @@ class RoomHistory:
             for s in visible
         ]
 
+    def _history_ends(
+        self, scan: EventScan, bound: int | None, limit: int, caller: Caller | None, room_id: str
+    ) -> bool:
+        """Did a backward scan reach the oldest event we have, and a backfill store more?"""
+        if self._backfill is None or caller is None or bound is not None:
+            return False
+        if not scan.exhausted or len(scan.events) >= limit:
+            return False
+        return self._backfill(room_id, caller) > 0
+
     def messages(
         self,
         requester: Requester,
@@ -190,7 +212,10 @@ class RoomHistory:
         backwards: bool,
         limit: int,
         event_filter: EventFilter,
+        caller: Caller | None = None,
     ) -> MessagesPage:
+        """A page of /messages. Going back past the oldest event we have, `caller` (the
+        client's admission) lets us backfill from a server in the room first."""
         self.room_version(room_id)
         view = self.history_view(room_id, requester.user_id)
         self._readable_state_position(room_id, requester.user_id, view)  # 403 if none
@@ -201,16 +226,20 @@ class RoomHistory:
         if view.current_membership != "join" and view.leave_position is not None:
             current = view.leave_position  # a past member reads up to where they left
         if from_token is None:
-            position = current if backwards else 0
+            position = current if backwards else BOTTOM
         else:
             position = min(parse_stream_token(from_token, "from"), current)
         start = stream_token(position)
         bound = parse_stream_token(to_token, "to") if to_token is not None else None
 
         if backwards:
-            scan = self.visible_events(
-                room_id, view, bound or 0, position, True, limit, event_filter
-            )
+            low = BOTTOM if bound is None else bound
+            scan = self.visible_events(room_id, view, low, position, True, limit, event_filter)
+            if self._history_ends(scan, bound, limit, caller, room_id):
+                more = self.visible_events(
+                    room_id, view, low, scan.position, True, limit - len(scan.events), event_filter
+                )
+                scan = EventScan(scan.events + more.events, more.position, more.exhausted)
         else:
             scan = self.visible_events(
                 room_id,

@@ -12,7 +12,8 @@ from homeserver.storage.rooms import StoredEvent
 
 # `s<position>`, or a /sync token, which starts with the same event stream position: the spec
 # lets /messages start from a sync's next_batch.
-_TOKEN = re.compile(r"^s(\d{1,18})(?:_[0-9a-z_]{1,100})?$")
+# History behind the timeline has negative positions (storage/history.py).
+_TOKEN = re.compile(r"^s(-?\d{1,19})(?:_[0-9a-z_]{1,100})?$")
 
 
 @dataclass(frozen=True)

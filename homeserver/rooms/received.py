@@ -51,8 +51,9 @@ def authorise_received_event(
 ) -> Authorised:
     """Run under the room's lock; `known` are those of the event's prev_events and
     `auth_event_ids_to_check` that are stored, and `signed_by` the servers whose signatures
-    on it were verified. Missing prev_events or auth_events are not fetched (no gap
-    filling yet): such an event is refused, and not remembered as rejected."""
+    on it were verified. Missing prev_events or auth_events are fetched before this, if
+    they can be (rooms/gaps.py); an event still missing some is refused, and not remembered
+    as rejected."""
     refused = resolver.states.rejections([event.event_id]).get(event.event_id)
     if refused is not None:
         raise ReceivedEventRefused(f"already rejected: {refused}")
@@ -61,7 +62,7 @@ def authorise_received_event(
     if missing:
         raise ReceivedEventRefused(
             f"unknown prev_events or auth_events ({', '.join(missing[:3])}); "
-            "missing events are not fetched"
+            "they could not be fetched"
         )
 
     def signed(ev: Event, server: str) -> bool:

@@ -11,7 +11,9 @@ Idempotency: the answer to ``(origin, txn_id)`` is recorded once given, and a re
 back without anything being applied again (and a PDU already stored is never stored twice,
 even if the answer was lost). A refused key resolution anywhere refuses the whole
 transaction with 429 before anything is applied or recorded, so the sender's retry loses
-nothing.
+nothing. So does a refused event resolution (a PDU's missing events, rooms/gaps.py), before
+anything is recorded; PDUs of the transaction stored before it are found stored on the
+retry.
 
 EDUs: the ones we apply (``APPLIED_EDU_TYPES``: typing and read receipts) go to main with the
 PDUs, since typing lives in main's memory and main wakes the syncs; main hands them to its
@@ -30,6 +32,7 @@ from typing import Callable
 
 from homeserver.core.clock import now_ms
 from homeserver.core.concurrency import KeyedLocks
+from homeserver.rooms.gaps import GapFiller
 from homeserver.rooms.pdu_checks import PduChecker
 from homeserver.rooms.received import ReceivedEventRefused
 from homeserver.rooms.service import RoomService
@@ -74,8 +77,11 @@ class TransactionProcessor:
         store: ReceivedTransactionStore,
         on_origin: Callable[[str], None] | None = None,
         on_edus: EduHandler | None = None,
+        gaps: GapFiller | None = None,
     ):
         self.checker = checker
+        # Fetches what a PDU lacks (rooms/gaps.py) before it is authorised.
+        self._gaps = gaps
         self.rooms = rooms
         self.store = store
         # Told of every transaction's origin: it is up, so the sender's backoff for it ends.
@@ -130,6 +136,8 @@ class TransactionProcessor:
                 continue
             if item.event is None:  # the checker sets one or the other, never neither
                 raise ValueError(f"checked PDU {item.event_id} has no event and no error")
+            if self._gaps is not None:  # raises EventResolutionRefused: 429, retried
+                self._gaps.fill(origin, item.version, item.event, source_ip)
             try:
                 self.rooms.receive_event(item.version, item.event, item.signed_by)
                 results[item.event_id] = {}

@@ -66,7 +66,11 @@ class HistoryView:
 
     def visibility_before(self, position: int) -> str:
         i = bisect.bisect_left(self._visibility_positions, position)
-        return self._visibilities[i - 1] if i else SHARED
+        if i:
+            return self._visibilities[i - 1]
+        # History stored behind the timeline (negative positions, storage/history.py) is
+        # read with the oldest setting we know: the one we joined under, not the default.
+        return self._visibilities[0] if position < 0 and self._visibilities else SHARED
 
     @property
     def world_readable_now(self) -> bool:

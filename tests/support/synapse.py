@@ -138,6 +138,8 @@ class SynapseServer:
                 "concurrent": 100,
             },
             "rc_registration": {"per_second": 100, "burst_count": 100},
+            # Tests that build history send dozens of messages in a row.
+            "rc_message": {"per_second": 100, "burst_count": 100},
             "rc_login": {
                 "address": {"per_second": 100, "burst_count": 100},
                 "account": {"per_second": 100, "burst_count": 100},

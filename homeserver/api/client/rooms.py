@@ -263,6 +263,7 @@ def messages(room_id: str):
         direction == "b",
         query_int("limit", 10, minimum=0),
         _event_filter(),
+        outbound_caller(),  # going back past our oldest event may backfill (ADR-0079)
     )
     body = {"chunk": page.chunk, "start": page.start}
     if page.end is not None:

@@ -11,7 +11,7 @@ from homeserver.api.federation_auth import (
     requires_server_auth,
 )
 from homeserver.core.errors import bad_json, limit_exceeded
-from homeserver.federation.errors import KeyResolutionRefused
+from homeserver.federation.errors import EventResolutionRefused, KeyResolutionRefused
 from homeserver.http.parsing import MAX_BODY_DEPTH, json_object
 from homeserver.http.responses import json_response
 from homeserver.rooms.transactions import MAX_EDUS, MAX_PDUS
@@ -43,6 +43,8 @@ def send_transaction(txn_id: str):
         answer = runtime().inbound_transactions.receive(
             current_origin(), txn_id, pdus, client_key(), edus=edus
         )
+    except EventResolutionRefused as e:  # a PDU's missing events (rooms/gaps.py)
+        raise limit_exceeded(e.retry_after_ms, f"Cannot fetch events now: {e}") from None
     except KeyResolutionRefused as e:
         raise limit_exceeded(
             e.retry_after_ms, f"Cannot fetch the keys of {e.destination} now"

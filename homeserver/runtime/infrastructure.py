@@ -1,0 +1,244 @@
+"""The infrastructure half of the composition root (homeserver/runtime/__init__.py): the
+parts that know no domain service. Each is a `component`, built on first use, once."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from gevent.lock import RLock
+from gevent.pool import Pool
+from nacl.signing import SigningKey
+
+from budget import InFlightBudget, RateLimiter, parse_networks
+from homeserver.config import Config
+from homeserver.core.components import component
+from homeserver.core.identifiers import host_of
+from homeserver.federation.admission import make_client_outbound_budget
+from homeserver.federation.client import FederationClient
+from homeserver.federation.cooldown import AddressCooldown
+from homeserver.federation.event_resolution import EventResolutionBudget
+from homeserver.federation.keyring import Keyring, shard_key_resolution_budget
+from homeserver.federation.sender import FederationSender
+from homeserver.federation.signing_key import key_id, load_or_create_signing_key
+from homeserver.http.handoff import MediaFetchHandoff
+from homeserver.metrics import Metrics
+from homeserver.rooms.federation_membership import MembershipRelay
+from homeserver.rooms.transactions import (
+    Relay,
+)
+from homeserver.storage.database import Database, open_database
+from homeserver.storage.keys import ServerKeyStore
+from homeserver.storage.migrations import migrate
+from homeserver.storage.outbox import OutboxStore
+
+log = logging.getLogger(__name__)
+
+
+class Infrastructure:
+    """What the services stand on: storage and identity, metrics, pools and admission
+    budgets, rate limits, and the federation client, keyring and sender."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        pools: bool = False,
+        key_resolution_shards: int = 1,
+        transaction_relay: Relay | None = None,
+        membership_relay: MembershipRelay | None = None,
+    ):
+        self.config = config
+        self.server_name = config.server_name
+        # What /.well-known/matrix/server delegates to: our host, the federation port.
+        self.federation_address = f"{host_of(config.server_name)}:{config.federation.port}"
+        self.pools = pools
+        self.trusted_proxies = parse_networks(config.server.http.trusted_proxies)
+        self.metrics_allowed_networks = parse_networks(config.metrics.allowed_networks)
+        self._key_resolution_shards = key_resolution_shards
+        self._transaction_relay = transaction_relay
+        self._membership_relay = membership_relay
+        self._building = RLock()
+
+    def build_all(self) -> None:
+        """Builds every component now, as a server does before it accepts a connection."""
+        for cls in type(self).__mro__:
+            for name, value in vars(cls).items():
+                if isinstance(value, component):
+                    getattr(self, name)
+
+    def close(self) -> None:
+        """Closes what was built, and only that."""
+        built = self.__dict__
+        for name, close in (
+            ("federation_client", "close"),
+            ("notifier", "close"),
+            ("typing", "close"),
+            ("thumbnail_pool", "kill"),
+            ("password_hasher", "close"),
+            ("db", "close"),
+        ):
+            if name in built:
+                getattr(built[name], close)()
+
+    # --- storage and identity ----------------------------------------------------------------
+
+    @component
+    def db(self) -> Database:
+        """The database, migrated to the newest schema."""
+        os.makedirs(self.config.data_dir, exist_ok=True)
+        db = open_database(self.config.database.url)
+        migrate(db)
+        if db.readers:  # SQLite: connections on threads of its own; PostgreSQL waits on sockets
+            self.metrics.track_queue("database_read", lambda: db.waiting_reads, db.readers)
+            self.metrics.track_queue("database_write", lambda: db.waiting_writes, 1)
+        return db
+
+    @component
+    def signing_key(self) -> SigningKey:
+        return load_or_create_signing_key(self.config.data_dir)
+
+    @component
+    def signing_key_id(self) -> str:
+        return key_id(self.signing_key)
+
+    @component
+    def metrics(self) -> Metrics:
+        return Metrics()
+
+    # --- pools and admission (ADR-0079, ADR-0121) ----------------------------------------
+
+    @component
+    def main_pool(self) -> Pool | None:
+        """Every client connection holds one greenlet of it for its keep-alive life."""
+        if not self.pools:
+            return None
+        size = self.config.server.http.main_pool_size
+        pool = Pool(size)
+        self.metrics.track_pool("main", pool, size)
+        return pool
+
+    @component
+    def client_outbound_budget(self) -> InFlightBudget:
+        """ADR-0079: the share of the main pool that may wait on remote peers."""
+        budget = make_client_outbound_budget(self.config.server.http.main_pool_size)
+        self.metrics.track_budget(budget)
+        return budget
+
+    @component
+    def address_cooldown(self) -> AddressCooldown:
+        cooldown = AddressCooldown()
+        cooldown.track_figures(self.metrics)
+        return cooldown
+
+    @component
+    def media_pool(self) -> Pool | None:
+        """ADR-0121: in pool mode remote media fetches leave the main pool for this one."""
+        if not self.pools:
+            return None
+        size = self.config.server.http.media_fetch_threads
+        pool = Pool(size)
+        self.metrics.track_pool("media", pool, size)
+        return pool
+
+    @component
+    def media_fetch_budget(self) -> InFlightBudget | None:
+        if not self.pools:
+            return None
+        http = self.config.server.http
+        budget = InFlightBudget(
+            http.media_fetch_max_in_flight, http.media_fetch_max_per_client, name="media_fetch"
+        )
+        self.metrics.track_budget(budget)
+        return budget
+
+    @component
+    def media_handoff(self) -> MediaFetchHandoff | None:
+        if self.main_pool is None or self.media_pool is None or self.media_fetch_budget is None:
+            return None
+        return MediaFetchHandoff(self.main_pool, self.media_pool, self.media_fetch_budget)
+
+    # --- rate limits -----------------------------------------------------------------------
+
+    def _rate_limiter(self, name: str) -> RateLimiter:
+        rate = getattr(self.config.ratelimiting, name)
+        limiter = RateLimiter(rate.max_requests, rate.per_seconds)
+        self.metrics.track_rate_limiter(name, limiter)
+        return limiter
+
+    @component
+    def login_rate_limiter(self) -> RateLimiter:
+        return self._rate_limiter("login")
+
+    @component
+    def registration_rate_limiter(self) -> RateLimiter:
+        return self._rate_limiter("registration")
+
+    @component
+    def media_create_rate_limiter(self) -> RateLimiter:
+        return self._rate_limiter("media_create")
+
+    @component
+    def remote_media_rate_limiter(self) -> RateLimiter:
+        return self._rate_limiter("remote_media")
+
+    # --- federation: one outbound client, and the keyring behind inbound authentication --
+
+    @component
+    def federation_client(self) -> FederationClient:
+        return FederationClient.from_config(self.config, self.signing_key)
+
+    @component
+    def key_resolution_budget(self) -> InFlightBudget:
+        """A worker shard gets its share of the key-resolution budget; main keeps the whole of
+        it (docs/architecture.md, "Processes")."""
+        keys = shard_key_resolution_budget(self.config, self._key_resolution_shards)
+        budget = InFlightBudget(keys.key_resolution_max_in_flight, None, name="key_resolution")
+        self.metrics.track_budget(budget)
+        return budget
+
+    @component
+    def key_resolution_rate(self) -> RateLimiter:
+        keys = shard_key_resolution_budget(self.config, self._key_resolution_shards)
+        rate = keys.key_resolution_per_ip_rate
+        limiter = RateLimiter(rate.max_requests, rate.per_seconds)
+        self.metrics.track_rate_limiter("key_resolution_per_ip", limiter)
+        return limiter
+
+    @component
+    def keyring(self) -> Keyring:
+        keys = shard_key_resolution_budget(self.config, self._key_resolution_shards)
+        return Keyring(
+            self.server_name,
+            self.signing_key,
+            ServerKeyStore(self.db),
+            self.federation_client,
+            self.key_resolution_budget,
+            self.key_resolution_rate,
+            keys.trusted_key_servers,
+            self.config.federation.remote_timeout,
+            metrics=self.metrics,
+        )
+
+    @component
+    def federation_sender(self) -> FederationSender:
+        """Our PDUs and EDUs to other servers, in a pool of its own. Built everywhere, so
+        that a wake-up is always safe; only main starts it (processes/main.py)."""
+        outcomes = self.metrics.federation_transactions
+        sender = FederationSender(
+            self.server_name,
+            OutboxStore(self.db),
+            self.federation_client,
+            self.config.federation.sender.max_in_flight,
+            on_outcome=lambda outcome: outcomes.labels(outcome).inc(),
+        )
+        sender.track_figures(self.metrics)
+        return sender
+
+    @component
+    def event_resolution(self) -> EventResolutionBudget:
+        """Calls inbound PDUs cause (rooms/gaps.py); a shard's share, or main's whole."""
+        budget = EventResolutionBudget.from_config(self.config, self._key_resolution_shards)
+        self.metrics.track_budget(budget.budget)
+        self.metrics.track_rate_limiter("event_resolution_per_origin", budget.rate)
+        return budget

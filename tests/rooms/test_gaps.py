@@ -1,0 +1,268 @@
+"""Filling gaps and the event-resolution budget, against the real server (main, SQLite) and
+fake origins whose federation API a real TLS peer serves.
+
+- A PDU whose predecessors we never received: they are fetched with /get_missing_events
+  and stored in order; or, when the origin gives none, the state at the gap is fetched with
+  /state_ids and /event.
+- Abuse: a hostile origin's PDUs point at events its own server never gives (it holds the
+  request): at most `event_resolution_max_in_flight` fetches at once, the rest refused with
+  429 at once, then its rate; meanwhile another origin's PDUs and local requests are served.
+"""
+
+import json
+import os
+from urllib.parse import unquote
+
+import gevent
+import pytest
+from gevent.event import Event
+
+from tests.peers.origins import OriginKeyServer, send_transaction
+from tests.support.federation import federation_settings, tls_listener_settings
+from tests.support.remote_room import room_joined_by
+from tests.support.server import MatrixClient, WeirProcess, base_settings, merge
+from tests.sync.conftest import sync
+
+FED_V1 = "/_matrix/federation/v1"
+IN_FLIGHT = 4
+RATE = 10
+
+
+@pytest.fixture(scope="module")
+def origins(test_ca, dns):
+    with OriginKeyServer("gaps.test", test_ca, dns, host="127.31.111.3") as server:
+        server.events = {}  # event ID -> PDU, what its origins will give when asked
+        server.route("POST", f"{FED_V1}/get_missing_events/", _missing_events(server), True)
+        server.route("GET", f"{FED_V1}/state_ids/", _state_ids(server), True)
+        server.route("GET", f"{FED_V1}/event/", _event(server), True)
+        server.state_ids = {}  # event ID -> the /state_ids answer at it
+        server.give_missing = True
+        yield server
+
+
+def _missing_events(server):
+    def handle(req):
+        body = req.json()
+        if not server.give_missing:
+            return 200, {"events": []}
+        stop = set(body["earliest_events"]) | set(body["latest_events"])
+        found, frontier = [], [p for e in body["latest_events"] for p in _prevs(server, e)]
+        while frontier and len(found) < body["limit"]:
+            event_id = frontier.pop()
+            if event_id in stop or event_id not in server.events:
+                continue
+            found.append(server.events[event_id])
+            frontier += _prevs(server, event_id)
+        return 200, {"events": sorted(found, key=lambda p: p["depth"])}
+
+    return handle
+
+
+def _prevs(server, event_id):
+    pdu = server.events.get(event_id)
+    return list(pdu["prev_events"]) if pdu else []
+
+
+def _state_ids(server):
+    def handle(req):
+        event_id = unquote(req.query.split("event_id=", 1)[1])
+        answer = server.state_ids.get(event_id)
+        return (200, answer) if answer else (404, {"errcode": "M_NOT_FOUND", "error": "no"})
+
+    return handle
+
+
+def _event(server):
+    def handle(req):
+        pdu = server.events.get(unquote(req.path[len(f"{FED_V1}/event/") :]))
+        if pdu is None:
+            return 404, {"errcode": "M_NOT_FOUND", "error": "no"}
+        return 200, {"origin": "x", "origin_server_ts": 0, "pdus": [pdu]}
+
+    return handle
+
+
+class HostileServer(OriginKeyServer):
+    """Serves its origins' keys, and holds every /get_missing_events until released."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.held = 0
+        self.max_held = 0
+        self.asked = 0
+        self.open = Event()
+        self.changed = Event()
+        self.route("POST", f"{FED_V1}/get_missing_events/", self._tarpit, True)
+
+    def _tarpit(self, req):
+        self.asked += 1
+        self.held += 1
+        self.max_held = max(self.max_held, self.held)
+        self._notify()
+        try:
+            self.open.wait()
+        finally:
+            self.held -= 1
+            self._notify()
+        return 404, {"errcode": "M_NOT_FOUND", "error": "never"}
+
+    def _notify(self):
+        changed, self.changed = self.changed, Event()
+        changed.set()
+
+    def wait_held(self, count, timeout=30):
+        with gevent.Timeout(timeout):
+            while self.held != count:
+                self.changed.wait()
+
+
+@pytest.fixture(scope="module")
+def hostile_server(test_ca, dns):
+    with HostileServer("hostile.test", test_ca, dns, host="127.31.111.4") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def weir(test_ca, dns, tmp_path_factory):
+    directory = str(tmp_path_factory.mktemp("gaps"))
+    fed = federation_settings(test_ca, dns, remote_timeout=30)
+    fed.update(tls_listener_settings(test_ca, "weir.test", "127.31.111.2", port=0))
+    limits = {
+        "event_resolution_max_in_flight": IN_FLIGHT,
+        "event_resolution_per_origin_rate": {"max_requests": RATE, "per_seconds": 3600},
+    }
+    settings = merge(
+        base_settings(os.path.join(directory, "data")),
+        {"federation": fed, "security": {"federation": limits}},
+    )
+    proc = WeirProcess(directory, settings).start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def alice(weir):
+    client = MatrixClient(weir.client_url)
+    client.register("alice")
+    return client
+
+
+def send(weir, test_ca, origin, txn_id, pdus):
+    return send_transaction(weir.federation_url, origin, "weir.test", txn_id, pdus, test_ca)
+
+
+def asked(server, path):
+    return [r for r in server.requests if r.path.startswith(f"{FED_V1}/{path}/")]
+
+
+def test_a_gap_of_five_is_fetched_and_read_in_order(weir, test_ca, alice, origins):
+    origin = origins.add_origin("o1")
+    room, join_id = room_joined_by(weir, test_ca, alice, origin)
+    ids, pdus = room.messages(origin, "bob", [f"m{i}" for i in range(1, 7)], prev=join_id)
+    origins.events.update(zip(ids, pdus))
+
+    r = send(weir, test_ca, origin, "gap-6", [pdus[-1]])  # only the sixth
+    assert r.status_code == 200, r.text
+    assert r.json() == {"pdus": {ids[-1]: {}}}
+    calls = asked(origins, "get_missing_events")
+    assert len(calls) == 1
+    assert calls[0].json()["latest_events"] == [ids[-1]]
+    assert calls[0].json()["earliest_events"] == [join_id]
+
+    timeline = room.timeline()
+    assert [e["event_id"] for e in timeline[-7:]] == [join_id, *ids]
+    assert [e["content"]["body"] for e in timeline[-6:]] == [f"m{i}" for i in range(1, 7)]
+    # Backwards, as a client pages: the six, newest first.
+    r = alice.get(
+        f"/_matrix/client/v3/rooms/{room.room_id}/messages", params={"dir": "b", "limit": 6}
+    )
+    assert [e["event_id"] for e in r.json()["chunk"]] == ids[::-1]
+
+
+def test_without_missing_events_the_state_at_the_gap_is_fetched(weir, test_ca, alice, origins):
+    origin = origins.add_origin("o2")
+    room, join_id = room_joined_by(weir, test_ca, alice, origin)
+    ids, pdus = room.messages(origin, "bob", ["lost", "found"], prev=join_id)
+    origins.events.update(zip(ids, pdus))
+    state = room.state_ids()
+    origins.state_ids[ids[0]] = {"pdu_ids": list(state.values()), "auth_chain_ids": []}
+    origins.give_missing = False
+    try:
+        r = send(weir, test_ca, origin, "gap-state", [pdus[1]])
+    finally:
+        origins.give_missing = True
+    assert r.status_code == 200, r.text
+    assert r.json() == {"pdus": {ids[1]: {}}}
+    assert [unquote(c.query) for c in asked(origins, "state_ids")] == [f"event_id={ids[0]}"]
+    assert [c.path.rsplit("/", 1)[1] for c in asked(origins, "event")] == [ids[0]]
+    # The second is in the live timeline; the first, fetched as state, is history behind it.
+    events = room.timeline()
+    assert events[-1]["event_id"] == ids[1]
+    assert events[0]["event_id"] == ids[0]
+    # bob's next message builds on the second: received with no fetch at all.
+    more_ids, more = room.messages(origin, "bob", ["next"], prev=ids[1])
+    before = len(origins.requests)
+    assert send(weir, test_ca, origin, "gap-next", more).json() == {"pdus": {more_ids[0]: {}}}
+    assert len(origins.requests) == before
+
+
+def test_a_hostile_origin_gets_its_budget_and_no_more(
+    weir, test_ca, alice, origins, hostile_server
+):
+    hostile = hostile_server.add_origin("h1")
+    room, _ = room_joined_by(weir, test_ca, alice, hostile, "mallory")
+    auth = room.auth_for(hostile.user("mallory"))
+
+    def tarpit_pdu(n):
+        return hostile.pdu(
+            room.room_id,
+            hostile.user("mallory"),
+            "m.room.message",
+            {"msgtype": "m.text", "body": f"bait {n}"},
+            prev_events=[f"$tarpit{n}"],
+            auth_events=auth,
+            depth=200 + n,
+        )[1]
+
+    # 100 PDUs, one transaction each, all at once.
+    jobs = [
+        gevent.spawn(send, weir, test_ca, hostile, f"bait-{n}", [tarpit_pdu(n)]) for n in range(100)
+    ]
+    hostile_server.wait_held(IN_FLIGHT)
+    refused = [job.get() for job in gevent.iwait(jobs, count=100 - IN_FLIGHT, timeout=60)]
+    assert len(refused) == 100 - IN_FLIGHT
+    assert {r.status_code for r in refused} == {429}
+    assert {r.json()["errcode"] for r in refused} == {"M_LIMIT_EXCEEDED"}
+    assert hostile_server.held == hostile_server.max_held == IN_FLIGHT
+
+    # Meanwhile, with the tarpit still holding its fetches: another origin's PDUs in
+    # another room are taken at once, and local requests answer.
+    honest = origins.add_origin("o3")
+    other, join_id = room_joined_by(weir, test_ca, alice, honest)
+    ids, pdus = other.messages(honest, "bob", ["unaffected"], prev=join_id)
+    assert send(weir, test_ca, honest, "honest-1", pdus).json() == {"pdus": {ids[0]: {}}}
+    assert sync(alice)["next_batch"]
+    assert alice.get("/_matrix/client/v3/joined_rooms").status_code == 200
+    assert hostile_server.held == IN_FLIGHT
+
+    # Let the tarpit go: its fetches fail, and their PDUs are refused (not stored).
+    hostile_server.open.set()
+    gevent.joinall(jobs, timeout=60, raise_error=True)
+    held = [job.value for job in jobs if job.value.status_code == 200]
+    assert len(held) == IN_FLIGHT
+    for r in held:
+        (answer,) = r.json()["pdus"].values()
+        assert "unknown prev_events" in answer["error"]
+
+    # Its rate: IN_FLIGHT tokens spent; the rest go, then 429 for the rate.
+    answers = [
+        send(weir, test_ca, hostile, f"rate-{n}", [tarpit_pdu(1000 + n)]) for n in range(RATE)
+    ]
+    statuses = [a.status_code for a in answers]
+    assert statuses == [200] * (RATE - IN_FLIGHT) + [429] * IN_FLIGHT, statuses
+    assert "rate" in answers[-1].json()["error"]
+    assert hostile_server.asked == RATE
+    # A refused transaction is not recorded: the same one retried is refused again, not
+    # answered from a record.
+    assert send(weir, test_ca, hostile, "rate-9", [tarpit_pdu(1009)]).status_code == 429
+    assert json.loads(answers[-1].text)["retry_after_ms"] > 0
