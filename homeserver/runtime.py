@@ -1,14 +1,11 @@
 """HomeserverRuntime: the composition root.
 
-Each part of the server (storage, budgets, pools, services) is a `component`: built on first
-use, once, with its metrics registered beside it. A command such as `register-user` so builds
-only the database and the accounts; `python app.py` calls `build_all()` before serving, so no
-request pays for a build and /metrics lists every gauge from the start. There are no
-module-level singletons: two runtimes (two test servers) never share state.
-
-A runtime is built with or without pools. With pools (`python app.py`) the gevent servers
-use `main_pool`; without (inline mode: the Flask dev server and tests that build the app
-alone) every request runs in whatever greenlet serves it.
+Each part of the server is a `component`: built on first use, once, with its metrics beside
+it (`register-user` builds only the database and the accounts); `python app.py` calls
+`build_all()` before serving, so /metrics lists every gauge from the start. No module-level
+singletons: two runtimes never share state. With pools (`python app.py`) the gevent servers
+use `main_pool`; without (inline mode: the Flask dev server, tests building the app alone)
+a request runs in whatever greenlet serves it.
 """
 
 from __future__ import annotations
@@ -29,11 +26,14 @@ from homeserver.accounts.shared_secret import SharedSecretRegistration
 from homeserver.accounts.uia import UserInteractiveAuth
 from homeserver.config import Config
 from homeserver.core.components import component
+from homeserver.core.identifiers import host_of
 from homeserver.directory.remote import RemoteDirectory
 from homeserver.directory.service import DirectoryService
 from homeserver.e2ee.devices import DeviceService
+from homeserver.e2ee.federation import E2eeFederation
 from homeserver.e2ee.key_backup import KeyBackupService
 from homeserver.e2ee.keys import KeyService
+from homeserver.e2ee.remote_keys import RemoteKeys
 from homeserver.e2ee.sync_part import E2eeSync
 from homeserver.e2ee.to_device import ToDeviceService
 from homeserver.federation.admission import make_client_outbound_budget
@@ -68,6 +68,7 @@ from homeserver.storage.accounts import AccountStore
 from homeserver.storage.database import Database, open_database
 from homeserver.storage.directory import DirectoryStore
 from homeserver.storage.e2ee import E2eeStore
+from homeserver.storage.e2ee_remote import RemoteDeviceStore
 from homeserver.storage.key_backup import KeyBackupStore
 from homeserver.storage.keys import ServerKeyStore
 from homeserver.storage.media import MediaStore
@@ -103,7 +104,7 @@ class HomeserverRuntime:
         self.config = config
         self.server_name = config.server_name
         # What /.well-known/matrix/server delegates to: our host, the federation port.
-        self.federation_address = f"{_host_of(config.server_name)}:{config.federation.port}"
+        self.federation_address = f"{host_of(config.server_name)}:{config.federation.port}"
         self.pools = pools
         self.trusted_proxies = parse_networks(config.server.http.trusted_proxies)
         self.metrics_allowed_networks = parse_networks(config.metrics.allowed_networks)
@@ -125,6 +126,7 @@ class HomeserverRuntime:
             ("federation_client", "close"),
             ("notifier", "close"),
             ("typing", "close"),
+            ("e2ee_federation", "close"),
             ("thumbnail_pool", "kill"),
             ("db", "close"),
         ):
@@ -239,7 +241,7 @@ class HomeserverRuntime:
     @component
     def accounts(self) -> AccountService:
         accounts = AccountService(AccountStore(self.db), self.server_name)
-        accounts.add_device_key_listener(self._keys_changed)
+        accounts.add_device_key_listener(lambda u, ds: self._keys_changed(u, devices=ds))
         return accounts
 
     @component
@@ -314,22 +316,7 @@ class HomeserverRuntime:
             self.config.federation.sender.max_in_flight,
             on_outcome=lambda outcome: outcomes.labels(outcome).inc(),
         )
-        self.metrics.track_pool("federation_sender", sender.pool, sender.max_in_flight)
-        self.metrics.track_gauge(
-            "weir_federation_sender_queue",
-            "PDU deliveries to other servers still owed (the outbox's rows)",
-            sender.store.depth,
-        )
-        self.metrics.track_gauge(
-            "weir_federation_sender_backoff",
-            "Destinations backing off after a failed transaction",
-            sender.in_backoff,
-        )
-        self.metrics.track_gauge(
-            "weir_federation_sender_failing_in_flight",
-            "Transactions in flight to destinations whose last attempt failed",
-            sender.failing_in_flight,
-        )
+        sender.track(self.metrics)
         return sender
 
     # --- rooms and the directory -----------------------------------------------------------
@@ -398,7 +385,7 @@ class HomeserverRuntime:
                 self.rooms,
                 received,
                 on_origin=self.federation_sender.on_inbound_transaction,
-                on_edus=self.inbound_edus.receive,
+                on_edus=self._receive_edus,
             )
         return ShardTransactionReceiver(checker, received, self._transaction_relay)
 
@@ -480,6 +467,11 @@ class HomeserverRuntime:
             self.rooms, self.notifier.notify_room, on_local_typing=self._send_typing
         )
 
+    def _receive_edus(self, origin: str, edus: list) -> None:
+        """Typing and receipts (sync/edus.py), then end-to-end encryption's (e2ee/)."""
+        self.inbound_edus.receive(origin, edus)
+        self.e2ee_federation.inbound.receive(origin, edus)
+
     @component
     def inbound_edus(self) -> InboundEdus:
         """Remote users' typing and receipts, from /send (main only: typing is in memory)."""
@@ -509,15 +501,37 @@ class HomeserverRuntime:
     def e2ee_store(self) -> E2eeStore:
         return E2eeStore(self.db)
 
-    def _keys_changed(self, user_id: str) -> None:
-        """A device list changed: wake the syncs of all who share a room with the user."""
+    def _keys_changed(self, user_id: str, devices=(), signing: bool = False) -> None:
+        """Wakes the syncs of all who share a room with the user; tells other servers."""
         if self.notifier.waiting():
             self.notifier.notify_users(self.e2ee_store.users_sharing_a_room(user_id))
+        if (devices or signing) and user_id.endswith(":" + self.server_name):
+            self.e2ee_federation.server.changed(user_id, devices, signing)
 
     @component
     def keys(self) -> KeyService:
-        """Device, one-time and fallback keys, and cross-signing (keys.cross_signing)."""
-        return KeyService(self.e2ee_store, self.server_name, self._keys_changed)
+        """Keys and cross-signing; other servers' users' under ADR-0079 (e2ee/remote_keys.py)."""
+        keys = KeyService(self.e2ee_store, self.server_name, self._keys_changed)
+        budget, cooldown = self.client_outbound_budget, self.address_cooldown
+        remote = RemoteKeys(
+            self.federation_client, budget, cooldown, self.metrics, RemoteDeviceStore(self.db)
+        )
+        keys.remote = remote
+        return keys
+
+    @component
+    def e2ee_federation(self) -> E2eeFederation:
+        """Our users' keys for other servers, and their E2EE EDUs (main applies them)."""
+        return E2eeFederation(
+            self.keys,
+            self.to_device,
+            self.e2ee_store,
+            RemoteDeviceStore(self.db),
+            self.federation_client,
+            self.federation_sender.send_edu,
+            self._keys_changed,
+            self.metrics,
+        )
 
     @component
     def devices(self) -> DeviceService:
@@ -526,11 +540,8 @@ class HomeserverRuntime:
     @component
     def to_device(self) -> ToDeviceService:
         service = ToDeviceService(self.e2ee_store, self.server_name, self.notifier.notify_users)
-        self.metrics.track_counter(
-            "weir_to_device_dropped",
-            "To-device messages dropped because their device held too many undelivered",
-            lambda: service.dropped,
-        )
+        service.send_edu = self.federation_sender.send_edu
+        service.track(self.metrics)
         return service
 
     @component
@@ -584,10 +595,3 @@ class HomeserverRuntime:
             self.thumbnail_pool,
             self.remote_media,
         )
-
-
-def _host_of(server_name: str) -> str:
-    """The host part of a server name: `[::1]:8008` -> `[::1]`, `a.b:80` -> `a.b`."""
-    if server_name.startswith("["):
-        return server_name[: server_name.index("]") + 1]
-    return server_name.rsplit(":", 1)[0] if server_name.count(":") == 1 else server_name

@@ -35,6 +35,7 @@ from gevent.pool import Pool
 from homeserver.core.clock import now_ms
 from homeserver.federation.client import FederationClient
 from homeserver.federation.errors import FederationError, RemoteError
+from homeserver.metrics import Metrics
 from homeserver.storage.outbox import OutboxStore
 
 log = logging.getLogger(__name__)
@@ -164,6 +165,25 @@ class FederationSender:
             self._kick(dest)
 
     # --- figures ----------------------------------------------------------------------------
+
+    def track(self, metrics: Metrics) -> None:
+        """Registers the sender's gauges (docs/operations.md lists them)."""
+        metrics.track_pool("federation_sender", self.pool, self.max_in_flight)
+        metrics.track_gauge(
+            "weir_federation_sender_queue",
+            "PDU deliveries to other servers still owed (the outbox's rows)",
+            self.store.depth,
+        )
+        metrics.track_gauge(
+            "weir_federation_sender_backoff",
+            "Destinations backing off after a failed transaction",
+            self.in_backoff,
+        )
+        metrics.track_gauge(
+            "weir_federation_sender_failing_in_flight",
+            "Transactions in flight to destinations whose last attempt failed",
+            self.failing_in_flight,
+        )
 
     def in_flight(self) -> int:
         return len(self._in_flight)
