@@ -39,10 +39,11 @@ class AccountService:
         self.hasher = hasher
         self.server_name = server_name
         self._dummy_hash: str | None = None
-        # Called with a user ID when a device with keys is removed (e2ee: a device list change).
-        self._device_key_listeners: list[Callable[[str], None]] = []
+        # Called with a user ID and the device IDs when a device with keys is removed (e2ee:
+        # a device list change).
+        self._device_key_listeners: list[Callable[[str, list[str]], None]] = []
 
-    def add_device_key_listener(self, listener: Callable[[str], None]) -> None:
+    def add_device_key_listener(self, listener: Callable[[str, list[str]], None]) -> None:
         self._device_key_listeners.append(listener)
 
     # --- identifiers -------------------------------------------------------------------
@@ -157,7 +158,7 @@ class AccountService:
         """Logs the devices out and forgets their keys and pending to-device messages."""
         if self.store.remove_devices(user_id, device_ids):
             for listener in self._device_key_listeners:
-                listener(user_id)
+                listener(user_id, list(device_ids))
 
     def logout(self, requester: Requester) -> None:
         self.remove_devices(requester.user_id, [requester.device_id])

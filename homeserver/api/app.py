@@ -28,6 +28,7 @@ from homeserver.api.client import (
 )
 from homeserver.api.context import RUNTIME_EXTENSION
 from homeserver.api.federation import directory as federation_directory
+from homeserver.api.federation import e2ee as federation_e2ee
 from homeserver.api.federation import events as federation_events
 from homeserver.api.federation import keys as federation_keys
 from homeserver.api.federation import media as federation_media
@@ -66,6 +67,7 @@ def federation_blueprints():
     return [
         federation_keys.bp,
         federation_profile.bp,
+        federation_e2ee.bp,
         federation_directory.bp,
         transactions.bp,
         membership.bp,

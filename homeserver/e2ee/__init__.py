@@ -4,6 +4,8 @@ cross-signing keys and signatures (cross_signing.py), signature checks (signatur
 devices (devices.py), to-device messages (to_device.py) and the parts of /sync they add
 (sync_part.py), and server-side key backups (key_backup.py).
 
-Federation (remote users' keys, device lists and to-device messages) is not here yet: the
-services split local from remote users, and each marks where the remote half goes.
+Across servers: our users' keys as other servers see them and the EDUs that tell them of
+changes (federation.py), other servers' users' keys for our clients under ADR-0079
+(remote_keys.py), and other servers' EDUs, with the cache of their users' device lists
+(inbound_edus.py).
 """

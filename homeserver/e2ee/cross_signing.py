@@ -11,7 +11,7 @@ fails lands in `failures`, the others are stored.
 from __future__ import annotations
 
 import copy
-from typing import Callable, Iterable
+from typing import Iterable, Protocol
 
 from homeserver.core.errors import Codes, MatrixError, invalid_param
 from homeserver.core.identifiers import server_of
@@ -27,12 +27,21 @@ from homeserver.storage.e2ee import E2eeStore, Signature
 KEY_TYPES = ("master", "self_signing", "user_signing")
 
 
+class KeysChanged(Protocol):
+    """Told that a user's keys changed: which devices' keys, and whether the master or
+    self-signing key did (`signing`). The runtime wakes syncs and tells other servers."""
+
+    def __call__(
+        self, user_id: str, devices: Iterable[str] = (), signing: bool = False
+    ) -> None: ...
+
+
 def _failure(errcode: str, error: str) -> dict:
     return {"errcode": errcode, "error": error}
 
 
 class CrossSigning:
-    def __init__(self, store: E2eeStore, server_name: str, on_keys_changed: Callable[[str], None]):
+    def __init__(self, store: E2eeStore, server_name: str, on_keys_changed: KeysChanged):
         self.store = store
         self.server_name = server_name
         self.on_keys_changed = on_keys_changed
@@ -106,7 +115,8 @@ class CrossSigning:
             if key is not None and not has_valid_signature(key, user_id, master_id, master_public):
                 raise invalid_signature(f"{key_type}_key is not signed by the master key")
         self.store.put_cross_signing_keys(user_id, uploaded)
-        self.on_keys_changed(user_id)
+        # A user-signing key alone is the user's own business: no other server sees it.
+        self.on_keys_changed(user_id, signing=bool(uploaded.keys() - {"user_signing"}))
 
     # --- signatures/upload --------------------------------------------------------------
 
@@ -123,7 +133,11 @@ class CrossSigning:
                     failures.setdefault(user_id, {})[key_id] = _failure(e.errcode, e.error)
         self.store.put_signatures(accepted)
         for user_id in {s.target_user_id for s in accepted}:
-            self.on_keys_changed(user_id)
+            own = [s for s in accepted if s.target_user_id == user_id == requester.user_id]
+            devices = {
+                s.target_key_id for s in own if self.store.device_keys(user_id, s.target_key_id)
+            }
+            self.on_keys_changed(user_id, devices=devices, signing=len(devices) < len(own))
         return {"failures": failures}
 
     def _check_signed(

@@ -41,7 +41,7 @@ class DeviceService:
         if not self.store.set_display_name(requester.user_id, device_id, display_name):
             raise not_found("No such device")
         # The name shows in others' /keys/query: wake them as for a key change.
-        self.on_keys_changed(requester.user_id)
+        self.on_keys_changed(requester.user_id, devices=(device_id,))
 
     def delete(self, requester: Requester, device_ids: list[str]) -> None:
         """Unknown device IDs are ignored: deleting is idempotent, as in Synapse."""

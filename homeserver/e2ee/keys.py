@@ -2,22 +2,23 @@
 spec, "End-to-End Encryption", "Key management API").
 
 Query and claim split the users they name into ours and other servers'. Other servers'
-users are answered with their server in `failures` for now: the federation hook
-(`/_matrix/federation/v1/user/keys/query` and `.../claim`, under ADR-0079's budget and
-deadline, federation/admission.py) goes in `_remote_query` and `_remote_claim`.
+users go to `remote` (e2ee/remote_keys.py: our cache of their device lists, or
+`/_matrix/federation/v1/user/keys/query` and `.../claim` under ADR-0079's budget and
+deadline); without it their server is in `failures`.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Callable, Iterable
+from typing import Iterable, Protocol
 
 from homeserver.core.errors import Codes, MatrixError, invalid_param
 from homeserver.core.identifiers import is_valid_user_id, server_of
 from homeserver.core.requester import Requester
-from homeserver.e2ee.cross_signing import CrossSigning
+from homeserver.e2ee.cross_signing import CrossSigning, KeysChanged
 from homeserver.e2ee.signatures import has_valid_signature, invalid_signature
 from homeserver.e2ee.sync_part import E2eeSync, Range
+from homeserver.federation.admission import Caller
 from homeserver.storage.e2ee import E2eeStore
 
 log = logging.getLogger(__name__)
@@ -28,18 +29,29 @@ NOT_FEDERATED = {"status": 503, "message": "Key queries over federation are not 
 MAX_ONE_TIME_KEYS_PER_DEVICE = 10_000  # clients keep about 50; a cap on what one can store
 
 
+class RemoteKeyCalls(Protocol):
+    """Other servers' users' keys, for a client: `remote` is {server: {user: wanted}};
+    answers and `failures` go into `out`, as /keys/query and /keys/claim shape them."""
+
+    def query(self, caller: Caller, remote: dict[str, dict], out: dict) -> None: ...
+
+    def claim(self, caller: Caller, remote: dict[str, dict], out: dict) -> None: ...
+
+
 class KeyService:
     def __init__(
         self,
         store: E2eeStore,
         server_name: str,
-        on_keys_changed: Callable[[str], None],
+        on_keys_changed: KeysChanged,
     ):
         self.store = store
         self.cross_signing = CrossSigning(store, server_name, on_keys_changed)
         self.server_name = server_name
         self.on_keys_changed = on_keys_changed
         self.device_lists = E2eeSync(store)
+        # Other servers' users' keys (e2ee/remote_keys.py), set by the runtime.
+        self.remote: RemoteKeyCalls | None = None
 
     # --- upload -------------------------------------------------------------------------
 
@@ -49,7 +61,7 @@ class KeyService:
         if device_keys is not None:
             self._check_device_keys(requester, device_keys)
             if self.store.put_device_keys(user_id, device_id, device_keys):
-                self.on_keys_changed(user_id)
+                self.on_keys_changed(user_id, devices=(device_id,))
         signing_key = self._device_signing_key(requester, device_keys)
         one_time = self._parse_keys(
             body.get("one_time_keys"), "one_time_keys", (user_id, device_id), signing_key
@@ -125,7 +137,7 @@ class KeyService:
 
     # --- query --------------------------------------------------------------------------
 
-    def query(self, requester: Requester, device_keys: dict) -> dict:
+    def query(self, requester: Requester, device_keys: dict, caller: Caller | None = None) -> dict:
         if not isinstance(device_keys, dict):
             raise invalid_param("device_keys must be an object")
         out: dict = {
@@ -142,32 +154,40 @@ class KeyService:
             if server_of(user_id) != self.server_name:
                 remote.setdefault(server_of(user_id), {})[user_id] = wanted
                 continue
-            self._query_local(requester, user_id, set(wanted), out)
-        self._remote_query(remote, out)
+            self.query_local(requester.user_id, user_id, set(wanted), out)
+        self._remote_query(caller or Caller(requester.user_id), remote, out)
         return out
 
-    def _query_local(self, requester: Requester, user_id: str, wanted: set, out: dict) -> None:
+    def query_local(
+        self, viewer: str, user_id: str, wanted: set, out: dict, display_names: bool = True
+    ) -> None:
+        """Our user's keys as `viewer` sees them (a user ID, or "" for another server), into
+        `out`. Display names stay home unless `display_names`, as Synapse's default does."""
         devices = self.store.query_device_keys(user_id)
-        signatures = self.cross_signing.visible_signatures(requester.user_id, user_id)
+        signatures = self.cross_signing.visible_signatures(viewer, user_id)
         shown = {}
         for device_id, (keys, display_name) in devices.items():
             if wanted and device_id not in wanted:
                 continue
             keys = self.cross_signing.with_signatures(keys, signatures.get(device_id, ()))
             # Display names are shown to everyone who may query keys, as the spec's
-            # `unsigned.device_display_name` says; over federation this may change later.
-            if display_name is not None:
+            # `unsigned.device_display_name` says.
+            if display_name is not None and display_names:
                 keys["unsigned"] = {**keys.get("unsigned", {}), "device_display_name": display_name}
             shown[device_id] = keys
         out["device_keys"][user_id] = shown
-        for key_type, key in self.cross_signing.keys_for(requester.user_id, user_id).items():
-            out[f"{key_type}_keys"][user_id] = key
+        for key_type, key in self.cross_signing.keys_for(viewer, user_id).items():
+            if f"{key_type}_keys" in out:
+                out[f"{key_type}_keys"][user_id] = key
 
-    def _remote_query(self, remote: dict[str, dict], out: dict) -> None:
-        # Federation hook: ask each server (`/user/keys/query`) in parallel under one
-        # deadline; until then each is a failure and its users are absent.
-        for server in remote:
-            out["failures"][server] = NOT_FEDERATED
+    def _remote_query(self, caller: Caller, remote: dict[str, dict], out: dict) -> None:
+        if not remote:
+            return
+        if self.remote is None:
+            for server in remote:
+                out["failures"][server] = NOT_FEDERATED
+            return
+        self.remote.query(caller, remote, out)
 
     # --- changes ------------------------------------------------------------------------
 
@@ -178,7 +198,9 @@ class KeyService:
 
     # --- claim --------------------------------------------------------------------------
 
-    def claim(self, requester: Requester, one_time_keys: dict) -> dict:
+    def claim(
+        self, requester: Requester, one_time_keys: dict, caller: Caller | None = None
+    ) -> dict:
         if not isinstance(one_time_keys, dict):
             raise invalid_param("one_time_keys must be an object")
         out: dict = {"one_time_keys": {}, "failures": {}}
@@ -191,13 +213,13 @@ class KeyService:
             if server_of(user_id) != self.server_name:
                 remote.setdefault(server_of(user_id), {})[user_id] = devices
                 continue
-            claimed = self._claim_local(user_id, devices.items())
+            claimed = self.claim_local(user_id, devices.items())
             if claimed:
                 out["one_time_keys"][user_id] = claimed
-        self._remote_claim(remote, out)
+        self._remote_claim(caller or Caller(requester.user_id), remote, out)
         return out
 
-    def _claim_local(self, user_id: str, devices: Iterable[tuple[str, str]]) -> dict:
+    def claim_local(self, user_id: str, devices: Iterable[tuple[str, str]]) -> dict:
         claimed = {}
         for device_id, algorithm in devices:
             key = self.store.claim_key(user_id, device_id, algorithm)
@@ -205,7 +227,11 @@ class KeyService:
                 claimed[device_id] = {f"{algorithm}:{key[0]}": key[1]}
         return claimed
 
-    def _remote_claim(self, remote: dict[str, dict], out: dict) -> None:
-        # Federation hook: `/user/keys/claim` per server, as for queries.
-        for server in remote:
-            out["failures"][server] = NOT_FEDERATED
+    def _remote_claim(self, caller: Caller, remote: dict[str, dict], out: dict) -> None:
+        if not remote:
+            return
+        if self.remote is None:
+            for server in remote:
+                out["failures"][server] = NOT_FEDERATED
+            return
+        self.remote.claim(caller, remote, out)

@@ -4,6 +4,10 @@ A message is stored once per sender device and transaction ID, delivered in the 
 device's /sync `to_device`, and deleted when that device syncs again with a `since` past
 it (storage/e2ee.py).
 
+Other servers' users get theirs in an m.direct_to_device EDU to their server, one per server
+and transaction; other servers' EDUs to our users arrive in `receive_remote`
+(e2ee/inbound_edus.py checks the sender's server first).
+
 The bound: a device holds at most MAX_PENDING_PER_DEVICE undelivered messages. Past it, new
 messages to that device are dropped (counted in `dropped`, logged), and the request still
 succeeds for every other recipient. Dropping the newest, not the oldest, keeps the first
@@ -13,6 +17,9 @@ misses a room key asks again (m.room_key_request) once the device syncs.
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import json
 import logging
 from typing import Callable, Iterable
 
@@ -28,6 +35,13 @@ log = logging.getLogger(__name__)
 # A device offline for weeks in many encrypted rooms gathers a few thousand room keys.
 MAX_PENDING_PER_DEVICE = 10_000
 MAX_TXN_ID = 255
+# Recipients of one m.direct_to_device EDU: a room key shared with a large room's devices
+# on one server. Past it the EDU is dropped whole.
+MAX_REMOTE_MESSAGES = 10_000
+
+
+def _no_federation(destinations: Iterable[str], edu_type: str, content: dict) -> None:
+    log.info("%s not sent to %s: no federation sender", edu_type, list(destinations))
 
 
 class ToDeviceService:
@@ -43,6 +57,8 @@ class ToDeviceService:
         self.notify_users = notify_users
         self.max_pending = max_pending
         self.dropped = 0
+        # send_edu(destinations, edu_type, content): the federation sender's, in the runtime.
+        self.send_edu: Callable[[Iterable[str], str, dict], None] = _no_federation
 
     def track_figures(self, metrics: Metrics) -> None:
         metrics.track_counter(
@@ -57,30 +73,68 @@ class ToDeviceService:
         if not isinstance(messages, dict):
             raise invalid_param("messages must be an object")
         local: list[tuple[str, str, dict]] = []
+        remote: dict[str, dict] = {}
         for user_id, by_device in messages.items():
             if not is_valid_user_id(user_id) or not isinstance(by_device, dict):
                 raise invalid_param("messages must map user IDs to devices")
             if not all(isinstance(c, dict) for c in by_device.values()):
                 raise invalid_param("Each message content must be an object")
             if server_of(user_id) != self.server_name:
-                # Federation hook: an m.direct_to_device EDU to the user's server. Until
-                # then nothing is sent there.
-                log.info("to-device message for %s not sent: no federation yet", user_id)
+                remote.setdefault(server_of(user_id), {})[user_id] = by_device
                 continue
             local += self._expand(user_id, by_device)
+        sender = (requester.user_id, requester.device_id)
+        if self._store(sender, txn_id, event_type, local) and remote:
+            # The message ID is the transaction's: a server that gets it twice (our retry
+            # after a lost answer) stores it once.
+            digest = hashlib.sha256(json.dumps([*sender, txn_id]).encode()).digest()
+            message_id = base64.urlsafe_b64encode(digest[:18]).decode()
+            for server, by_user in remote.items():
+                content = {
+                    "sender": requester.user_id,
+                    "type": event_type,
+                    "message_id": message_id,
+                    "messages": by_user,
+                }
+                self.send_edu([server], "m.direct_to_device", content)
+
+    def _store(self, sender: tuple[str, str], txn_id: str, event_type: str, local: list) -> bool:
+        """Stores the messages once per transaction ID: False if it was seen before."""
         stored, full = self.store.send_to_device(
-            (requester.user_id, requester.device_id),
-            txn_id,
-            event_type,
-            local,
-            self.max_pending,
-            now_ms(),
+            sender, txn_id, event_type, local, self.max_pending, now_ms()
         )
         if full:
             self.dropped += len(full)
             log.warning("to-device messages dropped, devices full: %s", full[:10])
         if stored:
             self.notify_users({user_id for user_id, _, _ in local})
+        return stored
+
+    def receive_remote(self, sender: str, content: dict) -> bool:
+        """An m.direct_to_device EDU from `sender`'s server (checked by the caller): stored
+        once per message ID, for our users' devices only. False if malformed."""
+        event_type, message_id = content.get("type"), content.get("message_id")
+        messages = content.get("messages")
+        if not (isinstance(event_type, str) and 0 < len(event_type) <= MAX_TXN_ID):
+            return False
+        if not (isinstance(message_id, str) and 0 < len(message_id) <= MAX_TXN_ID):
+            return False
+        if not isinstance(messages, dict):
+            return False
+        local: list[tuple[str, str, dict]] = []
+        for user_id, by_device in messages.items():
+            if not isinstance(user_id, str) or not is_valid_user_id(user_id):
+                return False
+            if not isinstance(by_device, dict) or server_of(user_id) != self.server_name:
+                continue
+            local += self._expand(
+                user_id, {d: c for d, c in by_device.items() if isinstance(c, dict)}
+            )
+            if len(local) > MAX_REMOTE_MESSAGES:
+                return False
+        # A remote sender has no device here: "" keys its message IDs apart from ours.
+        self._store((sender, ""), message_id, event_type, local)
+        return True
 
     def _expand(self, user_id: str, by_device: dict) -> list[tuple[str, str, dict]]:
         """`*` is every device of the user; a device that does not exist gets nothing."""

@@ -1,7 +1,8 @@
 """Admission for client-triggered outbound calls (ADR-0079; docs/architecture.md, "Budgets").
 
 Some client requests make us call another server before we can answer: a remote room
-directory, a remote alias, and remote media when there is no media pool. Each one holds a
+directory, a remote alias, other servers' users' keys, and remote media when there is no
+media pool. Each one holds a
 main-pool greenlet for the whole call, so a peer that never answers could otherwise pin the
 pool. This module is the one place that rule lives:
 
@@ -31,6 +32,8 @@ from homeserver.metrics import Metrics
 # Total deadlines, discovery included; FederationClient.deadline caps them at
 # federation.remote_timeout.
 DIRECTORY_DEADLINE_SECONDS = 10.0
+# Remote /keys/query and /keys/claim: the client-server spec's recommended 10 s.
+KEYS_DEADLINE_SECONDS = 10.0
 MEDIA_DEADLINE_SECONDS = 30.0
 
 # One request per client address at a time: a single client cannot take the budget alone.

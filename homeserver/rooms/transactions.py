@@ -15,7 +15,8 @@ nothing. So does a refused event resolution (a PDU's missing events, rooms/gaps.
 anything is recorded; PDUs of the transaction stored before it are found stored on the
 retry.
 
-EDUs: the ones we apply (``APPLIED_EDU_TYPES``: typing and read receipts) go to main with the
+EDUs: the ones we apply (``APPLIED_EDU_TYPES``: typing, read receipts, and end-to-end
+encryption's device list, signing key and to-device EDUs) go to main with the
 PDUs, since typing lives in main's memory and main wakes the syncs; main hands them to its
 ``on_edus`` (homeserver/sync/edus.py checks and applies them) after the PDUs, so a receipt
 may point at an event of the same transaction. They are applied once per transaction: a
@@ -47,11 +48,10 @@ MAX_EDUS = 100
 # The EDU types main applies. Every other type is accepted and dropped:
 # - m.presence: Weir has no presence (no presence API, no presence in /sync), so there is
 #   nothing to show it in;
-# - m.device_list_update, m.signing_key_update, m.direct_to_device: they belong to end-to-end
-#   encryption (device lists and to-device messages), and will go to its device-list and
-#   to-device handlers when that issue lands;
 # - anything else is unknown to us (spec: a server ignores EDUs it does not understand).
-APPLIED_EDU_TYPES = frozenset({"m.typing", "m.receipt"})
+# End-to-end encryption's go to homeserver/e2ee/inbound_edus.py, the others to sync/edus.py.
+E2EE_EDU_TYPES = frozenset({"m.device_list_update", "m.signing_key_update", "m.direct_to_device"})
+APPLIED_EDU_TYPES = frozenset({"m.typing", "m.receipt"}) | E2EE_EDU_TYPES
 
 # relay(origin, txn_id, pdus, results, source_ip, edus) -> answer: hands checked PDUs, and
 # the EDUs main applies, to main. `results` are the shard's answers for the PDUs it dropped.

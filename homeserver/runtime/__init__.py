@@ -29,8 +29,10 @@ from homeserver.core.threads import CountedThreadPool
 from homeserver.directory.remote import RemoteDirectory
 from homeserver.directory.service import DirectoryService
 from homeserver.e2ee.devices import DeviceService
+from homeserver.e2ee.federation import E2eeFederation
 from homeserver.e2ee.key_backup import KeyBackupService
 from homeserver.e2ee.keys import KeyService
+from homeserver.e2ee.remote_keys import RemoteKeys
 from homeserver.e2ee.sync_part import E2eeSync
 from homeserver.e2ee.to_device import ToDeviceService
 from homeserver.media.files import MediaFileStore
@@ -58,6 +60,7 @@ from homeserver.runtime.infrastructure import Infrastructure
 from homeserver.storage.accounts import AccountStore
 from homeserver.storage.directory import DirectoryStore
 from homeserver.storage.e2ee import E2eeStore
+from homeserver.storage.e2ee_remote import RemoteDeviceStore
 from homeserver.storage.key_backup import KeyBackupStore
 from homeserver.storage.media import MediaStore
 from homeserver.storage.profiles import ProfileStore
@@ -85,7 +88,7 @@ class HomeserverRuntime(Infrastructure):
     @component
     def accounts(self) -> AccountService:
         accounts = AccountService(AccountStore(self.db), self.server_name, self.password_hasher)
-        accounts.add_device_key_listener(self._keys_changed)
+        accounts.add_device_key_listener(lambda u, ds: self._keys_changed(u, devices=ds))
         return accounts
 
     @component
@@ -203,7 +206,7 @@ class HomeserverRuntime(Infrastructure):
                 self.rooms,
                 received,
                 on_origin=self.federation_sender.on_inbound_transaction,
-                on_edus=self.inbound_edus.receive,
+                on_edus=self._receive_edus,
                 gaps=self.gaps,
             )
         return ShardTransactionReceiver(checker, received, self._transaction_relay)
@@ -286,6 +289,11 @@ class HomeserverRuntime(Infrastructure):
             self.rooms, self.notifier.notify_room, on_local_typing=self._send_typing
         )
 
+    def _receive_edus(self, origin: str, edus: list) -> None:
+        """Typing and receipts (sync/edus.py), then end-to-end encryption's (e2ee/)."""
+        self.inbound_edus.receive(origin, edus)
+        self.e2ee_federation.inbound.receive(origin, edus)
+
     @component
     def inbound_edus(self) -> InboundEdus:
         """Remote users' typing and receipts, from /send (main only: typing is in memory)."""
@@ -315,15 +323,36 @@ class HomeserverRuntime(Infrastructure):
     def e2ee_store(self) -> E2eeStore:
         return E2eeStore(self.db)
 
-    def _keys_changed(self, user_id: str) -> None:
-        """A device list changed: wake the syncs of all who share a room with the user."""
+    def _keys_changed(self, user_id: str, devices=(), signing: bool = False) -> None:
+        """Wakes the syncs of all who share a room with the user; tells other servers."""
         if self.notifier.waiting():
             self.notifier.notify_users(self.e2ee_store.users_sharing_a_room(user_id))
+        if (devices or signing) and user_id.endswith(":" + self.server_name):
+            self.e2ee_federation.server.changed(user_id, devices, signing)
 
     @component
     def keys(self) -> KeyService:
-        """Device, one-time and fallback keys, and cross-signing (keys.cross_signing)."""
-        return KeyService(self.e2ee_store, self.server_name, self._keys_changed)
+        """Keys and cross-signing; other servers' users' under ADR-0079 (e2ee/remote_keys.py)."""
+        keys = KeyService(self.e2ee_store, self.server_name, self._keys_changed)
+        budget, cooldown = self.client_outbound_budget, self.address_cooldown
+        keys.remote = RemoteKeys(
+            self.federation_client, budget, cooldown, self.metrics, RemoteDeviceStore(self.db)
+        )
+        return keys
+
+    @component
+    def e2ee_federation(self) -> E2eeFederation:
+        """Our users' keys for other servers, and their E2EE EDUs (main applies them)."""
+        return E2eeFederation(
+            self.keys,
+            self.to_device,
+            self.e2ee_store,
+            RemoteDeviceStore(self.db),
+            self.federation_client,
+            self.federation_sender.send_edu,
+            self._keys_changed,
+            self.metrics,
+        )
 
     @component
     def devices(self) -> DeviceService:
@@ -332,6 +361,7 @@ class HomeserverRuntime(Infrastructure):
     @component
     def to_device(self) -> ToDeviceService:
         service = ToDeviceService(self.e2ee_store, self.server_name, self.notifier.notify_users)
+        service.send_edu = self.federation_sender.send_edu
         service.track_figures(self.metrics)
         return service
 

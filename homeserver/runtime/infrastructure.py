@@ -74,6 +74,7 @@ class Infrastructure:
             ("federation_client", "close"),
             ("notifier", "close"),
             ("typing", "close"),
+            ("e2ee_federation", "close"),
             ("thumbnail_pool", "kill"),
             ("password_hasher", "close"),
             ("db", "close"),

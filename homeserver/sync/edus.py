@@ -105,6 +105,8 @@ class InboundEdus:
             content = edu.get("content")
             if edu.get("edu_type") == "m.typing":
                 self._typing(txn, content)
+            elif edu.get("edu_type") != "m.receipt":
+                continue  # end-to-end encryption's: homeserver/e2ee/inbound_edus.py
             elif isinstance(content, dict):
                 receipts += self._receipts(txn, content)
             else:

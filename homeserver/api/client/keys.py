@@ -6,7 +6,7 @@ from __future__ import annotations
 from flask import Blueprint, request
 
 from homeserver.api.auth import current_requester, enforce_rate_limit, requires_auth
-from homeserver.api.context import runtime
+from homeserver.api.context import outbound_caller, runtime
 from homeserver.core.errors import invalid_param, missing_param
 from homeserver.e2ee.sync_part import Range
 from homeserver.http.parsing import json_object
@@ -32,7 +32,8 @@ def query_keys():
     body = json_object()
     if "device_keys" not in body:
         raise missing_param("Missing parameter: device_keys")
-    return json_response(runtime().keys.query(current_requester(), body["device_keys"]))
+    keys = runtime().keys
+    return json_response(keys.query(current_requester(), body["device_keys"], outbound_caller()))
 
 
 @bp.post("/keys/claim")
@@ -41,7 +42,8 @@ def claim_keys():
     body = json_object()
     if "one_time_keys" not in body:
         raise missing_param("Missing parameter: one_time_keys")
-    return json_response(runtime().keys.claim(current_requester(), body["one_time_keys"]))
+    keys = runtime().keys
+    return json_response(keys.claim(current_requester(), body["one_time_keys"], outbound_caller()))
 
 
 @bp.get("/keys/changes")

@@ -1,0 +1,188 @@
+"""End-to-end encryption across servers with a real Synapse 1.163 (TLS both ways), at the
+protocol level: a Weir user and a Synapse user in one room see each other's device keys
+(/keys/query through their own server), claim each other's one-time keys, see each other's
+new devices in /sync device_lists.changed, and get each other's to-device messages."""
+
+import os
+import time
+from urllib.parse import quote
+
+import pytest
+import requests
+from signedjson.sign import sign_json
+from unpaddedbase64 import encode_base64
+
+from tests.e2ee.conftest import Device, new_signing_key, public
+from tests.rooms.test_membership_synapse import SynapseUser
+from tests.support.federation import tls_weir
+from tests.support.server import MatrixClient
+
+pytestmark = pytest.mark.synapse
+
+_base = os.environ.get("WEIR_TEST_SYNAPSE_IP", "127.31.100.1").rsplit(".", 1)[0]
+WEIR_IP = f"{_base}.2"
+WEIR_NAME = f"{WEIR_IP}:8448"
+V3 = "/_matrix/client/v3"
+WITHIN = 15.0
+
+
+@pytest.fixture(scope="module")
+def weir(test_ca, synapse, tmp_path_factory):
+    directory = str(tmp_path_factory.mktemp("weir-e2ee"))
+    with tls_weir(test_ca, directory, WEIR_IP, WEIR_NAME) as proc:
+        yield proc
+
+
+class SynapseDevice:
+    def __init__(self, synapse, localpart: str):
+        self.user = SynapseUser(synapse, localpart)
+        self.user_id = self.user.user_id
+        self.device_id = self.user.call("GET", "/account/whoami").json()["device_id"]
+        self.key = new_signing_key(self.device_id)
+
+    def upload_keys(self) -> None:
+        keys = {
+            "user_id": self.user_id,
+            "device_id": self.device_id,
+            "algorithms": ["m.olm.v1.curve25519-aes-sha2", "m.megolm.v1.aes-sha2"],
+            "keys": {
+                f"curve25519:{self.device_id}": encode_base64(b"s" * 32),
+                f"ed25519:{self.device_id}": public(self.key),
+            },
+        }
+        otk = sign_json({"key": encode_base64(b"o" * 32)}, self.user_id, self.key)
+        body = {
+            "device_keys": sign_json(keys, self.user_id, self.key),
+            "one_time_keys": {"signed_curve25519:AAAAsyn": otk},
+        }
+        r = self.user.call("POST", "/keys/upload", json=body)
+        assert r.status_code == 200, r.text
+
+
+def sync_until(sync, seen, within: float = WITHIN) -> dict:
+    """Long-polls `sync(since, timeout_ms)` until `seen(body)`; returns that body."""
+    deadline, since = time.monotonic() + within, None
+    while (left := deadline - time.monotonic()) > 0:
+        body = sync(since, int(min(left, 5) * 1000))
+        if seen(body):
+            return body
+        since = body["next_batch"]
+    raise AssertionError(f"not seen within {within} s")
+
+
+def weir_sync(client):
+    def sync(since, timeout_ms):
+        params = {"timeout": timeout_ms if since else 0, **({"since": since} if since else {})}
+        r = client.get(f"{V3}/sync", params=params, timeout=60)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    return sync
+
+
+def synapse_sync(user):
+    def sync(since, timeout_ms):
+        params = {"timeout": timeout_ms if since else 0, **({"since": since} if since else {})}
+        r = user.call("GET", "/sync", params=params)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    return sync
+
+
+def changed(user_id):
+    return lambda body: user_id in body.get("device_lists", {}).get("changed", [])
+
+
+def to_device(sender, marker):
+    return lambda body: any(
+        e["sender"] == sender and e["content"].get("marker") == marker
+        for e in body.get("to_device", {}).get("events", [])
+    )
+
+
+def test_keys_device_lists_and_to_device_cross_both_ways(weir, synapse):
+    client = MatrixClient(weir.client_url)
+    client.user_id = client.register("alice")["user_id"]
+    alice = Device(client)
+    assert (
+        alice.upload(
+            device_keys=alice.device_keys(), one_time_keys=alice.one_time_keys(1)
+        ).status_code
+        == 200
+    )
+    r = client.post(f"{V3}/createRoom", json={"preset": "public_chat", "room_version": "10"})
+    room = quote(r.json()["room_id"], safe="")
+    bob = SynapseDevice(synapse, "bobkeys")
+    bob.upload_keys()
+    r = bob.user.call("POST", f"/join/{room}", params={"server_name": WEIR_NAME}, json={})
+    assert r.status_code == 200, (r.text, synapse.log_tail())
+
+    # Synapse's user's keys, through us; a claim of its one-time key through us.
+    r = client.post(f"{V3}/keys/query", json={"device_keys": {bob.user_id: []}})
+    assert r.status_code == 200, r.text
+    assert bob.device_id in r.json()["device_keys"][bob.user_id], r.json()
+    r = client.post(
+        f"{V3}/keys/claim",
+        json={"one_time_keys": {bob.user_id: {bob.device_id: "signed_curve25519"}}},
+    )
+    assert r.status_code == 200, r.text
+    assert "signed_curve25519:AAAAsyn" in r.json()["one_time_keys"][bob.user_id][bob.device_id]
+
+    # Our user's keys, through Synapse; a claim of ours through Synapse.
+    r = bob.user.call("POST", "/keys/query", json={"device_keys": {client.user_id: []}})
+    assert r.status_code == 200, r.text
+    assert alice.device_id in r.json()["device_keys"][client.user_id], r.json()
+    r = bob.user.call(
+        "POST",
+        "/keys/claim",
+        json={"one_time_keys": {client.user_id: {alice.device_id: "signed_curve25519"}}},
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["one_time_keys"][client.user_id][alice.device_id]
+
+    # To-device messages both ways.
+    at_weir, at_synapse = weir_sync(client), synapse_sync(bob.user)
+    messages = {bob.user_id: {bob.device_id: {"marker": "w2s"}}}
+    r = client.put(f"{V3}/sendToDevice/m.test/t1", json={"messages": messages})
+    assert r.status_code == 200, r.text
+    sync_until(at_synapse, to_device(client.user_id, "w2s"))
+    messages = {client.user_id: {alice.device_id: {"marker": "s2w"}}}
+    r = bob.user.call("PUT", "/sendToDevice/m.test/t1", json={"messages": messages})
+    assert r.status_code == 200, r.text
+    sync_until(at_weir, to_device(bob.user_id, "s2w"))
+
+    # A new device on either side shows in the other side's device_lists.changed.
+    second = MatrixClient(weir.client_url)
+    second.login("alice")
+    second.user_id = client.user_id
+    new = Device(second)
+    since = at_synapse(None, 0)["next_batch"]
+    assert new.upload(device_keys=new.device_keys()).status_code == 200
+    sync_until(lambda s, t: at_synapse(s or since, t), changed(client.user_id))
+    r = bob.user.call("POST", "/keys/query", json={"device_keys": {client.user_id: []}})
+    assert new.device_id in r.json()["device_keys"][client.user_id], r.json()
+
+    since = at_weir(None, 0)["next_batch"]
+    r = requests.post(
+        synapse.client_url + V3 + "/login",
+        json={
+            "type": "m.login.password",
+            "identifier": {"type": "m.id.user", "user": "bobkeys"},
+            "password": "correct horse battery",
+        },
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
+    login = r.json()
+    bob2 = SynapseDevice.__new__(SynapseDevice)
+    bob2.user = SynapseUser.__new__(SynapseUser)
+    bob2.user.synapse = synapse
+    bob2.user.user_id = bob.user_id
+    bob2.user.headers = {"Authorization": f"Bearer {login['access_token']}"}
+    bob2.user_id, bob2.device_id = bob.user_id, login["device_id"]
+    bob2.key = new_signing_key(bob2.device_id)
+    bob2.upload_keys()
+    sync_until(lambda s, t: at_weir(s or since, t), changed(bob.user_id))
+    r = client.post(f"{V3}/keys/query", json={"device_keys": {bob.user_id: []}})
+    assert bob2.device_id in r.json()["device_keys"][bob.user_id], r.json()
