@@ -1,6 +1,8 @@
 """matrix-js-sdk with its Rust crypto (tests/e2ee/js, installed by `make test`) against the real
-server: two users share an encrypted room, and a second device added later decrypts."""
+server, on both engines: two users share an encrypted room and a second device added later
+decrypts; cross-signing and a key backup set up as Element does, restored on a new device."""
 
+import itertools
 import json
 import os
 import shutil
@@ -12,6 +14,7 @@ from tests.e2ee.conftest import PASSWORD, V3
 from tests.support.server import MatrixClient
 
 JS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "js")
+_names = itertools.count()
 
 
 @pytest.fixture(scope="module")
@@ -50,12 +53,14 @@ def run_node(node: str, script: str, *args: str, tmp_path, timeout: float = 240)
     return result
 
 
-def registered(weir, name: str) -> dict:
-    MatrixClient(weir.client_url).register(name, PASSWORD)
+def registered(server, prefix: str) -> dict:
+    """A fresh account (the module's server is shared); the harness logs in its devices."""
+    name = f"{prefix}{next(_names)}"
+    MatrixClient(server.client_url).register(name, PASSWORD)
     return {"user": name, "password": PASSWORD}
 
 
-def test_two_users_and_a_later_device_decrypt_each_other(weir, node, tmp_path):
+def test_two_users_and_a_later_device_decrypt_each_other(server, node, tmp_path):
     messages = {
         "from_alice": "hello bob, from alice",
         "from_bob": "hello alice, from bob",
@@ -63,12 +68,12 @@ def test_two_users_and_a_later_device_decrypt_each_other(weir, node, tmp_path):
         "from_bob2": "and writes this",
     }
     scenario = {
-        "alice": registered(weir, "alice"),
-        "bob": registered(weir, "bob"),
+        "alice": registered(server, "alice"),
+        "bob": registered(server, "bob"),
         "messages": messages,
     }
     result = run_node(
-        node, "two_users.mjs", weir.client_url, json.dumps(scenario), tmp_path=tmp_path
+        node, "two_users.mjs", server.client_url, json.dumps(scenario), tmp_path=tmp_path
     )
 
     devices, sent, received = result["devices"], result["sent"], result["received"]
@@ -84,8 +89,8 @@ def test_two_users_and_a_later_device_decrypt_each_other(weir, node, tmp_path):
 
     # What the server holds is ciphertext only: every message is an m.room.encrypted event
     # and no plaintext appears in it.
-    bob = MatrixClient(weir.client_url)
-    bob.login("bob", PASSWORD)
+    bob = MatrixClient(server.client_url)
+    bob.login(scenario["bob"]["user"], PASSWORD)
     r = bob.get(f"{V3}/rooms/{result['room_id']}/messages", params={"dir": "b", "limit": 50})
     assert r.status_code == 200, r.text
     by_id = {event["event_id"]: event for event in r.json()["chunk"]}
@@ -94,3 +99,30 @@ def test_two_users_and_a_later_device_decrypt_each_other(weir, node, tmp_path):
         assert event["type"] == "m.room.encrypted"
         assert event["content"]["algorithm"] == "m.megolm.v1.aes-sha2"
     assert not any(text in r.text for text in messages.values())
+
+
+def test_cross_signing_and_key_backup_restore_history_on_a_new_device(server, node, tmp_path):
+    alice = registered(server, "alice")
+    scenario = {"alice": alice, "bob": registered(server, "bob"), "messages": {"history": "old"}}
+    result = run_node(
+        node, "backup.mjs", server.client_url, json.dumps(scenario), tmp_path=tmp_path
+    )
+
+    assert result["cross_signing_ready"] is True
+    assert result["backup"]["trusted"] is True  # signed by alice's device and master key
+    assert result["backup"]["active"] == result["backup"]["version"]
+    assert result["bob_sees"] == {"cross_signing_keys": True, "signed_by_owner": True}
+    assert result["backed_up_sessions"] == 1
+    # History is sealed until the new device holds the backup key.
+    assert result["before_restore"] == "HISTORICAL_MESSAGE_BACKUP_UNCONFIGURED"
+    assert result["restored"] == {"total": 1, "imported": 1}
+    assert result["history"] == "old"
+
+    # The server holds the backup as the spec shapes it, and only ciphertext.
+    client = MatrixClient(server.client_url)
+    client.login(alice["user"], PASSWORD)
+    r = client.get(f"{V3}/room_keys/keys", params={"version": result["backup"]["version"]})
+    assert r.status_code == 200, r.text
+    (session,) = r.json()["rooms"][result["room_id"]]["sessions"].values()
+    assert set(session) == {"first_message_index", "forwarded_count", "is_verified", "session_data"}
+    assert set(session["session_data"]) == {"ciphertext", "ephemeral", "mac"}
