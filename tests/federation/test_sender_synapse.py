@@ -1,0 +1,199 @@
+"""The sender with a real Synapse 1.163, TLS both ways: messages our user sends while Synapse
+is stopped reach it, in order, once it is back, with no new message to prompt them; and the
+same across a `kill -9` of Weir between the sends and the restart.
+
+This module runs a Synapse of its own (it stops and restarts it), on a neighbour of
+WEIR_TEST_SYNAPSE_IP so that it never collides with the session's shared one."""
+
+import os
+import signal
+import time
+from urllib.parse import quote
+
+import pytest
+
+from tests.peers.honest import HonestPeer
+from tests.peers.origins import KEYS_PATH, FakeOrigin, send_transaction
+from tests.peers.tarpit import Tarpit
+from tests.rooms.test_membership_synapse import SynapseUser, synapse_sync
+from tests.support.federation import tls_weir
+from tests.support.remote_room import RemoteRoom
+from tests.support.server import MatrixClient
+from tests.support.synapse import SynapseServer, synapse_available
+
+pytestmark = pytest.mark.synapse
+
+V3 = "/_matrix/client/v3"
+_BASE = os.environ.get("WEIR_TEST_SYNAPSE_IP", "127.31.100.1").rsplit(".", 1)[0]
+SYNAPSE_IP = f"{_BASE}.3"
+WEIR_IP = f"{_BASE}.4"
+WEIR_NAME = f"{WEIR_IP}:8448"
+# The dead members' servers: IP literals, so that Synapse (which has no test DNS) reaches them.
+DEAD_IPS = [f"{_BASE}.{n}" for n in range(10, 210)]
+
+
+@pytest.fixture(scope="module")
+def synapse(test_ca, tmp_path_factory):
+    if not synapse_available():
+        pytest.skip("Synapse venv missing: run `make synapse`")
+    server = SynapseServer(str(tmp_path_factory.mktemp("synapse-sender")), test_ca, ip=SYNAPSE_IP)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def weir(test_ca, synapse, tmp_path_factory):
+    directory = str(tmp_path_factory.mktemp("weir-sender"))
+    # Two hundred dead members join from one address: their keys are fetched at once.
+    keys_rate = {"key_resolution_per_ip_rate": {"max_requests": 1000, "per_seconds": 60}}
+    proc = tls_weir(
+        test_ca, directory, WEIR_IP, WEIR_NAME, security={"federation": keys_rate}
+    ).start()
+    yield proc
+    proc.stop()
+
+
+def bodies_seen(user: SynapseUser, room_id: str) -> list[str]:
+    """The room's messages as Synapse has them (its /messages), oldest first."""
+    r = user.call(
+        "GET", f"/rooms/{quote(room_id, safe='')}/messages", params={"dir": "b", "limit": 50}
+    )
+    assert r.status_code == 200, r.text
+    chunk = r.json()["chunk"]
+    return [e["content"].get("body") for e in reversed(chunk) if e["type"] == "m.room.message"]
+
+
+def wait_for_bodies(user: SynapseUser, room_id: str, want: list[str], within: float) -> list[str]:
+    """Waits until Synapse has `want` in the room, in that order; a long-polled /sync is the
+    wake-up, /messages the record."""
+    deadline = time.monotonic() + within
+    sync = synapse_sync(user)
+    since = sync(None, 0)["next_batch"]
+    while True:
+        seen = bodies_seen(user, room_id)
+        if [b for b in seen if b in want] == want:
+            return seen
+        left = deadline - time.monotonic()
+        assert left > 0, f"Synapse has {seen}, wanted {want}"
+        since = sync(since, int(min(left, 10) * 1000))["next_batch"]
+
+
+def shared_room(weir, synapse, name: str):
+    alice = MatrixClient(weir.client_url)
+    alice.register(f"alice-{name}")
+    r = alice.post(f"{V3}/createRoom", json={"preset": "public_chat", "room_version": "10"})
+    assert r.status_code == 200, r.text
+    room_id = r.json()["room_id"]
+    bob = SynapseUser(synapse, f"bob-{name}")
+    r = bob.call("POST", f"/join/{quote(room_id, safe='')}", params={"server_name": WEIR_NAME})
+    assert r.status_code == 200, (r.text, synapse.log_tail())
+    return alice, bob, room_id
+
+
+def say(alice, room_id: str, texts: list[str]) -> None:
+    for text in texts:
+        r = alice.put(
+            f"{V3}/rooms/{quote(room_id, safe='')}/send/m.room.message/{text}",
+            json={"msgtype": "m.text", "body": text},
+        )
+        assert r.status_code == 200, r.text
+
+
+# Synapse takes a while to start, and the sender's backoff (10 s, 20 s, 40 s) runs meanwhile.
+@pytest.mark.timeout(360)
+@pytest.mark.parametrize("weir_stop", [None, "kill -9"])
+def test_messages_sent_while_synapse_is_down_arrive_in_order(weir, synapse, weir_stop):
+    tag = "k" if weir_stop else "r"
+    alice, bob, room_id = shared_room(weir, synapse, tag)
+    say(alice, room_id, [f"{tag}-warm"])
+    wait_for_bodies(bob, room_id, [f"{tag}-warm"], within=10)
+    want = [f"{tag}-1", f"{tag}-2", f"{tag}-3"]
+    synapse.stop()
+    say(alice, room_id, want)
+    if weir_stop:
+        weir.proc.send_signal(signal.SIGKILL)
+        weir.proc.wait(10)
+        weir._stderr.close()
+    synapse.start()
+    if weir_stop:
+        weir.start()  # resumes the outbox at once
+    # Nothing new is sent: the sender's retry (after its backoff) or its restart delivers.
+    seen = wait_for_bodies(bob, room_id, want, within=150)
+    assert seen == [f"{tag}-warm", *want]
+
+
+def wait_in_sync(user: SynapseUser, room_id: str, since: str, body: str, within: float) -> str:
+    """Long-polls Synapse's /sync from `since` until `body` shows in the room's timeline;
+    returns the next token. (Not /messages: Synapse would backfill from the dead servers.)"""
+    deadline = time.monotonic() + within
+    sync = synapse_sync(user)
+    while True:
+        left = deadline - time.monotonic()
+        assert left > 0, f"{body!r} did not reach Synapse within {within} s"
+        data = sync(since, int(left * 1000))
+        since = data["next_batch"]
+        timeline = data.get("rooms", {}).get("join", {}).get(room_id, {}).get("timeline", {})
+        if any(e["content"].get("body") == body for e in timeline.get("events", [])):
+            return since
+
+
+class DeadServersKeys(HonestPeer):
+    """The dead members' servers while they were up: one TLS listener on every address that
+    serves each one's key document (by Host header), then goes away for good."""
+
+    def __init__(self, ca, port: int = 0):
+        super().__init__("dead", ca, host="0.0.0.0", port=port, cert_names=tuple(DEAD_IPS))
+        self.origins: dict[str, FakeOrigin] = {}
+        self.route("GET", KEYS_PATH, self._key_document)
+
+    def add(self, ip: str) -> FakeOrigin:
+        origin = FakeOrigin(f"{ip}:{self.port}")
+        self.origins[origin.name] = origin
+        return origin
+
+    def _key_document(self, req):
+        origin = self.origins.get(req.host)
+        if origin is None:
+            return 404, {"errcode": "M_NOT_FOUND", "error": req.host}
+        return 200, origin.key_document()
+
+
+@pytest.mark.timeout(400)
+def test_two_hundred_dead_members_do_not_delay_synapse(weir, synapse, test_ca):
+    """A room's members are on Synapse and on 200 servers that turn into TLS tarpits. A
+    message of ours reaches Synapse within 2 s while the tarpits hold the sender's
+    connections, and they never hold more than max_in_flight (64) at once."""
+    alice = MatrixClient(weir.client_url)
+    alice.register("alice-dead")
+    room = RemoteRoom.create(alice, room_version="10")
+    with DeadServersKeys(test_ca) as keys:
+        dead = [keys.add(ip) for ip in DEAD_IPS]
+        for i, origin in enumerate(dead):
+            join_id, join = room.join_pdu(origin, "m")
+            r = send_transaction(weir.federation_url, origin, WEIR_NAME, f"d{i}", [join], test_ca)
+            assert r.json() == {"pdus": {join_id: {}}}, r.text
+        bob = SynapseUser(synapse, "bob-dead")
+        # Synapse verifies the dead members' joins in the send_join answer: keys while up.
+        r = bob.call(
+            "POST", f"/join/{quote(room.room_id, safe='')}", params={"server_name": WEIR_NAME}
+        )
+        assert r.status_code == 200, (r.text, synapse.log_tail())
+        port = keys.port
+    since = synapse_sync(bob)(None, 0)["next_batch"]
+    say(alice, room.room_id, ["dead-warm"])
+    since = wait_in_sync(bob, room.room_id, since, "dead-warm", within=30)
+
+    with Tarpit(DEAD_IPS[0], port) as tarpit:
+        for ip in DEAD_IPS[1:]:
+            tarpit.listen(ip, port)
+        say(alice, room.room_id, ["prime"])  # the dead servers are retried: held now
+        assert tarpit.wait_accepted(10, timeout=60)
+        since = synapse_sync(bob)(since, 0)["next_batch"]
+        started = time.monotonic()
+        say(alice, room.room_id, ["while held"])
+        wait_in_sync(bob, room.room_id, since, "while held", within=2)
+        took = time.monotonic() - started
+        assert tarpit.current > 0, tarpit.counters()
+        assert tarpit.max_concurrent <= 64, tarpit.counters()
+    print(f"reached Synapse in {took * 1000:.0f} ms; tarpits: {tarpit.counters()}")
