@@ -127,10 +127,3 @@ def new_room_id(server_name: str) -> str:
     # 18 letters: ~100 bits, as unguessable as Synapse's room IDs.
     localpart = "".join(secrets.choice(_ROOM_ID_ALPHABET) for _ in range(18))
     return f"!{localpart}:{server_name}"
-
-
-def host_of(server_name: str) -> str:
-    """The host part of a server name: `[::1]:8008` -> `[::1]`, `a.b:80` -> `a.b`."""
-    if server_name.startswith("["):
-        return server_name[: server_name.index("]") + 1]
-    return server_name.rsplit(":", 1)[0] if server_name.count(":") == 1 else server_name

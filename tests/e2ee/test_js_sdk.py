@@ -1,0 +1,128 @@
+"""matrix-js-sdk with its Rust crypto (tests/e2ee/js, installed by `make test`) against the real
+server, on both engines: two users share an encrypted room and a second device added later
+decrypts; cross-signing and a key backup set up as Element does, restored on a new device."""
+
+import itertools
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from tests.e2ee.conftest import PASSWORD, V3
+from tests.support.server import MatrixClient
+
+JS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "js")
+_names = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def node():
+    """The node binary, with the harness's packages installed (`make test` runs `npm ci`);
+    a skip without them, except under CI, where they must be there."""
+    binary = shutil.which("node")
+    missing = None
+    if binary is None:
+        missing = "node not found"
+    elif not os.path.exists(os.path.join(JS, "node_modules", ".installed")):
+        missing = "tests/e2ee/js/node_modules missing: run `make test` (it runs npm ci)"
+    if missing:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{missing}, and CI requires the matrix-js-sdk tests")
+        pytest.skip(missing)
+    return binary
+
+
+def run_node(node: str, script: str, *args: str, tmp_path, timeout: float = 240) -> dict:
+    """Runs a harness script; its last stdout line is its JSON result. The SDK's logs go to
+    a file, shown when the script fails."""
+    log = tmp_path / f"{script}.log"
+    with open(log, "wb") as stderr:
+        proc = subprocess.run(
+            [node, os.path.join(JS, script), *args],
+            cwd=JS,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            timeout=timeout,
+        )
+    lines = proc.stdout.decode().strip().splitlines()
+    result = json.loads(lines[-1]) if lines else {}
+    tail = log.read_text(errors="replace")[-6000:]
+    assert proc.returncode == 0 and "error" not in result, f"{result}\n--- node stderr ---\n{tail}"
+    return result
+
+
+def registered(server, prefix: str) -> dict:
+    """A fresh account (the module's server is shared); the harness logs in its devices."""
+    name = f"{prefix}{next(_names)}"
+    MatrixClient(server.client_url).register(name, PASSWORD)
+    return {"user": name, "password": PASSWORD}
+
+
+def test_two_users_and_a_later_device_decrypt_each_other(server, node, tmp_path):
+    messages = {
+        "from_alice": "hello bob, from alice",
+        "from_bob": "hello alice, from bob",
+        "after_second_device": "bob's new device reads this",
+        "from_bob2": "and writes this",
+    }
+    scenario = {
+        "alice": registered(server, "alice"),
+        "bob": registered(server, "bob"),
+        "messages": messages,
+    }
+    result = run_node(
+        node, "two_users.mjs", server.client_url, json.dumps(scenario), tmp_path=tmp_path
+    )
+
+    devices, sent, received = result["devices"], result["sent"], result["received"]
+    assert result["encrypted_room"] == {"alice": True, "bob": True}
+    assert received[devices["bob"]][sent["fromAlice"]] == messages["from_alice"]
+    assert received[devices["alice"]][sent["fromBob"]] == messages["from_bob"]
+    assert received[devices["bob2"]][sent["afterSecond"]] == messages["after_second_device"]
+    assert received[devices["bob"]][sent["afterSecond"]] == messages["after_second_device"]
+    # Megolm shares the session from its current index: history stays sealed to the new device.
+    assert result["bob2_history"] == "HISTORICAL_MESSAGE_NO_KEY_BACKUP"
+    assert received[devices["alice"]][sent["fromBob2"]] == messages["from_bob2"]
+    assert received[devices["bob"]][sent["fromBob2"]] == messages["from_bob2"]
+
+    # What the server holds is ciphertext only: every message is an m.room.encrypted event
+    # and no plaintext appears in it.
+    bob = MatrixClient(server.client_url)
+    bob.login(scenario["bob"]["user"], PASSWORD)
+    r = bob.get(f"{V3}/rooms/{result['room_id']}/messages", params={"dir": "b", "limit": 50})
+    assert r.status_code == 200, r.text
+    by_id = {event["event_id"]: event for event in r.json()["chunk"]}
+    for event_id in sent.values():
+        event = by_id[event_id]
+        assert event["type"] == "m.room.encrypted"
+        assert event["content"]["algorithm"] == "m.megolm.v1.aes-sha2"
+    assert not any(text in r.text for text in messages.values())
+
+
+def test_cross_signing_and_key_backup_restore_history_on_a_new_device(server, node, tmp_path):
+    alice = registered(server, "alice")
+    scenario = {"alice": alice, "bob": registered(server, "bob"), "messages": {"history": "old"}}
+    result = run_node(
+        node, "backup.mjs", server.client_url, json.dumps(scenario), tmp_path=tmp_path
+    )
+
+    assert result["cross_signing_ready"] is True
+    assert result["backup"]["trusted"] is True  # signed by alice's device and master key
+    assert result["backup"]["active"] == result["backup"]["version"]
+    assert result["bob_sees"] == {"cross_signing_keys": True, "signed_by_owner": True}
+    assert result["backed_up_sessions"] == 1
+    # History is sealed until the new device holds the backup key.
+    assert result["before_restore"] == "HISTORICAL_MESSAGE_BACKUP_UNCONFIGURED"
+    assert result["restored"] == {"total": 1, "imported": 1}
+    assert result["history"] == "old"
+
+    # The server holds the backup as the spec shapes it, and only ciphertext.
+    client = MatrixClient(server.client_url)
+    client.login(alice["user"], PASSWORD)
+    r = client.get(f"{V3}/room_keys/keys", params={"version": result["backup"]["version"]})
+    assert r.status_code == 200, r.text
+    (session,) = r.json()["rooms"][result["room_id"]]["sessions"].values()
+    assert set(session) == {"first_message_index", "forwarded_count", "is_verified", "session_data"}
+    assert set(session["session_data"]) == {"ciphertext", "ephemeral", "mac"}
