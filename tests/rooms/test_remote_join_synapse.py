@@ -122,7 +122,7 @@ def test_unknown_remote_room_is_not_found(weir, alice, synapse):
     )
 
 
-def test_we_invite_a_synapse_user_and_synapse_countersigns(weir, alice, bob, synapse):
+def test_we_invite_a_synapse_user_who_joins_and_messages_flow_both_ways(weir, alice, bob, synapse):
     created = alice.post(f"{V3}/createRoom", json={"preset": "private_chat", "name": "Ours"})
     assert created.status_code == 200, created.text
     room_id = created.json()["room_id"]
@@ -141,3 +141,16 @@ def test_we_invite_a_synapse_user_and_synapse_countersigns(weir, alice, bob, syn
                 break
     stripped = {e["type"]: e for e in invited["invite_state"]["events"]}
     assert stripped["m.room.name"]["content"] == {"name": "Ours"}
+    # Synapse's user accepts: Synapse runs make_join/send_join against us.
+    r = bob.post(f"{V3}/join/{quote(room_id, safe='')}", json={})
+    assert r.status_code == 200, (r.text, synapse.log_tail())
+    joined = alice.get(_room("/state/m.room.member/" + quote(bob_id), room_id))
+    assert joined.json()["membership"] == "join"
+    r = bob.put(_room("/send/m.room.message/b1", room_id), json={"msgtype": "m.text", "body": "hi"})
+    assert r.status_code == 200, r.text
+    _wait_for_message(alice, room_id, "hi")
+    r = alice.put(
+        _room("/send/m.room.message/a1", room_id), json={"msgtype": "m.text", "body": "yo"}
+    )
+    assert r.status_code == 200, r.text
+    _wait_for_message(bob, room_id, "yo")
