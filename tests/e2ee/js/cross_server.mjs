@@ -1,0 +1,78 @@
+// A user on Weir and a user on another homeserver (a real Synapse in the test), each with
+// matrix-js-sdk and its Rust crypto, in encrypted rooms across the two servers.
+//
+//   node cross_server.mjs <Weir client URL> <scenario JSON>
+//
+// The scenario names the Weir user, the other server's user with that server's client URL
+// ("url"), and the plaintexts. Two rooms: one created on Weir, one on the other server; in
+// each the creator invites the other user, who joins over federation, and each user sends a
+// message the other must decrypt. Prints what each side decrypted, by room and event ID.
+import {
+    decrypted,
+    invitedTo,
+    joinedRoom,
+    main,
+    memberJoined,
+    send,
+    startDevice,
+    step,
+} from "./harness.mjs";
+
+const ENCRYPTED = {
+    type: "m.room.encryption",
+    state_key: "",
+    content: { algorithm: "m.megolm.v1.aes-sha2" },
+};
+
+// `creator` makes an encrypted room and invites `joiner`; each then sends a message.
+async function encryptedRoomAcross(name, creator, joiner, messages) {
+    const c = creator.client.getUserId();
+    const j = joiner.client.getUserId();
+    // The invite is a call of its own, as Weir's createRoom invites local users only.
+    const { room_id: roomId } = await creator.client.createRoom({ initial_state: [ENCRYPTED] });
+    await step(`${name}: ${c} joined`, joinedRoom(creator.client, roomId));
+    await creator.client.invite(roomId, j);
+    await step(`${name}: ${j} invited`, invitedTo(joiner.client, roomId));
+    await joiner.client.joinRoom(roomId);
+    await step(`${name}: ${j} joined`, joinedRoom(joiner.client, roomId));
+    // The creator encrypts to the devices of the members it knows: wait for the join.
+    await step(`${name}: ${c} sees ${j} join`, memberJoined(creator.client, roomId, j));
+
+    const out = { room_id: roomId, encrypted_room: {}, sent: {}, received: {} };
+    for (const side of [creator, joiner]) {
+        out.encrypted_room[side.name] = await side.client
+            .getCrypto()
+            .isEncryptionEnabledInRoom(roomId);
+    }
+    for (const [from, to] of [
+        [creator, joiner],
+        [joiner, creator],
+    ]) {
+        const eventId = await send(from.client, roomId, messages[from.name]);
+        out.sent[from.name] = eventId;
+        const label = `${name}: ${to.name} decrypts ${from.name}`;
+        const content = await step(label, decrypted(to.client, roomId, eventId));
+        out.received[to.name] = { event_id: eventId, body: content.body };
+    }
+    return out;
+}
+
+main(async ({ weir: w, synapse: s, messages }) => {
+    const weir = { name: "weir", client: await startDevice(w.user, w.password) };
+    const synapse = { name: "synapse", client: await startDevice(s.user, s.password, s.url) };
+    const result = {
+        devices: {
+            weir: [weir.client.getUserId(), weir.client.getDeviceId()],
+            synapse: [synapse.client.getUserId(), synapse.client.getDeviceId()],
+        },
+    };
+    result.weir_room = await encryptedRoomAcross("weir_room", weir, synapse, messages.weir_room);
+    result.synapse_room = await encryptedRoomAcross(
+        "synapse_room",
+        synapse,
+        weir,
+        messages.synapse_room,
+    );
+    for (const side of [weir, synapse]) side.client.stopClient();
+    return result;
+});
