@@ -1,6 +1,7 @@
 """matrix-js-sdk with its Rust crypto across servers: a client on Weir and a client on a real
 Synapse 1.163 (TLS federation both ways; each client on its own server's client API) share
-encrypted rooms, one created on each server, and each decrypts the other's messages."""
+encrypted rooms, one created on each server, and each decrypts the other's messages; a device
+added later on either server decrypts what the other user sends next."""
 
 import json
 import os
@@ -39,6 +40,7 @@ def test_messages_decrypt_both_ways_in_rooms_created_on_either_server(
     messages = {
         "weir_room": {"weir": "from weir, in weir's room", "synapse": "from synapse, in weir's"},
         "synapse_room": {"synapse": "from synapse, in its room", "weir": "from weir, in synapse's"},
+        "later": {"to_weir2": "for weir's new device", "to_synapse2": "for synapse's new device"},
     }
     scenario = {
         "weir": alice,
@@ -62,18 +64,29 @@ def test_messages_decrypt_both_ways_in_rooms_created_on_either_server(
             "body": messages[room]["synapse"],
         }
 
+    # A device added later on either server is told of across the servers and can read what
+    # the other user sends next, as can the user's first device.
+    later = result["later_devices"]
+    assert later["weir"]["device_id"] != result["devices"]["weir"][1]
+    assert later["weir"]["body"] == later["weir"]["first"] == messages["later"]["to_weir2"]
+    assert later["synapse"]["device_id"] != result["devices"]["synapse"][1]
+    assert later["synapse"]["body"] == later["synapse"]["first"] == messages["later"]["to_synapse2"]
+
     # Both servers hold, and relayed to each other, ciphertext only.
     weir_user = MatrixClient(weir.client_url)
     weir_user.login(alice["user"], PASSWORD)
+    sent = {room: list(result[room]["sent"].values()) for room in ("weir_room", "synapse_room")}
+    sent["weir_room"] += [later[side]["event_id"] for side in ("weir", "synapse")]
+    texts = [text for group in messages.values() for text in group.values()]
     for get in (weir_user.get, _synapse_get(synapse, "bobjs")):
-        for room in ("weir_room", "synapse_room"):
+        for room, event_ids in sent.items():
             r = get(f"{V3}/rooms/{result[room]['room_id']}/messages", params=BACKWARDS)
             assert r.status_code == 200, r.text
             by_id = {event["event_id"]: event for event in r.json()["chunk"]}
-            for event_id in result[room]["sent"].values():
+            for event_id in event_ids:
                 assert by_id[event_id]["type"] == "m.room.encrypted"
                 assert by_id[event_id]["content"]["algorithm"] == "m.megolm.v1.aes-sha2"
-            assert not any(text in r.text for text in messages[room].values())
+            assert not any(text in r.text for text in texts)
 
 
 def _synapse_get(synapse, user: str):

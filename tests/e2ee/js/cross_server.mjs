@@ -6,11 +6,13 @@
 // The scenario names the Weir user, the other server's user with that server's client URL
 // ("url"), and the plaintexts. Two rooms: one created on Weir, one on the other server; in
 // each the creator invites the other user, who joins over federation, and each user sends a
-// message the other must decrypt. Prints what each side decrypted, by room and event ID.
+// message the other must decrypt. Then, in Weir's room, a second device of each user, added
+// later, decrypts what the other user sends next. Prints what each side decrypted.
 import {
     decrypted,
     invitedTo,
     joinedRoom,
+    knowsDevice,
     main,
     memberJoined,
     send,
@@ -57,9 +59,30 @@ async function encryptedRoomAcross(name, creator, joiner, messages) {
     return out;
 }
 
+// A second device of `owner`'s user, added later: `peer`, on the other server, hears of it
+// (m.device_list_update between the servers, then device_lists.changed and /keys/query
+// through its own server) and shares its room key with it before it sends.
+async function laterDevice(name, owner, peer, roomId, body) {
+    const { user, password, url } = owner.login;
+    const second = await startDevice(user, password, url);
+    const userId = second.getUserId();
+    const deviceId = second.getDeviceId();
+    await step(`${name}: new device sees the room`, joinedRoom(second, roomId));
+    await step(`${name}: ${peer.name} knows it`, knowsDevice(peer.client, userId, deviceId));
+    const eventId = await send(peer.client, roomId, body);
+    const content = await step(`${name}: it decrypts`, decrypted(second, roomId, eventId));
+    const first = await step(`${name}: first decrypts`, decrypted(owner.client, roomId, eventId));
+    second.stopClient();
+    return { device_id: deviceId, event_id: eventId, body: content.body, first: first.body };
+}
+
 main(async ({ weir: w, synapse: s, messages }) => {
-    const weir = { name: "weir", client: await startDevice(w.user, w.password) };
-    const synapse = { name: "synapse", client: await startDevice(s.user, s.password, s.url) };
+    const weir = { name: "weir", login: w, client: await startDevice(w.user, w.password) };
+    const synapse = {
+        name: "synapse",
+        login: s,
+        client: await startDevice(s.user, s.password, s.url),
+    };
     const result = {
         devices: {
             weir: [weir.client.getUserId(), weir.client.getDeviceId()],
@@ -73,6 +96,11 @@ main(async ({ weir: w, synapse: s, messages }) => {
         weir,
         messages.synapse_room,
     );
+    const roomId = result.weir_room.room_id;
+    result.later_devices = {
+        weir: await laterDevice("weir2", weir, synapse, roomId, messages.later.to_weir2),
+        synapse: await laterDevice("synapse2", synapse, weir, roomId, messages.later.to_synapse2),
+    };
     for (const side of [weir, synapse]) side.client.stopClient();
     return result;
 });
