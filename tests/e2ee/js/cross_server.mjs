@@ -30,10 +30,14 @@ const ENCRYPTED = {
 async function encryptedRoomAcross(name, creator, joiner, messages) {
     const c = creator.client.getUserId();
     const j = joiner.client.getUserId();
-    // The invite is a call of its own, as Weir's createRoom invites local users only.
-    const { room_id: roomId } = await creator.client.createRoom({ initial_state: [ENCRYPTED] });
+    // As Element starts a direct chat: the invite is part of createRoom.
+    const { room_id: roomId } = await creator.client.createRoom({
+        preset: "trusted_private_chat",
+        is_direct: true,
+        invite: [j],
+        initial_state: [ENCRYPTED],
+    });
     await step(`${name}: ${c} joined`, joinedRoom(creator.client, roomId));
-    await creator.client.invite(roomId, j);
     await step(`${name}: ${j} invited`, invitedTo(joiner.client, roomId));
     await joiner.client.joinRoom(roomId);
     await step(`${name}: ${j} joined`, joinedRoom(joiner.client, roomId));
