@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 from homeserver.core.errors import Codes, MatrixError, invalid_param, not_found
 from homeserver.core.identifiers import is_valid_user_id, server_of
+from homeserver.federation.admission import Caller
+from homeserver.rooms.remote_membership import RemoteMembership
 from homeserver.rooms.service import PlannedEvent, RoomService
 from homeserver.rooms.versions import (
     DEFAULT_ROOM_VERSION,
@@ -34,6 +36,10 @@ PRESETS = {
     "trusted_private_chat": Preset("invite", "shared", "can_join", True, 0),
     "public_chat": Preset("public", "shared", "forbidden", False, 50),
 }
+
+# Other servers' invitees are invited one after another under one deadline: a DM or a small
+# group fits, a long list would mostly run out of time.
+MAX_REMOTE_INVITEES = 10
 
 # Types a client may not put in initial_state: the server writes these itself.
 _RESERVED_INITIAL_STATE = ("m.room.create", "m.room.member")
@@ -124,8 +130,11 @@ def plan_room(
     planned += [state(t, content, key) for (t, key), content in initial.items()]
     planned += [state(event_type, content) for event_type, content in named]
 
+    # Another server's user is invited after the room exists (it must countersign).
     planned += [
-        state("m.room.member", _invite_content(request), invitee) for invitee in request.invite
+        state("m.room.member", invite_content(request), invitee)
+        for invitee in request.invite
+        if server_of(invitee) == server_of(creator)
     ]
     return planned
 
@@ -180,7 +189,7 @@ def _name_and_topic(request: CreateRoomRequest) -> list[tuple[str, dict]]:
     return named
 
 
-def _invite_content(request: CreateRoomRequest) -> dict:
+def invite_content(request: CreateRoomRequest) -> dict:
     content: dict = {"membership": "invite"}
     if request.is_direct:
         content["is_direct"] = True
@@ -188,12 +197,19 @@ def _invite_content(request: CreateRoomRequest) -> dict:
 
 
 class RoomCreator:
-    def __init__(self, rooms: RoomService, directory, server_name: str):
+    def __init__(
+        self, rooms: RoomService, directory, server_name: str, remote_membership: RemoteMembership
+    ):
         self.rooms = rooms
         self.directory = directory
         self.server_name = server_name
+        self.remote_membership = remote_membership
 
-    def create(self, creator: str, request: CreateRoomRequest) -> str:
+    def create(self, creator: str, request: CreateRoomRequest, caller: Caller | None = None) -> str:
+        """The new room's ID. Other servers' users are invited once it exists, under one
+        client-triggered slot and deadline taken first (for `caller`: in-process callers
+        without one invite local users only); a failed invite fails the request, as
+        Synapse's does, and the room stays."""
         version = self._room_version(request.room_version)
         for item in request.initial_state:
             if item["type"] in _RESERVED_INITIAL_STATE:
@@ -215,25 +231,35 @@ class RoomCreator:
                 writes.append(self.directory.publish_writer(room_id))
             return writes
 
-        return self.rooms.create_room(
-            version, creator, plan_room(version, creator, request, alias), extra_writes
-        )
+        planned = plan_room(version, creator, request, alias)
+        remote = [u for u in invitees if server_of(u) != self.server_name]
+        if not remote:
+            return self.rooms.create_room(version, creator, planned, extra_writes)
+        if caller is None:
+            raise ValueError("inviting other servers' users needs the client's Caller")
+        with self.remote_membership.inviting(caller, remote) as invite:
+            room_id = self.rooms.create_room(version, creator, planned, extra_writes)
+            for target in remote:
+                invite(creator, room_id, target, invite_content(request))
+        return room_id
 
     def _invitees(self, creator: str, invite: tuple) -> tuple:
-        """The users to invite, once each, all local users that exist."""
+        """The users to invite, once each: local users that exist, and other servers' users
+        (checked by their servers when invited), at most MAX_REMOTE_INVITEES of those."""
         invitees = tuple(dict.fromkeys(u for u in invite if u != creator))
+        remote = 0
         for user_id in invitees:
             if not is_valid_user_id(user_id):
                 raise invalid_param(f"Not a valid user ID: {user_id}")
             if server_of(user_id) != self.server_name:
-                # Each would be a call to another server, under its own deadline.
-                raise MatrixError(
-                    400,
-                    Codes.UNRECOGNIZED,
-                    "createRoom invites only this server's users; invite others with /invite",
-                )
-            if not self.rooms.accounts.user_exists(user_id):
+                remote += 1
+            elif not self.rooms.accounts.user_exists(user_id):
                 raise not_found(f"Unknown user {user_id}")
+        if remote > MAX_REMOTE_INVITEES:
+            raise invalid_param(
+                f"createRoom invites at most {MAX_REMOTE_INVITEES} users of other servers;"
+                " invite the others with /invite"
+            )
         return invitees
 
     @staticmethod

@@ -11,9 +11,10 @@ checked whole (rooms/join_checks.py) before anything is stored, and stored whole
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 from urllib.parse import quote
 
 from budget import DeadlineExceeded, InFlightBudget, OutboundDeadline
@@ -51,6 +52,9 @@ log = logging.getLogger(__name__)
 # answer takes tens of seconds to build and check, far more than a directory lookup; capped
 # by federation.remote_timeout like every other.
 MEMBERSHIP_DEADLINE_SECONDS = 60.0
+
+# Invites one user of another server: (sender, room_id, target, content) -> event ID.
+Inviter = Callable[[str, str, str, dict], str]
 # A large room's state and auth chain, as JSON.
 SEND_JOIN_MAX_BYTES = 64 * 1024 * 1024
 TEMPLATE_MAX_BYTES = 256 * 1024
@@ -327,20 +331,37 @@ class RemoteMembership:
     def invite(self, sender: str, room_id: str, target: str, caller: Caller, content: dict) -> str:
         """Invites `target` of another server: our invite event, countersigned by theirs
         (invite v2), stored and then sent to the room's other servers."""
+        with self.inviting(caller, [target]) as invite:
+            return invite(sender, room_id, target, content)
+
+    @contextlib.contextmanager
+    def inviting(self, caller: Caller, targets: list[str]) -> Iterator[Inviter]:
+        """Holds one client-triggered slot and one total deadline for inviting `targets`,
+        one after another (createRoom's `invite`, whose room is made inside, so that a
+        refusal with 429 leaves no room behind); yields the function that invites one."""
+        for target in targets:
+            if not is_valid_server_name(server_of(target)):
+                raise MatrixError(400, Codes.INVALID_PARAM, f"Not a valid user ID: {target}")
+        with admitted(self._budget, caller):
+            what = f"invite {', '.join(targets)}"
+            deadline = self._client.deadline(MEMBERSHIP_DEADLINE_SECONDS, what=what)
+            yield lambda sender, room_id, target, content: self._invite_one(
+                sender, room_id, target, content, deadline
+            )
+
+    def _invite_one(
+        self, sender: str, room_id: str, target: str, content: dict, deadline: OutboundDeadline
+    ) -> str:
         server = server_of(target)
-        if not is_valid_server_name(server):
-            raise MatrixError(400, Codes.INVALID_PARAM, f"Not a valid user ID: {target}")
         planned = PlannedEvent(sender, "m.room.member", {**content, "membership": "invite"}, target)
         version, event = self.rooms.prepare_event(room_id, planned)
-        with admitted(self._budget, caller):
-            deadline = self._client.deadline(MEMBERSHIP_DEADLINE_SECONDS, what=f"invite {target}")
-            try:
-                with deadline:
-                    signed = self._countersigned(server, version, event, deadline)
-            except (FederationError, DeadlineExceeded) as e:
-                count_failure(self._metrics, "invite", e)
-                raise to_client_error(e, server) from None
-            self.rooms.store_prepared(signed, server)
+        try:
+            with deadline:
+                signed = self._countersigned(server, version, event, deadline)
+        except (FederationError, DeadlineExceeded) as e:
+            count_failure(self._metrics, "invite", e)
+            raise to_client_error(e, server) from None
+        self.rooms.store_prepared(signed, server)
         self._metrics.outbound_calls.labels("invite", "ok").inc()
         return signed.event_id
 

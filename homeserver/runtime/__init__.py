@@ -192,7 +192,7 @@ class HomeserverRuntime(Infrastructure):
 
     @component
     def room_creator(self) -> RoomCreator:
-        return RoomCreator(self.rooms, self.directory, self.server_name)
+        return RoomCreator(self.rooms, self.directory, self.server_name, self.remote_membership)
 
     @component
     def inbound_transactions(self) -> TransactionProcessor | ShardTransactionReceiver:

@@ -1,6 +1,7 @@
 """Remote joins that must fail, and fail cleanly: a resident server whose send_join answer
 holds a forged state event or a bad signature is refused and nothing of the room is stored;
-a join whose only server never answers ends at its deadline with 504, its slot freed."""
+a join whose only server never answers ends at its deadline with 504, its slot freed, and so
+does a createRoom inviting a user of such a server."""
 
 import glob
 import os
@@ -18,6 +19,7 @@ from tests.support.server import MatrixClient
 WEIR_IP = "127.40.15.11"
 RESIDENT_IP = "127.40.15.12"
 TARPIT_IP = "127.40.15.13"
+INVITE_TARPIT_IP = "127.40.15.14"  # its own: the join test leaves TARPIT_IP cooling down
 V3 = "/_matrix/client/v3"
 
 
@@ -90,3 +92,21 @@ def test_a_join_through_a_tarpit_ends_at_its_deadline_and_frees_its_slot(weir, a
         metric(weir.client_url, "weir_outbound_calls_total", call="join", outcome="deadline") == 1
     )
     assert _stored_events(weir, room_id) == 0
+
+
+def test_create_room_inviting_a_tarpit_user_ends_at_its_deadline_and_frees_its_slot(weir, alice):
+    rooms_before = set(alice.get(f"{V3}/joined_rooms").json()["joined_rooms"])
+    with Tarpit(host=INVITE_TARPIT_IP, port=8448) as tarpit:
+        invitee = f"@stuck:{INVITE_TARPIT_IP}:8448"
+        r = alice.post(f"{V3}/createRoom", json={"invite": [invitee]}, timeout=30)
+        assert (r.status_code, r.json()["errcode"]) == (504, "M_UNKNOWN"), r.text
+        assert tarpit.accepted >= 1
+    assert in_flight(weir.client_url, "client_outbound") == 0
+    assert (
+        metric(weir.client_url, "weir_outbound_calls_total", call="invite", outcome="deadline") == 1
+    )
+    # As with Synapse, the room was made before the invite failed: its creator is in it,
+    # and the invitee is not invited.
+    (room_id,) = set(alice.get(f"{V3}/joined_rooms").json()["joined_rooms"]) - rooms_before
+    member = alice.get(f"{V3}/rooms/{quote(room_id)}/state/m.room.member/{quote(invitee)}")
+    assert member.status_code == 404, member.text

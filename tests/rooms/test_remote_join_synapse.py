@@ -8,6 +8,7 @@ import gevent
 import pytest
 
 from tests.support.federation import tls_weir
+from tests.support.metrics import in_flight
 from tests.support.server import MatrixClient
 
 pytestmark = pytest.mark.synapse
@@ -154,3 +155,31 @@ def test_we_invite_a_synapse_user_who_joins_and_messages_flow_both_ways(weir, al
     )
     assert r.status_code == 200, r.text
     _wait_for_message(bob, room_id, "yo")
+
+
+def test_create_room_invites_a_synapse_user_who_joins(weir, alice, bob, synapse):
+    bob_id = bob.get(f"{V3}/account/whoami").json()["user_id"]
+    # From here on (incremental: Synapse answers a repeated initial /sync from its cache).
+    since = bob.get(f"{V3}/sync", params={"timeout": "0"}, timeout=30).json()["next_batch"]
+    created = alice.post(
+        f"{V3}/createRoom",
+        json={"preset": "trusted_private_chat", "is_direct": True, "invite": [bob_id]},
+    )
+    assert created.status_code == 200, created.text
+    room_id = created.json()["room_id"]
+    member = alice.get(_room("/state/m.room.member/" + quote(bob_id), room_id)).json()
+    assert member == {"membership": "invite", "is_direct": True}
+    assert in_flight(weir.client_url, "client_outbound") == 0
+
+    # Synapse countersigned it and shows it to its user, who joins through us.
+    with gevent.Timeout(10, AssertionError("the invite never reached Synapse's /sync")):
+        while True:
+            params = {"timeout": "2000", "since": since}
+            invites = bob.get(f"{V3}/sync", params=params, timeout=30).json()
+            if room_id in invites.get("rooms", {}).get("invite", {}):
+                break
+            since = invites["next_batch"]
+    r = bob.post(f"{V3}/join/{quote(room_id)}", json={})
+    assert r.status_code == 200, (r.text, synapse.log_tail())
+    member = alice.get(_room("/state/m.room.member/" + quote(bob_id), room_id)).json()
+    assert member["membership"] == "join"

@@ -69,7 +69,9 @@ def create_room():
         )
     body["invite"] = tuple(body["invite"])
     body["initial_state"] = tuple(body["initial_state"])
-    room_id = runtime().room_creator.create(current_requester().user_id, CreateRoomRequest(**body))
+    room_id = runtime().room_creator.create(
+        current_requester().user_id, CreateRoomRequest(**body), outbound_caller()
+    )
     return json_response({"room_id": room_id})
 
 

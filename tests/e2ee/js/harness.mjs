@@ -20,8 +20,9 @@ export function step(name, promise) {
     return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
 }
 
-export async function login(user, password) {
-    const response = await fetch(`${baseUrl}/_matrix/client/v3/login`, {
+// `url` is another homeserver's client API, for scenarios across servers.
+export async function login(user, password, url = baseUrl) {
+    const response = await fetch(`${url}/_matrix/client/v3/login`, {
         method: "POST",
         headers: { "Content-Type": "application/json" },
         body: JSON.stringify({
@@ -34,10 +35,10 @@ export async function login(user, password) {
     return response.json();
 }
 
-export async function startDevice(user, password) {
-    const session = await login(user, password);
+export async function startDevice(user, password, url = baseUrl) {
+    const session = await login(user, password, url);
     const client = createClient({
-        baseUrl,
+        baseUrl: url,
         userId: session.user_id,
         deviceId: session.device_id,
         accessToken: session.access_token,
@@ -109,6 +110,22 @@ export function invited(client) {
                 client.off(ClientEvent.Room, check);
                 client.off(RoomEvent.MyMembership, check);
                 resolve(room.roomId);
+            }
+        };
+        client.on(ClientEvent.Room, check);
+        client.on(RoomEvent.MyMembership, check);
+        check();
+    });
+}
+
+// Resolves once `client` is invited to `roomId` (it may be in other rooms already).
+export function invitedTo(client, roomId) {
+    return new Promise((resolve) => {
+        const check = () => {
+            if (client.getRoom(roomId)?.getMyMembership() === "invite") {
+                client.off(ClientEvent.Room, check);
+                client.off(RoomEvent.MyMembership, check);
+                resolve();
             }
         };
         client.on(ClientEvent.Room, check);
