@@ -180,6 +180,13 @@ def test_concurrent_name_and_power_changes_resolve_to_the_same_state_on_both(
     assert r.status_code == 200, r.text
     on_synapse = state_map(r.json())
     assert on_weir == on_synapse
+    # Our /sync's state at the end of the timeline is the same resolved state, not the
+    # latest state event of each key by the order we stored them in.
+    params = {"use_state_after": "true", "filter": '{"room":{"timeline":{"limit":1}}}'}
+    r = alice.get(f"{V3}/sync", params=params)
+    assert r.status_code == 200, r.text
+    room = r.json()["rooms"]["join"][room_id]
+    assert state_map(room["state_after"]["events"]) == on_weir
     # The resolution picked one side of each key; both sides agree on which.
     assert on_weir[("m.room.name", "")]["name"] in ("named on weir", "named on synapse")
     assert on_weir[("m.room.member", bob.user_id)]["membership"] == "join"
