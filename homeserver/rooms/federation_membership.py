@@ -37,6 +37,7 @@ from homeserver.rooms.events import (
 )
 from homeserver.rooms.pdu_checks import CheckedPdu, PduChecker
 from homeserver.rooms.received import ReceivedEventRefused
+from homeserver.rooms.resolution import RoomResolver
 from homeserver.rooms.service import RoomService
 from homeserver.rooms.versions import KNOWN_ROOM_VERSIONS, RoomVersion
 from homeserver.storage.remote_invites import RemoteInviteStore
@@ -258,7 +259,8 @@ class FederationMembership:
         stored = self.graph.event_in_room(room_id, event.event_id)
         if stored is None:  # stored a moment ago; only a purge could take it away
             raise not_found("The join event is no longer stored")
-        state = self.graph.state_before(stored)
+        version = self.rooms.room_version(room_id)
+        state = RoomResolver(self.rooms.store, version, room_id).stored_state_before(stored.event)
         state_ids = [s.event.event_id for s in state.values()]
         chain = self.graph.auth_chain(room_id, [*state_ids, event.event_id], MAX_AUTH_CHAIN)
         return {

@@ -22,6 +22,7 @@ from homeserver.core.clock import now_ms
 from homeserver.core.errors import forbidden, not_found
 from homeserver.rooms.events import redact
 from homeserver.rooms.federation_membership import MAX_AUTH_CHAIN
+from homeserver.rooms.resolution import RoomResolver
 from homeserver.rooms.service import RoomService
 from homeserver.rooms.versions import RoomVersion
 from homeserver.storage.room_graph import RoomGraphStore
@@ -107,9 +108,11 @@ class FederationReads:
 
     def state(self, origin: str, room_id: str, event_id: str, ids_only: bool) -> dict:
         """`/state` and `/state_ids`: the state before `event_id` and its auth chain."""
-        self._admit(origin, room_id)
+        version, _ = self._admit(origin, room_id)
         stored = self._event(room_id, event_id)
-        state = sorted(self.graph.state_before(stored).values(), key=lambda s: s.stream_ordering)
+        resolver = RoomResolver(self.rooms.store, version, room_id)
+        before = resolver.stored_state_before(stored.event)
+        state = sorted(before.values(), key=lambda s: s.stream_ordering)
         state_ids = [s.event.event_id for s in state]
         chain = self.graph.auth_chain(room_id, state_ids, MAX_AUTH_CHAIN)
         if ids_only:

@@ -19,6 +19,7 @@ from homeserver.core.events import Event
 from homeserver.federation.errors import KeyResolutionRefused, MalformedResponse
 from homeserver.rooms.auth import (
     AuthError,
+    StateKey,
     auth_event_ids_to_check,
     check_against_state,
     check_auth_events,
@@ -41,12 +42,14 @@ class BadJoinResponse(MalformedResponse):
 @dataclass(frozen=True)
 class JoinedRoom:
     """A checked send_join answer: the events to store, in an order where each event's
-    auth events come before it and the room's state comes last, then our join."""
+    auth events come before it and the room's state comes last, then our join; and the
+    room's state before our join, as the answer gave it (our join's state group)."""
 
     version: RoomVersion
     creator: str
     events: list[Event]
     join: Event
+    state_before: dict[StateKey, str]
 
 
 def _pdus(server: str, body: object, key: str) -> list[dict]:
@@ -93,11 +96,19 @@ class JoinResponseChecker:
         signed_by = {i: c.signed_by for i, c in checked.items()}
         for event in events.values():
             self._authorised(server, version, event, events, signed_by)
-        state = {(events[i].type, events[i].state_key): events[i] for i in state_ids}
+        if any(events[i].state_key is None for i in state_ids):
+            raise BadJoinResponse(server, "send_join answer's state holds a non-state event")
+        state = {(events[i].type, events[i].state_key or ""): events[i] for i in state_ids}
         join = events[our_join.event_id]
         self._join_allowed(server, version, join, state, signed_by[join.event_id])
         others = {i: e for i, e in events.items() if i != join.event_id}
-        return JoinedRoom(version, self._creator(server, state), _ordered(others, state_ids), join)
+        return JoinedRoom(
+            version,
+            self._creator(server, state),
+            _ordered(others, state_ids),
+            join,
+            {k: e.event_id for k, e in state.items()},
+        )
 
     def _verified(self, server: str, version: RoomVersion, pdus: dict) -> dict[str, CheckedPdu]:
         """Signatures and content hashes of every event, checked a few at a time."""

@@ -180,7 +180,7 @@ class RemoteMembership:
             count_failure(self._metrics, "join", e)
             raise to_client_error(e, target) from None
         # Stored after the deadline: a write it interrupted could still commit.
-        self.rooms.store_remote_join(joined.version, joined.creator, joined.events, joined.join)
+        self.rooms.store_remote_join(joined)
         self._metrics.outbound_calls.labels("join", "ok").inc()
         return room_id
 

@@ -13,7 +13,7 @@ from homeserver.rooms.state_res import auth_chain_from_lookup, resolve_state
 from homeserver.rooms.versions import RoomVersion
 from homeserver.storage.event_state import EventStateStore
 from homeserver.storage.room_graph import RoomGraphStore
-from homeserver.storage.rooms import RoomStore
+from homeserver.storage.rooms import RoomStore, StoredEvent
 
 StateIds = dict[StateKey, str]
 
@@ -74,6 +74,18 @@ class RoomResolver:
 
     def state_before(self, event: Event) -> StateIds:
         return self.resolve(self.state_after(list(event.prev_event_ids)))
+
+    def stored_state_before(self, event: Event) -> dict[StateKey, StoredEvent]:
+        """The state before a stored event, as other servers are given it (/state,
+        /state_ids, a send_join answer): a message's own state group, which is that; else
+        the resolution of the states after its prev_events."""
+        before = None
+        if event.state_key is None:
+            before = self.states.state_after([event.event_id]).get(event.event_id)
+        if before is None:
+            before = self.state_before(event)
+        found = self.store.events_in_room(self.room_id, before.values())
+        return {k: found[v] for k, v in before.items() if v in found}
 
     def current_after(self, event: Event, before: Mapping[StateKey, str]) -> StateIds:
         """The current state once `event` is a forward extremity: the resolution of the

@@ -372,24 +372,28 @@ class RoomService:
 
     # --- membership through other servers (rooms/remote_membership.py) ---------------------
 
-    def store_remote_join(
-        self, version: RoomVersion, creator: str, events: list[Event], join: Event
-    ):
+    def store_remote_join(self, joined) -> None:  # a rooms.join_checks.JoinedRoom
         """Stores a room joined through another server: the checked state and auth chain
         (those not stored already) and our join, all in one transaction, creating the room if
-        it is new here. Our join, which send_join delivered, is not queued for sending."""
+        it is new here. Our join gets the answer's state as the state before it, and the room's
+        current state becomes that plus our join, so later resolutions start from it. Our
+        join, which send_join delivered, is not queued for sending."""
+        join = joined.join
         room_id = join.room_id
         with self._locks.hold(room_id):
-            known = self.store.events_in_room(room_id, [e.event_id for e in [*events, join]])
+            known = self.store.events_in_room(room_id, [e.event_id for e in [*joined.events, join]])
             if join.event_id in known:
                 return
-            new = [e for e in events if e.event_id not in known]
+            new = [e for e in joined.events if e.event_id not in known]
             room = self.store.get_room(room_id)
+            version = joined.version.identifier
+            current = {**joined.state_before, (join.type, join.state_key or ""): join.event_id}
             self._persist(
                 [*new, join],
-                new_room=None if room else NewRoom(room_id, version.identifier, creator, now_ms()),
+                new_room=None if room else NewRoom(room_id, version, joined.creator, now_ms()),
                 received=True,
                 extra_writes=[self.store.only_extremity(room_id, join.event_id)],
+                resolved=ResolvedPersist({join.event_id: joined.state_before}, current=current),
             )
 
     def prepare_event(self, room_id: str, planned: PlannedEvent) -> tuple[RoomVersion, Event]:

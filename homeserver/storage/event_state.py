@@ -92,10 +92,13 @@ def record_rejection(tx, event: Event, reason: str, now_ms: int) -> None:
     )
 
 
-def set_current_state(tx, room_id: str, new: StateIds, position: int, update_stats) -> None:
+def set_current_state(tx, room_id: str, new: StateIds, position: int, update_stats) -> bool:
     """Makes the room's current state `new` (a resolved state); `update_stats(tx, event,
-    previous_membership, position)` keeps the room's stats with each changed key."""
+    previous_membership, position)` keeps the room's stats with each changed key. Returns
+    whether anything changed."""
     old = current_ids(tx, room_id)
+    if old == new:
+        return False
     for key in old.keys() - new.keys():
         tx.execute(
             "DELETE FROM current_state WHERE room_id = ? AND type = ? AND state_key = ?",
@@ -113,6 +116,34 @@ def set_current_state(tx, room_id: str, new: StateIds, position: int, update_sta
             (room_id, *key, event.event_id, event.membership),
         )
         update_stats(tx, event, previous.membership if previous else None, position)
+    return True
+
+
+def record_current(tx, room_id: str, position: int, last_event_id: str) -> None:
+    """Remembers the room's current state as it is now, at `position` (the last event just
+    stored): the group of `last_event_id` when that is the current state (a local event's
+    is), else a new group."""
+    current = current_ids(tx, room_id)
+    group = group_of(tx, last_event_id)
+    if group is None or read_group(tx, group) != current:
+        group = new_group(tx, room_id, current)
+    tx.execute(
+        "INSERT INTO room_state_positions (room_id, stream_ordering, state_group) VALUES (?, ?, ?)",
+        (room_id, position, group),
+    )
+
+
+def ids_at(tx, room_id: str, position: int) -> dict[StateKey, str] | None:
+    """The room's current state as it was just after stream position `position`, or None
+    when no row covers it (a room stored before room_state_positions)."""
+    row = tx.fetchone(
+        "SELECT s.state FROM room_state_positions p"
+        " JOIN state_groups s ON s.state_group = p.state_group"
+        " WHERE p.room_id = ? AND p.stream_ordering <= ?"
+        " ORDER BY p.stream_ordering DESC LIMIT 1",
+        (room_id, position),
+    )
+    return _decode(row[0]) if row else None
 
 
 def _events_by_id(tx, event_ids: list[str]) -> dict[str, Event]:

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from canonicaljson import encode_canonical_json
 
 from homeserver.core.events import Event
+from homeserver.storage import room_stats
 from homeserver.storage.database import Database, in_lists
-from homeserver.storage.rooms import RoomStore
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,7 @@ class RedactionStore:
         )
         if row is not None:
             # Membership survives redaction, so only the room's named columns can change.
-            RoomStore.update_stats(tx, redacted, redacted.membership, row[0])
+            room_stats.update_stats(tx, redacted, redacted.membership, row[0])
         for event_id, unsigned in tx.fetchall(
             "SELECT event_id, unsigned FROM events WHERE room_id = ? AND type = ?"
             " AND state_key = ? AND unsigned IS NOT NULL",

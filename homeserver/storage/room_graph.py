@@ -1,5 +1,5 @@
-"""Walks of a room's event graph for serving other servers: the state before an event, an
-event's auth chain, backfill and missing events.
+"""Walks of a room's event graph for serving other servers: an event's auth chain, backfill
+and missing events (the state before an event is rooms/resolution.py's).
 
 Every walk stays inside one room and stops at a count given by the caller, so what a remote
 server can ask for is bounded by the room and by that cap, never by the request.
@@ -13,7 +13,7 @@ from typing import Iterable
 
 from homeserver.core.events import Event
 from homeserver.storage.database import Database, in_lists
-from homeserver.storage.rooms import RoomStore, StateKey, StoredEvent
+from homeserver.storage.rooms import RoomStore, StoredEvent
 
 
 def _stored(row) -> StoredEvent:
@@ -40,12 +40,6 @@ class RoomGraphStore:
 
     def event_in_room(self, room_id: str, event_id: str) -> StoredEvent | None:
         return self.rooms.events_in_room(room_id, [event_id]).get(event_id)
-
-    def state_before(self, event: StoredEvent) -> dict[StateKey, StoredEvent]:
-        """The room's state just before `event`. Rooms are kept linear by stream order
-        (rooms/received.py says how forks are read), so that is the state just after the
-        position before it."""
-        return self.rooms.state_at(event.event.room_id, event.stream_ordering - 1)
 
     def auth_chain(self, room_id: str, event_ids: Iterable[str], limit: int) -> list[StoredEvent]:
         """The auth events of `event_ids`, theirs, and so on (not the events themselves),

@@ -14,24 +14,12 @@ from typing import Callable, Iterable, Mapping
 from canonicaljson import encode_canonical_json
 
 from homeserver.core.events import Event
-from homeserver.storage import event_state, outbox, streams
+from homeserver.storage import event_state, outbox, room_stats, streams
 from homeserver.storage.database import Database, in_lists
 
 EVENTS_STREAM = "events"
 
 StateKey = tuple[str, str]
-
-# The room_stats column each state event (with an empty state key) keeps, and how.
-_STATS_COLUMNS: dict[str, tuple[str, str]] = {
-    "m.room.name": ("name", "name"),
-    "m.room.topic": ("topic", "topic"),
-    "m.room.canonical_alias": ("canonical_alias", "alias"),
-    "m.room.avatar": ("avatar_url", "url"),
-    "m.room.join_rules": ("join_rule", "join_rule"),
-    "m.room.history_visibility": ("history_visibility", "history_visibility"),
-    "m.room.guest_access": ("guest_access", "guest_access"),
-    "m.room.create": ("room_type", "type"),
-}
 
 
 @dataclass(frozen=True)
@@ -197,9 +185,14 @@ class RoomStore:
             before = res.state_before.get(event.event_id)
             event_state.record_state(tx, event, before, local=not received)
             stored.append(self._insert_event(tx, event, position, res))
+            if event.is_state and res.current is None and not res.soft_failed:
+                event_state.record_current(tx, room_id, position, event.event_id)
         if res.current is not None:
             position = stored[-1].stream_ordering
-            event_state.set_current_state(tx, room_id, res.current, position, self.update_stats)
+            if event_state.set_current_state(
+                tx, room_id, res.current, position, room_stats.update_stats
+            ):
+                event_state.record_current(tx, room_id, position, events[-1].event_id)
         outbox.queue_pdus(
             tx, send_to, [(s.stream_ordering, s.event.event_id, room_id) for s in stored]
         )
@@ -277,38 +270,8 @@ class RoomStore:
                 " SET event_id = excluded.event_id, membership = excluded.membership",
                 (room_id, event.type, event.state_key, event.event_id, event.membership),
             )
-            self.update_stats(tx, event, previous_membership, position)
+            room_stats.update_stats(tx, event, previous_membership, position)
         return StoredEvent(event, position, unsigned)
-
-    @staticmethod
-    def update_stats(tx, event: Event, previous_membership: str | None, position: int) -> None:
-        room_id = event.room_id
-        if event.type == "m.room.member":
-            joined = (event.membership == "join") - (previous_membership == "join")
-            invited = (event.membership == "invite") - (previous_membership == "invite")
-            if joined or invited:
-                row = tx.fetchone(
-                    "UPDATE room_stats SET joined_members = joined_members + ?,"
-                    " invited_members = invited_members + ? WHERE room_id = ?"
-                    " RETURNING joined_members",
-                    (joined, invited, room_id),
-                )
-                if joined:
-                    tx.execute(
-                        "INSERT INTO room_joined_count_history (room_id, stream_ordering,"
-                        " joined_members) VALUES (?, ?, ?)",
-                        (room_id, position, row[0]),
-                    )
-            return
-        column = _STATS_COLUMNS.get(event.type)
-        if column is None or event.state_key != "":
-            return
-        value = event.content.get(column[1])
-        # The column names come from the fixed table above, never from input.
-        tx.execute(
-            f"UPDATE room_stats SET {column[0]} = ? WHERE room_id = ?",
-            (value if isinstance(value, str) else None, room_id),
-        )
 
     @staticmethod
     def only_extremity(room_id: str, event_id: str) -> Callable:
@@ -401,10 +364,39 @@ class RoomStore:
         changed_after: int = 0,
         keys: Iterable[StateKey] | None = None,
     ) -> dict[StateKey, StoredEvent]:
-        """The room's state just after stream position `position`. Rooms are linear here
-        (local events only), so that is the latest state event per key at or before it.
-        With `changed_after`, only the keys set after that position (a state delta); with
-        `keys` or `event_type`, only those."""
+        """The room's current state as it was just after stream position `position`: the
+        resolved state, from room_state_positions. With `changed_after`, only the keys whose
+        event differs from the state at that position (a state delta); with `keys` or
+        `event_type`, only those. A room with no row that far back is read by stream order."""
+        ids = self.db.read(event_state.ids_at, room_id, position)
+        if ids is None:
+            return self._state_by_order(room_id, position, event_type, changed_after, keys)
+        if changed_after > 0:
+            before = self.db.read(event_state.ids_at, room_id, changed_after)
+            if before is None:
+                before = {
+                    k: s.event.event_id
+                    for k, s in self._state_by_order(room_id, changed_after).items()
+                }
+            ids = {k: v for k, v in ids.items() if before.get(k) != v}
+        if keys is not None:
+            wanted = set(keys)
+            ids = {k: v for k, v in ids.items() if k in wanted}
+        if event_type is not None:
+            ids = {k: v for k, v in ids.items() if k[0] == event_type}
+        found = self.events_in_room(room_id, ids.values())
+        return {k: found[v] for k, v in ids.items() if v in found}
+
+    def _state_by_order(
+        self,
+        room_id: str,
+        position: int,
+        event_type: str | None = None,
+        changed_after: int = 0,
+        keys: Iterable[StateKey] | None = None,
+    ) -> dict[StateKey, StoredEvent]:
+        """state_at for positions before room_state_positions: the latest state event per
+        key at or before `position`, by stream order (how linear rooms were read)."""
         sql = (
             f"SELECT {_EVENT_COLUMNS} FROM events e WHERE e.room_id = ? AND e.soft_failed = 0"
             " AND e.state_key IS NOT NULL AND e.stream_ordering <= ?"

@@ -1,0 +1,50 @@
+"""Room stats (member counts, name, topic and the like, for room lists and /sync summaries)
+and the joined-count history, kept with each change of current state in the transaction
+that makes it."""
+
+from __future__ import annotations
+
+from homeserver.core.events import Event
+
+# The room_stats column each state event (with an empty state key) keeps, and how.
+_STATS_COLUMNS: dict[str, tuple[str, str]] = {
+    "m.room.name": ("name", "name"),
+    "m.room.topic": ("topic", "topic"),
+    "m.room.canonical_alias": ("canonical_alias", "alias"),
+    "m.room.avatar": ("avatar_url", "url"),
+    "m.room.join_rules": ("join_rule", "join_rule"),
+    "m.room.history_visibility": ("history_visibility", "history_visibility"),
+    "m.room.guest_access": ("guest_access", "guest_access"),
+    "m.room.create": ("room_type", "type"),
+}
+
+
+def update_stats(tx, event: Event, previous_membership: str | None, position: int) -> None:
+    room_id = event.room_id
+    if event.type == "m.room.member":
+        joined = (event.membership == "join") - (previous_membership == "join")
+        invited = (event.membership == "invite") - (previous_membership == "invite")
+        if joined or invited:
+            row = tx.fetchone(
+                "UPDATE room_stats SET joined_members = joined_members + ?,"
+                " invited_members = invited_members + ? WHERE room_id = ?"
+                " RETURNING joined_members",
+                (joined, invited, room_id),
+            )
+            if joined:  # a resolution may change several members at one position
+                tx.execute(
+                    "INSERT INTO room_joined_count_history (room_id, stream_ordering,"
+                    " joined_members) VALUES (?, ?, ?) ON CONFLICT (room_id, stream_ordering)"
+                    " DO UPDATE SET joined_members = excluded.joined_members",
+                    (room_id, position, row[0]),
+                )
+        return
+    column = _STATS_COLUMNS.get(event.type)
+    if column is None or event.state_key != "":
+        return
+    value = event.content.get(column[1])
+    # The column names come from the fixed table above, never from input.
+    tx.execute(
+        f"UPDATE room_stats SET {column[0]} = ? WHERE room_id = ?",
+        (value if isinstance(value, str) else None, room_id),
+    )
