@@ -184,3 +184,27 @@ def test_a_room_that_takes_no_knocks_refuses_with_403(weir, synapse):
     assert room_id not in data["rooms"]["knock"]
     r = owner.call("GET", _room(f"/state/m.room.member/{quote(max_id)}", room_id))
     assert r.status_code == 404, r.text
+
+
+def test_an_invite_rescinded_on_synapse_ends_it_here(weir, synapse):
+    """Synapse sends the rescinding leave to the invitee's server (the invite among its auth
+    events): the invite we kept ends, and our /sync moves the room to rooms.leave."""
+    ned = MatrixClient(weir.client_url)
+    ned_id = ned.register("ned")["user_id"]
+    owner = SynapseUser(synapse, "door_ned")
+    r = owner.call("POST", "/createRoom", json={"room_version": "10", "invite": [ned_id]})
+    assert r.status_code == 200, (r.text, synapse.log_tail())
+    room_id = r.json()["room_id"]
+    _, since = _synced(ned, "invite", room_id)
+
+    r = owner.call("POST", _room("/kick", room_id), json={"user_id": ned_id, "reason": "oops"})
+    assert r.status_code == 200, r.text
+    left, _ = _synced(ned, "leave", room_id, since)
+    (leave,) = left["timeline"]["events"]
+    assert (leave["sender"], leave["state_key"]) == (owner.user_id, ned_id)
+    assert leave["content"] == {"membership": "leave", "reason": "oops"}
+    data = ned.get(f"{V3}/sync", timeout=30).json()
+    assert room_id not in data["rooms"]["invite"]
+    # Nothing is left to reject: a leave now is refused locally, no call out.
+    r = ned.post(f"{V3}{_room('/leave', room_id)}", json={})
+    assert r.status_code in (403, 404), r.text
