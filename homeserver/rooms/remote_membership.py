@@ -1,7 +1,7 @@
 """Membership through other servers, for our users: joining a room this server is not in
-(by ID or alias, over the `via` servers), inviting another server's user, and rejecting an
-invite to a room we are not in (server-server spec: make_join/send_join v2, invite v2,
-make_leave/send_leave v2).
+(by ID or alias, over the `via` servers), knocking on one, inviting another server's user,
+and rejecting an invite to, or rescinding a knock on, a room we are not in (server-server
+spec: make_join/send_join v2, make_knock/send_knock v1, invite v2, make_leave/send_leave v2).
 
 Each is a client-triggered outbound call (ADR-0079; docs/architecture.md, "Budgets"): one
 `client_outbound_budget` slot, refused with 429 at once, and one total deadline for every
