@@ -5,7 +5,8 @@ We hold none of the room's state, so the auth rules cannot be applied. What we c
 (as Synapse does for a rescinded invite): the event is signed by its sender's server
 (pdu_checks.py), and it answers our kept invite or knock, which is among its auth events
 (a member event's auth events hold its target's current membership). An invite may be
-rescinded so, and a knock refused (a kick of the knocker). The spec leaves how the room
+rescinded so, by its inviter only; a knock refused (a kick of the knocker) by anyone who
+signs it. The spec leaves how the room
 tells the knocking server unsaid; a server that does not send it leaves the knock shown
 until our user rescinds it.
 """
@@ -42,6 +43,8 @@ class OutOfRoomEnds:
         kept = self._kept.get(room_id, target)
         if kept is None or kept.membership not in ("invite", "knock"):
             return None
+        if kept.membership == "invite" and pdu.get("sender") != kept.event.sender:
+            return None  # who else may rescind it we cannot tell without the room's state
         auth_events = pdu.get("auth_events")
         if not isinstance(auth_events, list) or kept.event.event_id not in auth_events:
             return None
