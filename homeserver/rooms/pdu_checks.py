@@ -32,6 +32,7 @@ from homeserver.rooms.events import (
     event_id_for,
     redact,
 )
+from homeserver.rooms.out_of_room import OutOfRoomEnds
 from homeserver.rooms.service import RoomService
 from homeserver.rooms.versions import (
     DEFAULT_ROOM_VERSION,
@@ -101,9 +102,13 @@ def signing_servers(pdu: dict, version: RoomVersion) -> list[str]:
 
 
 class PduChecker:
-    def __init__(self, keyring: Keyring, rooms: RoomService):
+    def __init__(
+        self, keyring: Keyring, rooms: RoomService, out_of_room: OutOfRoomEnds | None = None
+    ):
         self.keyring = keyring
         self.rooms = rooms
+        # Where a PDU of a room we are not in may end a kept invite or knock (out_of_room.py).
+        self._out_of_room = out_of_room
 
     def check(self, pdus: list[dict], source_ip: str | None) -> list[CheckedPdu]:
         """The checked PDUs, in order; a PDU too broken to have an event ID is left out.
@@ -140,6 +145,13 @@ class PduChecker:
             room = self.rooms.store.get_room(room_id)
             if room is not None and self.rooms.is_joined_here(room_id):
                 versions[room_id] = KNOWN_ROOM_VERSIONS[room.room_version]
+        ends = self._out_of_room
+        for pdu in pdus:
+            named_room = pdu.get("room_id")
+            if ends is not None and isinstance(named_room, str) and named_room not in versions:
+                version = ends.version_for(pdu)
+                if version is not None:
+                    versions[named_room] = version
         return versions
 
     def verify(self, item: CheckedPdu, source_ip: str | None) -> CheckedPdu | KeyResolutionRefused:

@@ -1,7 +1,7 @@
 """Membership through other servers, for our users: joining a room this server is not in
-(by ID or alias, over the `via` servers), inviting another server's user, and rejecting an
-invite to a room we are not in (server-server spec: make_join/send_join v2, invite v2,
-make_leave/send_leave v2).
+(by ID or alias, over the `via` servers), knocking on one, inviting another server's user,
+and rejecting an invite to, or rescinding a knock on, a room we are not in (server-server
+spec: make_join/send_join v2, make_knock/send_knock v1, invite v2, make_leave/send_leave v2).
 
 Each is a client-triggered outbound call (ADR-0079; docs/architecture.md, "Budgets"): one
 `client_outbound_budget` slot, refused with 429 at once, and one total deadline for every
@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 from urllib.parse import quote
 
@@ -24,6 +25,7 @@ from homeserver.core.events import Event
 from homeserver.core.identifiers import (
     is_valid_room_id,
     is_valid_server_name,
+    is_valid_user_id,
     room_id_server,
     server_of,
 )
@@ -40,10 +42,11 @@ from homeserver.federation.errors import (
 from homeserver.federation.keyring import Keyring
 from homeserver.metrics import Metrics
 from homeserver.rooms.events import InvalidEvent, event_from_template, event_id_for, redact
+from homeserver.rooms.federation_membership import MAX_INVITE_ROOM_STATE, stripped
 from homeserver.rooms.join_checks import JoinResponseChecker
 from homeserver.rooms.service import PlannedEvent, RoomService
 from homeserver.rooms.versions import KNOWN_ROOM_VERSIONS, RoomVersion
-from homeserver.storage.remote_invites import RemoteInviteStore
+from homeserver.storage.remote_invites import RemoteInvite, RemoteInviteStore
 
 log = logging.getLogger(__name__)
 
@@ -264,18 +267,19 @@ class RemoteMembership:
         )
         return self._checker.check(server, version, event, body)
 
-    # --- rejecting an invite ----------------------------------------------------------------
+    # --- rejecting an invite, rescinding a knock -------------------------------------------
 
     def leave(self, user_id: str, room_id: str, caller: Caller, content: dict) -> None:
-        """Leaves a room; an invite to a room none of our users is in is rejected through
-        the inviting server (make_leave/send_leave), any other leave is a local event."""
+        """Leaves a room; an invite to, or a knock on, a room none of our users is in is
+        rejected or rescinded through a server in the room (make_leave/send_leave), any
+        other leave is a local event."""
         if not is_valid_room_id(room_id):
             raise not_found("Unknown room")
-        invite = self._pending_invite(room_id, user_id)
-        if invite is None:
+        pending = self._pending(room_id, user_id)
+        if pending is None:
             self.rooms.update_membership(user_id, room_id, user_id, "leave", content)
             return
-        servers = _candidates(room_id, [server_of(invite.sender)], self.server_name)
+        servers = _candidates(room_id, pending.servers, self.server_name)
         with admitted(self._budget, caller):
             deadline = self._client.deadline(MEMBERSHIP_DEADLINE_SECONDS, what=f"leave {room_id}")
             try:
@@ -287,30 +291,37 @@ class RemoteMembership:
             except (FederationError, DeadlineExceeded) as e:
                 count_failure(self._metrics, "leave", e)
                 raise to_client_error(e, servers[0] if servers else room_id) from None
-            self._record_rejection(room_id, event)
+            self._record_leave(pending, event)
         self._metrics.outbound_calls.labels("leave", "ok").inc()
 
-    def _pending_invite(self, room_id: str, user_id: str) -> Event | None:
-        """The invite to reject through another server: one in a room we hold but none of
-        our users is in, or one kept beside the rooms (storage/remote_invites.py)."""
+    def _pending(self, room_id: str, user_id: str) -> _Pending | None:
+        """The invite or knock to end through another server: one in a room we hold but
+        none of our users is in, or one kept beside the rooms (storage/remote_invites.py),
+        whichever is newer."""
+        member = None
         if self.rooms.room_exists(room_id):
             if self.rooms.is_joined_here(room_id):
                 return None
             member = self.rooms.store.current_state(room_id, [("m.room.member", user_id)]).get(
                 ("m.room.member", user_id)
             )
-            return member.event if member and member.event.membership == "invite" else None
         kept = self._remote_invites.get(room_id, user_id)
-        if kept is None:
+        if kept is not None and (member is None or kept.stream_ordering > member.stream_ordering):
+            if kept.membership not in ("invite", "knock"):
+                return None
+            return _Pending(kept.event, _servers_shown(kept), kept=True)
+        if member is not None and member.event.membership == "invite":
+            return _Pending(member.event, [server_of(member.event.sender)], kept=False)
+        if member is None and kept is None and not self.rooms.room_exists(room_id):
             raise not_found("Unknown room")
-        return kept.event if kept.membership == "invite" else None
+        return None
 
-    def _record_rejection(self, room_id: str, event: Event) -> None:
-        if self.rooms.room_exists(room_id):
+    def _record_leave(self, pending: _Pending, event: Event) -> None:
+        if not pending.kept:
             self.rooms.store_remote_leave(event)
             return
-        kept = self._remote_invites.get(room_id, event.state_key or "")
-        if kept is not None:  # _pending_invite found it: the room is not held here
+        kept = self._remote_invites.get(event.room_id, event.state_key or "")
+        if kept is not None:
             self._remote_invites.put(kept.room_version, event, [], "leave")
             self._wake_users([event.state_key or ""])
 
@@ -403,18 +414,103 @@ class RemoteMembership:
             stripped.append({k: pdu[k] for k in ("type", "state_key", "content", "sender")})
         return stripped
 
-    # --- knocking ---------------------------------------------------------------------------
+    # --- knocking ------------------------------------------------------------------------
 
-    def knock(self, user_id: str, room_id: str, content: dict) -> str:
-        """Knocks on a room one of our users is in; through other servers: not done yet."""
-        if self._local(room_id):
-            self.rooms.update_membership(user_id, room_id, user_id, "knock", content)
-            return room_id
-        raise MatrixError(
-            501,
-            Codes.UNRECOGNIZED,
-            "Knocking on rooms of other servers is not available yet; ask for an invite",
+    def knock(
+        self,
+        user_id: str,
+        room_id: str | None,
+        via: list[str],
+        caller: Caller,
+        content: dict,
+        alias: str | None = None,
+    ) -> str:
+        """Knocks on `room_id` (or the room `alias` names); returns the room ID. A room one
+        of our users is in is knocked on locally; any other through another server
+        (make_knock/send_knock v1), and the knock is kept beside the rooms with the state the
+        room's server showed us, as a remote invite is."""
+        if alias is not None and server_of(alias) == self.server_name:
+            room_id, servers = self._resolve_alias(alias, None)  # our table: no call out
+            via, alias = [*via, *servers], None
+        if room_id is not None and self._local(room_id):
+            return self._knock_locally(user_id, room_id, content)
+        with admitted(self._budget, caller):
+            return self._admitted_knock(user_id, room_id, via, content, alias)
+
+    def _knock_locally(self, user_id: str, room_id: str, content: dict) -> str:
+        self.rooms.update_membership(user_id, room_id, user_id, "knock", content)
+        return room_id
+
+    def _admitted_knock(self, user_id, room_id, via, content, alias) -> str:
+        target = alias or room_id or ""
+        deadline = self._client.deadline(MEMBERSHIP_DEADLINE_SECONDS, what=f"knock {target}")
+        try:
+            with deadline:
+                if alias is not None:
+                    room_id, servers = self._resolve_alias(alias, deadline)
+                    via = [*via, server_of(alias), *servers]
+                    if self._local(room_id):
+                        return self._knock_locally(user_id, room_id, content)
+                assert room_id is not None
+                version, event, state = self._try_servers(
+                    _candidates(room_id, via, self.server_name),
+                    lambda server: self._knock_via(server, room_id, user_id, content, deadline),
+                )
+        except (FederationError, DeadlineExceeded) as e:
+            count_failure(self._metrics, "knock", e)
+            raise to_client_error(e, target) from None
+        # Kept after the deadline, as a join is stored: a write it interrupted could commit.
+        self._remote_invites.put(version.identifier, event, state, "knock")
+        self._wake_users([user_id])
+        self._metrics.outbound_calls.labels("knock", "ok").inc()
+        return room_id
+
+    def _knock_via(self, server, room_id, user_id, content, deadline):
+        version, template = self._make("knock", server, room_id, user_id, deadline)
+        event = self._sign(server, version, template, {**content, "membership": "knock"})
+        body = self._client.put_json(
+            server,
+            f"{FED_V1}/send_knock/{_q(room_id)}/{_q(event.event_id)}",
+            event.pdu,
+            deadline=deadline,
+            max_bytes=TEMPLATE_MAX_BYTES,
+            target_health=self._cooldown,
         )
+        return version, event, _knock_room_state(server, body)
+
+
+def _knock_room_state(server: str, body) -> list[dict]:
+    """send_knock's `knock_room_state`, in the stripped form a client is shown."""
+    state = body.get("knock_room_state") if isinstance(body, dict) else None
+    if not isinstance(state, list) or len(state) > MAX_INVITE_ROOM_STATE:
+        raise MalformedResponse(server, "send_knock answer without a knock_room_state list")
+    for item in state:
+        if not (
+            isinstance(item, dict)
+            and isinstance(item.get("type"), str)
+            and isinstance(item.get("state_key"), str)
+            and isinstance(item.get("content"), dict)
+        ):
+            raise MalformedResponse(server, "knock_room_state holds a malformed event")
+    return [stripped(item) for item in state]
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """An invite or a knock of our user that only another server can end."""
+
+    event: Event
+    servers: list[str]  # to ask for make_leave, best first
+    kept: bool  # kept beside the rooms (storage/remote_invites.py), not in a room's state
+
+
+def _servers_shown(kept: RemoteInvite) -> list[str]:
+    """For a kept invite, the inviter's server; for a knock, the servers of the room's
+    state the room showed us (its creator's, its admins'), which are in the room."""
+    if kept.membership == "invite":
+        return [server_of(kept.event.sender)]
+    senders = [e.get("sender") for e in kept.invite_room_state]
+    return [server_of(s) for s in senders if isinstance(s, str) and is_valid_user_id(s)]
 
 
 def _more_telling(kept: FederationError | None, new: FederationError) -> bool:

@@ -33,7 +33,9 @@ from typing import Callable
 
 from homeserver.core.clock import now_ms
 from homeserver.core.concurrency import KeyedLocks
+from homeserver.core.events import Event
 from homeserver.rooms.gaps import GapFiller
+from homeserver.rooms.out_of_room import OutOfRoomEnds
 from homeserver.rooms.pdu_checks import PduChecker
 from homeserver.rooms.received import ReceivedEventRefused
 from homeserver.rooms.service import RoomService
@@ -78,8 +80,11 @@ class TransactionProcessor:
         on_origin: Callable[[str], None] | None = None,
         on_edus: EduHandler | None = None,
         gaps: GapFiller | None = None,
+        out_of_room: OutOfRoomEnds | None = None,
     ):
         self.checker = checker
+        # Ends of our users' invites and knocks in rooms we are not in (out_of_room.py).
+        self._out_of_room = out_of_room
         # Fetches what a PDU lacks (rooms/gaps.py) before it is authorised.
         self._gaps = gaps
         self.rooms = rooms
@@ -136,6 +141,9 @@ class TransactionProcessor:
                 continue
             if item.event is None:  # the checker sets one or the other, never neither
                 raise ValueError(f"checked PDU {item.event_id} has no event and no error")
+            if self._out_of_room_end(item.event):
+                results[item.event_id] = {}
+                continue
             if self._gaps is not None:  # raises EventResolutionRefused: 429, retried
                 self._gaps.fill(origin, item.version, item.event, source_ip)
             try:
@@ -145,6 +153,18 @@ class TransactionProcessor:
                 log.info("event %s from %s refused: %s", item.event_id, origin, e)
                 results[item.event_id] = {"error": str(e)}
         return {"pdus": results}
+
+    def _out_of_room_end(self, event: Event) -> bool:
+        """A leave or ban in a room none of our users is in, which ends a kept invite or
+        knock: recorded there, since the room's own events are not taken in."""
+        if (
+            self._out_of_room is None
+            or event.type != "m.room.member"
+            or event.membership not in ("leave", "ban")
+            or self.rooms.is_joined_here(event.room_id)
+        ):
+            return False
+        return self._out_of_room.receive(event)
 
 
 class ShardTransactionReceiver:

@@ -49,6 +49,7 @@ from homeserver.rooms.federation_reads import FederationReads
 from homeserver.rooms.gaps import GapFiller
 from homeserver.rooms.history import RoomHistory
 from homeserver.rooms.join_checks import JoinResponseChecker
+from homeserver.rooms.out_of_room import OutOfRoomEnds
 from homeserver.rooms.pdu_checks import PduChecker
 from homeserver.rooms.remote_membership import RemoteMembership
 from homeserver.rooms.service import RoomService
@@ -198,7 +199,7 @@ class HomeserverRuntime(Infrastructure):
     def inbound_transactions(self) -> TransactionProcessor | ShardTransactionReceiver:
         """PUT /send: main checks, authorises and stores the PDUs; a worker shard (given the
         relay to main) checks them under its own budget and relays them."""
-        checker = PduChecker(self.keyring, self.rooms)
+        checker = PduChecker(self.keyring, self.rooms, self.out_of_room_ends)
         received = ReceivedTransactionStore(self.db)
         if self._transaction_relay is None:
             return TransactionProcessor(
@@ -208,6 +209,7 @@ class HomeserverRuntime(Infrastructure):
                 on_origin=self.federation_sender.on_inbound_transaction,
                 on_edus=self._receive_edus,
                 gaps=self.gaps,
+                out_of_room=self.out_of_room_ends,
             )
         return ShardTransactionReceiver(checker, received, self._transaction_relay)
 
@@ -218,6 +220,11 @@ class HomeserverRuntime(Infrastructure):
     @component
     def remote_invites(self) -> RemoteInviteStore:
         return RemoteInviteStore(self.db)
+
+    @component
+    def out_of_room_ends(self) -> OutOfRoomEnds:
+        """A kept invite rescinded, or a knock refused, by the room's server."""
+        return OutOfRoomEnds(self.remote_invites, self.notifier.notify_users)
 
     @component
     def federation_membership(self) -> FederationMembership:

@@ -1,4 +1,5 @@
-"""Invites of our users to rooms this server is not in, as a remote server sent them.
+"""Invites of our users to rooms this server is not in, as a remote server sent them, and
+our users' knocks on such rooms, as the room's server took them (send_knock).
 
 Such a room has no events here, so the invite cannot live in the room's state: it is kept
 beside it, one row per (room, user), at a position of the events stream taken in the same
@@ -24,9 +25,9 @@ class RemoteInvite:
     room_id: str
     user_id: str
     room_version: str
-    membership: str  # "invite", or "leave" once rejected
+    membership: str  # "invite" or "knock", then "leave" once rejected or rescinded
     event: Event
-    invite_room_state: list[dict]
+    invite_room_state: list[dict]  # or a knock's knock_room_state
     stream_ordering: int
 
 
@@ -55,8 +56,8 @@ class RemoteInviteStore:
     def put(
         self, room_version: str, event: Event, invite_room_state: list[dict], membership: str
     ) -> int:
-        """Records (or replaces) the user's invite, or its rejection, for the event's room;
-        returns its stream position."""
+        """Records (or replaces) the user's invite or knock, or its end, for the event's
+        room; returns its stream position. An invite replacing a knock is the knock let in."""
         user_id = event.state_key
 
         def write(tx):
@@ -97,8 +98,8 @@ class RemoteInviteStore:
 
     @staticmethod
     def invites_in(tx, user_id: str) -> list[RemoteInvite]:
-        """The user's remote invites (and rejections) that no member event of theirs in the
-        room itself has superseded; for /sync, inside its read transaction."""
+        """The user's remote invites and knocks (and their ends) that no member event of
+        theirs in the room itself has superseded; for /sync, inside its read transaction."""
         rows = tx.fetchall(
             f"SELECT {', '.join('r.' + c.strip() for c in _COLUMNS.split(','))}"
             " FROM remote_invites r WHERE r.user_id = ? AND NOT EXISTS ("

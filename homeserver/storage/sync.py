@@ -12,6 +12,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
+from homeserver.core.events import Event
 from homeserver.storage import streams
 from homeserver.storage.database import Database, in_lists
 from homeserver.storage.e2ee import DEVICE_LISTS_STREAM, TO_DEVICE_STREAM
@@ -68,9 +69,10 @@ class SyncSnapshot:
     # Of the rooms joined at `positions.events` and kept by the filter, those with events
     # after the token's position; None for an initial sync.
     rooms_with_events: set[str] | None
-    # For invites to rooms this server is not in (they are among `memberships`): the
-    # stripped state to show, by room, the invite event last.
-    remote_invite_state: dict[str, list[dict]] = field(default_factory=dict)
+    # Invites to, knocks on, and their ends (a rejection, a rescinded knock) in rooms this
+    # server is not in (they are among `memberships`), by room: for an invite or a knock
+    # the stripped state to show, the user's own event last; for a leave, the event.
+    out_of_room: dict[str, list[dict] | Event] = field(default_factory=dict)
 
 
 def _stripped(pdu: dict) -> dict:
@@ -102,13 +104,18 @@ class SyncStore:
             remote = [
                 r
                 for r in RemoteInviteStore.invites_in(tx, user_id)
-                if r.stream_ordering <= positions.events and r.membership == "invite"
+                if r.stream_ordering <= positions.events
             ]
             memberships += [(r.room_id, r.membership, r.stream_ordering) for r in remote]
-            invite_state = {
-                r.room_id: [*r.invite_room_state, _stripped(r.event.pdu)] for r in remote
+            out_of_room = {
+                r.room_id: (
+                    r.event
+                    if r.membership == "leave"
+                    else [*r.invite_room_state, _stripped(r.event.pdu)]
+                )
+                for r in remote
             }
-            return SyncSnapshot(positions, memberships, with_events, invite_state)
+            return SyncSnapshot(positions, memberships, with_events, out_of_room)
 
         return self.db.read(read)
 

@@ -32,6 +32,7 @@ from homeserver.storage.rooms import StoredEvent
 from homeserver.storage.sync import StreamPositions, SyncSnapshot, SyncStore
 from homeserver.sync.filters import Filters, RoomEventFilter, SyncFilter
 from homeserver.sync.notifier import Notifier
+from homeserver.sync.out_of_room import out_of_room
 from homeserver.sync.push_rules import default_ruleset
 from homeserver.sync.tokens import SyncToken
 from homeserver.sync.typing import TypingNotifications
@@ -173,10 +174,9 @@ class SyncService:
                 )
                 entry = self._joined_room(request, batch, room_id, changed, has_events)
                 section = "join"
-            elif room_id in snapshot.remote_invite_state:
-                entry = {"invite_state": {"events": snapshot.remote_invite_state[room_id]}}
-                entry = entry if changed else None
-                section = "invite"
+            elif room_id in snapshot.out_of_room:
+                shown = snapshot.out_of_room[room_id]
+                section, entry = out_of_room(request.filter, since, membership, shown, changed_at)
             elif membership in ("invite", "knock"):
                 entry = self._stripped_room(request, room_id, membership) if changed else None
                 section = membership

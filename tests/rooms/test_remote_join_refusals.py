@@ -1,7 +1,7 @@
 """Remote joins that must fail, and fail cleanly: a resident server whose send_join answer
 holds a forged state event or a bad signature is refused and nothing of the room is stored;
-a join whose only server never answers ends at its deadline with 504, its slot freed, and so
-does a createRoom inviting a user of such a server."""
+a join, a knock, or a createRoom inviting a user of a server that never answers ends at its
+deadline with 504, its slot freed."""
 
 import glob
 import os
@@ -20,6 +20,7 @@ WEIR_IP = "127.40.15.11"
 RESIDENT_IP = "127.40.15.12"
 TARPIT_IP = "127.40.15.13"
 INVITE_TARPIT_IP = "127.40.15.14"  # its own: the join test leaves TARPIT_IP cooling down
+KNOCK_TARPIT_IP = "127.40.15.15"  # and this one, for the same reason
 V3 = "/_matrix/client/v3"
 
 
@@ -110,3 +111,21 @@ def test_create_room_inviting_a_tarpit_user_ends_at_its_deadline_and_frees_its_s
     (room_id,) = set(alice.get(f"{V3}/joined_rooms").json()["joined_rooms"]) - rooms_before
     member = alice.get(f"{V3}/rooms/{quote(room_id)}/state/m.room.member/{quote(invitee)}")
     assert member.status_code == 404, member.text
+
+
+def test_a_knock_through_a_tarpit_ends_at_its_deadline_and_frees_its_slot(weir, alice):
+    with Tarpit(host=KNOCK_TARPIT_IP, port=8448) as tarpit:
+        room_id = f"!door:{KNOCK_TARPIT_IP}:8448"
+        r = alice.post(
+            f"{V3}/knock/{quote(room_id)}",
+            params={"via": f"{KNOCK_TARPIT_IP}:8448"},
+            json={},
+            timeout=30,
+        )
+        assert (r.status_code, r.json()["errcode"]) == (504, "M_UNKNOWN"), r.text
+        assert tarpit.accepted >= 1
+    assert in_flight(weir.client_url, "client_outbound") == 0
+    assert (
+        metric(weir.client_url, "weir_outbound_calls_total", call="knock", outcome="deadline") == 1
+    )
+    assert room_id not in alice.get(f"{V3}/sync", timeout=30).json()["rooms"]["knock"]

@@ -144,15 +144,18 @@ def _via() -> list[str]:
     return request.args.getlist("via") + request.args.getlist("server_name")
 
 
+def _room_id_or_alias(value: str) -> tuple[str | None, str | None]:
+    if value.startswith("#"):
+        return None, value
+    if value.startswith("!"):
+        return value, None
+    raise invalid_param("Expected a room ID (!...) or a room alias (#...)")
+
+
 @bp.post("/join/<path:room_id_or_alias>")
 @requires_auth
 def join_room_or_alias(room_id_or_alias: str):
-    if room_id_or_alias.startswith("#"):
-        room_id, alias = None, room_id_or_alias
-    elif room_id_or_alias.startswith("!"):
-        room_id, alias = room_id_or_alias, None
-    else:
-        raise invalid_param("Expected a room ID (!...) or a room alias (#...)")
+    room_id, alias = _room_id_or_alias(room_id_or_alias)
     content = _membership_content(_reason())
     joined = runtime().remote_membership.join(
         current_requester().user_id, room_id, _via(), outbound_caller(), content, alias=alias
@@ -183,13 +186,12 @@ def leave_room(room_id: str):
 @bp.post("/knock/<path:room_id_or_alias>")
 @requires_auth
 def knock(room_id_or_alias: str):
-    if not room_id_or_alias.startswith("!"):
-        raise MatrixError(400, Codes.UNRECOGNIZED, "Knocking by alias is not supported yet")
+    room_id, alias = _room_id_or_alias(room_id_or_alias)
     content = _membership_content(_reason())
-    room_id = runtime().remote_membership.knock(
-        current_requester().user_id, room_id_or_alias, content
+    knocked = runtime().remote_membership.knock(
+        current_requester().user_id, room_id, _via(), outbound_caller(), content, alias=alias
     )
-    return json_response({"room_id": room_id})
+    return json_response({"room_id": knocked})
 
 
 @bp.post("/rooms/<room_id>/invite")
