@@ -7,6 +7,7 @@
   /messages shows all 6 in order.
 """
 
+import os
 from urllib.parse import quote
 
 import gevent
@@ -94,6 +95,11 @@ def test_a_gap_is_filled_from_synapse(weir, alice, bob, synapse):
 
     weir.stop()
     missed = [_say(bob, room_id, f"missed {n}") for n in range(5)]
+    # A restart empties Synapse's queue for us: from its database it catches up with only the
+    # newest event of the room, so its four predecessors are a gap we must fetch.
+    synapse.stop()
+    synapse.start()
+    log_from = os.path.getsize(synapse.log_path)
     weir.start()
     alice.base_url = weir.client_url  # the client listener's port is picked anew
     # Our message wakes Synapse's sender for us (an inbound transaction ends its backoff).
@@ -103,6 +109,10 @@ def test_a_gap_is_filled_from_synapse(weir, alice, bob, synapse):
     messages = [e["event_id"] for e in _messages_back(alice, room_id)]
     wanted = [*missed, last]
     assert [e for e in messages if e in wanted] == wanted
+    # Synapse's catch-up sends only the newest event of a room: the rest were asked for.
+    with open(synapse.log_path, errors="replace") as f:
+        f.seek(log_from)
+        assert "/_matrix/federation/v1/get_missing_events/" in f.read()
 
 
 def _wait_for(client, room_id: str, event_id: str, timeout: float = 20) -> None:
