@@ -191,6 +191,11 @@ class HttpConfig:
     port: int = setting(_int(0, 65535), 8008)
     main_pool_size: int = setting(_int(2), 1000)
     keepalive_timeout: float = setting(_seconds(), 75.0)
+    # Open connections per listener, idle, reading a head or parked in /sync included; they
+    # wait outside the main pool, which counts only requests being worked on (http/server.py).
+    max_connections: int = setting(_int(1), 10_000)
+    # The whole request line and headers must arrive within this (a slow client is closed).
+    request_head_timeout: float = setting(_seconds(), 10.0)
     # On SIGTERM, /health answers 503 and the server keeps serving this long before it
     # closes its listeners: a load balancer marks it down first (http/server.py).
     shutdown_drain_delay: float = setting(_seconds(0), 0.0)

@@ -38,6 +38,7 @@ class _LiveCollector:
         self.rate_limiters: list[tuple[str, RateLimiter]] = []
         self.pools: list[tuple[str, Callable[[], int], int]] = []
         self.threadpools: list[tuple[str, Callable[[], int], int]] = []
+        self.pool_waits: list[tuple[str, object]] = []
         self.gauges: list[tuple[str, str, Callable[[], float]]] = []
         self.counters: list[tuple[str, str, Callable[[], float]]] = []
 
@@ -83,10 +84,35 @@ class _LiveCollector:
             threads.add_metric([name], limit)
         yield from (queued, threads)
 
+        yield from self._pool_waits()
         for name, doc, read in self.gauges:
             yield GaugeMetricFamily(name, doc, value=read())
         for name, doc, read in self.counters:
             yield CounterMetricFamily(name, doc, value=read())
+
+    def _pool_waits(self):
+        # Requests ready to run that wait for a place in a full work pool (http/places.py).
+        families = (
+            (GaugeMetricFamily, "weir_pool_waiting", "Requests waiting for a place now", "waiting"),
+            (CounterMetricFamily, "weir_pool_waits", "Requests that found the pool full", "waits"),
+            (
+                CounterMetricFamily,
+                "weir_pool_wait_seconds",
+                "Seconds requests spent waiting for a place",
+                "waited_seconds",
+            ),
+            (
+                CounterMetricFamily,
+                "weir_pool_wait_timeouts",
+                "Requests refused with 503 after waiting for a place",
+                "timeouts",
+            ),
+        )
+        for kind, name, doc, attribute in families:
+            family = kind(name, doc, labels=["pool"])
+            for pool, places in self.pool_waits:
+                family.add_metric([pool], getattr(places, attribute))
+            yield family
 
 
 class Metrics:
@@ -167,6 +193,10 @@ class Metrics:
 
     def track_pool(self, name: str, pool, size: int) -> None:
         self._live.pools.append((name, pool.__len__, size))
+
+    def track_pool_waits(self, name: str, places) -> None:
+        """Waits for a place in a work pool (homeserver/http/places.py: WorkPlaces)."""
+        self._live.pool_waits.append((name, places))
 
     def track_threadpool(self, name: str, pool) -> None:
         """A CountedThreadPool (homeserver/core/threads.py)."""

@@ -10,7 +10,6 @@ on the way out, so the slot is released within moments of the hang-up.
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 
 import gevent
@@ -25,11 +24,40 @@ class ClientDisconnected(gevent.GreenletExit):
 
 
 class _Watch:
-    """One watched block: the request greenlet to interrupt, while it is still inside."""
+    """One watched block: the request greenlet to interrupt, while it is still inside.
 
-    def __init__(self, request_greenlet):
+    A read watcher on the connection's descriptor, run by the hub: no greenlet and no
+    duplicated descriptor per watched request, so that a parked /sync costs little more than
+    its socket (docs/operations.md, "Sizing")."""
+
+    def __init__(self, request_greenlet, sock):
         self.request_greenlet = request_greenlet
         self.inside = True
+        # The raw TCP socket (TLS or not): a peek sees the stream without consuming it.
+        self._raw = getattr(sock, "_sock", sock)
+        self._watcher = gevent.get_hub().loop.io(sock.fileno(), 1)  # 1: readable
+        self._watcher.start(self._readable)
+
+    def _readable(self) -> None:
+        try:
+            data = self._raw.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return  # nothing after all: keep watching
+        except OSError:
+            data = b""  # reset by peer: as gone as EOF
+        self.stop()
+        if data == b"":
+            self.hang_up()
+        # Bytes instead of EOF: a pipelined next request or a TLS alert. The client is still
+        # there, so stop watching rather than guess.
+
+    def stop(self) -> None:
+        self._watcher.stop()
+
+    def close(self) -> None:
+        self.inside = False
+        self._watcher.stop()
+        self._watcher.close()
 
     def hang_up(self) -> None:
         # Delivered from the hub on its next turn. The block may have ended meanwhile (the
@@ -41,22 +69,6 @@ class _Watch:
             self.request_greenlet.throw(ClientDisconnected)
 
 
-def _wait_for_eof(fd: int, watch: _Watch) -> None:
-    # Peek on a duplicate of the descriptor: it sees the raw TCP stream (TLS or not) without
-    # consuming anything, and closing it leaves the connection's own descriptor alone.
-    peeker = socket.socket(fileno=os.dup(fd))
-    try:
-        data = peeker.recv(1, socket.MSG_PEEK)
-    except OSError:
-        data = b""  # reset by peer: as gone as EOF
-    finally:
-        peeker.close()
-    if data == b"":
-        watch.hang_up()
-    # Bytes instead of EOF: a pipelined next request or a TLS alert. The client is still
-    # there, so stop watching rather than guess.
-
-
 @contextlib.contextmanager
 def stop_on_client_disconnect(environ: dict):
     """Runs the body; if the client hangs up meanwhile, raises ClientDisconnected inside it,
@@ -65,10 +77,8 @@ def stop_on_client_disconnect(environ: dict):
     if sock is None:  # the dev server or a test client: nothing to watch
         yield
         return
-    watch = _Watch(gevent.getcurrent())
-    watcher = gevent.spawn(_wait_for_eof, sock.fileno(), watch)
+    watch = _Watch(gevent.getcurrent(), sock)
     try:
         yield
     finally:
-        watch.inside = False
-        watcher.kill(block=True)
+        watch.close()

@@ -1,23 +1,20 @@
 """Pool mode's handoff of remote media requests to the media pool (ADR-0121;
 docs/architecture.md, "Processes").
 
-pywsgi serves each client connection in one greenlet, and the main pool counts those
-greenlets. A remote media request that misses the cache would hold its main-pool place for
-as long as the remote peer takes, so it moves out first:
+A request holds a main-pool place while the application runs (http/places.py). A remote
+media request that misses the cache would hold it for as long as the remote peer takes, so
+it gives it back first:
 
 1. `admitted`: take a `media_fetch_budget` slot (429 at once over either cap), then the
-   connection's greenlet leaves the main pool (`Pool.discard`), which at once has room for
-   another connection. Every greenlet away from the main pool holds a slot, so there are never
+   request's greenlet leaves the main pool (`Pool.discard`), which at once has room for
+   another request. Every greenlet away from the main pool holds a slot, so there are never
    more of them than `media_fetch_max_in_flight`.
 2. `fetch_place`: only the request that starts a fetch (the coalescer's leader) joins the
    media pool (`Pool.add`, waiting while it is full, inside the request's deadline). Waiters
    on a fetch already running wait outside it, holding only their slot.
 3. After the response is written, the connection's handler calls `HandedOff.come_back`: the
-   slot is freed, and the connection rejoins the main pool for its next keep-alive request if
-   the main pool has room; otherwise it is closed. It is closed rather than made to wait for
-   a place: a wait would hold a connection outside every bound on a server that is full, while
-   a client that reconnects queues in the listen backlog like any new connection, which is how
-   the main pool admits work.
+   slot is freed, and the connection goes back to its listener's waiting stage like any
+   other, to take a main-pool place again for its next request.
 
 Shutdown: after `stop()`, a request that would be handed off answers 503, and one queued for
 a media-pool place gives up with 503 when it gets one. A request whose client hangs up while
@@ -29,7 +26,7 @@ from __future__ import annotations
 import contextlib
 
 from gevent import getcurrent
-from gevent.pool import Group, Pool, PoolFull
+from gevent.pool import Group, Pool
 
 from budget import InFlightBudget, OutboundDeadline, Slot
 from homeserver.core.errors import Codes, MatrixError, limit_exceeded
@@ -48,8 +45,7 @@ class MediaFetchHandoff:
         self.main_pool = main_pool
         self.media_pool = media_pool
         self.budget = budget
-        # Every connection greenlet away from the main pool, so that shutdown can wait for
-        # them and stop them.
+        # Every request greenlet away from the main pool, handed off now.
         self.away = Group()
         self.stopped = False
 
@@ -69,7 +65,7 @@ class MediaFetchHandoff:
         current = getcurrent()
         if current not in self.main_pool:
             slot.release()
-            raise RuntimeError("a media handoff must start on a main-pool connection")
+            raise RuntimeError("a media handoff must start on a request with a main-pool place")
         # From here on the slot is the handler's to release, once the response is written.
         caller.environ[HANDED_OFF] = HandedOff(self, slot, current)
         self.main_pool.discard(current)
@@ -105,15 +101,9 @@ class HandedOff:
 
     def come_back(self, keep_alive: bool) -> bool:
         """Called by the connection's handler once the response is written (or failed).
-        Frees the slot; returns True if the connection rejoined the main pool for its next
-        request, False if it must be closed (see the module docstring for why)."""
+        Frees the slot; returns whether the connection may serve another request (not after
+        a shutdown began)."""
         self._slot.release()
         handoff = self._handoff
         handoff.away.discard(self._greenlet)
-        if not keep_alive or handoff.stopped:
-            return False
-        try:
-            handoff.main_pool.add(self._greenlet, blocking=False)
-        except PoolFull:
-            return False
-        return True
+        return keep_alive and not handoff.stopped

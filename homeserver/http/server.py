@@ -1,10 +1,13 @@
 """The gevent server and its connection handler.
 
-pywsgi serves each connection in one greenlet for its whole keep-alive life, so a pool
-counts connections, not requests. The handler adds what pywsgi lacks: TCP_NODELAY (without
-it every keep-alive response waits ~44 ms for a delayed ACK), an idle timeout on keep-alive
-connections, a bounded TLS handshake, and a shutdown that lets a load balancer take the
-server out before its listeners close.
+pywsgi serves each connection in one greenlet for its whole keep-alive life. That greenlet
+lives in the server's waiting stage (`connections`, a pool of `max_connections`), and takes a
+place in the work pool (`places`, http/places.py) only to run the application: an idle
+connection, one reading a request head and a parked /sync hold no work place. The handler
+adds what pywsgi lacks: TCP_NODELAY (without it every keep-alive response waits ~44 ms for a
+delayed ACK), an idle timeout on keep-alive connections, a bounded TLS handshake, deadlines on
+reading a request (http/reading.py), and a shutdown that lets a load balancer take the server
+out before its listeners close.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from gevent.pool import Pool
 from gevent.pywsgi import WSGIHandler, WSGIServer
 
 from homeserver.http.handoff import HANDED_OFF
+from homeserver.http.places import PLACES, WorkPlaces
+from homeserver.http.reading import HEAD_TIMEOUT_RESPONSE, HeadTimeout, RequestBody
 
 # pywsgi reads the rest of every request body after the response, to keep the connection in
 # step. An unread rest up to DRAIN_MAX_BYTES (past the largest JSON body a route takes, 10 MiB
@@ -38,16 +43,19 @@ class WeirHandler(WSGIHandler):
     wsgi_input: Any
     # Set once the first request is read: every later one is a keep-alive request.
     _kept_alive = False
+    # Runs from the first byte of a request head to its end (request_head_timeout).
+    _head_timer: gevent.Timeout | None = None
 
     def handle(self):
         sock = self.socket
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            # Bounds the TLS handshake, every read of a request, and the idle wait between
-            # keep-alive requests: a silent client cannot hold a pool greenlet for longer.
-            sock.settimeout(self.server.keepalive_timeout)
+            # Bounds every read of a request and the idle wait between keep-alive requests:
+            # a silent client cannot hold a connection for longer.
             if isinstance(sock, ssl.SSLSocket):
+                sock.settimeout(self.server.request_head_timeout)  # a handshake is a head
                 sock.do_handshake()
+            sock.settimeout(self.server.keepalive_timeout)
         except (OSError, ValueError):
             self._close_quietly()
             return
@@ -62,6 +70,8 @@ class WeirHandler(WSGIHandler):
     def _handle_client_error(self, ex):
         # http.client's "got more than 100 headers" is an HTTPException, not the ValueError
         # pywsgi takes for bad input: without this, each such request prints a traceback.
+        if isinstance(ex, HeadTimeout):
+            return ("408", HEAD_TIMEOUT_RESPONSE)
         if isinstance(ex, http.client.HTTPException):
             ex = ValueError(str(ex))
         return super()._handle_client_error(ex)
@@ -82,12 +92,43 @@ class WeirHandler(WSGIHandler):
                 self._kept_alive = True
             if self.server.closing:
                 return ""
-            return super().read_requestline()
+            # Idle until the first byte of the next request (or the keep-alive timeout).
+            if not self.rfile.peek(1):
+                return ""
         finally:
             idle.discard(current)
+        self._head_timer = gevent.Timeout.start_new(self.server.request_head_timeout, HeadTimeout)
+        try:
+            return super().read_requestline()
+        except HeadTimeout:
+            self._send_head_timeout()
+            return ""
+
+    def read_request(self, raw_requestline):
+        try:
+            return super().read_request(raw_requestline)
+        finally:
+            self._stop_head_timer()
+
+    def _stop_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.close()
+            self._head_timer = None
+
+    def _send_head_timeout(self) -> None:
+        self._stop_head_timer()
+        with gevent.Timeout(1.0, False):
+            try:
+                self.socket.sendall(HEAD_TIMEOUT_RESPONSE)
+            except OSError:
+                pass
 
     def get_environ(self):
         environ = super().get_environ()
+        # Read against the floor; a short or malformed body is a 400, not a 500.
+        self.wsgi_input = environ["wsgi.input"] = RequestBody(self.wsgi_input)
+        # A parked /sync gives its work place back while it waits (http/places.py).
+        environ[PLACES] = self.server.places
         # Handlers that wait on a remote peer watch this socket for the client hanging up.
         environ["weir.socket"] = self.socket
         # The request target as sent (PATH_INFO is percent-decoded): federation signatures
@@ -125,11 +166,23 @@ class WeirHandler(WSGIHandler):
         except BaseException:
             self._come_back_from_handoff(keep_alive=False)
             raise
-        if result is True and self.server.closing:
+        finally:
+            self._stop_head_timer()  # a head refused before read_request (414, empty)
+        if result is True and (self.server.closing or _failed(self.wsgi_input)):
             result = None  # finish the response in hand, then close instead of keeping alive
         if not self._come_back_from_handoff(keep_alive=result is True):
             return None
         return result
+
+    def handle_one_response(self):
+        # A work place only to run the application; given back once the response is written.
+        places = self.server.places
+        if not places.take():
+            self.application = _busy
+        try:
+            super().handle_one_response()
+        finally:
+            places.give_back()
 
     def _come_back_from_handoff(self, keep_alive: bool) -> bool:
         """After a response: a request that was handed off to the media pool frees its slot
@@ -148,11 +201,35 @@ class WeirHandler(WSGIHandler):
                 self.wsgi_input = _LingeringDiscard(self.wsgi_input)
 
 
+def _failed(body) -> bool:
+    return bool(getattr(body, "failed", False))
+
+
+_BUSY_JSON = b'{"errcode":"M_UNKNOWN","error":"The server is busy; try again shortly"}'
+
+
+def _busy(environ, start_response):
+    """The answer when no work place came in time (http/places.py)."""
+    start_response(
+        "503 Service Unavailable",
+        [
+            ("Content-Type", "application/json"),
+            ("Content-Length", str(len(_BUSY_JSON))),
+            ("Retry-After", "1"),
+            ("Connection", "close"),
+        ],
+    )
+    return [_BUSY_JSON]
+
+
 def _unread_rest_is_unbounded(body) -> bool:
     """Whether what the app left unread of the request body is too much to drain: over
-    DRAIN_MAX_BYTES, or chunked and not yet at its last chunk (its size is unknown)."""
+    DRAIN_MAX_BYTES, or chunked and not yet at its last chunk (its size is unknown); or the
+    body failed (http/reading.py) and the stream can no longer be trusted."""
     if body is None:
         return False
+    if _failed(body):
+        return True
     if body.chunked_input:
         return body.chunk_length != 0
     return (body.content_length or 0) - body.position > DRAIN_MAX_BYTES
@@ -166,6 +243,8 @@ class _LingeringDiscard:
         self._body = body
 
     def _discard(self):
+        if _failed(self._body):
+            return
         left = LINGER_BYTES
         with gevent.Timeout(LINGER_SECONDS, False):
             while left > 0:
@@ -176,14 +255,30 @@ class _LingeringDiscard:
 
 
 class WeirWSGIServer(WSGIServer):
+    """`pool` is the work pool; connections wait in `connections`, of `max_connections`
+    (the accept loop pauses while it is full)."""
+
     handler_class = WeirHandler
 
-    def __init__(self, listener, application, *, pool: Pool, keepalive_timeout: float, **ssl_args):
+    def __init__(
+        self,
+        listener,
+        application,
+        *,
+        pool: Pool,
+        keepalive_timeout: float,
+        max_connections: int = 10_000,
+        request_head_timeout: float = 10.0,
+        **ssl_args,
+    ):
         if ssl_args:
-            # The handshake runs in the handler, under the idle timeout, not in the accept loop.
+            # The handshake runs in the handler, under the head timeout, not in the accept loop.
             ssl_args["do_handshake_on_connect"] = False
-        super().__init__(listener, application, spawn=pool, log=None, **ssl_args)
+        self.connections = Pool(max_connections)
+        super().__init__(listener, application, spawn=self.connections, log=None, **ssl_args)
+        self.places = WorkPlaces(pool)
         self.keepalive_timeout = keepalive_timeout
+        self.request_head_timeout = request_head_timeout
         self.idle_greenlets: set = set()
         self.draining = False  # stopping: /health is 503, responses close their connection
         self.closing = False  # stopped accepting: idle connections are closed

@@ -38,7 +38,10 @@ class HomeserverServer:
                 self.client_app,
                 pool=runtime.main_pool,
                 keepalive_timeout=http.keepalive_timeout,
+                max_connections=http.max_connections,
+                request_head_timeout=http.request_head_timeout,
             )
+            self._track(runtime.metrics, "client", self.client_server, "main")
             self.servers.append(self.client_server)
 
         if FEDERATION in listeners:
@@ -53,9 +56,18 @@ class HomeserverServer:
                 self.federation_app,
                 pool=self.federation_pool,
                 keepalive_timeout=http.keepalive_timeout,
+                max_connections=http.max_connections,
+                request_head_timeout=http.request_head_timeout,
                 **ssl_args,
             )
+            self._track(runtime.metrics, "federation", self.federation_server, "federation")
             self.servers.append(self.federation_server)
+
+    @staticmethod
+    def _track(metrics, listener: str, server: WeirWSGIServer, pool: str) -> None:
+        size = server.connections.size or 0
+        metrics.track_pool(f"{listener}_connections", server.connections, size)
+        metrics.track_pool_waits(pool, server.places)
 
     @property
     def client_url(self) -> str:
@@ -109,8 +121,8 @@ class HomeserverServer:
                 greenlet.kill(block=False)
         # Waiting syncs answer now (empty) rather than hold the shutdown to their timeout.
         self.runtime.notifier.close()
-        # Connections handed off to the media pool are in none of the servers' pools.
-        pools = [s.pool for s in self.servers] + ([handoff.away] if handoff is not None else [])
+        # Every connection, handed off or parked, is in its server's waiting stage.
+        pools = [s.pool for s in self.servers]
         for pool in pools:
             pool.join(timeout=max(0.0, deadline - time.monotonic()))
         for pool in pools:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import resource
 
 from homeserver.api.app import CLIENT, FEDERATION
 from homeserver.config import Config
@@ -16,8 +17,32 @@ from homeserver.runtime import HomeserverRuntime
 log = logging.getLogger(__name__)
 
 
+def raise_open_files_limit(max_connections: int) -> None:
+    """Raises the soft RLIMIT_NOFILE as far as the hard limit allows (shards inherit it):
+    every open connection is a descriptor, and the default soft limit (often 1024) is far
+    below `max_connections`."""
+    # Both listeners may be full, plus the database, peers and log files.
+    needed = 2 * max_connections + 1024
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, needed)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as e:
+            log.warning("could not raise the open files limit to %d: %s", target, e)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        log.warning(
+            "open files limit %d is under the %d that max_connections = %d may need",
+            soft,
+            needed,
+            max_connections,
+        )
+
+
 def serve(config: Config, config_path: str) -> int:
     """Serves until SIGTERM or SIGINT; 1 if a listener or a shard could not start."""
+    raise_open_files_limit(config.server.http.max_connections)
     runtime = HomeserverRuntime(config, pools=True)
     runtime.build_all()
     # With worker shards, they serve federation and main the client API.

@@ -37,9 +37,10 @@ from homeserver.sync.push_rules import default_ruleset
 from homeserver.sync.tokens import SyncToken
 from homeserver.sync.typing import TypingNotifications
 
-# The longest a sync may wait. Each waiting sync holds a main-pool greenlet and a connection;
-# clients ask for 30 s and reconnect at once, so a longer wait saves nothing worth the risk
-# of connections held past what proxies in between allow.
+# The longest a sync may wait. Each waiting sync holds a greenlet and a connection (no
+# main-pool place: the blueprint's while_waiting gives it back); clients ask for 30 s and
+# reconnect at once, so a longer wait saves nothing worth the risk of connections held past
+# what proxies in between allow.
 MAX_TIMEOUT_MS = 5 * 60 * 1000
 # Members named in a room summary when the room has no name (the spec's "first 5").
 HEROES = 5

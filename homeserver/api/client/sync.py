@@ -9,8 +9,8 @@ from flask import Blueprint, request
 from homeserver.api.auth import current_requester, requires_auth
 from homeserver.api.context import runtime
 from homeserver.core.errors import invalid_param
-from homeserver.http.disconnect import stop_on_client_disconnect
 from homeserver.http.parsing import json_object, query_bool, query_int
+from homeserver.http.places import parked
 from homeserver.http.responses import json_response
 from homeserver.sync.filters import MAX_FILTER_BYTES
 
@@ -32,8 +32,9 @@ def sync():
         query_bool("full_state", False),
         request.args.get("filter"),
         query_bool("use_state_after", False),
-        # A client that hangs up while its sync waits frees the greenlet and registration.
-        while_waiting=functools.partial(stop_on_client_disconnect, request.environ),
+        # A parked sync holds no main-pool place, and a client that hangs up meanwhile frees
+        # its greenlet and registration at once.
+        while_waiting=functools.partial(parked, request.environ),
     )
     return json_response(body)
 

@@ -1,0 +1,329 @@
+"""Prints what waiting costs one server process with the default main_pool_size (1000):
+idle keep-alive connections, parked /syncs and a slowloris, and what local requests and
+wake-ups take meanwhile (homeserver/http/places.py, docs/operations.md "Sizing").
+
+    .venv/bin/python -m loadtests.waiting_bench [--idle 10000] [--parked 5000]
+        [--members 2000] [--few 10] [--rounds 10] [--slow 2000] [--requests 400]
+
+Starts a real server process (`python app.py`, SQLite) whose users and rooms are written
+beforehand through the storage layer (loadtests/sync_bench.py's `populate`), then:
+
+1. baseline: `/versions` and local `/publicRooms` p50/p99, nothing else connected;
+2. opens `--idle` keep-alive connections (each answered once, then silent) and parks
+   `--parked` syncs (one per user, loadtests/sync_bench.py's `Client`), printing the server's
+   RSS and open descriptors after each, and the same latencies again;
+3. wake-ups: one message in a room of `--members` parked members, and one in a room of
+   `--few` of them while all `--parked` wait: p50/p99 from the send to each woken response,
+   with the woken clients syncing again only once the round is woken (the wake-up alone);
+4. slowloris: the idle connections close, and `--slow` connections send a request line and
+   then one header line every 4 s. `/health` and `/versions` latencies meanwhile, and when
+   each slow connection was closed (request_head_timeout, 10 s by default).
+
+The client load runs in this process on the same machine (both share its cores), within
+`ulimit -n`: the server needs one descriptor per connection, and so does this process.
+Everything stops by itself.
+"""
+
+from gevent import monkey
+
+monkey.patch_all()
+
+import argparse
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import gevent
+import requests
+from gevent.lock import BoundedSemaphore
+
+from loadtests.sync_bench import (
+    READY,
+    SYNC_PATH,
+    Bench,
+    Client,
+    percentile,
+    populate,
+    raise_fd_limit,
+    rss_kb,
+)
+from tests.support.server import REPO, write_config
+
+VERSIONS = "/_matrix/client/versions"
+PUBLIC_ROOMS = "/_matrix/client/v3/publicRooms"
+SLOW_INTERVAL = 4.0
+PARK_WAVE = 250
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def figures(pid: int) -> str:
+    return f"RSS {rss_kb(pid) / 1024:.0f} MB, {open_fds(pid)} open fds"
+
+
+def latencies(address, path: str, count: int, headers: dict, workers: int = 4) -> list[float]:
+    """Milliseconds per request, `workers` keep-alive connections in parallel."""
+    samples: list[float] = []
+
+    def worker():
+        conn = http.client.HTTPConnection(*address, timeout=60)
+        for _ in range(count // workers):
+            started = time.perf_counter()
+            conn.request("GET", path, headers=headers)
+            response = conn.getresponse()
+            response.read()
+            if response.status != 200:
+                raise RuntimeError(f"{path}: {response.status}")
+            samples.append((time.perf_counter() - started) * 1000)
+        conn.close()
+
+    gevent.joinall([gevent.spawn(worker) for _ in range(workers)], raise_error=True)
+    return samples
+
+
+def summary(samples: list[float]) -> str:
+    return f"p50 {percentile(samples, 50):.1f} ms, p99 {percentile(samples, 99):.1f} ms"
+
+
+def print_latencies(label: str, address, count: int, headers: dict) -> dict:
+    found = {}
+    for name, path in (("/versions", VERSIONS), ("local /publicRooms", PUBLIC_ROOMS)):
+        found[name] = latencies(address, path, count, headers)
+        print(f"  {label} {name}: {summary(found[name])}")
+    return found
+
+
+def open_idle(address, count: int) -> list[socket.socket]:
+    """`count` keep-alive connections, each answered once and then left silent."""
+    socks: list[socket.socket] = []
+    admitted = BoundedSemaphore(200)
+
+    def one():
+        with admitted:
+            sock = socket.create_connection(address, timeout=60)
+            sock.sendall(f"GET {VERSIONS} HTTP/1.1\r\nHost: bench\r\n\r\n".encode())
+            if not sock.recv(65536).startswith(b"HTTP/1.1 200"):
+                raise RuntimeError("an idle connection's first request failed")
+            socks.append(sock)
+
+    gevent.joinall([gevent.spawn(one) for _ in range(count)], raise_error=True)
+    return socks
+
+
+def slow_client(address, closed: list, answers: list) -> None:
+    """A request line, then a header line every SLOW_INTERVAL until the server closes."""
+    sock = socket.create_connection(address, timeout=60)
+    started = time.perf_counter()
+    sock.sendall(f"GET {VERSIONS} HTTP/1.1\r\nHost: bench\r\n".encode())
+    sock.settimeout(SLOW_INTERVAL)
+    received = b""
+    try:
+        for i in range(1000):
+            try:
+                data = sock.recv(4096)
+            except TimeoutError:
+                sock.sendall(f"X-Slow-{i}: x\r\n".encode())
+                continue
+            if not data:
+                break
+            received += data
+    except OSError:
+        pass
+    closed.append(time.perf_counter() - started)
+    answers.append(received.split(b" ", 2)[1] if received else b"none")
+    sock.close()
+
+
+def slowloris(address, count: int, requests_count: int, headers: dict) -> None:
+    closed: list[float] = []
+    answers: list[bytes] = []
+    admitted = BoundedSemaphore(200)
+
+    def one():
+        with admitted:
+            pass  # connect in waves, like a client would
+        slow_client(address, closed, answers)
+
+    slow = [gevent.spawn(one) for _ in range(count)]
+    gevent.sleep(SLOW_INTERVAL)  # let them all be sending their heads
+    for name, path in (("/health", "/health"), ("/versions", VERSIONS)):
+        samples = latencies(address, path, requests_count, headers)
+        print(f"  during the slowloris, {name}: {summary(samples)}")
+    gevent.joinall(slow, timeout=120)
+    statuses = {a.decode(): answers.count(a) for a in set(answers)}
+    print(
+        f"  {len(closed)} of {count} slow connections closed by the server after"
+        f" p50 {percentile(closed, 50):.1f} s, min {min(closed):.1f} s,"
+        f" max {max(closed):.1f} s; answers: {statuses}"
+    )
+
+
+def wake_rounds(bench: Bench, label: str, clients: list, send, rounds: int, parked: int):
+    samples = []
+    for _ in range(rounds):
+        bench.wait_parked(parked)
+        samples += bench.round(clients, send)
+    print(f"  one event concerning {label}: {summary(samples)} ({len(samples)} wake-ups)")
+
+
+def start_server(directory: str, settings: dict):
+    config_path = os.path.join(directory, "config.toml")
+    write_config(config_path, settings)
+    server = subprocess.Popen(
+        [sys.executable, os.path.join(REPO, "app.py"), "--config", config_path],
+        stdout=subprocess.PIPE,
+        cwd=directory,
+    )
+    for line in server.stdout:
+        match = READY.match(line.decode())
+        if match:
+            return server, (match.group(1), int(match.group(2)))
+    raise RuntimeError("server did not start")
+
+
+def parse_args():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--idle", type=int, default=10_000)
+    parser.add_argument("--parked", type=int, default=5000)
+    parser.add_argument("--members", type=int, default=2000)
+    parser.add_argument("--few", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--slow", type=int, default=2000)
+    parser.add_argument("--requests", type=int, default=400)
+    return parser.parse_args()
+
+
+def main() -> int:
+    args = parse_args()
+    fd_limit = raise_fd_limit()
+    if fd_limit < args.idle + args.parked + 500:
+        print(f"warning: open-file limit {fd_limit} is low for this bench")
+    directory = tempfile.mkdtemp(prefix="weir-waiting-bench-")
+    settings = {
+        "server_name": "bench.test",
+        "data_dir": os.path.join(directory, "data"),
+        "database": {"url": f"sqlite:///{directory}/data/homeserver.db"},
+        # The default main_pool_size; room for every bench connection in the waiting stage,
+        # and idle connections kept for the whole bench.
+        "server": {
+            "http": {
+                "port": 0,
+                "max_connections": args.idle + args.parked + 500,
+                "keepalive_timeout": 900,
+            }
+        },
+        "federation": {"port": 0},
+        "logging": {"level": "WARNING"},
+    }
+    started = time.perf_counter()
+    tokens, (big_room, small_room) = populate(settings, args.parked, [args.members, args.few])
+    print(
+        f"setup: {args.parked} users, rooms of {args.members} and {args.few} members"
+        f" ({time.perf_counter() - started:.0f} s); main_pool_size 1000"
+    )
+    server, address = start_server(directory, settings)
+    try:
+        run(args, server, address, tokens, big_room, small_room)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+    return 0
+
+
+def run(args, server, address, tokens, big_room, small_room) -> None:
+    url = f"http://{address[0]}:{address[1]}"
+    auth = {"Authorization": f"Bearer {tokens[-1]}"}
+    pid = server.pid
+    print(f"server with nothing connected: {figures(pid)}")
+    print_latencies("baseline", address, args.requests, auth)
+
+    started = time.perf_counter()
+    idle = open_idle(address, args.idle)
+    print(
+        f"{args.idle} idle keep-alive connections ({time.perf_counter() - started:.0f} s):"
+        f" {figures(pid)}"
+    )
+    rss_idle = rss_kb(pid)
+
+    bench = Bench(url)
+    sender = requests.Session()
+    sender.headers.update(auth)
+    since = sender.get(
+        url + SYNC_PATH, params={"filter": json.dumps({"room": {"rooms": []}})}, timeout=60
+    ).json()["next_batch"]
+    clients = [Client(address, tokens[i], since, bench) for i in range(args.parked)]
+    admitted = BoundedSemaphore(100)
+    started = time.perf_counter()
+    greenlets = []
+    # In waves: all at once, 5,000 first computations would queue for the 1,000 places past
+    # their 10 s wait (a reconnect storm gets 503s with Retry-After; not what this measures).
+    for first in range(0, args.parked, PARK_WAVE):
+        wave = clients[first : first + PARK_WAVE]
+        greenlets += [gevent.spawn(c.run, admitted) for c in wave]
+        bench.wait_parked(first + len(wave))
+    rss = rss_kb(pid)
+    print(
+        f"and {args.parked} parked syncs ({time.perf_counter() - started:.0f} s): {figures(pid)};"
+        f" the syncs add {(rss - rss_idle) / 1024:.0f} MB"
+        f" ({(rss - rss_idle) / args.parked:.1f} KB each)"
+    )
+    print_latencies("loaded", address, args.requests, auth)
+
+    transaction_ids = iter(range(10**9))
+
+    def sender_for(room_id):
+        def send():
+            sender.put(
+                f"{url}/_matrix/client/v3/rooms/{room_id}/send/m.room.message/"
+                f"t{next(transaction_ids)}",
+                json={"body": "wake up"},
+                timeout=60,
+            ).raise_for_status()
+
+        return send
+
+    bench.park_at_once = False
+    print("wake-ups (woken clients sync again once the round is woken):")
+    members = clients[: args.members]
+    few = clients[args.members : args.members + args.few]
+    wake_rounds(
+        bench,
+        f"{args.members} parked syncs",
+        members,
+        sender_for(big_room),
+        args.rounds,
+        args.parked,
+    )
+    wake_rounds(
+        bench,
+        f"{args.few} of {args.parked}",
+        few,
+        sender_for(small_room),
+        args.rounds * 2,
+        args.parked,
+    )
+
+    for sock in idle:
+        sock.close()
+    print(
+        f"slowloris: {args.slow} connections, a header line every {SLOW_INTERVAL:.0f} s"
+        f" (the idle connections closed, the syncs still parked)"
+    )
+    slowloris(address, args.slow, args.requests, auth)
+    print(f"server at the end: {figures(pid)}")
+    gevent.killall(greenlets, block=True, timeout=30)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
