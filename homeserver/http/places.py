@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections import deque
+from collections.abc import Callable
 
 from gevent import getcurrent
-from gevent.pool import Pool, PoolFull
+from gevent.event import Event
+from gevent.pool import Pool
 
 from homeserver.core.errors import Codes, MatrixError
 from homeserver.http.disconnect import stop_on_client_disconnect
@@ -41,11 +44,30 @@ def server_busy() -> MatrixError:
     )
 
 
-class WorkPlaces:
-    """The places of one work pool, and the figures of waits for them."""
+class WorkPool(Pool):
+    """A work pool that says when a place is freed, however it is (given back, handed off
+    to the media pool, or its greenlet ended): WorkPlaces hands it to the first in line."""
 
-    def __init__(self, pool: Pool, wait_seconds: float = PLACE_WAIT_SECONDS):
+    on_release: Callable[[], None] | None = None
+
+    def _discard(self, greenlet):
+        super()._discard(greenlet)
+        if self.on_release is not None:
+            self.on_release()
+
+
+class WorkPlaces:
+    """The places of one work pool, and the figures of waits for them.
+
+    Waiters are served first come, first served: a freed place is handed straight to the
+    longest waiting request. The pool's own semaphore would let a request that just arrived
+    take it first, so syncs woken together by one event would wait behind their own
+    clients' next requests, and the last of them past wait_seconds (503)."""
+
+    def __init__(self, pool: WorkPool, wait_seconds: float = PLACE_WAIT_SECONDS):
         self.pool = pool
+        pool.on_release = self._hand_on
+        self._queue: deque[tuple[object, Event]] = deque()
         self.wait_seconds = wait_seconds
         self.waiting = 0  # requests waiting for a place now
         self.waits = 0  # requests that found the pool full
@@ -58,21 +80,31 @@ class WorkPlaces:
         current = getcurrent()
         if current in self.pool:
             return True
-        if not self.pool.full():
+        if not self._queue and not self.pool.full():
             self.pool.add(current)  # room: does not block
             return True
         self.waiting += 1
         self.waits += 1
         started = time.monotonic()
+        entry = (current, Event())
+        self._queue.append(entry)
         try:
-            self.pool.add(current, timeout=self.wait_seconds)
-        except PoolFull:
-            self.timeouts += 1
-            return False
+            granted = entry[1].wait(self.wait_seconds)
         finally:
             self.waiting -= 1
             self.waited_seconds += time.monotonic() - started
-        return True
+            if not entry[1].is_set():
+                self._queue.remove(entry)
+        if not granted:
+            self.timeouts += 1
+        return granted
+
+    def _hand_on(self) -> None:
+        """Freed places to the requests waiting longest, already taken in their name."""
+        while self._queue and not self.pool.full():
+            greenlet, granted = self._queue.popleft()
+            self.pool.add(greenlet)
+            granted.set()
 
     def give_back(self) -> None:
         """Frees the current greenlet's place, if it holds one (Pool.discard of a greenlet

@@ -22,7 +22,7 @@ from gevent.pool import Pool
 from gevent.pywsgi import WSGIHandler, WSGIServer
 
 from homeserver.http.handoff import HANDED_OFF
-from homeserver.http.places import PLACES, WorkPlaces
+from homeserver.http.places import PLACES, WorkPlaces, WorkPool
 from homeserver.http.reading import HEAD_TIMEOUT_RESPONSE, HeadTimeout, RequestBody
 
 # pywsgi reads the rest of every request body after the response, to keep the connection in
@@ -265,7 +265,7 @@ class WeirWSGIServer(WSGIServer):
         listener,
         application,
         *,
-        pool: Pool,
+        pool: WorkPool,
         keepalive_timeout: float,
         max_connections: int = 10_000,
         request_head_timeout: float = 10.0,

@@ -7,9 +7,9 @@ import logging
 import time
 
 import gevent
-from gevent.pool import Pool
 
 from homeserver.api.app import CLIENT, FEDERATION, create_flask_app
+from homeserver.http.places import WorkPool
 from homeserver.http.server import WeirWSGIServer
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ class HomeserverServer:
             self.servers.append(self.client_server)
 
         if FEDERATION in listeners:
-            self.federation_pool = Pool(http.main_pool_size)
+            self.federation_pool = WorkPool(http.main_pool_size)
             runtime.metrics.track_pool("federation", self.federation_pool, http.main_pool_size)
             ssl_args = {}
             if fed.tls_certificate:

@@ -22,6 +22,7 @@ from homeserver.federation.keyring import Keyring, shard_key_resolution_budget
 from homeserver.federation.sender import FederationSender
 from homeserver.federation.signing_key import key_id, load_or_create_signing_key
 from homeserver.http.handoff import MediaFetchHandoff
+from homeserver.http.places import WorkPool
 from homeserver.metrics import Metrics
 from homeserver.rooms.federation_membership import MembershipRelay
 from homeserver.rooms.transactions import (
@@ -110,12 +111,12 @@ class Infrastructure:
     # --- pools and admission (ADR-0079, ADR-0121) ----------------------------------------
 
     @component
-    def main_pool(self) -> Pool | None:
+    def main_pool(self) -> WorkPool | None:
         """Every client connection holds one greenlet of it for its keep-alive life."""
         if not self.pools:
             return None
         size = self.config.server.http.main_pool_size
-        pool = Pool(size)
+        pool = WorkPool(size)
         self.metrics.track_pool("main", pool, size)
         return pool
 

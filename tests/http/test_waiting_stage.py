@@ -10,9 +10,8 @@ from urllib.parse import quote
 import gevent
 import pytest
 import requests
-from gevent.pool import Pool
 
-from homeserver.http.places import WorkPlaces
+from homeserver.http.places import WorkPlaces, WorkPool
 from tests.support.server import MatrixClient
 
 V3 = "/_matrix/client/v3"
@@ -213,10 +212,36 @@ def test_a_body_that_stalls_is_a_408(start_weir):
 
 
 def test_no_place_in_time_is_refused_and_counted():
-    places = WorkPlaces(Pool(1), wait_seconds=0.1)
+    places = WorkPlaces(WorkPool(1), wait_seconds=0.1)
     holder = gevent.spawn(lambda: places.take() and gevent.sleep(5))
     gevent.sleep(0)
     assert gevent.spawn(places.take).get(timeout=5) is False
     assert (places.waits, places.timeouts, places.waiting) == (1, 1, 0)
     assert places.waited_seconds >= 0.1
     holder.kill()
+
+
+def test_a_free_place_goes_to_the_request_that_waited_for_it():
+    places = WorkPlaces(WorkPool(1), wait_seconds=5)
+    order: list[str] = []
+
+    def queued() -> None:
+        assert places.take()
+        order.append("queued")
+        places.give_back()
+
+    def holder() -> None:
+        assert places.take()
+        waiter = gevent.spawn(queued)
+        gevent.sleep(0)  # the waiter queues for the only place
+        places.give_back()
+        # Asking again at once, it queues behind the waiter rather than taking the place
+        # back before the waiter runs (a woken /sync behind its client's next request).
+        assert places.take()
+        order.append("holder again")
+        places.give_back()
+        waiter.get()
+
+    gevent.spawn(holder).get(timeout=5)
+    assert order == ["queued", "holder again"]
+    assert (places.waiting, places.waits, places.timeouts) == (0, 2, 0)
