@@ -82,13 +82,19 @@ class E2eeSync:
     def changes(self, user_id: str, span: Range) -> tuple[list[str], list[str]]:
         """(changed, left) for `user_id` over the span (events_after must be set)."""
         assert span.events_after is not None
-        sharing = self.store.users_sharing_a_room(user_id)
-        changed = self.store.changed_users(span.lists_after, span.lists_up_to, sorted(sharing))
-        gone: set[str] = set()
         rooms = self.store.rooms_of(user_id)
-        for room_id, member, membership in self.store.membership_changes(
-            rooms, span.events_after, span.events_up_to
-        ):
+        moves = self.store.membership_changes(rooms, span.events_after, span.events_up_to)
+        if span.lists_up_to <= span.lists_after and not moves:
+            # Nothing to tell, and the usual case of a woken sync (a message was sent): the
+            # users sharing a room are as many as the members of the user's rooms, so
+            # reading them for every sync that one event wakes costs members squared.
+            return [], []
+        sharing = self.store.users_sharing_a_room(user_id)
+        changed = set()
+        if span.lists_up_to > span.lists_after:
+            changed = self.store.changed_users(span.lists_after, span.lists_up_to, sorted(sharing))
+        gone: set[str] = set()
+        for room_id, member, membership in moves:
             if member == user_id:
                 members = self.store.members_ever(room_id)
                 (changed if membership == "join" else gone).update(members)
