@@ -60,11 +60,17 @@ class E2eeSync:
 
     def part(self, requester: Requester, span: Range) -> E2eeSyncPart:
         user_id, device_id = requester.user_id, requester.device_id
-        if span.events_after is not None and span.to_device_after:
-            self.store.delete_to_device(user_id, device_id, span.to_device_after)
-        messages = self.store.to_device_messages(
-            user_id, device_id, span.to_device_after, span.to_device_up_to, TO_DEVICE_LIMIT
+        incremental = span.events_after is not None and span.to_device_after
+        read = self.store.device_sync_read(
+            user_id,
+            device_id,
+            span.to_device_after if incremental else None,
+            (span.to_device_after, span.to_device_up_to),
+            TO_DEVICE_LIMIT,
         )
+        if read.acknowledged_held:
+            self.store.forget_to_device(user_id, device_id, span.to_device_after)
+        messages = read.to_device
         part = E2eeSyncPart(
             to_device=[
                 {"sender": m.sender, "type": m.type, "content": m.content} for m in messages
@@ -72,8 +78,8 @@ class E2eeSync:
             to_device_position=(
                 messages[-1].position if len(messages) == TO_DEVICE_LIMIT else span.to_device_up_to
             ),
-            one_time_key_counts=self.store.one_time_key_counts(user_id, device_id),
-            unused_fallback_key_types=self.store.unused_fallback_key_types(user_id, device_id),
+            one_time_key_counts=read.one_time_key_counts,
+            unused_fallback_key_types=read.unused_fallback_key_types,
         )
         if span.events_after is not None:
             part.changed, part.left = self.changes(user_id, span)

@@ -27,6 +27,16 @@ class ToDeviceMessage:
 
 
 @dataclass(frozen=True)
+class DeviceSyncRead:
+    """What a sync reads of one device (E2eeStore.device_sync_read)."""
+
+    acknowledged_held: bool  # messages the token acknowledges are still stored
+    to_device: list[ToDeviceMessage]
+    one_time_key_counts: dict[str, int]
+    unused_fallback_key_types: list[str]
+
+
+@dataclass(frozen=True)
 class Signature:
     target_user_id: str
     target_key_id: str
@@ -187,14 +197,7 @@ class E2eeStore:
         return self.db.write(write)
 
     def one_time_key_counts(self, user_id: str, device_id: str) -> dict[str, int]:
-        rows = self.db.read(
-            lambda tx: tx.fetchall(
-                "SELECT algorithm, COUNT(*) FROM e2e_one_time_keys"
-                " WHERE user_id = ? AND device_id = ? GROUP BY algorithm",
-                (user_id, device_id),
-            )
-        )
-        return {r[0]: r[1] for r in rows}
+        return self.db.read(lambda tx: _one_time_key_counts(tx, user_id, device_id))
 
     def set_fallback_keys(
         self, user_id: str, device_id: str, keys: list[tuple[str, str, object]]
@@ -217,14 +220,7 @@ class E2eeStore:
         self.db.write(write)
 
     def unused_fallback_key_types(self, user_id: str, device_id: str) -> list[str]:
-        rows = self.db.read(
-            lambda tx: tx.fetchall(
-                "SELECT algorithm FROM e2e_fallback_keys WHERE user_id = ? AND device_id = ?"
-                " AND used = 0 ORDER BY algorithm",
-                (user_id, device_id),
-            )
-        )
-        return [r[0] for r in rows]
+        return self.db.read(lambda tx: _unused_fallback_key_types(tx, user_id, device_id))
 
     def claim_key(self, user_id: str, device_id: str, algorithm: str) -> tuple[str, object] | None:
         """Takes one one-time key of the algorithm, or else the fallback key (which may be
@@ -437,23 +433,84 @@ class E2eeStore:
     def to_device_messages(
         self, user_id: str, device_id: str, after: int, up_to: int, limit: int
     ) -> list[ToDeviceMessage]:
-        rows = self.db.read(
-            lambda tx: tx.fetchall(
-                "SELECT stream_position, sender, type, content FROM to_device_messages"
-                " WHERE user_id = ? AND device_id = ? AND stream_position > ?"
-                " AND stream_position <= ? ORDER BY stream_position LIMIT ?",
-                (user_id, device_id, after, up_to, limit),
-            )
+        return self.db.read(
+            lambda tx: _to_device_messages(tx, user_id, device_id, after, up_to, limit)
         )
-        return [ToDeviceMessage(r[0], r[1], r[2], json.loads(r[3])) for r in rows]
 
     def delete_to_device(self, user_id: str, device_id: str, up_to: int) -> None:
         """The device acknowledged everything up to `up_to` (its next sync's `since`). Read
         first: most syncs acknowledge nothing new, and a write would queue them all behind
         SQLite's one writer."""
-        params = (user_id, device_id, up_to)
-        where = "WHERE user_id = ? AND device_id = ? AND stream_position <= ?"
-        if self.db.read(
-            lambda tx: tx.fetchone(f"SELECT 1 FROM to_device_messages {where} LIMIT 1", params)
-        ):
-            self.db.write(lambda tx: tx.execute(f"DELETE FROM to_device_messages {where}", params))
+        if self.db.read(lambda tx: _holds_to_device(tx, user_id, device_id, up_to)):
+            self.forget_to_device(user_id, device_id, up_to)
+
+    def forget_to_device(self, user_id: str, device_id: str, up_to: int) -> None:
+        self.db.write(
+            lambda tx: tx.execute(
+                f"DELETE FROM to_device_messages {_UP_TO}", (user_id, device_id, up_to)
+            )
+        )
+
+    def device_sync_read(
+        self,
+        user_id: str,
+        device_id: str,
+        acknowledged: int | None,
+        span: tuple[int, int],
+        limit: int,
+    ) -> DeviceSyncRead:
+        """What a sync sends of one device, in one read: one hop through the database's
+        thread pool instead of four, for every sync an event wakes. `acknowledged`: the
+        to-device position the device's token acknowledges (None for an initial sync);
+        `span`: the (after, up_to] of to-device messages to send."""
+        after, up_to = span
+
+        def read(tx) -> DeviceSyncRead:
+            return DeviceSyncRead(
+                acknowledged is not None and _holds_to_device(tx, user_id, device_id, acknowledged),
+                _to_device_messages(tx, user_id, device_id, after, up_to, limit)
+                if up_to > after
+                else [],
+                _one_time_key_counts(tx, user_id, device_id),
+                _unused_fallback_key_types(tx, user_id, device_id),
+            )
+
+        return self.db.read(read)
+
+
+_UP_TO = "WHERE user_id = ? AND device_id = ? AND stream_position <= ?"
+
+
+def _holds_to_device(tx, user_id: str, device_id: str, up_to: int) -> bool:
+    row = tx.fetchone(
+        f"SELECT 1 FROM to_device_messages {_UP_TO} LIMIT 1", (user_id, device_id, up_to)
+    )
+    return row is not None
+
+
+def _to_device_messages(tx, user_id: str, device_id: str, after: int, up_to: int, limit: int):
+    rows = tx.fetchall(
+        "SELECT stream_position, sender, type, content FROM to_device_messages"
+        " WHERE user_id = ? AND device_id = ? AND stream_position > ?"
+        " AND stream_position <= ? ORDER BY stream_position LIMIT ?",
+        (user_id, device_id, after, up_to, limit),
+    )
+    return [ToDeviceMessage(r[0], r[1], r[2], json.loads(r[3])) for r in rows]
+
+
+def _one_time_key_counts(tx, user_id: str, device_id: str) -> dict[str, int]:
+    rows = tx.fetchall(
+        "SELECT algorithm, COUNT(*) FROM e2e_one_time_keys"
+        " WHERE user_id = ? AND device_id = ? GROUP BY algorithm",
+        (user_id, device_id),
+    )
+    return {r[0]: r[1] for r in rows}
+
+
+def _unused_fallback_key_types(tx, user_id: str, device_id: str) -> list[str]:
+    rows = tx.fetchall(
+        "SELECT algorithm FROM e2e_fallback_keys WHERE user_id = ? AND device_id = ?"
+        " AND used = 0 ORDER BY algorithm",
+        (user_id, device_id),
+    )
+    return [r[0] for r in rows]
