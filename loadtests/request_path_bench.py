@@ -22,10 +22,10 @@ import tempfile
 import time
 
 from flask import Flask, Response
-from gevent.pool import Pool
 
 from homeserver.api.app import create_flask_app
 from homeserver.config import parse_config
+from homeserver.http.places import WorkPool
 from homeserver.http.server import WeirWSGIServer
 from homeserver.runtime import HomeserverRuntime
 
@@ -78,7 +78,7 @@ def read_response(sock, buffered: bytearray) -> bytes:
 
 def measure(app, requests: int, rounds: int, method: str = "GET") -> list[float]:
     """µs per request, for each round."""
-    server = WeirWSGIServer(("127.0.0.1", 0), app, pool=Pool(10), keepalive_timeout=30)
+    server = WeirWSGIServer(("127.0.0.1", 0), app, pool=WorkPool(10), keepalive_timeout=30)
     server.start()
     request = (
         f"{method} {PATH} HTTP/1.1\r\nHost: bench\r\nOrigin: https://app.example\r\n\r\n"

@@ -43,9 +43,9 @@ SERVER_CORE, CLIENT_CORE = "0", "1"
 def bare_server() -> None:
     """Bare Flask on Weir's server stack: the baseline the ratio is measured against."""
     from flask import Flask, Response
-    from gevent.pool import Pool
 
     from homeserver.api.client.versions import SUPPORTED_VERSIONS
+    from homeserver.http.places import WorkPool
     from homeserver.http.responses import json_response
     from homeserver.http.server import WeirWSGIServer
 
@@ -56,7 +56,7 @@ def bare_server() -> None:
     def versions():
         return Response(body, mimetype="application/json")
 
-    server = WeirWSGIServer(("127.0.0.1", 0), app, pool=Pool(1000), keepalive_timeout=75)
+    server = WeirWSGIServer(("127.0.0.1", 0), app, pool=WorkPool(1000), keepalive_timeout=75)
     server.start()
     print(f"bare ready http://127.0.0.1:{server.server_port}", flush=True)
     server.serve_forever()

@@ -65,6 +65,9 @@ class WorkPlaces:
     clients' next requests, and the last of them past wait_seconds (503)."""
 
     def __init__(self, pool: WorkPool, wait_seconds: float = PLACE_WAIT_SECONDS):
+        if not isinstance(pool, WorkPool):
+            # A plain Pool never says when a place is freed: its waiters would starve.
+            raise TypeError("WorkPlaces needs a WorkPool")
         self.pool = pool
         pool.on_release = self._hand_on
         self._queue: deque[tuple[object, Event]] = deque()

@@ -4,15 +4,15 @@ import socket
 
 import gevent
 from gevent.event import Event
-from gevent.pool import Pool
 
 from budget import InFlightBudget
 from homeserver.http.disconnect import ClientDisconnected, stop_on_client_disconnect
+from homeserver.http.places import WorkPool
 from homeserver.http.server import WeirWSGIServer
 
 
 def _server(app):
-    server = WeirWSGIServer(("127.0.0.1", 0), app, pool=Pool(8), keepalive_timeout=30)
+    server = WeirWSGIServer(("127.0.0.1", 0), app, pool=WorkPool(8), keepalive_timeout=30)
     server.start()
     return server
 

@@ -188,8 +188,8 @@ def test_idle_keepalive_connection_is_closed(start_weir):
 
 def test_handler_sets_tcp_nodelay_on_accepted_sockets():
     # pywsgi never sets it, and keep-alive responses then wait ~40 ms for a delayed ACK.
-    from gevent.pool import Pool
 
+    from homeserver.http.places import WorkPool
     from homeserver.http.server import WeirWSGIServer
 
     def app(environ, start_response):
@@ -197,7 +197,7 @@ def test_handler_sets_tcp_nodelay_on_accepted_sockets():
         start_response("200 OK", [("Content-Type", "text/plain")])
         return [str(nodelay).encode()]
 
-    server = WeirWSGIServer(("127.0.0.1", 0), app, pool=Pool(4), keepalive_timeout=5)
+    server = WeirWSGIServer(("127.0.0.1", 0), app, pool=WorkPool(4), keepalive_timeout=5)
     server.start()
     try:
         session = requests.Session()

@@ -11,10 +11,10 @@ import pytest
 import requests
 from gevent import monkey
 from gevent.event import Event
-from gevent.pool import Pool
 
 from homeserver.api.app import create_flask_app
 from homeserver.config import parse_config
+from homeserver.http.places import WorkPool
 from homeserver.http.responses import CORS_HEADERS
 from homeserver.http.server import WeirWSGIServer
 from homeserver.runtime import HomeserverRuntime
@@ -46,7 +46,7 @@ def test_pipelined_keep_alive_connections_are_served_in_turns():
         start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", "2")])
         return [b"ok"]
 
-    server = WeirWSGIServer(("127.0.0.1", 0), app, pool=Pool(4), keepalive_timeout=5)
+    server = WeirWSGIServer(("127.0.0.1", 0), app, pool=WorkPool(4), keepalive_timeout=5)
     server.start()
     socks = []
     try:
@@ -141,7 +141,7 @@ def test_metrics_show_each_thread_pool_queue(runtime):
 @pytest.fixture
 def served(runtime):
     server = WeirWSGIServer(
-        ("127.0.0.1", 0), create_flask_app(runtime), pool=Pool(8), keepalive_timeout=5
+        ("127.0.0.1", 0), create_flask_app(runtime), pool=WorkPool(8), keepalive_timeout=5
     )
     server.start()
     yield f"http://127.0.0.1:{server.server_port}"

@@ -14,10 +14,10 @@ import uuid
 import gevent
 import pytest
 from gevent.event import Event
-from gevent.pool import Pool
 
 from homeserver.api.app import create_flask_app
 from homeserver.config import parse_config
+from homeserver.http.places import WorkPool
 from homeserver.http.server import WeirWSGIServer
 from homeserver.processes.listeners import HomeserverServer
 from homeserver.runtime import HomeserverRuntime
@@ -61,7 +61,7 @@ def new_id() -> str:
 def inline(test_ca, tmp_path):
     runtime = HomeserverRuntime(make_config(test_ca, tmp_path, main_pool_size=4), pools=False)
     server = WeirWSGIServer(
-        ("127.0.0.1", 0), create_flask_app(runtime), pool=Pool(100), keepalive_timeout=30
+        ("127.0.0.1", 0), create_flask_app(runtime), pool=WorkPool(100), keepalive_timeout=30
     )
     server.start()
     server.url = f"http://127.0.0.1:{server.address[1]}"
