@@ -237,11 +237,12 @@ ACCESS_LOG = AccessLog()
 _handler: LineHandler | None = None
 
 
-def configure_logging(config, process: str = "") -> None:
-    """`process` names a worker process ("shard 2") in every line it logs."""
+def configure_logging(config, process: str = "", stream=None) -> None:
+    """`process` names a worker process ("shard 2") in every line it logs. The lines go to
+    stderr, or to `stream` (a bench)."""
     global _handler
     formatter = JsonFormatter(process) if config.format == "json" else TextFormatter(process)
-    handler = LineHandler(sys.stderr, formatter)
+    handler = LineHandler(stream or sys.stderr, formatter)
     handler.addFilter(RequestIdFilter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
