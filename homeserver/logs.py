@@ -189,24 +189,34 @@ class LineHandler(logging.StreamHandler):
             gevent.get_hub().loop.run_callback(self._flush_turn)
 
     def _flush_turn(self) -> None:
+        # This runs in the hub, which must never wait: if the lock is held (a thread writing
+        # a record), a greenlet waits for it instead.
         self._scheduled = False
+        if not self.lock or not self.lock.acquire(blocking=False):
+            gevent.spawn(self.flush)
+            return
         try:
-            self.flush()
+            self._write_pending()
         except Exception:  # stderr is gone: there is nowhere left to say so
             self._pending.clear()
+        finally:
+            self.lock.release()
 
     def flush(self) -> None:
         # Under the handler's lock, as logging writes: a native thread may log too.
         self.acquire()
         try:
-            if self._pending:
-                lines, self._pending = self._pending, []
-                lines.append("")
-                self.stream.write(self.terminator.join(lines))
-            if hasattr(self.stream, "flush"):
-                self.stream.flush()
+            self._write_pending()
         finally:
             self.release()
+
+    def _write_pending(self) -> None:
+        if self._pending:
+            lines, self._pending = self._pending, []
+            lines.append("")
+            self.stream.write(self.terminator.join(lines))
+        if hasattr(self.stream, "flush"):
+            self.stream.flush()
 
 
 class AccessLog:

@@ -140,12 +140,31 @@ def test_a_full_buffer_is_written_without_waiting(stream):
 def test_with_another_handler_the_access_line_is_a_record(stream):
     _configure(stream, "text")
     records: list[logging.LogRecord] = []
-    listener = logging.Handler()
-    listener.emit = records.append  # type: ignore[method-assign]
-    logging.getLogger().addHandler(listener)
+
+    class Listener(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    logging.getLogger().addHandler(Listener())
     ACCESS_LOG.write(HOSTILE, "abc123")
     assert [(r.name, r.getMessage(), r.request_id) for r in records] == [  # type: ignore[attr-defined]
         ("weir.access", HOSTILE, "abc123")
     ]
     # The configured handler still writes it, at once, as any record.
     assert stream.getvalue().rstrip("\n").endswith(f"[abc123]: {escape_controls(HOSTILE)}")
+
+
+def test_the_hub_never_waits_for_the_handlers_lock(stream):
+    handler = _configure(stream, "text")
+    handler.acquire()  # as a thread writing a record would hold it
+    try:
+        ACCESS_LOG.write("GET /held 200 0.1ms 127.0.0.1", "id1")
+        gevent.sleep(0)  # the hub's turn: it cannot take the lock, and does not wait for it
+        gevent.sleep(0)
+        assert stream.getvalue() == ""
+    finally:
+        handler.release()
+    with gevent.Timeout(5):
+        while not stream.getvalue():
+            gevent.sleep(0)  # the greenlet that waited for the lock writes the line
+    assert stream.getvalue().endswith("weir.access [id1]: GET /held 200 0.1ms 127.0.0.1\n")
