@@ -168,3 +168,17 @@ def test_the_hub_never_waits_for_the_handlers_lock(stream):
         while not stream.getvalue():
             gevent.sleep(0)  # the greenlet that waited for the lock writes the line
     assert stream.getvalue().endswith("weir.access [id1]: GET /held 200 0.1ms 127.0.0.1\n")
+
+
+def test_a_failed_write_never_fails_the_request(stream):
+    handler = _configure(stream, "text")
+    handler.setStream(closed := io.StringIO())
+    closed.close()
+    for n in range(MAX_PENDING_LINES + 1):  # one write at once, then one on the hub's turn
+        ACCESS_LOG.write(f"GET /{n} 200 0.1ms 127.0.0.1", "id")
+    gevent.sleep(0)
+    handler.setStream(stream)
+    ACCESS_LOG.write("GET /after 200 0.1ms 127.0.0.1", "id")
+    gevent.sleep(0)
+    assert stream.getvalue().endswith("GET /after 200 0.1ms 127.0.0.1\n")
+    assert stream.getvalue().count("\n") == 1  # what could not be written is dropped
