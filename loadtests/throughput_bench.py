@@ -9,7 +9,10 @@ default) pinned to core 0 with taskset, and beside it a bare Flask app answering
 also pinned to core 0 and idle while the other is measured. wrk (`make bench` installs it)
 runs from core 1: `-t1 -c<connections>`, one run per target per round, the targets taking
 turns so that a disturbance on a shared machine falls on all of them alike. For each
-target: req/s, p50 and p99 (wrk's latency distribution), best and median over the rounds.
+target: req/s, p50 and p99 (wrk's latency distribution), best and median over the rounds,
+and the server's CPU time per request (from /proc, its user and system time over the run):
+on a shared machine, where another process may take the server's core, req/s falls with
+the share the server got; CPU per request does not, and its ratio is the one to trust.
 
 Targets: bare Flask `/versions`; Weir's `/versions`; an authenticated `/account/whoami`
 (one access-token lookup in the database); the local `/publicRooms` (20 public rooms).
@@ -77,7 +80,14 @@ def start(args: list[str], ready: re.Pattern, log_path: str) -> tuple[subprocess
     raise RuntimeError(f"{args} did not start; see {log_path}")
 
 
-def wrk(url: str, connections: int, duration: int, token: str | None) -> dict:
+def cpu_seconds(pid: int) -> float:
+    """The process's user and system time so far (/proc/<pid>/stat, fields 14 and 15)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wrk(url: str, connections: int, duration: int, token: str | None, pid: int) -> dict:
     command = [
         "taskset",
         "-c",
@@ -90,12 +100,16 @@ def wrk(url: str, connections: int, duration: int, token: str | None) -> dict:
     ]
     if token:
         command += ["-H", f"Authorization: Bearer {token}"]
+    cpu_before = cpu_seconds(pid)
     out = subprocess.run([*command, url], capture_output=True, text=True, check=True).stdout
+    cpu = cpu_seconds(pid) - cpu_before
     latency = dict(re.findall(r"^\s+(50|99)%\s+([\d.]+\w+)$", out, re.M))
     non_2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     if non_2xx:
         raise RuntimeError(f"{url}: {non_2xx.group(1)} error responses")
+    requests_done = int(re.search(r"(\d+) requests in", out).group(1))
     return {
+        "cpu_us": cpu / requests_done * 1e6,
         "rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
         "p50": _ms(latency["50"]),
         "p99": _ms(latency["99"]),
@@ -149,17 +163,17 @@ def main() -> None:
         procs.append(bare)
         token = setup(weir_url)
         targets = [
-            ("bare Flask /versions", bare_url + VERSIONS, None),
-            ("Weir /versions", weir_url + VERSIONS, None),
-            ("Weir /account/whoami", weir_url + WHOAMI, token),
-            ("Weir /publicRooms (local)", weir_url + PUBLIC_ROOMS, token),
+            ("bare Flask /versions", bare_url + VERSIONS, None, bare.pid),
+            ("Weir /versions", weir_url + VERSIONS, None, weir.pid),
+            ("Weir /account/whoami", weir_url + WHOAMI, token, weir.pid),
+            ("Weir /publicRooms (local)", weir_url + PUBLIC_ROOMS, token, weir.pid),
         ]
-        for _, url, tok in targets:  # warm up: caches, the allocator, the CPU's clock
-            wrk(url, args.connections, 1, tok)
-        results: dict[str, list[dict]] = {name: [] for name, _, _ in targets}
+        for _, url, tok, pid in targets:  # warm up: caches, the allocator, the CPU's clock
+            wrk(url, args.connections, 1, tok, pid)
+        results: dict[str, list[dict]] = {name: [] for name, _, _, _ in targets}
         for _ in range(args.rounds):
-            for name, url, tok in targets:
-                results[name].append(wrk(url, args.connections, args.duration, tok))
+            for name, url, tok, pid in targets:
+                results[name].append(wrk(url, args.connections, args.duration, tok, pid))
         report(results, args)
     finally:
         for proc in procs:
@@ -192,21 +206,27 @@ def report(results: dict[str, list[dict]], args) -> None:
         f"core {SERVER_CORE}, wrk on core {CLIENT_CORE} ({cpus} cores, load average "
         f"{os.getloadavg()[0]:.1f}); access log at {args.log_level}"
     )
-    print(f"{'target':<28}{'req/s best':>11}{'median':>8}{'p50 ms':>8}{'p99 ms':>8}{'p99/p50':>8}")
-    medians = {}
+    print(
+        f"{'target':<28}{'req/s best':>11}{'median':>8}{'p50 ms':>8}{'p99 ms':>8}"
+        f"{'p99/p50':>8}{'cpu µs/req min':>16}{'median':>8}"
+    )
+    medians, cpu = {}, {}
     for name, runs in results.items():
         rps = [r["rps"] for r in runs]
         p50 = statistics.median(r["p50"] for r in runs)
         p99 = statistics.median(r["p99"] for r in runs)
         medians[name] = statistics.median(rps)
+        cpu[name] = statistics.median(r["cpu_us"] for r in runs)
         print(
             f"{name:<28}{max(rps):>11.0f}{medians[name]:>8.0f}{p50:>8.1f}{p99:>8.1f}"
-            f"{p99 / p50:>8.1f}"
+            f"{p99 / p50:>8.1f}{min(r['cpu_us'] for r in runs):>16.1f}{cpu[name]:>8.1f}"
         )
-    bare, versions = medians["bare Flask /versions"], medians["Weir /versions"]
+    bare, versions, whoami = "bare Flask /versions", "Weir /versions", "Weir /account/whoami"
     print(
-        f"Weir /versions / bare Flask: {versions / bare:.0%} (median req/s); "
-        f"whoami / versions: {medians['Weir /account/whoami'] / versions:.0%}"
+        f"Weir /versions / bare Flask: {medians[versions] / medians[bare]:.0%} (median req/s), "
+        f"{cpu[bare] / cpu[versions]:.0%} (median CPU per request); whoami / versions: "
+        f"{medians[whoami] / medians[versions]:.0%} (req/s), "
+        f"{cpu[versions] / cpu[whoami]:.0%} (CPU)"
     )
 
 

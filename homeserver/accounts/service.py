@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from homeserver.accounts.passwords import PasswordHasher
+from homeserver.accounts.tokens import RequesterCache
 from homeserver.core.clock import now_ms
 from homeserver.core.errors import Codes, MatrixError, forbidden, invalid_param
 from homeserver.core.requester import Requester
@@ -39,6 +40,9 @@ class AccountService:
         self.hasher = hasher
         self.server_name = server_name
         self._dummy_hash: str | None = None
+        # Who each token in use belongs to (accounts/tokens.py): every change to a token
+        # goes through this service, which forgets the cached answer.
+        self.requesters = RequesterCache()
         # Called with a user ID and the device IDs when a device with keys is removed (e2ee:
         # a device list change).
         self._device_key_listeners: list[Callable[[str, list[str]], None]] = []
@@ -136,17 +140,35 @@ class AccountService:
             raise invalid_param("device_id must be 1 to 255 characters")
         device_id = device_id or "".join(secrets.choice(_DEVICE_ALPHABET) for _ in range(10))
         token = "weir_" + secrets.token_urlsafe(32)
-        self.store.add_device_token(user_id, device_id, display_name, hash_token(token), now_ms())
+        try:
+            self.store.add_device_token(
+                user_id, device_id, display_name, hash_token(token), now_ms()
+            )
+        finally:
+            # A login that names an existing device replaces that device's token. In
+            # `finally`: the write may have committed even if this greenlet was killed.
+            self.requesters.forget_devices(user_id, [device_id])
         return LoginResult(user_id, device_id, token)
 
     # --- tokens ------------------------------------------------------------------------
 
     def authenticate(self, token: str) -> Requester | None:
         token_hash = hash_token(token)
+        requester = self.requesters.get(token_hash)
+        if requester is not None:
+            return requester
+        generation = self.requesters.generation
         owner = self.store.token_owner(token_hash)
         if owner is None:
             return None
-        return Requester(owner.user_id, owner.device_id, owner.admin, token_hash)
+        requester = Requester(owner.user_id, owner.device_id, owner.admin, token_hash)
+        self.requesters.put(requester, generation)
+        return requester
+
+    def forget_user_tokens(self, user_id: str) -> None:
+        """To call when a user is deactivated or made or unmade an admin: the next request
+        with any of their tokens reads its owner from the database again."""
+        self.requesters.forget_user(user_id)
 
     def check_password(self, user_id: str, password: str) -> bool:
         """The user's own password, checked as login does (user-interactive auth)."""
@@ -156,7 +178,11 @@ class AccountService:
 
     def remove_devices(self, user_id: str, device_ids: list[str]) -> None:
         """Logs the devices out and forgets their keys and pending to-device messages."""
-        if self.store.remove_devices(user_id, device_ids):
+        try:
+            had_keys = self.store.remove_devices(user_id, device_ids)
+        finally:
+            self.requesters.forget_devices(user_id, device_ids)
+        if had_keys:
             for listener in self._device_key_listeners:
                 listener(user_id, list(device_ids))
 

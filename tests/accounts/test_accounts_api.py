@@ -45,6 +45,41 @@ def test_logout_all_ends_every_session(client):
         assert c.get(f"{V3}/account/whoami").json()["errcode"] == "M_UNKNOWN_TOKEN"
 
 
+def test_a_token_that_ends_is_refused_at_once_though_it_was_just_used(client):
+    """Each token is used (and so cached) right before the change that ends it."""
+    client.register("erin")
+    phone, laptop = MatrixClient(client.base_url), MatrixClient(client.base_url)
+    for c in (phone, laptop):
+        c.login("erin")
+    old_phone = MatrixClient(client.base_url, phone.token)
+
+    # A login that names the phone's device ID replaces the phone's token.
+    phone_device = phone.get(f"{V3}/account/whoami").json()["device_id"]
+    relogin = phone.post(
+        f"{V3}/login",
+        auth=False,
+        json={
+            "type": "m.login.password",
+            "identifier": {"type": "m.id.user", "user": "erin"},
+            "password": "correct horse battery",
+            "device_id": phone_device,
+        },
+    )
+    assert relogin.json()["device_id"] == phone_device
+    phone.token = relogin.json()["access_token"]
+    assert old_phone.get(f"{V3}/account/whoami").json()["errcode"] == "M_UNKNOWN_TOKEN"
+    assert phone.get(f"{V3}/account/whoami").json()["device_id"] == phone_device
+
+    # Deleting a device from another session ends that device's token.
+    laptop_device = laptop.get(f"{V3}/account/whoami").json()["device_id"]
+    auth = {"type": "m.login.password", "user": "erin", "password": "correct horse battery"}
+    deleted = client.delete(f"{V3}/devices/{laptop_device}", json={"auth": auth})
+    assert deleted.status_code == 200, deleted.text
+    gone = laptop.get(f"{V3}/account/whoami")
+    assert (gone.status_code, gone.json()["errcode"]) == (401, "M_UNKNOWN_TOKEN")
+    assert client.get(f"{V3}/account/whoami").status_code == 200
+
+
 def test_token_in_query_parameter(client):
     token = client.register("carol")["access_token"]
     r = client.get(f"{V3}/account/whoami", auth=False, params={"access_token": token})
