@@ -25,8 +25,11 @@ HOSTILE = 'GET /a\nINFO forged "q" é\u2028\x1b[31m 100% 200 0.1ms 127.0.0.1'
 def stream():
     root = logging.getLogger()
     saved = (root.handlers[:], root.level, logs._handler)
+    # No request of an earlier test is current here: lines carry no request id.
+    outside_requests = logs.current_request_id.set(None)
     out = io.StringIO()
     yield out
+    logs.current_request_id.reset(outside_requests)
     root.handlers[:], level, logs._handler = saved
     root.setLevel(level)
 
