@@ -67,7 +67,9 @@ class RemoteKeys:
             for user_id, wanted in users.items():
                 if not self._from_cache(user_id, wanted, out):
                     ask.setdefault(server, {})[user_id] = wanted
-        for server, body in self._each_server(caller, "keys_query", ask, self._query, out):
+        for server, body in self._each_server(
+            caller, "keys_query", ask, self._ask(QUERY_PATH, "device_keys"), out
+        ):
             _merge_query(body, ask[server], out)
 
     def _from_cache(self, user_id: str, wanted: list, out: dict) -> bool:
@@ -88,23 +90,12 @@ class RemoteKeys:
                 out[f"{key_type}_keys"][user_id] = key
         return True
 
-    def _query(self, server: str, users: dict, deadline: OutboundDeadline) -> dict:
-        body = self._client.post_json(
-            server,
-            QUERY_PATH,
-            {"device_keys": users},
-            deadline=deadline,
-            max_bytes=KEYS_MAX_BYTES,
-            target_health=self._cooldown,
-        )
-        if not isinstance(body, dict) or not isinstance(body.get("device_keys"), dict):
-            raise MalformedResponse(server, "user/keys/query answer has no device_keys")
-        return body
-
     # --- /keys/claim ----------------------------------------------------------------------
 
     def claim(self, caller: Caller, remote: dict[str, dict], out: dict) -> None:
-        for server, body in self._each_server(caller, "keys_claim", remote, self._claim, out):
+        for server, body in self._each_server(
+            caller, "keys_claim", remote, self._ask(CLAIM_PATH, "one_time_keys"), out
+        ):
             for user_id, devices in remote[server].items():
                 claimed = _user_part(body.get("one_time_keys"), user_id)
                 keys = {
@@ -115,18 +106,23 @@ class RemoteKeys:
                 if keys:
                     out["one_time_keys"][user_id] = keys
 
-    def _claim(self, server: str, users: dict, deadline: OutboundDeadline) -> dict:
-        body = self._client.post_json(
-            server,
-            CLAIM_PATH,
-            {"one_time_keys": users},
-            deadline=deadline,
-            max_bytes=KEYS_MAX_BYTES,
-            target_health=self._cooldown,
-        )
-        if not isinstance(body, dict) or not isinstance(body.get("one_time_keys"), dict):
-            raise MalformedResponse(server, "user/keys/claim answer has no one_time_keys")
-        return body
+    def _ask(self, path: str, field: str) -> Fetch:
+        """POSTs `{field: users}` to a server's `path`; its answer must carry `field`."""
+
+        def fetch(server: str, users: dict, deadline: OutboundDeadline) -> dict:
+            body = self._client.post_json(
+                server,
+                path,
+                {field: users},
+                deadline=deadline,
+                max_bytes=KEYS_MAX_BYTES,
+                target_health=self._cooldown,
+            )
+            if not isinstance(body, dict) or not isinstance(body.get(field), dict):
+                raise MalformedResponse(server, f"{path} answer has no {field}")
+            return body
+
+        return fetch
 
     # --- the admitted call ------------------------------------------------------------------
 
