@@ -8,6 +8,7 @@ says where the server uses each piece.
 from budget.clientkey import client_key, parse_networks
 from budget.deadline import DeadlineExceeded, OutboundDeadline
 from budget.inflight import InFlightBudget, Slot
+from budget.queued import QueuedBudget, Ticket
 from budget.ratelimit import Decision, RateLimiter
 from budget.split import split_budget
 
@@ -16,8 +17,10 @@ __all__ = [
     "DeadlineExceeded",
     "InFlightBudget",
     "OutboundDeadline",
+    "QueuedBudget",
     "RateLimiter",
     "Slot",
+    "Ticket",
     "client_key",
     "parse_networks",
     "split_budget",

@@ -117,9 +117,12 @@ class OutboundDeadline:
     def expired(self) -> bool:
         return self.remaining() <= 0
 
-    def check(self) -> None:
-        """Raise :class:`DeadlineExceeded` now if the deadline has passed."""
-        if self.remaining() <= 0:
+    def check(self, slack: float = 0.0) -> None:
+        """Raise :class:`DeadlineExceeded` now if the deadline has passed, or has at most
+        ``slack`` seconds left. A socket given ``step_timeout()`` may time out a moment
+        before the deadline's own timer (the event loop's clock lags ``time.monotonic``):
+        checking with a little slack then names the deadline, not the socket."""
+        if self.remaining() <= slack:
             raise self._exceeded()
 
     def step_timeout(self, cap: float | None = None) -> float:

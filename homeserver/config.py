@@ -203,6 +203,7 @@ class HttpConfig:
     media_fetch_threads: int = setting(_int(1), 16)
     media_fetch_max_in_flight: int = setting(_int(1), 64)
     media_fetch_max_per_client: int = setting(_int(1), 8)
+    media_fetch_max_queued_per_client: int = setting(_int(0), 32)
 
 
 @dataclass(frozen=True)

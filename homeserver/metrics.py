@@ -27,14 +27,14 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from budget import InFlightBudget, RateLimiter
+from budget import InFlightBudget, QueuedBudget, RateLimiter
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class _LiveCollector:
     def __init__(self):
-        self.budgets: list[InFlightBudget] = []
+        self.budgets: list[InFlightBudget | QueuedBudget] = []
         self.rate_limiters: list[tuple[str, RateLimiter]] = []
         self.pools: list[tuple[str, Callable[[], int], int]] = []
         self.threadpools: list[tuple[str, Callable[[], int], int]] = []
@@ -50,12 +50,17 @@ class _LiveCollector:
         refusals = CounterMetricFamily(
             "weir_budget_refusals", "Requests refused by the budget", labels=["budget"]
         )
+        queued = GaugeMetricFamily(
+            "weir_budget_queued", "Slots queued for their client's turn", labels=["budget"]
+        )
         for budget in self.budgets:
             snap = budget.snapshot()
             in_flight.add_metric([snap["name"]], snap["in_flight"])
             capacity.add_metric([snap["name"]], snap["global_cap"])
             refusals.add_metric([snap["name"]], snap["refusals"])
-        yield from (in_flight, capacity, refusals)
+            if "queued" in snap:
+                queued.add_metric([snap["name"]], snap["queued"])
+        yield from (in_flight, capacity, refusals, queued)
 
         limited = CounterMetricFamily(
             "weir_rate_limit_refusals", "Requests refused by a rate limiter", labels=["limiter"]
@@ -185,7 +190,7 @@ class Metrics:
             registry=self.registry,
         )
 
-    def track_budget(self, budget: InFlightBudget) -> None:
+    def track_budget(self, budget: InFlightBudget | QueuedBudget) -> None:
         self._live.budgets.append(budget)
 
     def track_rate_limiter(self, name: str, limiter: RateLimiter) -> None:

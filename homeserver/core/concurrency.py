@@ -14,7 +14,7 @@ KeyedLocks: per-key locks that exist only while someone holds or waits for them.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Callable, Hashable
 
 from gevent.event import AsyncResult
@@ -35,12 +35,27 @@ class SingleFlight:
     def __len__(self) -> int:
         return len(self._calls)
 
-    def run(self, key: Hashable, fn: Callable[[], Any], on_wait: Callable[[], None] | None = None):
-        """fn() once for all concurrent callers with this key; returns its result."""
+    def run(
+        self,
+        key: Hashable,
+        fn: Callable[[], Any],
+        on_wait: Callable[[], None] | None = None,
+        admit: Callable[[], AbstractContextManager[object]] | None = None,
+    ):
+        """fn() once for all concurrent callers with this key; returns its result.
+
+        `on_wait` runs each time a caller is about to wait on another's call. `admit`, if
+        given, is entered by a caller each time it is about to lead, and held for the call:
+        it may refuse that caller (raise) without the refusal being shared. Entering it must
+        not yield, or another caller could lead the same key meanwhile.
+        """
         while True:
             pending = self._calls.get(key)
             if pending is None:
-                return self._lead(key, fn)
+                if admit is None:
+                    return self._lead(key, fn)
+                with admit():
+                    return self._lead(key, fn)
             if on_wait is not None:
                 on_wait()
             try:

@@ -51,6 +51,8 @@ MAX_POOLS = 1000
 STREAM_CHUNK = 64 * 1024
 # Redirects followed by open_url and the well-known fetch (spec: "at most 5" for well-known).
 MAX_REDIRECTS = 5
+# A socket timeout that fires with this little left of the deadline is the deadline's.
+TIMER_SLACK_SECONDS = 0.05
 
 # resolve(host, port, deadline) -> [(ip, port), ...], already filtered
 Resolve = Callable[[str, int, OutboundDeadline], list]
@@ -314,7 +316,7 @@ class OutboundTransport:
             raise _NotConnected(reason) from None
         except ReadTimeoutError:
             timed_out = True
-            deadline.check()
+            deadline.check(TIMER_SLACK_SECONDS)
             raise DestinationUnreachable(destination, f"{ip}:{port} did not answer") from None
         except (ProtocolError, HTTPError, OSError) as e:
             # The request may have been sent: not retried on another address.
@@ -448,7 +450,7 @@ class StreamingResponse:
                 data = self._response.read(n, decode_content=False)
         except ReadTimeoutError:
             if self._deadline is not None:
-                self._deadline.check()
+                self._deadline.check(TIMER_SLACK_SECONDS)
             raise DestinationUnreachable(self.destination, "read timed out") from None
         except (ProtocolError, HTTPError, OSError) as e:
             raise DestinationUnreachable(self.destination, f"connection failed: {e}") from None

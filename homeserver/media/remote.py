@@ -8,12 +8,15 @@ thumbnails alike (a thumbnail is made here, from the cached original, by the loc
    blocked origin (even for a cached copy) or an id outside the grammar give 404.
 2. The cache: a stored copy is served at once, with no slot and no outbound call.
 3. On a miss: an origin whose every known address is cooling down (federation/cooldown.py)
-   is refused at once; then the rate limiter, consulted once per request (a waiter woken to
-   retry a fetch is not counted again); then admission, which differs by mode:
-   - pool mode (`python app.py`): a `media_fetch_budget` slot and the handoff off the main
-     pool (http/handoff.py); only the request that starts a fetch takes a media-pool place;
+   is refused at once; then admission, which differs by mode:
+   - pool mode (`python app.py`): the request leaves the main pool (http/handoff.py). Only a
+     request that starts a fetch takes a `media_fetch_budget` ticket: one of its client's
+     running fetches, or a place in its client's short queue (429 at once past either, or
+     past the global cap); it alone takes a media-pool place, once its turn comes;
    - inline mode (no pools): a `client_outbound_budget` slot (ADR-0079), in the request's
      greenlet; any request that may wait on the remote holds one, waiters included.
+   Once admitted, the request spends one `ratelimiting.remote_media` token (once, however
+   often it retries a fetch whose leader went away), so a refusal by a budget costs none.
 4. `RemoteMediaFetchCoalescer`: one fetch per (origin, media id). Everyone else asking for the
    file meanwhile waits within their own deadline, then reads the stored copy. A failure wakes
    them with the error and is not cached.
@@ -38,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Protocol
 from urllib.parse import quote
 
-from budget import DeadlineExceeded, InFlightBudget, OutboundDeadline, RateLimiter
+from budget import DeadlineExceeded, InFlightBudget, OutboundDeadline, RateLimiter, Ticket
 from homeserver.config import MediaConfig, MediaSecurityConfig
 from homeserver.core.clock import now_ms
 from homeserver.core.concurrency import SingleFlight
@@ -94,9 +97,20 @@ class FetchAdmission(Protocol):
     """How a remote fetch is admitted: `MediaFetchHandoff` in pool mode
     (homeserver/http/handoff.py), `InlineFetchAdmission` otherwise."""
 
-    def admitted(self, caller: Caller) -> AbstractContextManager[object]: ...
+    def admitted(self, caller: Caller) -> AbstractContextManager[object]:
+        """Around every request that may wait on a fetch, its own or another's."""
+        ...
 
-    def fetch_place(self, deadline: OutboundDeadline) -> AbstractContextManager[object]: ...
+    def new_fetch(self, caller: Caller) -> AbstractContextManager[Ticket | None]:
+        """Around a fetch this request starts; refuses at once, and never yields to the hub
+        before it enters (the coalescer's `admit`)."""
+        ...
+
+    def fetch_place(
+        self, ticket: Ticket | None, deadline: OutboundDeadline
+    ) -> AbstractContextManager[object]:
+        """Where the fetch runs, once its turn comes."""
+        ...
 
 
 class InlineFetchAdmission:
@@ -109,7 +123,10 @@ class InlineFetchAdmission:
     def admitted(self, caller: Caller):
         return admitted(self.budget, caller)
 
-    def fetch_place(self, deadline: OutboundDeadline):
+    def new_fetch(self, caller: Caller):
+        return contextlib.nullcontext(None)
+
+    def fetch_place(self, ticket: Ticket | None, deadline: OutboundDeadline):
         return contextlib.nullcontext()
 
 
@@ -126,9 +143,12 @@ class RemoteMediaFetchCoalescer:
         origin: str,
         media_id: str,
         fetch: Callable[[], RemoteMedia],
-        on_wait: Callable[[], None] | None = None,
+        on_wait: Callable[[], None],
+        admit: Callable[[], AbstractContextManager[object]],
     ) -> RemoteMedia:
-        return self._flight.run((origin, media_id), fetch, on_wait)
+        """`admit` is entered by a request about to start the fetch, `on_wait` called by one
+        about to wait on it."""
+        return self._flight.run((origin, media_id), fetch, on_wait, admit)
 
     def __len__(self) -> int:
         """Fetches in flight."""
@@ -208,43 +228,78 @@ class RemoteMediaRepository:
     # --- admission ---------------------------------------------------------------------------
 
     def _fetch_for(self, request: MediaRequest, origin: str, media_id: str) -> RemoteMedia:
-        """The file, fetched under the rate limit, admission and the coalescer."""
+        """The file, fetched under admission, the rate limit and the coalescer."""
         try:
             self._refuse_if_cooling(origin)
         except AddressCoolingDown as e:
             count_failure(self.metrics, CALL, e)
             raise to_client_error(e, origin) from None
-        decision = self.rate_limiter.check(request.caller.client_key)
-        if not decision.allowed:
-            raise limit_exceeded(decision.retry_after_ms, "Too many remote media requests")
+        caller = request.caller
         deadline = self.client.deadline(MEDIA_DEADLINE_SECONDS, what=f"media {origin}/{media_id}")
         authenticated = not request.legacy and self.config.enable_authenticated_media
+        spend_token = self._token_spender(caller.client_key)
+        ticket: Ticket | None = None
+
+        @contextlib.contextmanager
+        def admit():
+            nonlocal ticket
+            with self.admission.new_fetch(caller) as ticket:
+                spend_token()
+                yield
+
+        def wait() -> None:
+            spend_token()
+            self.metrics.coalesced.labels(CALL).inc()
 
         def fetch() -> RemoteMedia:
-            with contextlib.ExitStack() as place:
-                try:
-                    place.enter_context(self.admission.fetch_place(deadline))
-                except DeadlineExceeded as e:
-                    # Out of time waiting for a media-pool place: as costly to the client as
-                    # a silent peer, and a sign the pool is saturated.
-                    count_failure(self.metrics, CALL, e)
-                    raise
-                # A fetch that ended between our cache miss and now has left the copy.
-                media = self._cached(origin, media_id)
-                if media is not None:
-                    return media
-                return self._fetch_counted(origin, media_id, deadline, authenticated)
-            # Reached only if a context manager in `place` swallowed an exception (an
-            # AbstractContextManager may); neither fetch_place does.
-            raise RuntimeError(f"media fetch {origin}/{media_id} ended without a result")
+            return self._fetch_in_place(ticket, origin, media_id, deadline, authenticated)
 
         try:
-            with self.admission.admitted(request.caller), deadline:
-                return self.coalescer.fetch(
-                    origin, media_id, fetch, on_wait=self.metrics.coalesced.labels(CALL).inc
-                )
+            with self.admission.admitted(caller), deadline:
+                return self.coalescer.fetch(origin, media_id, fetch, wait, admit)
         except (FederationError, DeadlineExceeded, ContentTooLarge) as e:
             raise self._client_error(e, origin) from None
+
+    def _token_spender(self, client_key: str) -> Callable[[], None]:
+        """Spends one rate-limit token for a request, the first time it is called: once the
+        request is admitted, to start a fetch or to wait on one."""
+        spent = False
+
+        def spend() -> None:
+            nonlocal spent
+            if spent:
+                return
+            spent = True
+            decision = self.rate_limiter.check(client_key)
+            if not decision.allowed:
+                raise limit_exceeded(decision.retry_after_ms, "Too many remote media requests")
+
+        return spend
+
+    def _fetch_in_place(
+        self,
+        ticket: Ticket | None,
+        origin: str,
+        media_id: str,
+        deadline: OutboundDeadline,
+        authenticated: bool,
+    ) -> RemoteMedia:
+        with contextlib.ExitStack() as place:
+            try:
+                place.enter_context(self.admission.fetch_place(ticket, deadline))
+            except DeadlineExceeded as e:
+                # Out of time waiting for its turn or a media-pool place: as costly to the
+                # client as a silent peer, and a sign the pool is saturated.
+                count_failure(self.metrics, CALL, e)
+                raise
+            # A fetch that ended between our cache miss and now has left the copy.
+            media = self._cached(origin, media_id)
+            if media is not None:
+                return media
+            return self._fetch_counted(origin, media_id, deadline, authenticated)
+        # Reached only if a context manager in `place` swallowed an exception (an
+        # AbstractContextManager may); neither fetch_place does.
+        raise RuntimeError(f"media fetch {origin}/{media_id} ended without a result")
 
     def _refuse_if_cooling(self, origin: str) -> None:
         """An origin whose every known address just timed out or refused us is refused before

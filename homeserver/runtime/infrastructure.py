@@ -10,7 +10,7 @@ from gevent.lock import RLock
 from gevent.pool import Pool
 from nacl.signing import SigningKey
 
-from budget import InFlightBudget, RateLimiter, parse_networks
+from budget import InFlightBudget, QueuedBudget, RateLimiter, parse_networks
 from homeserver.config import Config
 from homeserver.core.components import component
 from homeserver.core.identifiers import host_of
@@ -144,12 +144,15 @@ class Infrastructure:
         return pool
 
     @component
-    def media_fetch_budget(self) -> InFlightBudget | None:
+    def media_fetch_budget(self) -> QueuedBudget | None:
         if not self.pools:
             return None
         http = self.config.server.http
-        budget = InFlightBudget(
-            http.media_fetch_max_in_flight, http.media_fetch_max_per_client, name="media_fetch"
+        budget = QueuedBudget(
+            http.media_fetch_max_in_flight,
+            http.media_fetch_max_per_client,
+            http.media_fetch_max_queued_per_client,
+            name="media_fetch",
         )
         self.metrics.track_budget(budget)
         return budget
@@ -158,7 +161,13 @@ class Infrastructure:
     def media_handoff(self) -> MediaFetchHandoff | None:
         if self.main_pool is None or self.media_pool is None or self.media_fetch_budget is None:
             return None
-        return MediaFetchHandoff(self.main_pool, self.media_pool, self.media_fetch_budget)
+        handoff = MediaFetchHandoff(self.main_pool, self.media_pool, self.media_fetch_budget)
+        self.metrics.track_gauge(
+            "weir_media_handed_off",
+            "Remote media requests away from the main pool (fetching, queued or waiting)",
+            lambda: len(handoff.away),
+        )
+        return handoff
 
     # --- rate limits -----------------------------------------------------------------------
 

@@ -317,3 +317,10 @@ def test_discovery_and_request_draw_from_one_deadline():
         pm.clear()
         assert tarpit.wait_current(0, timeout=5)
         assert connections_to(tarpit.port) == []
+
+
+def test_check_with_slack_names_the_deadline_a_moment_early():
+    d = OutboundDeadline(0.2)
+    d.check(0.1)  # 0.2 s left: more than the slack
+    with pytest.raises(DeadlineExceeded):
+        d.check(0.5)  # within the slack: the deadline is what ran out

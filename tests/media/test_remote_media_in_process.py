@@ -217,8 +217,10 @@ def test_waiters_on_a_fetch_take_no_media_pool_place(test_ca, tmp_path, start_pe
             )
             for kind in kinds
         ]
-        wait_until(lambda: runtime.media_fetch_budget.in_flight == len(kinds))
-        assert len(runtime.media_pool) == 1  # the leader; its five waiters wait outside
+        wait_until(lambda: len(runtime.media_handoff.away) == len(kinds))
+        # The leader holds the one ticket and one place; its five waiters wait outside both.
+        assert runtime.media_fetch_budget.in_flight == 1
+        assert len(runtime.media_pool) == 1
         r = Connection(server.client_url).get(
             f"{CLIENT}/download/{other.server_name}/{other_id}", server.headers
         )
