@@ -3,7 +3,9 @@
 An :class:`InFlightBudget` counts work in flight, in total and per key (a
 client key), and refuses at once when either cap is reached. It never waits:
 a refused request must cost nothing, and a queue would only turn an overload
-into a slower overload holding the same resources.
+into a slower overload holding the same resources. Where a client's ordinary
+burst exceeds its cap (a screen of images), budget/queued.py adds a short,
+bounded queue per key.
 """
 
 from __future__ import annotations

@@ -539,3 +539,39 @@ def test_the_rate_limiter_counts_each_request_once(test_ca, start_weir, start_pe
     assert error(r) == (429, "M_LIMIT_EXCEEDED")
     assert client.get(f"{CLIENT}/download/{peer.server_name}/{media_id}").status_code == 200
     assert_budgets_back_to_zero(weir)
+
+
+def test_a_refusal_by_the_budget_spends_no_rate_limit_token(test_ca, start_weir, start_peer):
+    """One running fetch and no queue per client, two tokens: three requests refused by the
+    budget while a fetch runs leave both tokens, for the next two misses."""
+    weir = start_weir(
+        {
+            "server": {
+                "http": {"media_fetch_max_per_client": 1, "media_fetch_max_queued_per_client": 0}
+            },
+            "federation": federation_settings(test_ca, remote_timeout=REMOTE_TIMEOUT),
+            "ratelimiting": {"remote_media": {"max_requests": 2, "per_seconds": 3600}},
+        }
+    )
+    client = MatrixClient(weir.client_url)
+    client.register("fay")
+    peer = start_peer("127.44.9.2:8448", "127.44.9.2")
+    first, second, third = new_id(), new_id(), new_id()
+    for media_id in (first, second, third):
+        peer.serve_media(media_id, media_id.encode(), "text/plain")
+    release = peer.media_gate = Event()
+    running = gevent.spawn(client.get, f"{CLIENT}/download/{peer.server_name}/{first}")
+    assert peer.wait_hits(f"/_matrix/federation/v1/media/download/{first}", 1)
+    for _ in range(3):
+        r = client.get(f"{CLIENT}/download/{peer.server_name}/{second}")
+        assert error(r) == (429, "M_LIMIT_EXCEEDED")
+        assert "in flight" in r.json()["error"]  # the budget's refusal, not the limiter's
+    release.set()
+    assert running.get().status_code == 200
+    r = client.get(f"{CLIENT}/download/{peer.server_name}/{second}")
+    assert (r.status_code, r.content) == (200, second.encode())
+    r = client.get(f"{CLIENT}/download/{peer.server_name}/{third}")
+    assert error(r) == (429, "M_LIMIT_EXCEEDED")
+    assert r.json()["error"] == "Too many remote media requests"
+    assert peer.media_fetches() == 2
+    assert_budgets_back_to_zero(weir)
