@@ -12,7 +12,8 @@ Implements the spec v1.16 algorithm ("Resolving server names"), every step:
 6. ``<hostname>:8448``.
 
 Every resolved address goes through the IP filter; an empty list after filtering is
-``DestinationUnreachable("denied address")``. The whole resolution draws from the caller's
+``DestinationUnreachable`` with the reason "denied address ..." (for the log: a client is
+only told the server cannot be reached). The whole resolution draws from the caller's
 ``OutboundDeadline``: DNS lifetimes and the well-known fetch get what is left.
 """
 
@@ -261,8 +262,7 @@ class ServerDiscovery:
         targets = tuple(t for t in candidates if self.ip_filter.allows(t[0]))
         if not targets:
             if candidates:
-                log.info("%s: every address is denied: %s", server_name, candidates)
-                raise DestinationUnreachable(server_name, "denied address")
+                raise DestinationUnreachable(server_name, f"denied address {_shown(candidates)}")
             raise DestinationUnreachable(server_name, "no address")
         resolved = ResolvedServer(
             server_name, host_header, tls_name, tuple(dict.fromkeys(targets)), self._clock() + ttl
@@ -387,8 +387,13 @@ class ServerDiscovery:
             raise DestinationUnreachable(host, "no address")
         allowed = [(a, port) for a in addrs if self.ip_filter.allows(a)]
         if not allowed:
-            raise DestinationUnreachable(host, "denied address")
+            raise DestinationUnreachable(host, f"denied address {_shown((a, port) for a in addrs)}")
         return allowed
+
+
+def _shown(targets) -> str:
+    """Addresses for a reason (a log line; never a client's message: errors.to_client_error)."""
+    return ", ".join(_host_with_port(ip, port) for ip, port in targets)
 
 
 def _cache_period(cache_control: str) -> float:

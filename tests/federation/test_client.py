@@ -11,6 +11,7 @@ from signedjson.key import generate_signing_key, get_verify_key
 from budget import DeadlineExceeded, OutboundDeadline
 from homeserver.core.errors import MatrixError
 from homeserver.federation.errors import (
+    AddressCoolingDown,
     DestinationUnreachable,
     KeyResolutionRefused,
     MalformedResponse,
@@ -293,3 +294,35 @@ def test_client_error_mapping(exc, status, errcode):
     assert (error.status, error.errcode) == (status, errcode)
     if status == 504:
         assert "r.test" in error.error
+
+
+@pytest.mark.parametrize(
+    "reason",
+    [
+        "no address",
+        "denied address 10.1.2.3:8448",
+        "cannot connect to 10.1.2.3:8448: [Errno 111] Connection refused",
+        "TLS failure with 10.1.2.3:8448: hostname 'r.test' doesn't match 'x.test'",
+        "DNS failure: NoNameservers",
+    ],
+)
+def test_an_unreachable_server_is_only_named(reason, caplog):
+    # Whether a name has no address, only private ones, or ones that fail is not for the
+    # client (it would tell anyone what a name resolves to): one log line keeps the detail.
+    caplog.set_level("INFO", logger="homeserver.federation.errors")
+    error = to_client_error(DestinationUnreachable("r.test", reason), "other.test")
+    assert (error.status, error.errcode, error.error) == (502, "M_UNKNOWN", "Cannot reach r.test")
+    logged = [r for r in caplog.records if r.name == "homeserver.federation.errors"]
+    assert [(r.levelname, r.getMessage(), r.exc_info) for r in logged] == [
+        ("INFO", f"cannot reach r.test: {reason}", None)
+    ]
+
+
+def test_a_cool_down_is_told_without_its_address():
+    for timed_out, status in ((True, 504), (False, 502)):
+        error = to_client_error(AddressCoolingDown("r.test", "10.1.2.3:8448", 29.2, timed_out))
+        assert (error.status, error.errcode, error.error) == (
+            status,
+            "M_UNKNOWN",
+            "Cannot reach r.test: cooling down, not trying again for 30 s",
+        )
