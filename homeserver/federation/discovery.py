@@ -62,9 +62,12 @@ WELL_KNOWN_ERROR_CACHE = 3600.0
 # A well-known that does not answer gets at most this, and at most half of what the caller's
 # deadline has left, so that SRV and the 8448 fallback still have time. That it timed out is
 # remembered for a shorter while than other errors, and only if it had a fair chance
-# (WELL_KNOWN_FAIR_WAIT): a caller's short deadline may have been the cause.
+# (WELL_KNOWN_FAIR_WAIT, more than an honest one takes, DNS and TLS included): a call can
+# reach a name with little of its deadline left (keys/query behind slow servers, a join
+# behind a slow alias server), and what it remembers every lookup of that name, the
+# federation sender's included, would use.
 WELL_KNOWN_TIMEOUT = 10.0
-WELL_KNOWN_FAIR_WAIT = 2.0
+WELL_KNOWN_FAIR_WAIT = 4.0
 WELL_KNOWN_TIMEOUT_CACHE = 120.0
 # DNS: a lookup never takes longer than this (nor than the deadline); negative answers
 # (NXDOMAIN, no records) are remembered this long.
