@@ -21,7 +21,13 @@ from budget import DeadlineExceeded, InFlightBudget, OutboundDeadline
 from homeserver.federation.admission import KEYS_DEADLINE_SECONDS, Caller, admitted, count_failure
 from homeserver.federation.client import FederationClient
 from homeserver.federation.cooldown import AddressCooldown
-from homeserver.federation.errors import FederationError, MalformedResponse, RemoteError
+from homeserver.federation.errors import (
+    DestinationUnreachable,
+    FederationError,
+    MalformedResponse,
+    RemoteError,
+    to_client_error,
+)
 from homeserver.metrics import Metrics
 from homeserver.storage.e2ee_remote import RemoteDeviceStore
 
@@ -37,11 +43,11 @@ MAX_PARALLEL_SERVERS = 20
 Fetch = Callable[[str, dict, OutboundDeadline], dict]
 
 
-def failure(e: Exception) -> dict:
-    """A `failures` entry, shaped as Synapse shapes it (the spec leaves it open)."""
-    if isinstance(e, RemoteError) and e.status:
-        return {"status": e.status, "message": str(e)}
-    return {"status": 503, "message": str(e) or type(e).__name__}
+def failure(e: Exception, server: str) -> dict:
+    """A `failures` entry, shaped as Synapse shapes it (the spec leaves it open). Its message
+    is the one a client is told (`to_client_error`): never an address or why it failed."""
+    status = e.status if isinstance(e, RemoteError) and e.status else 503
+    return {"status": status, "message": to_client_error(e, server).error}
 
 
 class RemoteKeys:
@@ -149,7 +155,7 @@ class RemoteKeys:
             if isinstance(result, dict) and "answer" in result:
                 answered.append((server, result["answer"]))
             else:
-                out["failures"][server] = result or failure(DeadlineExceeded(0, 0, server))
+                out["failures"][server] = result or failure(DeadlineExceeded(0, 0, server), server)
         return answered
 
     def _one(
@@ -169,8 +175,9 @@ class RemoteKeys:
                 answer = fetch(server, users, deadline)
         except (FederationError, DeadlineExceeded) as e:
             count_failure(self._metrics, call, e)
-            log.info("%s on %s failed: %s", call, server, e)
-            answers[server] = failure(e)
+            if not isinstance(e, DestinationUnreachable):  # to_client_error logs those
+                log.info("%s on %s failed: %s", call, server, e)
+            answers[server] = failure(e, server)
             return
         self._metrics.outbound_calls.labels(call, "ok").inc()
         answers[server] = {"answer": answer}

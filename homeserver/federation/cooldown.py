@@ -1,9 +1,18 @@
-"""Address cool-down: fail fast on a resolved address that just timed out or refused us.
+"""Address cool-down: fail fast on a resolved address that just never answered us.
 
 Keyed by (ip, port), not by server name, so a swarm of names that all point at one tarpit is
-caught after its first timeout. A failure cools the address for 30 s, doubling with each
-further failure up to 10 min; a success resets it. Only client-triggered calls feed and
-consult it (docs/architecture.md, "Budgets"): they are the ones an attacker can aim.
+caught after its first timeout. Because any name can point at any address, only what the
+address itself did counts (homeserver/federation/transport.py, ``TargetHealth``): it refused
+the connection, or stayed silent through a connect, a TLS handshake or the wait for a
+response head that had a fair chance. A certificate for another name, an HTTP error, a
+malformed body or a deadline while a body streams never cools an address down, so that a
+request naming someone else's address cannot shut its real name out (docs/architecture.md,
+"What one name can do to another").
+
+A failure cools the address for 30 s, doubling with each further failure up to 10 min (a
+failure of an attempt made while it cools, one that began before, adds nothing); any
+response head from it ends the cool-down. Only client-triggered calls feed and consult it
+(docs/architecture.md, "Budgets"): they are the ones an attacker can aim.
 """
 
 from __future__ import annotations
@@ -58,7 +67,12 @@ class AddressCooldown:
 
     def record_failure(self, ip: str, port: int, timed_out: bool) -> None:
         key = (ip, port)
-        state = self._states.pop(key, None)
+        state = self._states.get(key)
+        if state is not None and state.until > self._clock():
+            # Already cooling: this attempt began before the cool-down, in the same outage.
+            # Sixteen fetches that time out together are one failure, not a 10 min cool-down.
+            return
+        self._states.pop(key, None)
         failures = state.failures + 1 if state else 1
         seconds = min(BASE_COOLDOWN_SECONDS * 2 ** (failures - 1), MAX_COOLDOWN_SECONDS)
         self._states[key] = _State(failures, self._clock() + seconds, timed_out)

@@ -12,7 +12,8 @@ Implements the spec v1.16 algorithm ("Resolving server names"), every step:
 6. ``<hostname>:8448``.
 
 Every resolved address goes through the IP filter; an empty list after filtering is
-``DestinationUnreachable("denied address")``. The whole resolution draws from the caller's
+``DestinationUnreachable`` with the reason "denied address ..." (for the log: a client is
+only told the server cannot be reached). The whole resolution draws from the caller's
 ``OutboundDeadline``: DNS lifetimes and the well-known fetch get what is left.
 """
 
@@ -61,9 +62,12 @@ WELL_KNOWN_ERROR_CACHE = 3600.0
 # A well-known that does not answer gets at most this, and at most half of what the caller's
 # deadline has left, so that SRV and the 8448 fallback still have time. That it timed out is
 # remembered for a shorter while than other errors, and only if it had a fair chance
-# (WELL_KNOWN_FAIR_WAIT): a caller's short deadline may have been the cause.
+# (WELL_KNOWN_FAIR_WAIT, more than an honest one takes, DNS and TLS included): a call can
+# reach a name with little of its deadline left (keys/query behind slow servers, a join
+# behind a slow alias server), and what it remembers every lookup of that name, the
+# federation sender's included, would use.
 WELL_KNOWN_TIMEOUT = 10.0
-WELL_KNOWN_FAIR_WAIT = 2.0
+WELL_KNOWN_FAIR_WAIT = 4.0
 WELL_KNOWN_TIMEOUT_CACHE = 120.0
 # DNS: a lookup never takes longer than this (nor than the deadline); negative answers
 # (NXDOMAIN, no records) are remembered this long.
@@ -261,8 +265,7 @@ class ServerDiscovery:
         targets = tuple(t for t in candidates if self.ip_filter.allows(t[0]))
         if not targets:
             if candidates:
-                log.info("%s: every address is denied: %s", server_name, candidates)
-                raise DestinationUnreachable(server_name, "denied address")
+                raise DestinationUnreachable(server_name, f"denied address {_shown(candidates)}")
             raise DestinationUnreachable(server_name, "no address")
         resolved = ResolvedServer(
             server_name, host_header, tls_name, tuple(dict.fromkeys(targets)), self._clock() + ttl
@@ -387,8 +390,13 @@ class ServerDiscovery:
             raise DestinationUnreachable(host, "no address")
         allowed = [(a, port) for a in addrs if self.ip_filter.allows(a)]
         if not allowed:
-            raise DestinationUnreachable(host, "denied address")
+            raise DestinationUnreachable(host, f"denied address {_shown((a, port) for a in addrs)}")
         return allowed
+
+
+def _shown(targets) -> str:
+    """Addresses for a reason (a log line; never a client's message: errors.to_client_error)."""
+    return ", ".join(_host_with_port(ip, port) for ip, port in targets)
 
 
 def _cache_period(cache_control: str) -> float:

@@ -7,6 +7,9 @@ with :func:`to_client_error` (docs/architecture.md, "Budgets"). The deadline is
 
 from __future__ import annotations
 
+import logging
+import math
+
 from budget import DeadlineExceeded
 from homeserver.core.errors import Codes, ContentTooLarge, MatrixError, limit_exceeded
 
@@ -24,6 +27,8 @@ __all__ = [
     "to_client_error",
 ]
 
+log = logging.getLogger(__name__)
+
 
 class FederationError(Exception):
     """An outbound call to ``destination`` (a server name, or a URL's host) failed."""
@@ -35,7 +40,8 @@ class FederationError(Exception):
 
 class DestinationUnreachable(FederationError):
     """No answer could be had: DNS failure, refused or reset connection, TLS failure, or every
-    address of the destination is denied by the IP filter. ``reason`` says which."""
+    address of the destination is denied by the IP filter. ``reason`` says which, with the
+    addresses involved: it is for logs, never for a client (:func:`to_client_error`)."""
 
     def __init__(self, destination: str, reason: str):
         super().__init__(destination, reason)
@@ -43,8 +49,9 @@ class DestinationUnreachable(FederationError):
 
 
 class AddressCoolingDown(DestinationUnreachable):
-    """Refused without trying: every address of the destination recently timed out or
-    refused a client-triggered call, and is cooling down (``federation.cooldown``)."""
+    """Refused without trying: every address of the destination recently never answered a
+    client-triggered call (refused or stayed silent), and is cooling down
+    (``federation.cooldown``)."""
 
     def __init__(self, destination: str, address: str, seconds_left: float, timed_out: bool):
         super().__init__(
@@ -117,19 +124,28 @@ def to_client_error(exc: Exception, destination: str | None = None) -> MatrixErr
     """The client-facing error for an outbound failure (the table in docs/architecture.md,
     "Budgets").
 
-    ``destination`` names the server in the message when the exception does not.
+    ``destination`` names the server in the message when the exception does not. A server
+    that cannot be reached is only named: whether its name has no address, only denied ones
+    (a private network's), or addresses that refuse, fail TLS or are cooling down would tell
+    anyone what a name resolves to. That detail goes to the log, one line.
     """
     server = getattr(exc, "destination", None) or destination or "the remote server"
     if isinstance(exc, DeadlineExceeded):
         return MatrixError(504, Codes.UNKNOWN, f"Timed out waiting for {server}")
     if isinstance(exc, KeyResolutionRefused):
         return limit_exceeded(exc.retry_after_ms)
-    if isinstance(exc, AddressCoolingDown):
-        # As the failure that started the cool-down would have been answered.
-        status = 504 if exc.timed_out else 502
-        return MatrixError(status, Codes.UNKNOWN, f"Not trying {server} again yet: {exc.reason}")
     if isinstance(exc, DestinationUnreachable):
-        return MatrixError(502, Codes.UNKNOWN, f"Could not reach {server}: {exc.reason}")
+        log.info("cannot reach %s: %s", server, exc.reason)
+        if isinstance(exc, AddressCoolingDown):
+            # As the failure that started the cool-down would have been answered.
+            status = 504 if exc.timed_out else 502
+            seconds = math.ceil(exc.seconds_left)
+            return MatrixError(
+                status,
+                Codes.UNKNOWN,
+                f"Cannot reach {server}: cooling down, not trying again for {seconds} s",
+            )
+        return MatrixError(502, Codes.UNKNOWN, f"Cannot reach {server}")
     if isinstance(exc, RemoteError):
         if exc.status == 404 or exc.errcode == Codes.NOT_FOUND:
             return MatrixError(404, Codes.NOT_FOUND, f"{server} has no such resource")

@@ -9,7 +9,7 @@ caller's ``OutboundDeadline`` (``with deadline:``); socket timeouts are set to w
 
 from __future__ import annotations
 
-import logging
+import errno
 import socket
 import ssl
 from collections import OrderedDict
@@ -39,8 +39,6 @@ from homeserver.federation.errors import (
 )
 from homeserver.federation.ip_filter import IpFilter
 
-log = logging.getLogger(__name__)
-
 USER_AGENT = f"Weir/{__version__}"
 # A connect is a handshake: longer than this means the address is not answering, and the
 # next one (if any) deserves the rest of the deadline.
@@ -53,20 +51,42 @@ STREAM_CHUNK = 64 * 1024
 MAX_REDIRECTS = 5
 # A socket timeout that fires with this little left of the deadline is the deadline's.
 TIMER_SLACK_SECONDS = 0.05
+# A timeout is an address's silence only if the address had a fair chance to answer: this
+# long, or half the call's whole deadline if that is shorter. Otherwise a call that spent its
+# deadline elsewhere (a slow DNS of its own, a tarpit listed first) could cool an honest
+# address down for everyone with the moment it had left.
+FAIR_WAIT_SECONDS = 5.0
+# Connect failures that mean no connection can be had at that address from here: refused,
+# or no route to it (an ICMP unreachable, no such host on the link). They cool it down. Any
+# other connect error (out of local ports, descriptors or buffers) is our own trouble and
+# says nothing about the address: load on us must not cool honest peers down.
+_UNREACHED_ERRNOS = frozenset(
+    {errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN}
+)
 
 # resolve(host, port, deadline) -> [(ip, port), ...], already filtered
 Resolve = Callable[[str, int, OutboundDeadline], list]
 
 
 class TargetHealth(Protocol):
-    """Told the outcome of every connection attempt, per resolved address.
+    """Told what connection attempts say about a resolved address (docs/architecture.md,
+    "Budgets").
 
     ``check`` runs before connecting and may raise ``DestinationUnreachable`` to skip an
     address known to be bad (an address cool-down; the next address, if any, is tried, and
-    the last such reason is what the caller sees). ``record`` is told how the attempt went:
-    ``ok`` when an HTTP response came back; otherwise ``timed_out`` says whether the address
-    stayed silent (connect or read timeout, or the deadline ran out while waiting on it)
-    rather than refusing (connection refused or reset, TLS failure).
+    the last such reason is what the caller sees). ``record`` is called only for an attempt
+    that says something about the address itself:
+
+    - ``ok=True``: a response head came back (any status; the body may still fail);
+    - ``ok=False, timed_out=False``: it gave no connection (refused, or no route to it);
+    - ``ok=False, timed_out=True``: it stayed silent, with a fair chance to answer
+      (``FAIR_WAIT_SECONDS``): no TCP connection, no TLS handshake, or no response head in
+      time (a socket timeout, or the deadline's while connecting or waiting for the head).
+
+    Anything else is not recorded: the address answered, only not as we wanted (a TLS
+    failure that is no timeout, such as a certificate for another name; a connection
+    closed or reset after it was accepted), or the failure was not the address's (a local
+    error, a client hang-up, a deadline spent before the address had its fair chance).
     """
 
     def check(self, ip: str, port: int) -> None: ...
@@ -278,13 +298,13 @@ class OutboundTransport:
     def _send_to(
         self, request: _Request, ip: str, port: int, tls_server_name: str, health: TargetHealth
     ) -> urllib3.BaseHTTPResponse:
-        """One attempt at one address, whose outcome `health` is told. Raises `_NotConnected`
-        when no connection was made (nothing was sent, so the next address may be tried),
-        and ``DestinationUnreachable`` when the request may have gone out."""
-        destination, deadline = request.destination, request.deadline
+        """One attempt at one address; `health` is told what it says of the address
+        (`TargetHealth`). Raises `_NotConnected` when no connection was made (nothing was
+        sent, so the next address may be tried), and ``DestinationUnreachable`` when the
+        request may have gone out."""
+        deadline = request.deadline
         pool = self._pool(ip, port, tls_server_name)
-        ok = timed_out = False
-        outcome_known = True
+        started = deadline.elapsed()
         try:
             timeout = urllib3.Timeout(
                 connect=deadline.step_timeout(CONNECT_TIMEOUT_CAP), read=deadline.step_timeout()
@@ -301,38 +321,15 @@ class OutboundTransport:
                 release_conn=False,
                 assert_same_host=False,
             )
-            ok = True
-            return response
-        except NewConnectionError as e:
-            reason = f"cannot connect to {ip}:{port}"
-            log.debug("%s: %s: %s", destination, reason, e)
-            raise _NotConnected(reason) from None
-        except ConnectTimeoutError:
-            timed_out = True
-            raise _NotConnected(f"connecting to {ip}:{port} timed out") from None
-        except SSLError as e:
-            reason = f"TLS failure with {ip}:{port}"
-            log.info("%s: %s: %s", destination, reason, e)
-            raise _NotConnected(reason) from None
-        except ReadTimeoutError:
-            timed_out = True
-            deadline.check(TIMER_SLACK_SECONDS)
-            raise DestinationUnreachable(destination, f"{ip}:{port} did not answer") from None
-        except (ProtocolError, HTTPError, OSError) as e:
-            # The request may have been sent: not retried on another address.
-            raise DestinationUnreachable(
-                destination, f"connection to {ip}:{port} failed: {e}"
-            ) from None
         except BaseException as e:
-            # The deadline's gevent.Timeout (or its DeadlineExceeded from step_timeout)
-            # means the address stayed silent. Anything else (the client hung up: a
-            # GreenletExit) says nothing about the address, so it is not recorded.
-            timed_out = isinstance(e, (gevent.Timeout, DeadlineExceeded))
-            outcome_known = timed_out
-            raise
-        finally:
-            if outcome_known:
-                health.record(ip, port, ok, timed_out)
+            fair = min(FAIR_WAIT_SECONDS, deadline.seconds / 2)
+            silent = _silence(e, deadline.elapsed() - started >= fair)
+            if silent is not None:
+                health.record(ip, port, False, silent)
+            _raise_as_unreachable(e, request, ip, port)
+            raise  # the deadline's timeout, or a hang-up: the caller's to handle
+        health.record(ip, port, True, False)
+        return response
 
     def get_following_redirects(
         self,
@@ -379,6 +376,39 @@ class OutboundTransport:
                 raise MalformedResponse(host, f"HTTP {response.status} without a Location")
             url = urljoin(url, location)
         raise MalformedResponse(urlsplit(url).hostname or url, "too many redirects")
+
+
+def _silence(e: BaseException, had_fair_chance: bool) -> bool | None:
+    """What a failed attempt says of its address, for `TargetHealth.record`: True if the
+    address stayed silent, False if it gave no connection, None if it says nothing."""
+    if isinstance(e, NewConnectionError):  # first: urllib3 makes it a ConnectTimeoutError
+        cause = e.__cause__
+        return False if isinstance(cause, OSError) and cause.errno in _UNREACHED_ERRNOS else None
+    # urllib3 raises ReadTimeoutError for a TLS handshake that times out as well as for a
+    # response head that does not come; SSLError is never a timeout (the peer answered).
+    if isinstance(e, (ConnectTimeoutError, ReadTimeoutError, gevent.Timeout, DeadlineExceeded)):
+        return True if had_fair_chance else None
+    return None
+
+
+def _raise_as_unreachable(e: BaseException, request: _Request, ip: str, port: int) -> None:
+    """Raises what a failed attempt is to the caller, or returns for an exception that is
+    to propagate as it is. The reason carries the detail, for the log only: a client is
+    never told an address (`errors.to_client_error`)."""
+    if isinstance(e, NewConnectionError):  # first, as in _silence
+        raise _NotConnected(f"cannot connect to {ip}:{port}: {e.__cause__ or e}") from None
+    if isinstance(e, ConnectTimeoutError):
+        raise _NotConnected(f"connecting to {ip}:{port} timed out") from None
+    if isinstance(e, SSLError):
+        raise _NotConnected(f"TLS failure with {ip}:{port}: {e.__cause__ or e}") from None
+    if isinstance(e, ReadTimeoutError):
+        request.deadline.check(TIMER_SLACK_SECONDS)
+        raise DestinationUnreachable(request.destination, f"{ip}:{port} did not answer") from None
+    if isinstance(e, (ProtocolError, HTTPError, OSError)):
+        # The request may have been sent: not retried on another address.
+        raise DestinationUnreachable(
+            request.destination, f"connection to {ip}:{port} failed: {e}"
+        ) from None
 
 
 def discard(response: urllib3.BaseHTTPResponse) -> None:

@@ -1,16 +1,22 @@
 """The outbound client: signing, caps, errors, TLS, deadlines and target outcomes."""
 
+import contextlib
 import os
+import socket
 
 import gevent
 import psutil
 import pytest
 from gevent.event import Event
+from gevent.server import StreamServer
 from signedjson.key import generate_signing_key, get_verify_key
 
 from budget import DeadlineExceeded, OutboundDeadline
 from homeserver.core.errors import MatrixError
+from homeserver.federation import transport
+from homeserver.federation.cooldown import AddressCooldown
 from homeserver.federation.errors import (
+    AddressCoolingDown,
     DestinationUnreachable,
     KeyResolutionRefused,
     MalformedResponse,
@@ -20,8 +26,9 @@ from homeserver.federation.errors import (
 )
 from homeserver.federation.signing import parse_x_matrix, request_object, verify_signature
 from tests.peers.liar import LiarPeer
+from tests.peers.slow import HangingPeer
 from tests.peers.tarpit import Tarpit
-from tests.support.federation import make_client
+from tests.support.federation import FakeClock, make_client
 
 KEY = generate_signing_key("c1")
 
@@ -208,6 +215,144 @@ def test_target_health_sees_every_outcome(test_ca, dns, start_peer):
     assert health.outcomes == [("127.24.3.2", 8448, True, False)]
 
 
+@contextlib.contextmanager
+def full_backlog(ip: str, port: int = 8448):
+    """A listener whose accept queue is full: the kernel drops further SYNs, so a connect
+    there times out (a host that never answers)."""
+    listener = socket.socket()
+    listener.bind((ip, port))
+    listener.listen(0)
+    filler = socket.create_connection((ip, port), timeout=5)  # takes the one queue place
+    try:
+        yield
+    finally:
+        filler.close()
+        listener.close()
+
+
+def test_a_connect_that_times_out_is_silence(test_ca, dns):
+    health = RecordingHealth()
+    with full_backlog("127.24.4.1"), make_client(test_ca, dns, target_health=health) as client:
+        with pytest.raises(DeadlineExceeded):
+            client.get_json("127.24.4.1:8448", "/x", deadline=OutboundDeadline(0.5))
+    assert health.outcomes == [("127.24.4.1", 8448, False, True)]
+
+
+def test_a_tls_handshake_that_times_out_is_silence(test_ca, dns, monkeypatch):
+    # A tarpit takes the TCP connection and never speaks TLS. urllib3 raises ReadTimeoutError
+    # for the handshake's socket timeout (the connect timeout): here it fires well before the
+    # deadline, which is left to the caller.
+    monkeypatch.setattr(transport, "CONNECT_TIMEOUT_CAP", 0.3)
+    monkeypatch.setattr(transport, "FAIR_WAIT_SECONDS", 0.2)
+    health = RecordingHealth()
+    with Tarpit("127.24.4.2", 8448), make_client(test_ca, dns, target_health=health) as client:
+        deadline = OutboundDeadline(10)
+        with pytest.raises(DestinationUnreachable) as e:
+            client.get_json("127.24.4.2:8448", "/x", deadline=deadline)
+        assert deadline.elapsed() < 5
+    assert e.value.reason == "127.24.4.2:8448 did not answer"
+    assert health.outcomes == [("127.24.4.2", 8448, False, True)]
+
+
+def test_no_response_head_before_the_deadline_is_silence(test_ca, dns):
+    health = RecordingHealth()
+    with (
+        HangingPeer(test_ca, ("hang.test",), "127.24.4.3", 8448) as hang,
+        make_client(test_ca, dns, target_health=health) as client,
+    ):
+        with pytest.raises(DeadlineExceeded):
+            client.get_json("127.24.4.3:8448", "/x", deadline=OutboundDeadline(0.5))
+        assert hang.requests == 1  # the request went out; no head came back
+    assert health.outcomes == [("127.24.4.3", 8448, False, True)]
+
+
+def test_an_address_that_answered_badly_is_not_recorded(test_ca, dns, start_peer):
+    """A certificate for another name, a connection closed once accepted: the address
+    answered, so nothing is recorded (neither a cool-down nor its end)."""
+    dns.add_a("pointed.test", "127.24.5.1")
+    start_peer("real.test", "127.24.5.1", cert_names=("real.test",))
+    closed = StreamServer(("127.24.5.2", 8448), lambda sock, address: sock.close())
+    closed.start()
+    health = RecordingHealth()
+    try:
+        with make_client(test_ca, dns, target_health=health) as client:
+            for name in ("127.24.5.1:8448", "pointed.test:8448"):
+                with pytest.raises(DestinationUnreachable) as e:
+                    client.get_json(name, "/_matrix/key/v2/server")
+                assert e.value.reason.startswith("TLS failure with 127.24.5.1:8448")
+            with pytest.raises(DestinationUnreachable):
+                client.get_json("127.24.5.2:8448", "/_matrix/key/v2/server")
+    finally:
+        closed.stop()
+    assert health.outcomes == []
+
+
+def test_an_http_error_or_a_bad_body_is_an_answer(test_ca, dns, liar):
+    liar.route("GET", "/fail", lambda req: (500, {"errcode": "M_UNKNOWN"}))
+    liar.malformed_json("/bad")
+    stalled = Event()
+
+    def stall():
+        yield b"["
+        stalled.set()
+        gevent.sleep(60)  # silent mid-body: the deadline ends the read
+        yield b"]"
+
+    liar.route("GET", "/stall", lambda req: (200, stall()))
+    health = RecordingHealth()
+    with make_client(test_ca, dns, target_health=health) as client:
+        with pytest.raises(RemoteError):
+            client.get_json(liar.server_name, "/fail")
+        with pytest.raises(MalformedResponse):
+            client.get_json(liar.server_name, "/bad")
+        with pytest.raises(DeadlineExceeded):
+            client.get_json(liar.server_name, "/stall", deadline=OutboundDeadline(1.0))
+        assert stalled.is_set()
+    assert health.outcomes == [(liar.host, liar.port, True, False)] * 3
+
+
+def test_a_deadline_spent_elsewhere_does_not_make_an_address_silent(test_ca, dns, monkeypatch):
+    # The first SRV target takes 1.2 s to time out its connect; the second, which would
+    # answer no faster than the first, has 0.8 s of the 2 s deadline left: less than its
+    # fair chance (half the deadline), so its silence is not held against it.
+    monkeypatch.setattr(transport, "CONNECT_TIMEOUT_CAP", 1.2)
+    dns.add_srv("_matrix-fed._tcp.spent.test", "127.24.6.1", 8448, priority=1)
+    dns.add_srv("_matrix-fed._tcp.spent.test", "127.24.6.2", 8448, priority=2)
+    health = RecordingHealth()
+    with (
+        full_backlog("127.24.6.1"),
+        HangingPeer(test_ca, ("spent.test",), "127.24.6.2", 8448) as hang,
+        make_client(test_ca, dns, target_health=health) as client,
+    ):
+        with pytest.raises(DeadlineExceeded):
+            client.get_json("spent.test", "/x", deadline=OutboundDeadline(2.0))
+        assert hang.wait_until(lambda: hang.requests == 1, timeout=5)
+    assert health.outcomes == [("127.24.6.1", 8448, False, True)]
+
+
+def test_a_response_ends_a_cool_down(test_ca, dns, start_peer):
+    clock = FakeClock()
+    cooldown = AddressCooldown(clock=clock)
+    with make_client(test_ca, dns, target_health=cooldown) as client:
+        with pytest.raises(DestinationUnreachable):  # nothing listens: refused
+            client.get_json("127.24.7.1:8448", "/_matrix/key/v2/server")
+        cooling = cooldown.cooling("127.24.7.1", 8448)
+        assert cooling is not None and cooling.seconds_left == 30
+        peer = start_peer("127.24.7.1:8448", "127.24.7.1")
+        with pytest.raises(AddressCoolingDown):  # refused without a connection
+            client.get_json("127.24.7.1:8448", "/_matrix/key/v2/server")
+        assert peer.hits() == 0
+        clock.advance(31)  # cooled down: the next call is the probe, and it is answered
+        assert client.get_json("127.24.7.1:8448", "/_matrix/key/v2/server")
+        assert cooldown.cooling_count() == 0
+        peer.stop()
+        with pytest.raises(DestinationUnreachable):
+            client.get_json("127.24.7.1:8448", "/_matrix/key/v2/server")
+    # Its failures were forgotten: the next cool-down is the first one's 30 s, not 60.
+    assert cooldown.cooling("127.24.7.1", 8448).seconds_left == 30
+    assert cooldown.cooldowns_started == 2
+
+
 def test_open_stream_reads_within_cap(client, liar):
     body = bytes(range(256)) * 1000
     liar.route(
@@ -293,3 +438,35 @@ def test_client_error_mapping(exc, status, errcode):
     assert (error.status, error.errcode) == (status, errcode)
     if status == 504:
         assert "r.test" in error.error
+
+
+@pytest.mark.parametrize(
+    "reason",
+    [
+        "no address",
+        "denied address 10.1.2.3:8448",
+        "cannot connect to 10.1.2.3:8448: [Errno 111] Connection refused",
+        "TLS failure with 10.1.2.3:8448: hostname 'r.test' doesn't match 'x.test'",
+        "DNS failure: NoNameservers",
+    ],
+)
+def test_an_unreachable_server_is_only_named(reason, caplog):
+    # Whether a name has no address, only private ones, or ones that fail is not for the
+    # client (it would tell anyone what a name resolves to): one log line keeps the detail.
+    caplog.set_level("INFO", logger="homeserver.federation.errors")
+    error = to_client_error(DestinationUnreachable("r.test", reason), "other.test")
+    assert (error.status, error.errcode, error.error) == (502, "M_UNKNOWN", "Cannot reach r.test")
+    logged = [r for r in caplog.records if r.name == "homeserver.federation.errors"]
+    assert [(r.levelname, r.getMessage(), r.exc_info) for r in logged] == [
+        ("INFO", f"cannot reach r.test: {reason}", None)
+    ]
+
+
+def test_a_cool_down_is_told_without_its_address():
+    for timed_out, status in ((True, 504), (False, 502)):
+        error = to_client_error(AddressCoolingDown("r.test", "10.1.2.3:8448", 29.2, timed_out))
+        assert (error.status, error.errcode, error.error) == (
+            status,
+            "M_UNKNOWN",
+            "Cannot reach r.test: cooling down, not trying again for 30 s",
+        )

@@ -226,26 +226,28 @@ def test_silent_well_known_gets_half_the_deadline_then_fallback(client, clock, s
     dns.add_a("wksilent.test", "127.21.7.1")
     peer = start_peer("wksilent.test", "127.21.7.1", 8448)
     with Tarpit("127.21.7.1", 443) as tarpit:
-        deadline = OutboundDeadline(4.4)
+        deadline = OutboundDeadline(8.4)
         with deadline:
             resolved = client.discovery.resolve("wksilent.test", deadline)
         assert resolved.targets == (("127.21.7.1", 8448),)
-        assert 2.0 <= deadline.elapsed() < 4.4  # the well-known step had half, no more
+        assert 4.0 <= deadline.elapsed() < 8.4  # the well-known step had half, no more
         assert tarpit.wait_accepted(1, timeout=5)
         fetch_keys(client, "wksilent.test")
         assert peer.hits(KEYS) == 1
         # The timeout is remembered (briefly): the next discovery does not wait again.
         _rediscover(client, "wksilent.test")
         assert tarpit.accepted == 1
-        # Two minutes later it is tried again (with a short deadline: half of it, uncached).
+        # Two minutes later it is tried again, with a short deadline: half of it, less than
+        # its fair chance, so that timeout is not remembered and the next lookup asks again.
         clock.advance(121)
-        client.discovery.forget("wksilent.test")
-        deadline = OutboundDeadline(1.0)
-        with deadline:
-            assert client.discovery.resolve("wksilent.test", deadline).targets == (
-                ("127.21.7.1", 8448),
-            )
-        assert tarpit.wait_accepted(2, timeout=5)
+        for accepted in (2, 3):
+            client.discovery.forget("wksilent.test")
+            deadline = OutboundDeadline(1.0)
+            with deadline:
+                assert client.discovery.resolve("wksilent.test", deadline).targets == (
+                    ("127.21.7.1", 8448),
+                )
+            assert tarpit.wait_accepted(accepted, timeout=5)
 
 
 def test_resolved_server_cached_with_dns_ttl(client, clock, start_peer, dns):

@@ -25,7 +25,7 @@ def no_accepts(listeners):
 def test_ip_literal(client, denied_listeners):
     with pytest.raises(DestinationUnreachable) as e:
         client.get_json(f"{DENIED_IP}:8448", "/_matrix/key/v2/server")
-    assert e.value.reason == "denied address"
+    assert e.value.reason.startswith("denied address")
     with pytest.raises(DestinationUnreachable):
         client.get_json(DENIED_IP, "/_matrix/key/v2/server")
     assert no_accepts(denied_listeners)
@@ -42,7 +42,7 @@ def test_by_dns(client, dns, denied_listeners):
     for name in ("rebind.test", "rebind.test:8448"):
         with pytest.raises(DestinationUnreachable) as e:
             client.get_json(name, "/_matrix/key/v2/server")
-        assert e.value.reason == "denied address"
+        assert e.value.reason.startswith("denied address")
     assert no_accepts(denied_listeners)
 
 
@@ -53,7 +53,7 @@ def test_by_srv_target(client, dns, denied_listeners):
     for name in ("srvlie.test", "srvlit.test"):
         with pytest.raises(DestinationUnreachable) as e:
             client.get_json(name, "/_matrix/key/v2/server")
-        assert e.value.reason == "denied address"
+        assert e.value.reason.startswith("denied address")
     assert no_accepts(denied_listeners)
 
 
