@@ -33,6 +33,10 @@ from homeserver.http.reading import HEAD_TIMEOUT_RESPONSE, HeadTimeout, RequestB
 DRAIN_MAX_BYTES = 16 * 1024 * 1024
 LINGER_BYTES = 1024 * 1024
 LINGER_SECONDS = 2.0
+# The read buffer every connection keeps for its whole life, idle and parked ones included
+# (pywsgi's default is 8 KiB). A request head of a few hundred bytes to a few KiB takes one
+# to a few reads at this size; a body larger than it is read straight past it.
+READ_BUFFER_BYTES = 1024
 
 
 class WeirHandler(WSGIHandler):
@@ -45,6 +49,9 @@ class WeirHandler(WSGIHandler):
     _kept_alive = False
     # Runs from the first byte of a request head to its end (request_head_timeout).
     _head_timer: gevent.Timeout | None = None
+
+    def __init__(self, sock, address, server):
+        super().__init__(sock, address, server, rfile=sock.makefile("rb", READ_BUFFER_BYTES))
 
     def handle(self):
         sock = self.socket
