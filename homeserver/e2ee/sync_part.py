@@ -58,7 +58,11 @@ class E2eeSync:
     def __init__(self, store: E2eeStore):
         self.store = store
 
-    def part(self, requester: Requester, span: Range) -> E2eeSyncPart:
+    def part(
+        self, requester: Requester, span: Range, member_moves: list | None = None
+    ) -> E2eeSyncPart:
+        """`member_moves`: `membership_changes` over the span's events in the user's rooms,
+        if the caller has read them already (a sync's snapshot has)."""
         user_id, device_id = requester.user_id, requester.device_id
         incremental = span.events_after is not None and span.to_device_after
         read = self.store.device_sync_read(
@@ -82,14 +86,17 @@ class E2eeSync:
             unused_fallback_key_types=read.unused_fallback_key_types,
         )
         if span.events_after is not None:
-            part.changed, part.left = self.changes(user_id, span)
+            part.changed, part.left = self.changes(user_id, span, member_moves)
         return part
 
-    def changes(self, user_id: str, span: Range) -> tuple[list[str], list[str]]:
+    def changes(
+        self, user_id: str, span: Range, moves: list | None = None
+    ) -> tuple[list[str], list[str]]:
         """(changed, left) for `user_id` over the span (events_after must be set)."""
         assert span.events_after is not None
-        rooms = self.store.rooms_of(user_id)
-        moves = self.store.membership_changes(rooms, span.events_after, span.events_up_to)
+        if moves is None:
+            rooms = self.store.rooms_of(user_id)
+            moves = self.store.membership_changes(rooms, span.events_after, span.events_up_to)
         if span.lists_up_to <= span.lists_after and not moves:
             # Nothing to tell, and the usual case of a woken sync (a message was sent): the
             # users sharing a room are as many as the members of the user's rooms, so

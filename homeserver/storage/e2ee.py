@@ -370,15 +370,18 @@ class E2eeStore:
     ) -> list[tuple[str, str, str]]:
         """(room_id, user_id, membership) of member events in `room_ids` with
         `after < stream_ordering <= up_to`, oldest first."""
+        return self.db.read(E2eeStore.member_moves, room_ids, after, up_to)
+
+    @staticmethod
+    def member_moves(tx, room_ids: list[str], after: int, up_to: int) -> list[tuple[str, str, str]]:
+        """`membership_changes` inside a caller's transaction (storage/sync.py's snapshot)."""
         found: list[tuple[str, str, str]] = []
         for chunk, marks in in_lists(room_ids):
-            rows = self.db.read(
-                lambda tx: tx.fetchall(
-                    "SELECT room_id, state_key, membership FROM events"
-                    f" WHERE room_id IN ({marks}) AND type = 'm.room.member'"
-                    " AND stream_ordering > ? AND stream_ordering <= ? ORDER BY stream_ordering",
-                    (*chunk, after, up_to),
-                )
+            rows = tx.fetchall(
+                "SELECT room_id, state_key, membership FROM events"
+                f" WHERE room_id IN ({marks}) AND type = 'm.room.member'"
+                " AND stream_ordering > ? AND stream_ordering <= ? ORDER BY stream_ordering",
+                (*chunk, after, up_to),
             )
             found += [tuple(r) for r in rows]
         return found

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from homeserver.core.events import Event
 from homeserver.storage import streams
 from homeserver.storage.database import Database, in_lists
-from homeserver.storage.e2ee import DEVICE_LISTS_STREAM, TO_DEVICE_STREAM
+from homeserver.storage.e2ee import DEVICE_LISTS_STREAM, TO_DEVICE_STREAM, E2eeStore
 from homeserver.storage.remote_invites import RemoteInviteStore
 from homeserver.storage.rooms import EVENTS_STREAM, RoomStore
 
@@ -73,6 +73,10 @@ class SyncSnapshot:
     # server is not in (they are among `memberships`), by room: for an invite or a knock
     # the stripped state to show, the user's own event last; for a leave, the event.
     out_of_room: dict[str, list[dict] | Event] = field(default_factory=dict)
+    # Member events after the token's position in the rooms the user has a membership in,
+    # (room_id, user_id, membership) oldest first: what device list changes are made of
+    # (e2ee/sync_part.py). None for an initial sync.
+    member_moves: list[tuple[str, str, str]] | None = None
 
 
 def _stripped(pdu: dict) -> dict:
@@ -91,8 +95,12 @@ class SyncStore:
             rows = dict(tx.fetchall("SELECT stream_name, position FROM stream_positions"))
             positions = StreamPositions(*(rows[name] for name in _STREAMS))
             memberships = RoomStore.memberships_in(tx, user_id)
-            with_events = None
+            with_events = moves = None
             if events_after is not None:
+                # Read here rather than by the e2ee part, to save each woken sync a hop.
+                moves = E2eeStore.member_moves(
+                    tx, [room_id for room_id, _, _ in memberships], events_after, positions.events
+                )
                 joined = [
                     room_id
                     for room_id, membership, at in memberships
@@ -115,7 +123,7 @@ class SyncStore:
                 )
                 for r in remote
             }
-            return SyncSnapshot(positions, memberships, with_events, out_of_room)
+            return SyncSnapshot(positions, memberships, with_events, out_of_room, moves)
 
         return self.db.read(read)
 

@@ -86,6 +86,7 @@ class _Batch:
     receipts: dict = field(default_factory=lambda: defaultdict(list))
     typing: dict = field(default_factory=dict)
     typing_position: int = 0
+    member_moves: list | None = None  # SyncSnapshot.member_moves, for the e2ee part
 
 
 @dataclass(frozen=True)
@@ -157,7 +158,7 @@ class SyncService:
         snapshot = self.store.snapshot(
             request.user_id, incremental_from, request.filter.room.keeps_room
         )
-        batch = _Batch(snapshot.positions, now_ms())
+        batch = _Batch(snapshot.positions, now_ms(), member_moves=snapshot.member_moves)
         memberships, raced = self._memberships_at(request, snapshot)
         joined = [
             room_id for room_id, (membership, _) in memberships.items() if membership == "join"
@@ -223,7 +224,7 @@ class SyncService:
             since.to_device if since else 0,
             positions.to_device,
         )
-        return self.e2ee.part(request.requester, span)
+        return self.e2ee.part(request.requester, span, batch.member_moves)
 
     def _memberships_at(
         self, request: SyncRequest, snapshot: SyncSnapshot
