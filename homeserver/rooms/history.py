@@ -46,9 +46,12 @@ class RoomHistory:
 
     # --- reading ------------------------------------------------------------------------
 
-    def history_view(self, room_id: str, user_id: str) -> HistoryView:
-        member, visibility = ("m.room.member", user_id), ("m.room.history_visibility", "")
-        changes = self.store.state_changes(room_id, [member, visibility])
+    def history_view(self, room_id: str, user_id: str, changes: dict | None = None) -> HistoryView:
+        """`changes`: the `state_changes` of `RoomStore.history_keys`, if the caller has read
+        them already (a sync's snapshot has, for the rooms it looks into)."""
+        member, visibility = RoomStore.history_keys(user_id)
+        if changes is None:
+            changes = self.store.state_changes(room_id, [member, visibility])
         return HistoryView(user_id, changes[member], changes[visibility])
 
     def _readable_state_position(self, room_id: str, user_id: str, view: HistoryView) -> int | None:

@@ -464,17 +464,23 @@ class RoomStore:
     ) -> dict[StateKey, list[tuple[int, StoredEvent]]]:
         """Every event ever set for each of `keys`, oldest first, read in one transaction:
         membership and history visibility timelines for deciding what a user may see."""
+        return self.db.read(RoomStore.state_changes_in, room_id, keys)
+
+    @staticmethod
+    def state_changes_in(tx, room_id: str, keys: list[StateKey]) -> dict:
+        """`state_changes` inside a caller's transaction (storage/sync.py's snapshot)."""
         sql = (
             f"SELECT {_EVENT_COLUMNS} FROM events e WHERE e.room_id = ? AND e.type = ?"
             " AND e.state_key = ? AND e.soft_failed = 0 ORDER BY e.stream_ordering"
         )
+        return {
+            key: [(r[0], _stored(r)) for r in tx.fetchall(sql, (room_id, *key))] for key in keys
+        }
 
-        def read(tx):
-            return {
-                key: [(r[0], _stored(r)) for r in tx.fetchall(sql, (room_id, *key))] for key in keys
-            }
-
-        return self.db.read(read)
+    @staticmethod
+    def history_keys(user_id: str) -> list[StateKey]:
+        """The state a user's view of a room's history is made of (rooms/visibility.py)."""
+        return [("m.room.member", user_id), ("m.room.history_visibility", "")]
 
     # --- memberships --------------------------------------------------------------------
 

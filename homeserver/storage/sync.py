@@ -77,6 +77,9 @@ class SyncSnapshot:
     # (room_id, user_id, membership) oldest first: what device list changes are made of
     # (e2ee/sync_part.py). None for an initial sync.
     member_moves: list[tuple[str, str, str]] | None = None
+    # For each room of `rooms_with_events`, the `RoomStore.history_keys` state changes: the
+    # history view a woken sync needs to look into the room, without a hop of its own.
+    history: dict[str, dict] = field(default_factory=dict)
 
 
 def _stripped(pdu: dict) -> dict:
@@ -96,6 +99,7 @@ class SyncStore:
             positions = StreamPositions(*(rows[name] for name in _STREAMS))
             memberships = RoomStore.memberships_in(tx, user_id)
             with_events = moves = None
+            history: dict[str, dict] = {}
             if events_after is not None:
                 # Read here rather than by the e2ee part, to save each woken sync a hop.
                 moves = E2eeStore.member_moves(
@@ -109,6 +113,8 @@ class SyncStore:
                 with_events = RoomStore.rooms_with_events_in(
                     tx, joined, events_after, positions.events
                 )
+                keys = RoomStore.history_keys(user_id)
+                history = {r: RoomStore.state_changes_in(tx, r, keys) for r in with_events}
             remote = [
                 r
                 for r in RemoteInviteStore.invites_in(tx, user_id)
@@ -123,7 +129,7 @@ class SyncStore:
                 )
                 for r in remote
             }
-            return SyncSnapshot(positions, memberships, with_events, out_of_room, moves)
+            return SyncSnapshot(positions, memberships, with_events, out_of_room, moves, history)
 
         return self.db.read(read)
 

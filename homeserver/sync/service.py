@@ -82,11 +82,11 @@ class _Batch:
 
     positions: StreamPositions
     now: int
+    read_ahead: SyncSnapshot  # where the positions come from: member moves, history views
     account_data: dict = field(default_factory=lambda: defaultdict(list))
     receipts: dict = field(default_factory=lambda: defaultdict(list))
     typing: dict = field(default_factory=dict)
     typing_position: int = 0
-    member_moves: list | None = None  # SyncSnapshot.member_moves, for the e2ee part
 
 
 @dataclass(frozen=True)
@@ -158,7 +158,7 @@ class SyncService:
         snapshot = self.store.snapshot(
             request.user_id, incremental_from, request.filter.room.keeps_room
         )
-        batch = _Batch(snapshot.positions, now_ms(), member_moves=snapshot.member_moves)
+        batch = _Batch(snapshot.positions, now_ms(), snapshot)
         memberships, raced = self._memberships_at(request, snapshot)
         joined = [
             room_id for room_id, (membership, _) in memberships.items() if membership == "join"
@@ -224,7 +224,7 @@ class SyncService:
             since.to_device if since else 0,
             positions.to_device,
         )
-        return self.e2ee.part(request.requester, span, batch.member_moves)
+        return self.e2ee.part(request.requester, span, batch.read_ahead.member_moves)
 
     def _memberships_at(
         self, request: SyncRequest, snapshot: SyncSnapshot
@@ -300,7 +300,8 @@ class SyncService:
             or membership_changed
         ):
             return None
-        view = view or self.history.history_view(room_id, request.user_id)
+        read = batch.read_ahead.history.get(room_id)
+        view = view or self.history.history_view(room_id, request.user_id, read)
         # Not newly joined means an incremental sync: `since` is set.
         timeline_after = 0 if newly_joined or since is None else since.events
         state_after = 0 if (newly_joined or request.full_state or since is None) else since.events
