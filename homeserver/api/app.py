@@ -8,6 +8,7 @@ run`) and tests that build the app alone serve both from one app.
 from __future__ import annotations
 
 from flask import Flask
+from flask.sessions import NullSession, SessionInterface
 
 from homeserver.api.client import (
     account_data,
@@ -77,8 +78,22 @@ def federation_blueprints():
     ]
 
 
+class _NoSessions(SessionInterface):
+    """Matrix has no cookie sessions: every request shares one null session, rather than
+    Flask making one per request (and keeping it for as long as a /sync is parked)."""
+
+    _null = NullSession()
+
+    def open_session(self, app, request):
+        return self._null
+
+    def save_session(self, app, session, response) -> None:
+        return None
+
+
 def create_flask_app(runtime, listeners: tuple[str, ...] = (CLIENT, FEDERATION)) -> Flask:
     app = Flask("homeserver")
+    app.session_interface = _NoSessions()
     app.extensions[RUNTIME_EXTENSION] = runtime
     # Bodies are read through http.parsing with per-route caps; this is the outer bound.
     app.config["MAX_CONTENT_LENGTH"] = None

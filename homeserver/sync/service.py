@@ -144,11 +144,11 @@ class SyncService:
             while True:
                 woken.clear()
                 body, has_updates = self._respond(request)
-                remaining = deadline - time.monotonic()
-                if has_updates or remaining <= 0 or self.notifier.closed:
+                if has_updates or deadline <= time.monotonic() or self.notifier.closed:
                     return body
+                del body  # parked, a sync keeps its registration and socket, not its last answer
                 with while_waiting():
-                    woken.wait(remaining)
+                    woken.wait(max(0.0, deadline - time.monotonic()))
 
     # --- one computation ----------------------------------------------------------------
 
