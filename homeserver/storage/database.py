@@ -6,8 +6,11 @@ transaction, committed on return, rolled back on an exception) or `db.read(fn, .
 
 SQLite blocks the thread that runs it, so every SQLite call runs on a native threadpool:
 one writer connection (SQLite has one writer anyway) plus read-only readers, in WAL mode,
-so no query ever blocks the gevent hub. PostgreSQL goes through psycopg 3, which waits on
-its socket cooperatively once gevent has patched the standard library.
+so no query ever blocks the gevent hub. While every reader is busy, reads queue, and a
+freed reader takes up to READ_BATCH of them in one transaction: a trip through the
+threadpool costs far more than a short SELECT, and a wake of a thousand syncs is a burst
+of short reads. PostgreSQL goes through psycopg 3, which waits on its socket
+cooperatively once gevent has patched the standard library.
 """
 
 from __future__ import annotations
@@ -16,17 +19,20 @@ import logging
 import os
 import re
 import sqlite3
+from collections import deque
 from typing import Any, Callable, Iterator
 
 import gevent
+from gevent.event import AsyncResult
 from gevent.lock import BoundedSemaphore
-from gevent.queue import Queue
 from gevent.threadpool import ThreadPool
 
 log = logging.getLogger(__name__)
 
 # Values per `IN (...)` list: well under SQLite's limit on bound parameters.
 IN_LIST_CHUNK = 500
+# Queued reads a freed SQLite reader runs in one transaction.
+READ_BATCH = 32
 
 
 def in_lists(values: list) -> Iterator[tuple[list, str]]:
@@ -83,6 +89,16 @@ class Database:
         raise NotImplementedError
 
 
+class _QueuedRead:
+    __slots__ = ("fn", "args", "result", "waiting")
+
+    def __init__(self, fn: Callable[..., Any], args: tuple):
+        self.fn = fn
+        self.args = args
+        self.result = AsyncResult()
+        self.waiting = True  # until a reader takes it
+
+
 class SqliteDatabase(Database):
     dialect = "sqlite"
 
@@ -97,9 +113,9 @@ class SqliteDatabase(Database):
         self._pool = ThreadPool(readers + 1)
         self._writer = self._connect(readonly=False)
         self._writer_lock = BoundedSemaphore(1)
-        self._readers: Queue = Queue()
-        for _ in range(readers):
-            self._readers.put(self._connect(readonly=True))
+        self._idle_readers = [self._connect(readonly=True) for _ in range(readers)]
+        # Reads waiting for a reader, oldest first; only while no reader is idle.
+        self._queued: deque[_QueuedRead] = deque()
 
     def _connect(self, readonly: bool) -> sqlite3.Connection:
         if readonly:
@@ -152,17 +168,73 @@ class SqliteDatabase(Database):
         return self._run(self._writer, "BEGIN IMMEDIATE", fn, args, self._writer_lock.release)
 
     def read(self, fn, *args):
+        if self._idle_readers and not self._queued:
+            conn = self._idle_readers.pop()
+            return self._run(conn, "BEGIN", fn, args, lambda: self._reader_freed(conn))
+        queued = _QueuedRead(fn, args)
+        self._queued.append(queued)
         self.waiting_reads += 1
         try:
-            conn = self._readers.get()
+            return queued.result.get()
         finally:
-            self.waiting_reads -= 1
-        return self._run(conn, "BEGIN", fn, args, lambda: self._readers.put(conn))
+            if queued.waiting:  # gave up (a Timeout, a hang-up) before a reader took it
+                self._queued.remove(queued)
+                self.waiting_reads -= 1
+
+    def _reader_freed(self, conn: sqlite3.Connection) -> None:
+        """May run in the hub (a rawlink), which must not wait: a batch gets a greenlet."""
+        if self._queued:
+            gevent.spawn(self._run_batch, conn)
+        else:
+            self._idle_readers.append(conn)
+
+    def _run_batch(self, conn: sqlite3.Connection) -> None:
+        batch: list[_QueuedRead] = []
+        while self._queued and len(batch) < READ_BATCH:
+            queued = self._queued.popleft()
+            queued.waiting = False
+            batch.append(queued)
+        self.waiting_reads -= len(batch)
+        if not batch:  # every one gave up meanwhile
+            self._reader_freed(conn)
+            return
+        calls = [(q.fn, q.args) for q in batch]
+        job = self._pool.spawn(self._read_batch, conn, calls)
+        try:
+            outcomes = job.get()
+        except BaseException as e:
+            outcomes = [(False, e)] * len(batch)
+        finally:
+            if job.ready():
+                self._reader_freed(conn)
+            else:
+                job.rawlink(lambda _job: self._reader_freed(conn))
+        for queued, (ok, value) in zip(batch, outcomes):
+            if ok:
+                queued.result.set(value)
+            else:
+                queued.result.set_exception(value)
+
+    @staticmethod
+    def _read_batch(conn: sqlite3.Connection, calls: list) -> list[tuple[bool, Any]]:
+        """On the threadpool: every call in one read transaction, each with its own outcome."""
+        outcomes: list[tuple[bool, Any]] = []
+        conn.execute("BEGIN")
+        try:
+            for fn, args in calls:
+                try:
+                    outcomes.append((True, fn(Tx(conn, "sqlite"), *args)))
+                except Exception as e:
+                    outcomes.append((False, e))
+        finally:
+            if conn.in_transaction:
+                conn.execute("COMMIT")  # a read: nothing to keep
+        return outcomes
 
     def close(self) -> None:
         self._pool.kill()
-        while not self._readers.empty():
-            self._readers.get().close()
+        while self._idle_readers:
+            self._idle_readers.pop().close()
         self._writer.close()
 
     def is_unique_violation(self, exc: BaseException) -> bool:
