@@ -14,20 +14,23 @@ from homeserver.core.requester import Requester
 def access_token() -> str | None:
     """The token from the header or the query, never both: as Synapse, a request that
     carries two (which would one be?) is refused."""
-    headers = [h for h in request.headers.getlist("Authorization") if h]
-    in_query = request.args.getlist("access_token")
-    if len(headers) > 1:
+    environ = request.environ
+    # Read from the environ, not through Headers (which scans every header): the WSGI server
+    # joins a repeated header's values with commas, and no token contains one.
+    header = environ.get("HTTP_AUTHORIZATION", "")
+    in_query = request.args.getlist("access_token") if environ.get("QUERY_STRING") else []
+    if "," in header:
         raise MatrixError(401, Codes.MISSING_TOKEN, "Too many Authorization headers")
     if len(in_query) > 1:
         raise MatrixError(401, Codes.MISSING_TOKEN, "Too many access_token query parameters")
-    if headers and in_query:
+    if header and in_query:
         raise MatrixError(
             401,
             Codes.MISSING_TOKEN,
             "Mixing Authorization headers and access_token query parameters",
         )
-    if headers:
-        scheme, _, token = headers[0].partition(" ")
+    if header:
+        scheme, _, token = header.partition(" ")
         if scheme.lower() == "bearer" and token.strip():
             return token.strip()
         raise MatrixError(401, Codes.MISSING_TOKEN, "Invalid Authorization header")

@@ -153,6 +153,34 @@ def token_corpus(weir, alice):
     yield "token in header and query", r, 401, "M_MISSING_TOKEN"
     r = requests.get(f"{whoami}?access_token={alice.token}&access_token={alice.token}")
     yield "two tokens in the query", r, 401, "M_MISSING_TOKEN"
+    r = two_headers(weir.client_url, f"{V3}/account/whoami", "Authorization", auth["Authorization"])
+    yield "two Authorization headers", r, 401, "M_MISSING_TOKEN"
+
+
+class _Answer:
+    """What assert_error reads of a response, from http.client."""
+
+    def __init__(self, status: int, body: bytes):
+        self.status_code = status
+        self.text = body.decode("utf-8", "replace")
+
+    def json(self):
+        return json.loads(self.text)
+
+
+def two_headers(base_url: str, path: str, name: str, value: str) -> _Answer:
+    """A GET carrying the header twice, which `requests` cannot send."""
+    host, port = base_url.split("//")[1].split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        conn.putrequest("GET", path)
+        conn.putheader(name, value)
+        conn.putheader(name, value)
+        conn.endheaders()
+        response = conn.getresponse()
+        return _Answer(response.status, response.read())
+    finally:
+        conn.close()
 
 
 def federation_corpus(weir, test_ca, origin):
