@@ -83,18 +83,23 @@ def runtime(tmp_path):
 def _block_every_thread(pool) -> tuple[object, list]:
     """Occupies each thread of `pool` until the returned native lock is released; returns
     once every thread has taken its job."""
-    lock = monkey.get_original("threading", "Lock")()
-    started = monkey.get_original("threading", "Semaphore")(0)
+    # Native locks only: the original threading.Semaphore builds its Condition on the
+    # patched Lock, a gevent lock, which a native thread can deadlock on.
+    allocate_lock = monkey.get_original("_thread", "allocate_lock")
+    lock = allocate_lock()
     lock.acquire()
+    started = [allocate_lock() for _ in range(pool.maxsize)]
+    for each in started:
+        each.acquire()
 
-    def hold():
-        started.release()
+    def hold(started_here):
+        started_here.release()
         with lock:
             pass
 
-    jobs = [gevent.spawn(pool.apply, hold) for _ in range(pool.maxsize)]
-    for _ in jobs:  # a native wait, so on another pool's thread (the hub's)
-        gevent.get_hub().threadpool.apply(started.acquire)
+    jobs = [gevent.spawn(pool.apply, hold, (each,)) for each in started]
+    for each in started:  # a native wait, so on another pool's thread (the hub's)
+        gevent.get_hub().threadpool.apply(each.acquire)
     return lock, jobs
 
 
