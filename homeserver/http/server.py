@@ -22,6 +22,7 @@ from gevent.pool import Pool
 from gevent.pywsgi import WSGIHandler, WSGIServer
 
 from homeserver.http.handoff import HANDED_OFF
+from homeserver.http.heads import read_head
 from homeserver.http.places import PLACES, WorkPlaces, WorkPool
 from homeserver.http.reading import HEAD_TIMEOUT_RESPONSE, HeadTimeout, RequestBody
 
@@ -110,6 +111,10 @@ class WeirHandler(WSGIHandler):
         except HeadTimeout:
             self._send_head_timeout()
             return ""
+
+    def MessageClass(self, fp, *args):
+        # The header lines, without the email parser when they are plain (http/heads.py).
+        return read_head(fp)
 
     def read_request(self, raw_requestline):
         try:
