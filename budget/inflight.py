@@ -19,16 +19,16 @@ from budget._lock import allocate_lock
 __all__ = ["InFlightBudget", "Slot"]
 
 
-def _cap(value: int, what: str) -> int:
+def _cap(value: int, what: str, minimum: int = 1) -> int:
     # operator.index refuses floats and strings; a fractional cap is a bug.
     if isinstance(value, bool):
-        raise ValueError(f"{what} must be an integer >= 1, got {value!r}")
+        raise ValueError(f"{what} must be an integer >= {minimum}, got {value!r}")
     try:
         n = operator.index(value)
     except TypeError:
-        raise ValueError(f"{what} must be an integer >= 1, got {value!r}") from None
-    if n < 1:
-        raise ValueError(f"{what} must be >= 1, got {n}")
+        raise ValueError(f"{what} must be an integer >= {minimum}, got {value!r}") from None
+    if n < minimum:
+        raise ValueError(f"{what} must be >= {minimum}, got {n}")
     return n
 
 

@@ -90,11 +90,7 @@ class QueuedBudget:
         self._name = name
         self._global_cap = _cap(global_cap, "global_cap")
         self._running_cap = _cap(running_per_key, "running_per_key")
-        if isinstance(queued_per_key, bool) or not isinstance(queued_per_key, int):
-            raise ValueError(f"queued_per_key must be an integer >= 0, got {queued_per_key!r}")
-        if queued_per_key < 0:
-            raise ValueError(f"queued_per_key must be >= 0, got {queued_per_key}")
-        self._queued_cap = queued_per_key
+        self._queued_cap = _cap(queued_per_key, "queued_per_key", minimum=0)
         self._keys: dict[str, _KeyState] = {}
         self._in_flight = 0
         self._queued = 0

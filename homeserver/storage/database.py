@@ -148,9 +148,17 @@ class SqliteDatabase(Database):
         return result
 
     def _run(self, conn, begin: str, fn, args, give_back: Callable[[], None]):
-        """Runs on the threadpool; `give_back` returns the connection once the thread is done
-        with it, even if the waiting greenlet was killed (a Timeout) in the meantime."""
-        job = self._pool.spawn(self._transaction, conn, begin, fn, args)
+        return self._in_thread(give_back, self._transaction, conn, begin, fn, args)
+
+    def _in_thread(self, give_back: Callable[[], None], job_fn, *args):
+        """`job_fn(*args)` on the threadpool; `give_back` returns its connection once the
+        thread is done with it, even if the waiting greenlet was killed (a Timeout) in the
+        meantime, or the job could not be started."""
+        try:
+            job = self._pool.spawn(job_fn, *args)
+        except BaseException:
+            give_back()
+            raise
         try:
             return job.get()
         finally:
@@ -199,16 +207,12 @@ class SqliteDatabase(Database):
             self._reader_freed(conn)
             return
         calls = [(q.fn, q.args) for q in batch]
-        job = self._pool.spawn(self._read_batch, conn, calls)
         try:
-            outcomes = job.get()
-        except BaseException as e:
+            outcomes = self._in_thread(
+                lambda: self._reader_freed(conn), self._read_batch, conn, calls
+            )
+        except BaseException as e:  # every read of the batch is told, so none waits forever
             outcomes = [(False, e)] * len(batch)
-        finally:
-            if job.ready():
-                self._reader_freed(conn)
-            else:
-                job.rawlink(lambda _job: self._reader_freed(conn))
         for queued, (ok, value) in zip(batch, outcomes):
             if ok:
                 queued.result.set(value)
