@@ -179,6 +179,14 @@ class Metrics:
             registry=self.registry,
         )
         self.inbound_edu_items = self._inbound_edu_items()
+        # A woken sync answers from the events that woke it, or computes its whole answer
+        # (homeserver/sync/woken.py says when).
+        self.sync_wakes = Counter(
+            "weir_sync_wakes",
+            "Woken syncs, by where their answer came from (recent_events, database)",
+            ["answered_from"],
+            registry=self.registry,
+        )
 
     def _inbound_edu_items(self) -> Counter:
         # Typing changes and receipts of other servers' users, each accepted or dropped

@@ -89,6 +89,12 @@ class E2eeSync:
             part.changed, part.left = self.changes(user_id, span, member_moves)
         return part
 
+    def key_counts(self, requester: Requester) -> E2eeSyncPart:
+        """The part of a sync in which only the device's key counts may be new: a woken
+        sync answering from room events (sync/woken.py)."""
+        counts, fallback = self.store.key_counts(requester.user_id, requester.device_id)
+        return E2eeSyncPart(one_time_key_counts=counts, unused_fallback_key_types=fallback)
+
     def changes(
         self, user_id: str, span: Range, moves: list | None = None
     ) -> tuple[list[str], list[str]]:

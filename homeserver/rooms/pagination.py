@@ -42,6 +42,17 @@ class EventFilter:
     def keeps_content(self, content: dict) -> bool:
         return self.contains_url is None or ("url" in content) == self.contains_url
 
+    @property
+    def may_hide_events(self) -> bool:
+        """Whether it may keep some of a room's events out (its limit aside)."""
+        return (
+            self.types is not None
+            or bool(self.not_types)
+            or self.senders is not None
+            or bool(self.not_senders)
+            or self.contains_url is not None
+        )
+
     def keeps(self, stored: StoredEvent) -> bool:
         event = stored.event
         return (

@@ -25,6 +25,7 @@ that did not apply, still shows the target as this server serves it).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable
 
 from homeserver.core.errors import bad_json, forbidden, not_found
@@ -126,10 +127,11 @@ def _check_may_redact(
 # --- applying, as events are stored -----------------------------------------------------
 
 
-def redaction_write(events: list[Event], now_ms: int) -> Callable:
+def redaction_write(events: list[Event], now_ms: int, applied: dict | None = None) -> Callable:
     """A write (for the persist transaction, after the events are in) that records the
     redactions among `events` and applies every redaction that now has its target: those
-    among `events`, and earlier ones naming one of `events`."""
+    among `events`, and earlier ones naming one of `events`. `applied` gets
+    {event_id: (redacted PDU, unsigned)} for every event it redacted."""
 
     store = RedactionStore
 
@@ -155,8 +157,27 @@ def redaction_write(events: list[Event], now_ms: int) -> Callable:
             redacted = redact(version(), pending.target.pdu)
             unsigned = _redacted_unsigned(pending)
             store.apply(tx, pending.target, redacted, unsigned, pending.redaction.event_id, now_ms)
+            if applied is not None:
+                applied[pending.target.event_id] = (redacted, unsigned)
 
     return write
+
+
+def as_redacted(stored: list[StoredEvent], applied: dict) -> list[StoredEvent]:
+    """`stored` as the store holds them once `redaction_write` has redacted some of them
+    (`applied`): an earlier redaction named them, and clients must never see their content."""
+    if not applied:
+        return stored
+    return [
+        replace(
+            s,
+            event=Event(s.event.event_id, applied[s.event.event_id][0]),
+            unsigned=applied[s.event.event_id][1],
+        )
+        if s.event.event_id in applied
+        else s
+        for s in stored
+    ]
 
 
 def _by_power(tx, version: RoomVersion, redaction: Event, batch: list[Event]) -> bool:

@@ -49,7 +49,7 @@ from homeserver.rooms.events import MAX_PREV_EVENTS, InvalidEvent, build_event, 
 from homeserver.rooms.planned import PlannedEvent
 from homeserver.rooms.power_levels import required_power_level, user_power_level
 from homeserver.rooms.received import ReceivedEventRefused, authorise_received_event
-from homeserver.rooms.redactions import REDACTION, local_redaction, redaction_write
+from homeserver.rooms.redactions import REDACTION, as_redacted, local_redaction, redaction_write
 from homeserver.rooms.resolution import RoomResolver
 from homeserver.rooms.restricted_joins import authorise_restricted_join
 from homeserver.rooms.versions import KNOWN_ROOM_VERSIONS, RoomVersion
@@ -227,15 +227,16 @@ class RoomService:
     def _persist(
         self, events: list[Event], send_to: Iterable[str] = (), **kwargs
     ) -> list[StoredEvent]:
-        """The single point where events are stored; listeners hear of them after. The
-        events are queued for every server in `send_to` (never ourselves) in the same
-        transaction, and the sender is woken after the commit."""
+        """The single point where events are stored; listeners hear of them after. They are
+        queued for every server in `send_to` (not us) in the same transaction."""
         destinations = set(send_to) - {self.server_name}
         ts = now_ms()
-        writes = [*kwargs.pop("extra_writes", ()), redaction_write(events, ts)]
+        redacted: dict = {}
+        writes = [*kwargs.pop("extra_writes", ()), redaction_write(events, ts, redacted)]
         stored = self.store.persist_events(
             events, now_ms=ts, send_to=destinations, extra_writes=writes, **kwargs
         )
+        stored = as_redacted(stored, redacted)  # listeners hear them as stored
         for listener in self._listeners:
             try:
                 listener(stored)

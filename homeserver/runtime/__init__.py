@@ -322,6 +322,7 @@ class HomeserverRuntime(Infrastructure):
             self.typing,
             self.filters,
             E2eeSync(self.e2ee_store),
+            on_wake=lambda answered_from: self.metrics.sync_wakes.labels(answered_from).inc(),
         )
 
     # --- end-to-end encryption: keys, devices, to-device messages ------------------------

@@ -480,6 +480,15 @@ class E2eeStore:
 
         return self.db.read(read)
 
+    def key_counts(self, user_id: str, device_id: str) -> tuple[dict[str, int], list[str]]:
+        """The device's one-time key counts and unused fallback key types, in one read."""
+        return self.db.read(
+            lambda tx: (
+                _one_time_key_counts(tx, user_id, device_id),
+                _unused_fallback_key_types(tx, user_id, device_id),
+            )
+        )
+
 
 _UP_TO = "WHERE user_id = ? AND device_id = ? AND stream_position <= ?"
 

@@ -29,6 +29,7 @@ class StoredEvent:
     # Server-side unsigned data of a state event that replaced another: prev_content,
     # prev_sender, replaces_state.
     unsigned: dict = field(default_factory=dict)
+    soft_failed: bool = False  # stored for the room's graph, never shown to clients
 
 
 @dataclass(frozen=True)
@@ -253,7 +254,7 @@ class RoomStore:
             ),
         )
         if res.soft_failed:  # stored for the graph only: no extremity, no current state
-            return StoredEvent(event, position, unsigned)
+            return StoredEvent(event, position, unsigned, soft_failed=True)
         for prev_id in event.prev_event_ids:
             tx.execute(
                 "DELETE FROM event_forward_extremities WHERE room_id = ? AND event_id = ?",

@@ -33,6 +33,7 @@ MAX_TIMELINE_LIMIT = 250
 # A stored or inline filter is a small JSON object; this bounds what we parse and keep.
 MAX_FILTER_BYTES = 16 * 1024
 _FILTER_ID = re.compile(r"^[0-9]{1,18}$")
+_FIELD_SEPARATOR = re.compile(r"(?<!\\)\.")  # event_fields: `\.` is a literal dot
 _PARSED_FILTERS = 10_000
 
 
@@ -250,3 +251,22 @@ class Filters:
             if len(self._parsed) > _PARSED_FILTERS:
                 del self._parsed[next(iter(self._parsed))]
         return parsed
+
+
+def project(event: dict, paths: tuple) -> dict:
+    """The filter's event_fields: only the named dot-separated paths (`\\.` is a literal
+    dot in a key) of the event."""
+    out: dict = {}
+    for path in paths:
+        keys = [k.replace("\\.", ".") for k in _FIELD_SEPARATOR.split(path)]
+        value = event
+        for key in keys:
+            if not isinstance(value, dict) or key not in value:
+                break
+            value = value[key]
+        else:
+            target = out
+            for key in keys[:-1]:
+                target = target.setdefault(key, {})
+            target[keys[-1]] = value
+    return out

@@ -10,6 +10,9 @@ joined members (read once per stored batch, and only while anyone is waiting at 
 target of a membership event, who may have just left or been invited; account data concerns
 its owner; receipts and typing the room's members. Waking costs O(users concerned), never
 O(waiting syncs).
+
+A sync woken only by new room events may answer from the recent events themselves
+(sync/woken.py); anything else marks it to compute its whole answer again.
 """
 
 from __future__ import annotations
@@ -22,33 +25,54 @@ from typing import Callable, Iterable, Iterator
 from gevent.event import Event
 
 from homeserver.storage.rooms import StoredEvent
+from homeserver.sync.woken import RecentEvents
 
 log = logging.getLogger(__name__)
+
+
+class Waiter:
+    """One registered sync. `woken` is set by anything that concerns its user; `recompute`
+    too, unless that was only new room events."""
+
+    __slots__ = ("woken", "recompute")
+
+    def __init__(self):
+        self.woken = Event()
+        self.recompute = False
+
+    def clear(self) -> None:
+        self.woken.clear()
+        self.recompute = False
+
+    def wake(self, recompute: bool) -> None:
+        self.recompute = self.recompute or recompute
+        self.woken.set()
 
 
 class Notifier:
     def __init__(self, joined_users: Callable[[str], Iterable[str]]):
         """`joined_users(room_id)`: the room's joined members now (a database read)."""
         self._joined_users = joined_users
-        self._waiting: dict[str, set[Event]] = {}
+        self._waiting: dict[str, set[Waiter]] = {}
         self._count = 0
         self.closed = False
+        self.recent = RecentEvents()  # heard before anyone is woken: what they answer from
 
     @contextmanager
-    def registered(self, user_id: str) -> Iterator[Event]:
-        """Registers a sync of `user_id` for as long as the block runs; the Event is set
+    def registered(self, user_id: str) -> Iterator[Waiter]:
+        """Registers a sync of `user_id` for as long as the block runs; the Waiter is woken
         whenever something concerning the user happens. The registration is removed on every
         way out, a client hang-up (GreenletExit) included."""
-        woken = Event()
+        waiter = Waiter()
         if self.closed:
-            woken.set()
+            waiter.wake(recompute=True)
         waiters = self._waiting.setdefault(user_id, set())
-        waiters.add(woken)
+        waiters.add(waiter)
         self._count += 1
         try:
-            yield woken
+            yield waiter
         finally:
-            waiters.discard(woken)
+            waiters.discard(waiter)
             self._count -= 1
             if not waiters:
                 del self._waiting[user_id]
@@ -57,12 +81,12 @@ class Notifier:
         """Syncs registered now (the weir_sync_waiters gauge)."""
         return self._count
 
-    def notify_users(self, user_ids: Iterable[str]) -> None:
+    def notify_users(self, user_ids: Iterable[str], recompute: bool = True) -> None:
         for user_id in user_ids:
-            for woken in self._waiting.get(user_id, ()):
-                woken.set()
+            for waiter in self._waiting.get(user_id, ()):
+                waiter.wake(recompute)
 
-    def notify_room(self, room_id: str, also: Iterable[str] = ()) -> None:
+    def notify_room(self, room_id: str, also: Iterable[str] = (), recompute: bool = True) -> None:
         """Wakes the room's joined members, and `also`. Nobody waiting: no database read."""
         if not self._waiting:
             return
@@ -73,18 +97,19 @@ class Notifier:
             # positions at its next wake-up or timeout.
             log.exception("could not read the members of %s to wake their syncs", room_id)
             members = ()
-        self.notify_users(itertools.chain(members, also))
+        self.notify_users(itertools.chain(members, also), recompute)
 
     def on_events_persisted(self, stored: list[StoredEvent]) -> None:
         """The rooms persist listener: one batch of events, all in one room."""
+        self.recent.add(stored)
         # A member event's state_key is the user it is about; one without it names nobody.
         members = (s.event.state_key for s in stored if s.event.type == "m.room.member")
         targets = {user_id for user_id in members if user_id is not None}
-        self.notify_room(stored[0].event.room_id, targets)
+        self.notify_room(stored[0].event.room_id, targets, recompute=False)
 
     def close(self) -> None:
         """Shutting down: every waiting sync returns now, and none parks again."""
         self.closed = True
         for waiters in list(self._waiting.values()):
-            for woken in waiters:
-                woken.set()
+            for waiter in waiters:
+                waiter.wake(recompute=True)

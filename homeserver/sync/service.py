@@ -15,10 +15,10 @@ whole (full state, latest events); one they left gets its events up to the leave
 from __future__ import annotations
 
 import contextlib
-import re
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Callable
 
 from homeserver.core.clock import now_ms
 from homeserver.core.requester import Requester
@@ -30,12 +30,13 @@ from homeserver.rooms.service import RoomService
 from homeserver.rooms.visibility import HistoryView
 from homeserver.storage.rooms import StoredEvent
 from homeserver.storage.sync import StreamPositions, SyncSnapshot, SyncStore
-from homeserver.sync.filters import Filters, RoomEventFilter, SyncFilter
+from homeserver.sync.filters import Filters, SyncFilter, project
 from homeserver.sync.notifier import Notifier
 from homeserver.sync.out_of_room import out_of_room
 from homeserver.sync.push_rules import default_ruleset
 from homeserver.sync.tokens import SyncToken
 from homeserver.sync.typing import TypingNotifications
+from homeserver.sync.woken import Seen, WokenAnswers, answers_from_events
 
 # The longest a sync may wait. Each waiting sync holds a greenlet and a connection (no
 # main-pool place: the blueprint's while_waiting gives it back); clients ask for 30 s and
@@ -59,7 +60,6 @@ STRIPPED_STATE_KEYS = [
 ]
 # A room summary is sent again when an event of one of these types is sent with the room.
 _SUMMARY_TYPES = frozenset({"m.room.member", "m.room.name", "m.room.canonical_alias"})
-_FIELD_SEPARATOR = re.compile(r"(?<!\\)\.")
 
 
 @dataclass(frozen=True)
@@ -107,6 +107,7 @@ class SyncService:
         typing: TypingNotifications,
         filters: Filters,
         e2ee: E2eeSync | None = None,
+        on_wake: Callable[[str], None] = lambda answered_from: None,
     ):
         self.rooms = rooms
         self.history = history
@@ -115,6 +116,8 @@ class SyncService:
         self.typing = typing
         self.filters = filters
         self.e2ee = e2ee
+        self.woken = WokenAnswers(notifier.recent, e2ee)
+        self.on_wake = on_wake  # "recent_events" or "database", for each woken sync
 
     def sync(
         self,
@@ -139,20 +142,35 @@ class SyncService:
         if request.since is None or full_state or timeout <= 0:
             return self._respond(request)[0]
         deadline = time.monotonic() + timeout
-        # Registered before computing: whatever is stored meanwhile sets `woken`.
-        with self.notifier.registered(requester.user_id) as woken:
+        # Registered before computing: whatever is stored meanwhile wakes it.
+        with self.notifier.registered(requester.user_id) as waiter:
+            seen: Seen | None = None  # set once a computation found nothing new
             while True:
-                woken.clear()
-                body, has_updates = self._respond(request)
+                recompute = seen is None or waiter.recompute
+                waiter.clear()
+                body: dict | None
+                found = None
+                if seen is not None and not recompute:
+                    found = self.woken.answer(requester, request.filter, seen, now_ms())
+                    self.on_wake("database" if found is None else "recent_events")
+                elif seen is not None:
+                    self.on_wake("database")
+                if found is None:
+                    body, has_updates, seen = self._respond(request)
+                else:
+                    body, seen = found
+                    has_updates = body is not None
                 if has_updates or deadline <= time.monotonic() or self.notifier.closed:
-                    return body
+                    return body if body is not None else self._respond(request)[0]
                 del body  # parked, a sync keeps its registration and socket, not its last answer
                 with while_waiting():
-                    woken.wait(max(0.0, deadline - time.monotonic()))
+                    waiter.woken.wait(max(0.0, deadline - time.monotonic()))
 
     # --- one computation ----------------------------------------------------------------
 
-    def _respond(self, request: SyncRequest) -> tuple[dict, bool]:
+    def _respond(self, request: SyncRequest) -> tuple[dict, bool, Seen | None]:
+        """(the answer, whether it has anything new, what a woken sync may answer on from
+        recent events when it has not: see woken.py)."""
         since = request.since
         incremental_from = since.events if since is not None and not request.full_state else None
         snapshot = self.store.snapshot(
@@ -209,7 +227,19 @@ class SyncService:
             "rooms": rooms,
             **e2ee.fields(),
         }
-        return body, has_updates
+        seen = None
+        if (
+            not has_updates
+            and since is not None
+            and answers_from_events(request.filter, request.full_state, request.use_state_after)
+        ):
+            seen = Seen(
+                since,
+                batch.positions.events,
+                frozenset(joined),
+                frozenset(room_id for room_id, _, _ in snapshot.memberships),
+            )
+        return body, has_updates, seen
 
     def _e2ee_part(self, request: SyncRequest, batch: _Batch) -> E2eeSyncPart:
         """To-device messages and device lists (e2ee/sync_part.py)."""
@@ -421,7 +451,7 @@ class SyncService:
         if request.use_state_after:
             return self.rooms.store.state_at(room_id, up_to, changed_after=changed_after)
         timeline_filter = request.filter.room.timeline
-        hides_events = _restricts_events(timeline_filter)
+        hides_events = timeline_filter.may_hide_events
         state: dict = {}
         if changed_after == 0 or timeline.limited or hides_events:
             state = self.rooms.store.state_at(
@@ -556,19 +586,8 @@ class SyncService:
                 del event["room_id"]  # implied by where the event is in the response
                 out.append(event)
         if sync_filter.event_fields is not None:
-            out = [_project(event, sync_filter.event_fields) for event in out]
+            out = [project(event, sync_filter.event_fields) for event in out]
         return out
-
-
-def _restricts_events(event_filter: RoomEventFilter) -> bool:
-    """Whether the filter may keep some of a room's events out of its timeline."""
-    return (
-        event_filter.types is not None
-        or bool(event_filter.not_types)
-        or event_filter.senders is not None
-        or bool(event_filter.not_senders)
-        or event_filter.contains_url is not None
-    )
 
 
 def _account_data_events(items, data_filter) -> list[dict]:
@@ -578,22 +597,3 @@ def _account_data_events(items, data_filter) -> list[dict]:
         if data_filter.keeps_type(item.type)
     ]
     return events[: data_filter.limit] if data_filter.limit else events
-
-
-def _project(event: dict, paths: tuple) -> dict:
-    """The filter's event_fields: only the named dot-separated paths (`\\.` is a literal
-    dot in a key) of the event."""
-    out: dict = {}
-    for path in paths:
-        keys = [k.replace("\\.", ".") for k in _FIELD_SEPARATOR.split(path)]
-        value = event
-        for key in keys:
-            if not isinstance(value, dict) or key not in value:
-                break
-            value = value[key]
-        else:
-            target = out
-            for key in keys[:-1]:
-                target = target.setdefault(key, {})
-            target[keys[-1]] = value
-    return out

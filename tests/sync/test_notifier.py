@@ -9,9 +9,8 @@ from homeserver.core.errors import MatrixError
 from homeserver.core.requester import Requester
 from homeserver.rooms.creation import CreateRoomRequest
 from homeserver.runtime import HomeserverRuntime
-from homeserver.sync.filters import parse_filter
+from homeserver.sync.filters import parse_filter, project
 from homeserver.sync.notifier import Notifier
-from homeserver.sync.service import _project
 from homeserver.sync.tokens import SyncToken
 
 
@@ -37,9 +36,9 @@ def test_only_the_users_an_event_concerns_are_woken():
     ):
         assert notifier.waiting() == 3
         notifier.notify_room("!r", also=["@x"])
-        assert a.is_set() and a2.is_set() and not c.is_set()
+        assert a.woken.is_set() and a2.woken.is_set() and not c.woken.is_set()
         notifier.notify_users(["@c"])
-        assert c.is_set()
+        assert c.woken.is_set()
     assert notifier.waiting() == 0
     # Nobody waiting: a room notification reads nothing.
     reads = members.reads
@@ -52,9 +51,9 @@ def test_registration_is_removed_when_the_waiting_greenlet_is_killed():
     parked = Event()
 
     def waiter():
-        with notifier.registered("@a") as woken:
+        with notifier.registered("@a") as registration:
             parked.set()
-            woken.wait()
+            registration.woken.wait()
 
     greenlet = gevent.spawn(waiter)
     parked.wait()
@@ -67,9 +66,22 @@ def test_close_wakes_everyone_and_later_registrations_at_once():
     notifier = Notifier(Members({}))
     with notifier.registered("@a") as a:
         notifier.close()
-        assert a.is_set()
+        assert a.woken.is_set() and a.recompute
     with notifier.registered("@b") as b:
-        assert b.is_set()
+        assert b.woken.is_set() and b.recompute
+
+
+def test_only_new_room_events_leave_a_woken_sync_free_to_answer_from_them():
+    notifier = Notifier(Members({"!r": ["@a"]}))
+    with notifier.registered("@a") as a:
+        notifier.notify_room("!r", recompute=False)  # what the persist listener does
+        assert a.woken.is_set() and not a.recompute
+        notifier.notify_room("!r")  # a receipt or typing
+        assert a.recompute
+        a.clear()
+        assert not a.woken.is_set() and not a.recompute
+        notifier.notify_users(["@a"])
+        assert a.woken.is_set() and a.recompute
 
 
 def test_sync_tokens_round_trip_and_refuse_garbage():
@@ -111,7 +123,7 @@ def test_filters_parse_and_match_types_with_wildcards():
 
 def test_event_fields_keep_only_the_named_paths():
     event = {"type": "t", "content": {"body": "b", "m.x": {"y": 1}, "other": 2}, "sender": "@s"}
-    assert _project(event, ("type", "content.body", "content.m\\.x.y", "missing.path")) == {
+    assert project(event, ("type", "content.body", "content.m\\.x.y", "missing.path")) == {
         "type": "t",
         "content": {"body": "b", "m.x": {"y": 1}},
     }
@@ -165,8 +177,8 @@ def test_typing_expires_and_wakes_the_room(runtime):
     typing.set_typing(requester, room_id, alice.user_id, True, 50)
     assert typing.changes([room_id], 0) == {room_id: [alice.user_id]}
     after_start = typing.position
-    with runtime.notifier.registered(alice.user_id) as woken:
-        assert woken.wait(10)  # the expiry after 50 ms changed the room's list
+    with runtime.notifier.registered(alice.user_id) as waiter:
+        assert waiter.woken.wait(10) and waiter.recompute  # the expiry after 50 ms changed the room's list
     assert typing.changes([room_id], after_start) == {room_id: []}
     # Refreshing while typing is not a change; stopping twice is one change.
     typing.set_typing(requester, room_id, alice.user_id, True, 30_000)

@@ -1,0 +1,197 @@
+"""A woken sync's answer from the events that woke it, without a database read for rooms.
+
+Most wake-ups are one new message in a room the user is in, and one message wakes every
+member at once. Computing each member's whole answer again (its rooms, their history views,
+the timeline) costs as much as the user's rooms; this costs as much as what changed.
+
+The notifier keeps the events stream's latest positions as they were persisted
+(`RecentEvents`). Positions are dense: `streams.advance` takes every one inside the write that
+stores it, and a rolled-back write takes none. So a run of known positions with no gap, from
+the position a sync last read up to the newest heard of, is everything stored after it. A
+sync woken only by room events (notifier.Waiter.recompute unset) answers from that run when:
+
+- its last computation found nothing new (`Seen`), with a filter that hides no events and
+  lazy-loads no members, and without full_state or use_state_after;
+- the run has no state event in a room the user has any membership in, and no member event
+  about the user anywhere: memberships, room state and device lists are as they were;
+- none of the user's rooms has more new events than the timeline limit, and the user sent
+  none of them (its transaction ID is for the device that sent it).
+
+Then every joined room the filter keeps gets its new events, visible to a member that has
+been joined throughout, and nothing else of the answer changed: the account data, receipts,
+typing, to-device and device list positions of the token stay as they were. Otherwise the
+sync computes its whole answer as before (service.py), so this never decides what a client
+sees, only how fast it sees it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, replace
+
+from homeserver.core.requester import Requester
+from homeserver.e2ee.sync_part import E2eeSync
+from homeserver.rooms.format import client_event
+from homeserver.rooms.pagination import stream_token
+from homeserver.rooms.redactions import REDACTION
+from homeserver.storage.rooms import StoredEvent
+from homeserver.sync.filters import SyncFilter, project
+from homeserver.sync.tokens import SyncToken
+
+# Positions kept. A parked sync is usually a few positions behind the newest; one further
+# back than this computes its answer from the database.
+RECENT_EVENTS = 1024
+
+
+class RecentEvents:
+    """The events stream's latest positions, as the persist listener heard of them. A
+    redaction forgets its target (its content must not be served again), which leaves a gap
+    that sends syncs reaching back over it to the database."""
+
+    def __init__(self, capacity: int = RECENT_EVENTS):
+        self._capacity = capacity
+        self._events: dict[int, StoredEvent] = {}
+        self._order: deque[int] = deque()
+        self._position_of: dict[str, int] = {}
+        self.newest = 0
+
+    def add(self, stored: list[StoredEvent]) -> None:
+        for s in stored:
+            if s.event.type == REDACTION:
+                self._forget_targets_of(s)
+            self._events[s.stream_ordering] = s
+            self._position_of[s.event.event_id] = s.stream_ordering
+            self._order.append(s.stream_ordering)
+            self.newest = max(self.newest, s.stream_ordering)
+        while len(self._order) > self._capacity:
+            gone = self._events.pop(self._order.popleft(), None)
+            if gone is not None:
+                self._position_of.pop(gone.event.event_id, None)
+
+    def after(self, position: int) -> list[StoredEvent] | None:
+        """Every event stored after `position`, oldest first; None when a position between
+        it and the newest heard of is unknown."""
+        run = []
+        for at in range(position + 1, self.newest + 1):
+            stored = self._events.get(at)
+            if stored is None:
+                return None
+            run.append(stored)
+        return run
+
+    def _forget_targets_of(self, redaction: StoredEvent) -> None:
+        # Before room version 11 the target is at the top level, from 11 in the content.
+        for target in (redaction.event.pdu.get("redacts"), redaction.event.content.get("redacts")):
+            position = self._position_of.pop(target, None) if isinstance(target, str) else None
+            if position is not None:
+                self._events.pop(position, None)
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What a sync's last whole computation found nothing new in."""
+
+    token: SyncToken  # the token it was given, which that computation would answer again
+    events: int  # the events position it read up to
+    joined: frozenset[str]  # the rooms the user was joined to there, that the filter keeps
+    rooms: frozenset[str]  # every room the user had a membership in there
+
+
+def answers_from_events(sync_filter: SyncFilter, full_state: bool, state_after: bool) -> bool:
+    """Whether a sync with these options may answer from recent events at all."""
+    room_filter = sync_filter.room
+    return not (
+        full_state
+        or state_after
+        or room_filter.state.lazy_load_members
+        or room_filter.timeline.may_hide_events
+    )
+
+
+class WokenAnswers:
+    def __init__(self, recent: RecentEvents, e2ee: E2eeSync | None):
+        self.recent = recent
+        self.e2ee = e2ee
+
+    def answer(
+        self, requester: Requester, sync_filter: SyncFilter, seen: Seen, now: int
+    ) -> tuple[dict | None, Seen] | None:
+        """(the answer, or None when nothing is new for the user; what is seen now), or
+        None when this sync must compute its whole answer."""
+        run = self.recent.after(seen.events)
+        if run is None:
+            return None
+        if not run:
+            return None, seen
+        by_room = _events_by_room(requester.user_id, seen, run)
+        if by_room is None:
+            return None
+        seen = replace(seen, events=run[-1].stream_ordering)
+        timeline_filter = sync_filter.room.timeline
+        limit = sync_filter.room.timeline_limit
+        rooms = {}
+        for room_id, events in by_room.items():
+            if not timeline_filter.keeps_room(room_id):
+                continue
+            if len(events) > limit:
+                return None  # a limited timeline comes with state: the whole computation
+            rooms[room_id] = _joined_entry(sync_filter, events, now)
+        if not rooms:
+            return None, seen
+        return self._body(requester, seen, rooms), seen
+
+    def _body(self, requester: Requester, seen: Seen, rooms: dict) -> dict:
+        body = {
+            "next_batch": str(replace(seen.token, events=seen.events)),
+            "account_data": {"events": []},
+            "rooms": {"join": rooms, "invite": {}, "knock": {}, "leave": {}},
+        }
+        if self.e2ee is not None:
+            body.update(self.e2ee.key_counts(requester).fields())
+        return body
+
+
+def _events_by_room(
+    user_id: str, seen: Seen, run: list[StoredEvent]
+) -> dict[str, list[StoredEvent]] | None:
+    """The run's events a member of each joined room sees; None if the run changes what
+    the whole computation would decide from (see the module's docstring)."""
+    by_room: dict[str, list[StoredEvent]] = {}
+    for stored in run:
+        event = stored.event
+        if event.type == "m.room.member" and event.state_key == user_id:
+            return None
+        if event.room_id not in seen.rooms:
+            continue
+        if event.is_state:
+            return None
+        if stored.soft_failed or event.room_id not in seen.joined:
+            continue
+        if event.sender == user_id:
+            return None
+        by_room.setdefault(event.room_id, []).append(stored)
+    return by_room
+
+
+def _joined_entry(sync_filter: SyncFilter, events: list[StoredEvent], now: int) -> dict:
+    if sync_filter.event_format == "federation":
+        formatted = [dict(s.event.pdu) for s in events]
+    else:
+        formatted = []
+        for stored in events:
+            event = client_event(stored, now, None, "join")
+            del event["room_id"]  # implied by where the event is in the response
+            formatted.append(event)
+    if sync_filter.event_fields is not None:
+        formatted = [project(event, sync_filter.event_fields) for event in formatted]
+    return {
+        "timeline": {
+            "events": formatted,
+            "limited": False,
+            "prev_batch": stream_token(events[0].stream_ordering - 1),
+        },
+        "ephemeral": {"events": []},
+        "account_data": {"events": []},
+        "summary": {},
+        "state": {"events": []},
+    }
