@@ -4,9 +4,12 @@ server as the target's sender), applied when the target arrives after its redact
 served redacted to other servers (federation /event) with hashes and signatures kept."""
 
 import os
+import re
 from urllib.parse import quote
 
+import gevent
 import pytest
+import requests
 from signedjson.key import get_verify_key
 from signedjson.sign import verify_signed_json
 from unpaddedbase64 import decode_base64
@@ -125,10 +128,29 @@ def test_a_redaction_that_arrives_before_its_target_applies_when_it_does(
     (target,), pdus = room.messages(origin, "bob", ["too early"], prev=join_id)
     redaction_id, redaction = redaction_pdu(room, origin, "bob", target, prev=join_id)
     assert send(weir, test_ca, origin, "early-1", [redaction]) == {redaction_id: {}}
+    # A sync parked before the target arrives is woken by it, and answers from the event as
+    # stored (homeserver/sync/woken.py): redacted, never the content it came with.
+    since = alice.get(f"{V3}/sync", params={"timeout": 0}).json()["next_batch"]
+    waiters = waiters_metric(weir)
+    parked = gevent.spawn(
+        alice.get, f"{V3}/sync", params={"since": since, "timeout": 30000}, timeout=60
+    )
+    with gevent.Timeout(10):
+        while waiters_metric(weir) == waiters:
+            gevent.sleep(0.01)
     assert send(weir, test_ca, origin, "early-2", pdus) == {target: {}}
+    woken = parked.get(timeout=30).json()
+    (event,) = woken["rooms"]["join"][room.room_id]["timeline"]["events"]
+    assert event["event_id"] == target and event["content"] == {}
+    assert event["unsigned"]["redacted_because"]["event_id"] == redaction_id
     event = client_event(alice, room.room_id, target)
     assert event["content"] == {}
     assert event["unsigned"]["redacted_because"]["event_id"] == redaction_id
+
+
+def waiters_metric(weir) -> float:
+    text = requests.get(weir.url("/metrics"), timeout=10).text
+    return float(re.search(r"^weir_sync_waiters (\S+)$", text, re.M).group(1))
 
 
 def test_a_remote_user_without_the_redact_level_cannot_redact_ours(weir, test_ca, alice, origin):

@@ -178,7 +178,9 @@ def test_typing_expires_and_wakes_the_room(runtime):
     assert typing.changes([room_id], 0) == {room_id: [alice.user_id]}
     after_start = typing.position
     with runtime.notifier.registered(alice.user_id) as waiter:
-        assert waiter.woken.wait(10) and waiter.recompute  # the expiry after 50 ms changed the room's list
+        assert (
+            waiter.woken.wait(10) and waiter.recompute
+        )  # the expiry after 50 ms changed the room's list
     assert typing.changes([room_id], after_start) == {room_id: []}
     # Refreshing while typing is not a change; stopping twice is one change.
     typing.set_typing(requester, room_id, alice.user_id, True, 30_000)

@@ -1,0 +1,214 @@
+"""A woken sync answers from the recent events that woke it (homeserver/sync/woken.py) only
+where that answer is the one the whole computation gives, and computes it otherwise."""
+
+import json
+
+import gevent
+import pytest
+from gevent.event import Event
+
+from homeserver.config import parse_config
+from homeserver.core.events import Event as Pdu
+from homeserver.core.requester import Requester
+from homeserver.rooms.creation import CreateRoomRequest
+from homeserver.runtime import HomeserverRuntime
+from homeserver.storage.rooms import StoredEvent
+from homeserver.sync.filters import SyncFilter
+from homeserver.sync.tokens import SyncToken
+from homeserver.sync.woken import RecentEvents, Seen, WokenAnswers
+
+
+@pytest.fixture
+def runtime(tmp_path):
+    rt = HomeserverRuntime(
+        parse_config(
+            {
+                "server_name": "hs.test",
+                "data_dir": str(tmp_path),
+                "database": {"url": f"sqlite:///{tmp_path}/hs.db"},
+            }
+        )
+    )
+    yield rt
+    rt.close()
+
+
+class Room:
+    """alice and bob in one room, and a second room alice is in alone."""
+
+    def __init__(self, runtime):
+        self.runtime = runtime
+        self.alice = self._user("alice")
+        self.bob = self._user("bob")
+        self.room_id = runtime.room_creator.create(
+            self.bob.user_id, CreateRoomRequest(preset="public_chat")
+        )
+        rooms = runtime.rooms
+        rooms.update_membership(self.alice.user_id, self.room_id, self.alice.user_id, "join")
+        self.other_room = runtime.room_creator.create(self.alice.user_id, CreateRoomRequest())
+        self.txn = 0
+
+    def _user(self, name: str) -> Requester:
+        account = self.runtime.accounts.register(name, "pw")
+        return Requester(account.user_id, account.device_id, False, "")
+
+    def send(self, sender: Requester, room_id: str | None = None, body: str = "hi") -> str:
+        self.txn += 1
+        return self.runtime.rooms.send_message(
+            sender, room_id or self.room_id, "m.room.message", {"body": body}, f"t{self.txn}"
+        )
+
+    def wakes(self) -> dict:
+        counter = self.runtime.metrics.sync_wakes
+        return {k: counter.labels(k)._value.get() for k in ("recent_events", "database")}
+
+    def parked_answer(self, act, sync_filter: str | None = None) -> tuple[dict, dict, dict]:
+        """(the answer of alice's sync parked before `act()`, the whole computation's answer
+        for the same token, the wake-ups counted meanwhile)."""
+        sync = self.runtime.sync
+        since = sync.sync(self.alice, None, 0, False, sync_filter)["next_batch"]
+        computed = Event()
+        original = sync._respond
+
+        def respond(request):
+            result = original(request)
+            computed.set()
+            return result
+
+        sync._respond = respond
+        before = self.wakes()
+        parked = gevent.spawn(sync.sync, self.alice, since, 30_000, False, sync_filter)
+        computed.wait(10)  # the first computation found nothing: it parks next
+        gevent.sleep(0)
+        act()
+        answer = parked.get(timeout=10)
+        sync._respond = original
+        after = self.wakes()
+        whole = sync.sync(self.alice, since, 0, False, sync_filter)
+        return answer, whole, {k: after[k] - before[k] for k in after}
+
+
+def without_age(body: dict) -> dict:
+    for section in body["rooms"]["join"].values():
+        for event in section["timeline"]["events"] + section["state"]["events"]:
+            event.get("unsigned", {}).pop("age", None)
+    return body
+
+
+@pytest.mark.parametrize(
+    "sync_filter",
+    [
+        None,
+        json.dumps({"event_format": "federation"}),
+        json.dumps({"event_fields": ["type", "content.body", "sender"]}),
+        json.dumps({"room": {"timeline": {"limit": 3}}}),
+    ],
+)
+def test_a_message_is_answered_from_recent_events_as_the_database_would(runtime, sync_filter):
+    room = Room(runtime)
+    answer, whole, wakes = room.parked_answer(lambda: room.send(room.bob), sync_filter)
+    assert wakes == {"recent_events": 1, "database": 0}
+    assert list(answer["rooms"]["join"]) == [room.room_id]
+    assert without_age(answer) == without_age(whole)
+    assert SyncToken.parse(answer["next_batch"]).events == runtime.room_store.stream_position()
+
+
+def test_a_message_in_a_room_the_filter_leaves_out_keeps_the_sync_parked(runtime):
+    room = Room(runtime)
+    only_first = json.dumps({"room": {"rooms": [room.room_id]}})
+
+    def act():
+        before = room.wakes()["recent_events"]
+        room.send(room.alice, room.other_room)  # left out by the filter: nothing to answer
+        with gevent.Timeout(10):
+            while room.wakes()["recent_events"] == before:  # it woke, and parked again
+                gevent.sleep(0.001)
+        room.send(room.bob)
+
+    answer, whole, wakes = room.parked_answer(act, only_first)
+    # alice's own message elsewhere is skipped (a room the filter leaves out), bob's answered.
+    assert wakes == {"recent_events": 2, "database": 0}
+    assert [
+        e["content"]["body"] for e in answer["rooms"]["join"][room.room_id]["timeline"]["events"]
+    ] == ["hi"]
+    assert without_age(answer) == without_age(whole)
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["own message", "topic", "someone joins", "filter hides types", "lazy-loaded members"],
+)
+def test_what_recent_events_cannot_answer_is_computed_whole(runtime, case):
+    room = Room(runtime)
+    sync_filter = None
+    act = lambda: room.send(room.bob)  # noqa: E731
+    if case == "own message":  # its transaction ID is for the device that sent it
+        act = lambda: room.send(room.alice)  # noqa: E731
+    elif case == "topic":
+        act = lambda: runtime.rooms.set_state(  # noqa: E731
+            room.bob, room.room_id, "m.room.topic", "", {"topic": "new"}
+        )
+    elif case == "someone joins":
+        carol = room._user("carol")
+        act = lambda: runtime.rooms.update_membership(  # noqa: E731
+            carol.user_id, room.room_id, carol.user_id, "join"
+        )
+    elif case == "filter hides types":
+        sync_filter = json.dumps({"room": {"timeline": {"not_types": ["m.room.topic"]}}})
+    else:
+        sync_filter = json.dumps({"room": {"state": {"lazy_load_members": True}}})
+    answer, whole, wakes = room.parked_answer(act, sync_filter)
+    assert wakes["recent_events"] == 0
+    assert without_age(answer) == without_age(whole)
+    assert answer["rooms"]["join"][room.room_id]["timeline"]["events"]
+
+
+# --- the parts, without a server ----------------------------------------------------------
+
+
+def stored(position: int, room_id="!r", sender="@b", event_type="m.room.message", **extra):
+    pdu = {"type": event_type, "room_id": room_id, "sender": sender, "content": {}}
+    pdu.update(origin_server_ts=1, **extra)
+    return StoredEvent(Pdu(f"${position}", pdu), position)
+
+
+def test_recent_events_give_a_gapless_run_or_nothing():
+    recent = RecentEvents(capacity=4)
+    recent.add([stored(1), stored(2)])
+    recent.add([stored(4)])  # 3 not heard of (a remote invite, or a skipped listener)
+    assert [s.stream_ordering for s in recent.after(0) or []] == [] and recent.after(0) is None
+    assert [s.stream_ordering for s in recent.after(3) or []] == [4]
+    assert recent.after(4) == [] and recent.after(9) == []
+    recent.add([stored(5), stored(6)])  # over capacity: 1 and 2 are forgotten
+    assert recent.after(2) is None and recent.after(3) is not None
+    # A redaction forgets its target, whichever room version's place names it.
+    recent.add([stored(7, event_type="m.room.redaction", redacts="$5")])
+    recent.add([stored(8, event_type="m.room.redaction", content={"redacts": "$6"})])
+    assert recent.after(3) is None and recent.after(4) is None and recent.after(6) is not None
+
+
+def answer_for(run: list, joined=("!r",), limit=10):
+    recent = RecentEvents()
+    recent.add(run)
+    seen = Seen(SyncToken(0, 0, 0, 0, "e"), 0, frozenset(joined), frozenset(joined))
+    sync_filter = SyncFilter()
+    if limit != 10:
+        from homeserver.sync.filters import RoomEventFilter, RoomFilter
+
+        sync_filter = SyncFilter(room=RoomFilter(timeline=RoomEventFilter(limit=limit)))
+    requester = Requester("@a", "D", False, "")
+    return WokenAnswers(recent, None).answer(requester, sync_filter, seen, 1)
+
+
+def test_soft_failed_events_and_rooms_not_joined_are_not_answered():
+    hidden = StoredEvent(stored(1).event, 1, soft_failed=True)
+    found = answer_for([hidden, stored(2, room_id="!elsewhere")])
+    assert found is not None and found[0] is None and found[1].events == 2
+    found = answer_for([hidden, stored(2)])
+    assert found is not None and found[0] is not None
+    assert [e["event_id"] for e in found[0]["rooms"]["join"]["!r"]["timeline"]["events"]] == ["$2"]
+
+
+def test_more_new_events_than_the_timeline_limit_are_computed_whole():
+    assert answer_for([stored(1), stored(2)], limit=1) is None
+    assert answer_for([stored(1), stored(2)], limit=2) is not None
