@@ -10,11 +10,21 @@ now. `/keys/changes` gives the same between two tokens.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from homeserver.core.requester import Requester
 from homeserver.storage.e2ee import E2eeStore
 
 TO_DEVICE_LIMIT = 100  # per response; the rest follows in the next sync at once
+
+
+class KeyCounts(NamedTuple):
+    """A device's one-time key counts and unused fallback key types, and
+    E2eeStore.key_writes just before they were read (a parked sync keeps them)."""
+
+    one_time: dict
+    unused_fallback: list[str]
+    read_at: int
 
 
 @dataclass
@@ -25,6 +35,13 @@ class E2eeSyncPart:
     left: list[str] = field(default_factory=list)
     one_time_key_counts: dict = field(default_factory=dict)
     unused_fallback_key_types: list[str] = field(default_factory=list)
+    keys_read_at: int = -1  # E2eeStore.key_writes just before the two above were read
+
+    @property
+    def key_counts(self) -> KeyCounts:
+        return KeyCounts(
+            self.one_time_key_counts, self.unused_fallback_key_types, self.keys_read_at
+        )
 
     @property
     def has_updates(self) -> bool:
@@ -65,6 +82,7 @@ class E2eeSync:
         if the caller has read them already (a sync's snapshot has)."""
         user_id, device_id = requester.user_id, requester.device_id
         incremental = span.events_after is not None and span.to_device_after
+        keys_read_at = self.store.key_writes
         read = self.store.device_sync_read(
             user_id,
             device_id,
@@ -84,16 +102,20 @@ class E2eeSync:
             ),
             one_time_key_counts=read.one_time_key_counts,
             unused_fallback_key_types=read.unused_fallback_key_types,
+            keys_read_at=keys_read_at,
         )
         if span.events_after is not None:
             part.changed, part.left = self.changes(user_id, span, member_moves)
         return part
 
-    def key_counts(self, requester: Requester) -> E2eeSyncPart:
-        """The part of a sync in which only the device's key counts may be new: a woken
-        sync answering from room events (sync/woken.py)."""
-        counts, fallback = self.store.key_counts(requester.user_id, requester.device_id)
-        return E2eeSyncPart(one_time_key_counts=counts, unused_fallback_key_types=fallback)
+    def key_counts(self, requester: Requester, known: KeyCounts | None) -> KeyCounts:
+        """The device's key counts for a sync in which nothing else of this part is new: a
+        woken sync answering from room events (sync/woken.py). `known`: counts read
+        before, kept if no key was written since."""
+        if known is not None and self.store.keys_unchanged_since(known.read_at):
+            return known
+        read_at = self.store.key_writes
+        return KeyCounts(*self.store.key_counts(requester.user_id, requester.device_id), read_at)
 
     def changes(
         self, user_id: str, span: Range, moves: list | None = None

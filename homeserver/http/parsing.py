@@ -127,6 +127,13 @@ def validated_json(
     return validate(schema, json_object(max_bytes, allow_empty))
 
 
+def query_str(name: str) -> str | None:
+    """The parameter's first value, None when absent. Werkzeug's `args.get` builds and
+    catches an HTTP exception for every absent parameter; hot routes ask for several."""
+    values = request.args.getlist(name)
+    return values[0] if values else None
+
+
 @overload
 def query_int(
     name: str, default: int, minimum: int | None = None, maximum: int | None = None
@@ -144,7 +151,7 @@ def query_int(
 ) -> int | None:
     """The parameter as an integer, capped at `maximum`; `default` when absent or empty
     (so never None when `default` is an int)."""
-    raw = request.args.get(name)
+    raw = query_str(name)
     if raw is None or raw == "":
         return default
     try:
@@ -159,7 +166,7 @@ def query_int(
 
 
 def query_bool(name: str, default: bool) -> bool:
-    raw = request.args.get(name)
+    raw = query_str(name)
     if raw is None:
         return default
     if raw in ("true", "1"):

@@ -314,6 +314,8 @@ class HomeserverRuntime(Infrastructure):
 
     @component
     def sync(self) -> SyncService:
+        # Bound once: a label lookup costs more than the count, once per woken sync.
+        wakes = {k: self.metrics.sync_wakes.labels(k) for k in ("recent_events", "database")}
         return SyncService(
             self.rooms,
             self.room_history,
@@ -322,14 +324,15 @@ class HomeserverRuntime(Infrastructure):
             self.typing,
             self.filters,
             E2eeSync(self.e2ee_store),
-            on_wake=lambda answered_from: self.metrics.sync_wakes.labels(answered_from).inc(),
+            on_wake=lambda answered_from: wakes[answered_from].inc(),
         )
 
     # --- end-to-end encryption: keys, devices, to-device messages ------------------------
 
     @component
     def e2ee_store(self) -> E2eeStore:
-        return E2eeStore(self.db)
+        # Shards claim one-time keys over federation: counts cannot be kept across a wake.
+        return E2eeStore(self.db, keys_written_elsewhere=self.config.federation.worker.shards > 0)
 
     def _keys_changed(self, user_id: str, devices=(), signing: bool = False) -> None:
         """Wakes the syncs of all who share a room with the user; tells other servers."""

@@ -86,8 +86,24 @@ def delete_device_rows(tx, user_id: str, device_id: str) -> bool:
 
 
 class E2eeStore:
-    def __init__(self, db: Database):
+    def __init__(self, db: Database, keys_written_elsewhere: bool = False):
         self.db = db
+        # One-time and fallback key writes by this process, counted once each has ended:
+        # key counts read before a count stayed are still current (sync/woken.py), unless
+        # other processes write keys too (federation shards claim them).
+        self.key_writes = 0
+        self.keys_written_elsewhere = keys_written_elsewhere
+
+    def keys_unchanged_since(self, key_writes: int) -> bool:
+        """Whether no key write ended since `key_writes` was read (a caller killed while
+        its write commits may count it a moment early: one answer's counts then lag)."""
+        return not self.keys_written_elsewhere and self.key_writes == key_writes
+
+    def _write_keys(self, write):
+        try:
+            return self.db.write(write)
+        finally:
+            self.key_writes += 1
 
     # --- devices ------------------------------------------------------------------------
 
@@ -194,7 +210,7 @@ class E2eeStore:
             )
             return []
 
-        return self.db.write(write)
+        return self._write_keys(write)
 
     def one_time_key_counts(self, user_id: str, device_id: str) -> dict[str, int]:
         return self.db.read(lambda tx: _one_time_key_counts(tx, user_id, device_id))
@@ -217,7 +233,7 @@ class E2eeStore:
                     (user_id, device_id, algorithm, key_id, _dumps(key)),
                 )
 
-        self.db.write(write)
+        self._write_keys(write)
 
     def unused_fallback_key_types(self, user_id: str, device_id: str) -> list[str]:
         return self.db.read(lambda tx: _unused_fallback_key_types(tx, user_id, device_id))
@@ -254,7 +270,7 @@ class E2eeStore:
             )
             return (fallback[0], json.loads(fallback[1])) if fallback else None
 
-        return self.db.write(write)
+        return self._write_keys(write)
 
     # --- cross-signing ------------------------------------------------------------------
 

@@ -33,7 +33,7 @@ from homeserver.storage.sync import StreamPositions, SyncSnapshot, SyncStore
 from homeserver.sync.filters import Filters, SyncFilter, project
 from homeserver.sync.notifier import Notifier
 from homeserver.sync.out_of_room import out_of_room
-from homeserver.sync.push_rules import default_ruleset
+from homeserver.sync.side_streams import ephemeral_events, global_account_data, room_account_data
 from homeserver.sync.tokens import SyncToken
 from homeserver.sync.typing import TypingNotifications
 from homeserver.sync.woken import Seen, WokenAnswers, answers_from_events
@@ -144,17 +144,17 @@ class SyncService:
         deadline = time.monotonic() + timeout
         # Registered before computing: whatever is stored meanwhile wakes it.
         with self.notifier.registered(requester.user_id) as waiter:
-            seen: Seen | None = None  # set once a computation found nothing new
+            seen: Seen | None = None  # what a computation found nothing new in, if usable
+            woken = False
             while True:
-                recompute = seen is None or waiter.recompute
+                quick = woken and seen is not None and not waiter.recompute
                 waiter.clear()
                 body: dict | None
                 found = None
-                if seen is not None and not recompute:
+                if quick and seen is not None:
                     found = self.woken.answer(requester, request.filter, seen, now_ms())
+                if woken:
                     self.on_wake("database" if found is None else "recent_events")
-                elif seen is not None:
-                    self.on_wake("database")
                 if found is None:
                     body, has_updates, seen = self._respond(request)
                 else:
@@ -164,7 +164,7 @@ class SyncService:
                     return body if body is not None else self._respond(request)[0]
                 del body  # parked, a sync keeps its registration and socket, not its last answer
                 with while_waiting():
-                    waiter.woken.wait(max(0.0, deadline - time.monotonic()))
+                    woken = waiter.woken.wait(max(0.0, deadline - time.monotonic()))
 
     # --- one computation ----------------------------------------------------------------
 
@@ -206,7 +206,9 @@ class SyncService:
             if entry is not None:
                 rooms[section][room_id] = entry
 
-        account_data = self._global_account_data(request, batch)
+        account_data = global_account_data(
+            request.filter.account_data, batch.account_data, request.user_id, since is None
+        )
         e2ee = self._e2ee_part(request, batch)
         has_updates = bool(account_data or any(rooms.values()) or e2ee.has_updates)
         next_batch = since
@@ -236,8 +238,8 @@ class SyncService:
             seen = Seen(
                 since,
                 batch.positions.events,
-                frozenset(joined),
-                frozenset(room_id for room_id, _, _ in snapshot.memberships),
+                *_joined_and_all(joined, snapshot.memberships),
+                e2ee.key_counts,
             )
         return body, has_updates, seen
 
@@ -319,8 +321,12 @@ class SyncService:
             newly_joined = view.membership_after(since.events) != "join" or any(
                 m != "join" for m in view.memberships_between(since.events, up_to)
             )
-        ephemeral = self._ephemeral(request, batch, room_id)
-        account_data = self._room_account_data(request, batch, room_id)
+        ephemeral = ephemeral_events(
+            request.filter.room.ephemeral, batch.typing, batch.receipts, room_id
+        )
+        account_data = room_account_data(
+            request.filter.room.account_data, batch.account_data, room_id
+        )
         if not (
             newly_joined
             or has_events
@@ -389,7 +395,11 @@ class SyncService:
                 "limited": timeline.limited,
                 "prev_batch": timeline.prev_batch,
             },
-            "account_data": {"events": self._room_account_data(request, batch, room_id)},
+            "account_data": {
+                "events": room_account_data(
+                    request.filter.room.account_data, batch.account_data, room_id
+                )
+            },
         }
         self._put_state(request, batch, view, room_id, entry, state, timeline, left_at)
         return entry
@@ -527,38 +537,6 @@ class SyncService:
             summary["m.heroes"] = self.rooms.store.heroes(room_id, user_id, HEROES)
         return summary
 
-    def _ephemeral(self, request: SyncRequest, batch: _Batch, room_id: str) -> list:
-        ephemeral_filter = request.filter.room.ephemeral
-        if not ephemeral_filter.keeps_room(room_id):
-            return []
-        events = []
-        if room_id in batch.typing and ephemeral_filter.keeps_type("m.typing"):
-            events.append({"type": "m.typing", "content": {"user_ids": batch.typing[room_id]}})
-        receipts = batch.receipts.get(room_id)
-        if receipts and ephemeral_filter.keeps_type("m.receipt"):
-            content: dict = {}
-            for r in receipts:
-                data = {"ts": r.ts, **({"thread_id": r.thread_id} if r.thread_id else {})}
-                content.setdefault(r.event_id, {}).setdefault(r.receipt_type, {})[r.user_id] = data
-            events.append({"type": "m.receipt", "content": content})
-        return events[: ephemeral_filter.limit] if ephemeral_filter.limit else events
-
-    def _room_account_data(self, request: SyncRequest, batch: _Batch, room_id: str) -> list:
-        data_filter = request.filter.room.account_data
-        if not data_filter.keeps_room(room_id):
-            return []
-        return _account_data_events(batch.account_data.get(room_id, ()), data_filter)
-
-    def _global_account_data(self, request: SyncRequest, batch: _Batch) -> list:
-        items = list(batch.account_data.get("", ()))
-        events = _account_data_events(items, request.filter.account_data)
-        if request.since is None and request.filter.account_data.keeps_type("m.push_rules"):
-            # Push rules are the server defaults, which clients read from the first sync.
-            events.append(
-                {"type": "m.push_rules", "content": {"global": default_ruleset(request.user_id)}}
-            )
-        return events
-
     # --- formatting ---------------------------------------------------------------------
 
     def _format(
@@ -590,10 +568,8 @@ class SyncService:
         return out
 
 
-def _account_data_events(items, data_filter) -> list[dict]:
-    events = [
-        {"type": item.type, "content": item.content}
-        for item in items
-        if data_filter.keeps_type(item.type)
-    ]
-    return events[: data_filter.limit] if data_filter.limit else events
+def _joined_and_all(joined: list[str], memberships: list) -> tuple[frozenset, frozenset]:
+    """The joined rooms, and every room with a membership: one set when they are the same,
+    as they are for most users (a parked sync keeps them)."""
+    kept, every = frozenset(joined), frozenset(room_id for room_id, _, _ in memberships)
+    return kept, (kept if kept == every else every)

@@ -30,7 +30,7 @@ from collections import deque
 from dataclasses import dataclass, replace
 
 from homeserver.core.requester import Requester
-from homeserver.e2ee.sync_part import E2eeSync
+from homeserver.e2ee.sync_part import E2eeSync, E2eeSyncPart, KeyCounts
 from homeserver.rooms.format import client_event
 from homeserver.rooms.pagination import stream_token
 from homeserver.rooms.redactions import REDACTION
@@ -87,7 +87,7 @@ class RecentEvents:
                 self._events.pop(position, None)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one per parked sync
 class Seen:
     """What a sync's last whole computation found nothing new in."""
 
@@ -95,6 +95,7 @@ class Seen:
     events: int  # the events position it read up to
     joined: frozenset[str]  # the rooms the user was joined to there, that the filter keeps
     rooms: frozenset[str]  # every room the user had a membership in there
+    keys: KeyCounts | None = None  # the device's key counts it read
 
 
 def answers_from_events(sync_filter: SyncFilter, full_state: bool, state_after: bool) -> bool:
@@ -138,17 +139,19 @@ class WokenAnswers:
             rooms[room_id] = _joined_entry(sync_filter, events, now)
         if not rooms:
             return None, seen
-        return self._body(requester, seen, rooms), seen
-
-    def _body(self, requester: Requester, seen: Seen, rooms: dict) -> dict:
         body = {
             "next_batch": str(replace(seen.token, events=seen.events)),
             "account_data": {"events": []},
             "rooms": {"join": rooms, "invite": {}, "knock": {}, "leave": {}},
         }
         if self.e2ee is not None:
-            body.update(self.e2ee.key_counts(requester).fields())
-        return body
+            keys = self.e2ee.key_counts(requester, seen.keys)
+            part = E2eeSyncPart(
+                one_time_key_counts=keys.one_time, unused_fallback_key_types=keys.unused_fallback
+            )
+            body.update(part.fields())
+            seen = replace(seen, keys=keys)
+        return body, seen
 
 
 def _events_by_room(

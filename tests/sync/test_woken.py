@@ -212,3 +212,33 @@ def test_soft_failed_events_and_rooms_not_joined_are_not_answered():
 def test_more_new_events_than_the_timeline_limit_are_computed_whole():
     assert answer_for([stored(1), stored(2)], limit=1) is None
     assert answer_for([stored(1), stored(2)], limit=2) is not None
+
+
+def test_key_counts_are_read_again_only_after_a_key_write(runtime):
+    room = Room(runtime)
+    store = runtime.e2ee_store
+    reads = []
+    key_counts = store.key_counts
+    store.key_counts = lambda *args: reads.append(args) or key_counts(*args)
+
+    answer, _, wakes = room.parked_answer(lambda: room.send(room.bob))
+    assert wakes["recent_events"] == 1 and reads == []  # the parked computation's counts
+    assert answer["device_one_time_keys_count"] == {"signed_curve25519": 0}
+
+    def upload_then_send():
+        # An upload wakes nobody; the woken answer must not repeat the counts from before it.
+        keys = [
+            ("signed_curve25519", "AAAA", {"key": "k1"}),
+            ("signed_curve25519", "AAAB", {"key": "k2"}),
+        ]
+        store.add_one_time_keys(room.alice.user_id, room.alice.device_id, keys)
+        room.send(room.bob)
+
+    answer, whole, wakes = room.parked_answer(upload_then_send)
+    assert wakes["recent_events"] == 1 and len(reads) == 1
+    assert answer["device_one_time_keys_count"] == {"signed_curve25519": 2}
+    assert without_age(answer) == without_age(whole)
+
+    store.keys_written_elsewhere = True  # federation shards claim keys in other processes
+    answer, _, wakes = room.parked_answer(lambda: room.send(room.bob))
+    assert wakes["recent_events"] == 1 and len(reads) == 2

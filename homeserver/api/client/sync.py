@@ -9,7 +9,7 @@ from flask import Blueprint, request
 from homeserver.api.auth import current_requester, requires_auth
 from homeserver.api.context import runtime
 from homeserver.core.errors import invalid_param
-from homeserver.http.parsing import json_object, query_bool, query_int
+from homeserver.http.parsing import json_object, query_bool, query_int, query_str
 from homeserver.http.places import parked
 from homeserver.http.responses import json_response
 from homeserver.sync.filters import MAX_FILTER_BYTES
@@ -23,14 +23,14 @@ PRESENCE_STATES = ("offline", "online", "unavailable")
 @requires_auth
 def sync():
     # Accepted as the spec allows; presence itself is not tracked yet.
-    if request.args.get("set_presence", "online") not in PRESENCE_STATES:
+    if query_str("set_presence") not in (None, *PRESENCE_STATES):
         raise invalid_param("set_presence must be one of " + ", ".join(PRESENCE_STATES))
     body = runtime().sync.sync(
         current_requester(),
-        request.args.get("since") or None,
+        query_str("since") or None,
         query_int("timeout", 0, minimum=0),
         query_bool("full_state", False),
-        request.args.get("filter"),
+        query_str("filter"),
         query_bool("use_state_after", False),
         # A parked sync holds no main-pool place, and a client that hangs up meanwhile frees
         # its greenlet and registration at once.
