@@ -32,6 +32,7 @@ import argparse
 import http.client
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -168,10 +169,21 @@ def slowloris(address, count: int, requests_count: int, headers: dict) -> None:
 
 def wake_rounds(bench: Bench, label: str, clients: list, send, rounds: int, parked: int):
     samples = []
+    before = wakes_by_answer(bench.server_url)
     for _ in range(rounds):
         bench.wait_parked(parked)
         samples += bench.round(clients, send)
+    after = wakes_by_answer(bench.server_url)
+    answered = ", ".join(f"{k} {after[k] - before.get(k, 0):.0f}" for k in sorted(after))
     print(f"  one event concerning {label}: {summary(samples)} ({len(samples)} wake-ups)")
+    print(f"    woken syncs answered from: {answered}")
+
+
+def wakes_by_answer(server_url: str) -> dict[str, float]:
+    """weir_sync_wakes_total by answered_from (homeserver/sync/woken.py)."""
+    text = requests.get(server_url + "/metrics", timeout=30).text
+    found = re.findall(r'^weir_sync_wakes_total\{answered_from="(\w+)"\} (\S+)$', text, re.M)
+    return {name: float(value) for name, value in found}
 
 
 def start_server(directory: str, settings: dict):
