@@ -15,11 +15,12 @@ from __future__ import annotations
 import http.client
 import socket
 import ssl
+import time
 from typing import Any
 
 import gevent
 from gevent.pool import Pool
-from gevent.pywsgi import WSGIHandler, WSGIServer
+from gevent.pywsgi import WSGIHandler, WSGIServer, format_date_time
 
 from homeserver.http.handoff import HANDED_OFF
 from homeserver.http.heads import read_head
@@ -38,6 +39,8 @@ LINGER_SECONDS = 2.0
 # (pywsgi's default is 8 KiB). A request head of a few hundred bytes to a few KiB takes one
 # to a few reads at this size; a body larger than it is read straight past it.
 READ_BUFFER_BYTES = 1024
+# A response body up to this size goes out in the same send as the response head.
+ONE_SEND_BODY_BYTES = 16 * 1024
 
 
 class WeirHandler(WSGIHandler):
@@ -46,6 +49,7 @@ class WeirHandler(WSGIHandler):
     # pywsgi's (untyped) request body, None before a request is read; a _LingeringDiscard
     # once the connection is closing.
     wsgi_input: Any
+    provided_date: Any  # pywsgi's: the app's own Date header, if it gave one
     # Set once the first request is read: every later one is a keep-alive request.
     _kept_alive = False
     # Runs from the first byte of a request head to its end (request_head_timeout).
@@ -158,6 +162,33 @@ class WeirHandler(WSGIHandler):
         ):
             headers = [*headers, ("Connection", "close")]
         return super().start_response(status, headers, exc_info)
+
+    def finalize_headers(self):
+        if self.provided_date is None:
+            self.response_headers.append((b"Date", _http_date()))
+            self.provided_date = True
+        super().finalize_headers()
+
+    def _write_with_headers(self, data):
+        # pywsgi sends the head and the body apart: two syscalls, and two packets with
+        # TCP_NODELAY, for every small answer. One send when the body is small.
+        self.headers_sent = True
+        self.finalize_headers()
+        head = bytearray(b"HTTP/1.1 ")
+        head += self.status
+        head += b"\r\n"
+        for header, value in self.response_headers:
+            head += header
+            head += b": "
+            head += value
+            head += b"\r\n"
+        head += b"\r\n"
+        if self.response_use_chunked or len(data) > ONE_SEND_BODY_BYTES:
+            self._sendall(head)
+            self._write(data)
+        else:
+            head += data
+            self._sendall(head)
 
     def log_request(self):
         # pywsgi formats a line per request for its own log, which Weir turns off (log=None);
@@ -294,3 +325,14 @@ class WeirWSGIServer(WSGIServer):
         self.idle_greenlets: set = set()
         self.draining = False  # stopping: /health is 503, responses close their connection
         self.closing = False  # stopped accepting: idle connections are closed
+
+
+_date: list = [0, b""]  # (second, its Date header value)
+
+
+def _http_date() -> bytes:
+    """The Date header, formatted once a second rather than for every response."""
+    now = int(time.time())
+    if now != _date[0]:
+        _date[:] = [now, format_date_time(now)]
+    return _date[1]

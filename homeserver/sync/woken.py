@@ -27,7 +27,7 @@ sees, only how fast it sees it.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from homeserver.core.requester import Requester
 from homeserver.e2ee.sync_part import E2eeSync, E2eeSyncPart, KeyCounts
@@ -127,7 +127,7 @@ class WokenAnswers:
         by_room = _events_by_room(requester.user_id, seen, run)
         if by_room is None:
             return None
-        seen = replace(seen, events=run[-1].stream_ordering)
+        up_to = run[-1].stream_ordering
         timeline_filter = sync_filter.room.timeline
         limit = sync_filter.room.timeline_limit
         rooms = {}
@@ -138,20 +138,20 @@ class WokenAnswers:
                 return None  # a limited timeline comes with state: the whole computation
             rooms[room_id] = _joined_entry(sync_filter, events, now)
         if not rooms:
-            return None, seen
+            return None, Seen(seen.token, up_to, seen.joined, seen.rooms, seen.keys)
         body = {
-            "next_batch": str(replace(seen.token, events=seen.events)),
+            "next_batch": str(seen.token.with_events(up_to)),
             "account_data": {"events": []},
             "rooms": {"join": rooms, "invite": {}, "knock": {}, "leave": {}},
         }
+        keys = seen.keys
         if self.e2ee is not None:
-            keys = self.e2ee.key_counts(requester, seen.keys)
+            keys = self.e2ee.key_counts(requester, keys)
             part = E2eeSyncPart(
                 one_time_key_counts=keys.one_time, unused_fallback_key_types=keys.unused_fallback
             )
             body.update(part.fields())
-            seen = replace(seen, keys=keys)
-        return body, seen
+        return body, Seen(seen.token, up_to, seen.joined, seen.rooms, keys)
 
 
 def _events_by_room(

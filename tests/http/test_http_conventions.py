@@ -1,5 +1,6 @@
 """Error shapes, CORS, health and discovery, against the real server process."""
 
+import email.utils
 import socket
 import time
 
@@ -262,3 +263,23 @@ def test_a_refused_body_of_modest_size_keeps_the_connection(weir):
     assert (r.status_code, r.json()["errcode"]) == (413, "M_TOO_LARGE")
     assert r.headers.get("Connection") != "close"
     assert session.get(weir.url("/health")).status_code == 200
+
+
+def test_every_answer_has_a_current_date_and_a_whole_body(weir):
+    """The Date header is formatted once a second, and a small body goes out with its head
+    (http/server.py): both must still be what HTTP says, answer after answer."""
+    host, port = weir.client_url.split("//")[1].split(":")
+    with socket.create_connection((host, int(port))) as sock:
+        reader = sock.makefile("rb")
+        for _ in range(3):
+            before = time.time()
+            sock.sendall(b"GET /_matrix/client/versions HTTP/1.1\r\nHost: weir\r\n\r\n")
+            assert reader.readline().startswith(b"HTTP/1.1 200")
+            headers = {}
+            while (line := reader.readline()) != b"\r\n":
+                name, _, value = line.decode().partition(":")
+                headers[name.lower()] = value.strip()
+            body = reader.read(int(headers["content-length"]))
+            assert b'"versions"' in body
+            sent = email.utils.parsedate_to_datetime(headers["date"]).timestamp()
+            assert int(before) <= sent <= time.time()
