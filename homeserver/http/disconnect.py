@@ -23,7 +23,7 @@ class ClientDisconnected(gevent.GreenletExit):
     """
 
 
-class _Watch:
+class HangUpWatch:
     """One watched block: the request greenlet to interrupt, while it is still inside.
 
     A read watcher on the connection's descriptor, run by the hub: no greenlet and no
@@ -69,16 +69,20 @@ class _Watch:
             self.request_greenlet.throw(ClientDisconnected)
 
 
+def watch_for_hang_up(environ: dict) -> HangUpWatch | None:
+    """Starts watching the request's connection from the current greenlet; the caller
+    closes the watch when its block ends. None for the dev server or a test client."""
+    sock = environ.get("weir.socket")
+    return None if sock is None else HangUpWatch(gevent.getcurrent(), sock)
+
+
 @contextlib.contextmanager
 def stop_on_client_disconnect(environ: dict):
     """Runs the body; if the client hangs up meanwhile, raises ClientDisconnected inside it,
     and never after it."""
-    sock = environ.get("weir.socket")
-    if sock is None:  # the dev server or a test client: nothing to watch
-        yield
-        return
-    watch = _Watch(gevent.getcurrent(), sock)
+    watch = watch_for_hang_up(environ)
     try:
         yield
     finally:
-        watch.close()
+        if watch is not None:
+            watch.close()

@@ -14,7 +14,6 @@ weir_pool_wait_seconds_total, weir_pool_wait_timeouts_total).
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections import deque
 from collections.abc import Callable
@@ -24,7 +23,7 @@ from gevent.event import Event
 from gevent.pool import Pool
 
 from homeserver.core.errors import Codes, MatrixError
-from homeserver.http.disconnect import stop_on_client_disconnect
+from homeserver.http.disconnect import HangUpWatch, watch_for_hang_up
 
 # Where the handler leaves its listener's WorkPlaces for a blueprint (a parked /sync).
 PLACES = "weir.places"
@@ -116,21 +115,29 @@ class WorkPlaces:
         if current in self.pool:
             self.pool.discard(current)
 
-    @contextlib.contextmanager
-    def away(self):
-        """Without a place for the body; a place again after it, or 503 if none comes in
-        time. Unwinding (a hang-up, a shutdown) needs no place."""
-        self.give_back()
-        yield
-        if not self.take():
-            raise server_busy()
 
-
-@contextlib.contextmanager
-def parked(environ: dict):
+class parked:
     """Around a wait that may last long (a /sync with nothing to send yet): the request holds
-    no work place meanwhile, and ends at once if its client hangs up."""
-    places: WorkPlaces | None = environ.get(PLACES)
-    away = places.away() if places is not None else contextlib.nullcontext()
-    with away, stop_on_client_disconnect(environ):
-        yield
+    no work place meanwhile, and ends at once if its client hangs up. Then a place again, or
+    503 if none comes in time; unwinding (a hang-up, a shutdown) needs no place.
+
+    A class, not a generator: every parked sync keeps one, and a suspended generator is
+    several objects more to hold and for the collector to walk, thousands of times over."""
+
+    __slots__ = ("_environ", "_places", "_watch")
+
+    def __init__(self, environ: dict):
+        self._environ = environ
+        self._places: WorkPlaces | None = environ.get(PLACES)
+        self._watch: HangUpWatch | None = None
+
+    def __enter__(self) -> None:
+        if self._places is not None:
+            self._places.give_back()
+        self._watch = watch_for_hang_up(self._environ)
+
+    def __exit__(self, kind, value, traceback) -> None:
+        if self._watch is not None:
+            self._watch.close()
+        if kind is None and self._places is not None and not self._places.take():
+            raise server_busy()

@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from contextlib import contextmanager
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable
 
 from gevent.event import Event
 
@@ -31,14 +30,24 @@ log = logging.getLogger(__name__)
 
 
 class Waiter:
-    """One registered sync. `woken` is set by anything that concerns its user; `recompute`
-    too, unless that was only new room events."""
+    """One registered sync, registered for as long as its `with` block runs. `woken` is set
+    by anything that concerns its user; `recompute` too, unless that was only new room
+    events. A class rather than a generator context: every parked sync keeps one."""
 
-    __slots__ = ("woken", "recompute")
+    __slots__ = ("woken", "recompute", "_notifier", "_user_id")
 
-    def __init__(self):
+    def __init__(self, notifier: "Notifier", user_id: str):
         self.woken = Event()
         self.recompute = False
+        self._notifier = notifier
+        self._user_id = user_id
+
+    def __enter__(self) -> "Waiter":
+        self._notifier._add(self._user_id, self)
+        return self
+
+    def __exit__(self, kind, value, traceback) -> None:
+        self._notifier._remove(self._user_id, self)
 
     def clear(self) -> None:
         self.woken.clear()
@@ -58,24 +67,24 @@ class Notifier:
         self.closed = False
         self.recent = RecentEvents()  # heard before anyone is woken: what they answer from
 
-    @contextmanager
-    def registered(self, user_id: str) -> Iterator[Waiter]:
-        """Registers a sync of `user_id` for as long as the block runs; the Waiter is woken
-        whenever something concerning the user happens. The registration is removed on every
-        way out, a client hang-up (GreenletExit) included."""
-        waiter = Waiter()
+    def registered(self, user_id: str) -> Waiter:
+        """A sync of `user_id`, registered while its `with` block runs: woken whenever
+        something concerning the user happens, and removed on every way out, a client
+        hang-up (GreenletExit) included."""
+        return Waiter(self, user_id)
+
+    def _add(self, user_id: str, waiter: Waiter) -> None:
         if self.closed:
             waiter.wake(recompute=True)
-        waiters = self._waiting.setdefault(user_id, set())
-        waiters.add(waiter)
+        self._waiting.setdefault(user_id, set()).add(waiter)
         self._count += 1
-        try:
-            yield waiter
-        finally:
-            waiters.discard(waiter)
-            self._count -= 1
-            if not waiters:
-                del self._waiting[user_id]
+
+    def _remove(self, user_id: str, waiter: Waiter) -> None:
+        waiters = self._waiting[user_id]
+        waiters.discard(waiter)
+        self._count -= 1
+        if not waiters:
+            del self._waiting[user_id]
 
     def waiting(self) -> int:
         """Syncs registered now (the weir_sync_waiters gauge)."""

@@ -86,13 +86,13 @@ def test_a_hang_up_noticed_as_the_block_ends_does_not_reach_the_code_after_it(mo
 
     ours, theirs = socket.socketpair()
     woken = Event()
-    real_hang_up = disconnect._Watch.hang_up
+    real_hang_up = disconnect.HangUpWatch.hang_up
 
     def hang_up_after_waking_the_request(watch):
         woken.set()  # queued first: the request runs before the interruption is delivered
         real_hang_up(watch)
 
-    monkeypatch.setattr(disconnect._Watch, "hang_up", hang_up_after_waking_the_request)
+    monkeypatch.setattr(disconnect.HangUpWatch, "hang_up", hang_up_after_waking_the_request)
     steps = []
 
     def request():
