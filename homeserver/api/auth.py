@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import functools
 
-from flask import g, request
+from flask import request
 
 from homeserver.api.context import client_key, runtime
 from homeserver.core.errors import Codes, MatrixError, limit_exceeded
 from homeserver.core.requester import Requester
 
+# The request's Requester, or None without a token, once authenticated: kept in the environ
+# rather than Flask's `g`, each of whose reads and writes goes through a context proxy.
+_REQUESTER = "weir.requester"
+_UNSET = object()
 
-def access_token() -> str | None:
+
+def access_token(environ: dict) -> str | None:
     """The token from the header or the query, never both: as Synapse, a request that
     carries two (which would one be?) is refused."""
-    environ = request.environ
     # Read from the environ, not through Headers (which scans every header): the WSGI server
     # joins a repeated header's values with commas, and no token contains one.
     header = environ.get("HTTP_AUTHORIZATION", "")
@@ -38,16 +42,20 @@ def access_token() -> str | None:
 
 
 def optional_requester() -> Requester | None:
-    if "requester" not in g:
-        token = access_token()
-        g.requester = None
-        if token is not None:
-            g.requester = runtime().accounts.authenticate(token)
-            if g.requester is None:
-                raise MatrixError(
-                    401, Codes.UNKNOWN_TOKEN, "Unrecognised access token", soft_logout=False
-                )
-    return g.requester
+    environ = request.environ
+    requester = environ.get(_REQUESTER, _UNSET)
+    if requester is not _UNSET:
+        return requester
+    token = access_token(environ)
+    requester = None
+    if token is not None:
+        requester = runtime().accounts.authenticate(token)
+        if requester is None:
+            raise MatrixError(
+                401, Codes.UNKNOWN_TOKEN, "Unrecognised access token", soft_logout=False
+            )
+    environ[_REQUESTER] = requester
+    return requester
 
 
 def current_requester() -> Requester:
