@@ -28,8 +28,12 @@ _WERKZEUG_ERRCODES = {
 }
 
 
+# One encoder for every answer: json.dumps with any option builds a new one per call.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
 def json_response(body, status: int = 200, headers: dict | None = None) -> Response:
-    text = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    text = _ENCODER.encode(body)
     try:
         data = text.encode("utf-8")
     except UnicodeEncodeError:
