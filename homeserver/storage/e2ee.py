@@ -90,7 +90,8 @@ class E2eeStore:
         self.db = db
         # One-time and fallback key writes by this process, counted once each has ended:
         # key counts read before a count stayed are still current (sync/woken.py), unless
-        # other processes write keys too (federation shards claim them).
+        # other processes write keys too (federation shards claim them). Deleting a device
+        # is not counted: it is logged out, and nothing it is told matters any more.
         self.key_writes = 0
         self.keys_written_elsewhere = keys_written_elsewhere
 
