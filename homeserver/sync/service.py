@@ -116,7 +116,7 @@ class SyncService:
         self.typing = typing
         self.filters = filters
         self.e2ee = e2ee
-        self.woken = WokenAnswers(notifier.recent, e2ee)
+        self.woken = WokenAnswers(notifier.recent, e2ee, self._lazy_members)
         self.on_wake = on_wake  # "recent_events" or "database", for each woken sync
 
     def sync(
@@ -354,7 +354,7 @@ class SyncService:
             return None
         entry = {
             "timeline": {
-                "events": self._format(request, batch, view, timeline.events),
+                "events": self._format(request, batch.now, view, timeline.events),
                 "limited": timeline.limited,
                 "prev_batch": timeline.prev_batch,
             },
@@ -362,7 +362,7 @@ class SyncService:
             "account_data": {"events": account_data},
             "summary": {},
         }
-        self._put_state(request, batch, view, room_id, entry, state, timeline, up_to)
+        self._put_state(request, batch.now, view, room_id, entry, state, timeline, up_to)
         touched = [s.event.type for s in timeline.events] + [k[0] for k in state]
         if newly_joined or request.full_state or _SUMMARY_TYPES.intersection(touched):
             entry["summary"] = self._summary(request.user_id, room_id)
@@ -391,7 +391,7 @@ class SyncService:
             state = self._state(request, room_id, timeline, state_after, left_at)
         entry = {
             "timeline": {
-                "events": self._format(request, batch, view, timeline.events),
+                "events": self._format(request, batch.now, view, timeline.events),
                 "limited": timeline.limited,
                 "prev_batch": timeline.prev_batch,
             },
@@ -401,7 +401,7 @@ class SyncService:
                 )
             },
         }
-        self._put_state(request, batch, view, room_id, entry, state, timeline, left_at)
+        self._put_state(request, batch.now, view, room_id, entry, state, timeline, left_at)
         return entry
 
     def _stripped_room(self, request: SyncRequest, room_id: str, membership: str) -> dict:
@@ -477,10 +477,23 @@ class SyncService:
             state.update({k: s for k, s in later.items() if k not in in_timeline})
         return state
 
+    def _lazy_members(
+        self, requester: Requester, sync_filter: SyncFilter, room_id: str, events: list, now: int
+    ) -> list[dict]:
+        """A woken answer's state section when its filter lazy-loads members (woken.py):
+        what `_put_state` sends for a timeline of `events` and no state change."""
+        request = SyncRequest(requester, None, sync_filter)
+        view = self.history.history_view(room_id, requester.user_id)
+        timeline = _Timeline(events, False, "", events[0].stream_ordering)
+        entry: dict = {}
+        up_to = events[-1].stream_ordering
+        self._put_state(request, now, view, room_id, entry, {}, timeline, up_to)
+        return entry["state"]["events"]
+
     def _put_state(
         self,
         request: SyncRequest,
-        batch: _Batch,
+        now: int,
         view: HistoryView,
         room_id: str,
         entry: dict,
@@ -525,7 +538,7 @@ class SyncService:
                 kept.append(stored)
         kept.sort(key=lambda s: s.stream_ordering)
         key = "state_after" if request.use_state_after else "state"
-        entry[key] = {"events": self._format(request, batch, view, kept)}
+        entry[key] = {"events": self._format(request, now, view, kept)}
 
     def _summary(self, user_id: str, room_id: str) -> dict:
         counts = self.rooms.store.member_counts(room_id)
@@ -540,7 +553,7 @@ class SyncService:
     # --- formatting ---------------------------------------------------------------------
 
     def _format(
-        self, request: SyncRequest, batch: _Batch, view: HistoryView, events: list[StoredEvent]
+        self, request: SyncRequest, now: int, view: HistoryView, events: list[StoredEvent]
     ) -> list[dict]:
         sync_filter = request.filter
         if sync_filter.event_format == "federation":
@@ -557,7 +570,7 @@ class SyncService:
             for stored in events:
                 event = client_event(
                     stored,
-                    batch.now,
+                    now,
                     txn_ids.get(stored.event.event_id),
                     view.membership_after(stored.stream_ordering) or "leave",
                 )

@@ -10,16 +10,18 @@ stores it, and a rolled-back write takes none. So a run of known positions with 
 the position a sync last read up to the newest heard of, is everything stored after it. A
 sync woken only by room events (notifier.Waiter.recompute unset) answers from that run when:
 
-- its last computation found nothing new (`Seen`), with a filter that hides no events and
-  lazy-loads no members, and without full_state or use_state_after;
+- its last computation found nothing new (`Seen`), with a filter that hides no events, and
+  without full_state or use_state_after;
 - the run has no state event in a room the user has any membership in, and no member event
   about the user anywhere: memberships, room state and device lists are as they were;
 - none of the user's rooms has more new events than the timeline limit, and the user sent
   none of them (its transaction ID is for the device that sent it).
 
 Then every joined room the filter keeps gets its new events, visible to a member that has
-been joined throughout, and nothing else of the answer changed: the account data, receipts,
-typing, to-device and device list positions of the token stay as they were. Otherwise the
+been joined throughout (with lazy-loaded members, the member events of their senders and the
+user's own, read as the whole computation reads them), and nothing else of the answer
+changed: the account data, receipts, typing, to-device and device list positions of the
+token stay as they were. Otherwise the
 sync computes its whole answer as before (service.py), so this never decides what a client
 sees, only how fast it sees it.
 """
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import Callable
 
 from homeserver.core.requester import Requester
 from homeserver.e2ee.sync_part import E2eeSync, E2eeSyncPart, KeyCounts
@@ -101,18 +104,21 @@ class Seen:
 def answers_from_events(sync_filter: SyncFilter, full_state: bool, state_after: bool) -> bool:
     """Whether a sync with these options may answer from recent events at all."""
     room_filter = sync_filter.room
-    return not (
-        full_state
-        or state_after
-        or room_filter.state.lazy_load_members
-        or room_filter.timeline.may_hide_events
-    )
+    return not (full_state or state_after or room_filter.timeline.may_hide_events)
+
+
+# (requester, filter, room_id, the room's new events, now) -> the state section's events
+# when the filter lazy-loads members (SyncService._lazy_members).
+LazyMembers = Callable[[Requester, SyncFilter, str, list[StoredEvent], int], list[dict]]
 
 
 class WokenAnswers:
-    def __init__(self, recent: RecentEvents, e2ee: E2eeSync | None):
+    def __init__(
+        self, recent: RecentEvents, e2ee: E2eeSync | None, lazy_members: LazyMembers | None = None
+    ):
         self.recent = recent
         self.e2ee = e2ee
+        self.lazy_members = lazy_members
 
     def answer(
         self, requester: Requester, sync_filter: SyncFilter, seen: Seen, now: int
@@ -128,15 +134,9 @@ class WokenAnswers:
         if by_room is None:
             return None
         up_to = run[-1].stream_ordering
-        timeline_filter = sync_filter.room.timeline
-        limit = sync_filter.room.timeline_limit
-        rooms = {}
-        for room_id, events in by_room.items():
-            if not timeline_filter.keeps_room(room_id):
-                continue
-            if len(events) > limit:
-                return None  # a limited timeline comes with state: the whole computation
-            rooms[room_id] = _joined_entry(sync_filter, events, now)
+        rooms = self._joined_rooms(requester, sync_filter, by_room, now)
+        if rooms is None:
+            return None
         if not rooms:
             return None, Seen(seen.token, up_to, seen.joined, seen.rooms, seen.keys)
         body = {
@@ -152,6 +152,27 @@ class WokenAnswers:
             )
             body.update(part.fields())
         return body, Seen(seen.token, up_to, seen.joined, seen.rooms, keys)
+
+    def _joined_rooms(
+        self, requester: Requester, sync_filter: SyncFilter, by_room: dict, now: int
+    ) -> dict | None:
+        """{room_id: its entry} for the rooms the timeline filter keeps; None if one needs
+        the whole computation."""
+        timeline_filter = sync_filter.room.timeline
+        lazy = sync_filter.room.state.lazy_load_members
+        rooms = {}
+        for room_id, events in by_room.items():
+            if not timeline_filter.keeps_room(room_id):
+                continue
+            if len(events) > sync_filter.room.timeline_limit:
+                return None  # a limited timeline comes with state: the whole computation
+            state: list[dict] = []
+            if lazy:
+                if self.lazy_members is None:
+                    return None
+                state = self.lazy_members(requester, sync_filter, room_id, events, now)
+            rooms[room_id] = _joined_entry(sync_filter, events, now, state)
+        return rooms
 
 
 def _events_by_room(
@@ -176,7 +197,9 @@ def _events_by_room(
     return by_room
 
 
-def _joined_entry(sync_filter: SyncFilter, events: list[StoredEvent], now: int) -> dict:
+def _joined_entry(
+    sync_filter: SyncFilter, events: list[StoredEvent], now: int, state: list[dict]
+) -> dict:
     if sync_filter.event_format == "federation":
         formatted = [dict(s.event.pdu) for s in events]
     else:
@@ -196,5 +219,5 @@ def _joined_entry(sync_filter: SyncFilter, events: list[StoredEvent], now: int) 
         "ephemeral": {"events": []},
         "account_data": {"events": []},
         "summary": {},
-        "state": {"events": []},
+        "state": {"events": state},
     }
