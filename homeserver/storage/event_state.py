@@ -24,6 +24,11 @@ def _encode(state: StateIds) -> str:
     return json.dumps({f"{t}{_SEP}{k}": v for (t, k), v in sorted(state.items())})
 
 
+# Decoded state groups a store keeps (RoomStore.state_at). A room of thousands has a state
+# of thousands of keys, and every lazy-loading sync one message wakes reads it.
+DECODED_GROUPS = 16
+
+
 def _decode(text: str) -> dict[StateKey, str]:
     found: dict[StateKey, str] = {}
     for key, event_id in json.loads(text).items():
@@ -133,17 +138,32 @@ def record_current(tx, room_id: str, position: int, last_event_id: str) -> None:
     )
 
 
-def ids_at(tx, room_id: str, position: int) -> dict[StateKey, str] | None:
+def ids_at(
+    tx, room_id: str, position: int, decoded: dict | None = None
+) -> dict[StateKey, str] | None:
     """The room's current state as it was just after stream position `position`, or None
-    when no row covers it (a room stored before room_state_positions)."""
+    when no row covers it (a room stored before room_state_positions). `decoded`: state
+    groups already decoded, by group, which this adds to (a group never changes once
+    written); the caller must not change what it returns then."""
     row = tx.fetchone(
-        "SELECT s.state FROM room_state_positions p"
+        "SELECT p.state_group FROM room_state_positions p"
         " JOIN state_groups s ON s.state_group = p.state_group"
         " WHERE p.room_id = ? AND p.stream_ordering <= ?"
         " ORDER BY p.stream_ordering DESC LIMIT 1",
         (room_id, position),
     )
-    return _decode(row[0]) if row else None
+    if row is None:
+        return None
+    group = row[0]
+    state = decoded.get(group) if decoded is not None else None
+    if state is None:
+        text = tx.fetchone("SELECT state FROM state_groups WHERE state_group = ?", (group,))[0]
+        state = _decode(text)
+        if decoded is not None:
+            if len(decoded) >= DECODED_GROUPS:
+                decoded.clear()
+            decoded[group] = state
+    return state
 
 
 def _events_by_id(tx, event_ids: list[str]) -> dict[str, Event]:

@@ -121,6 +121,7 @@ def _keys_clause(table: str, keys: list[StateKey], params: list) -> str:
 class RoomStore:
     def __init__(self, db: Database):
         self.db = db
+        self._state_groups: dict = {}  # decoded, by group (event_state.ids_at)
 
     # --- writes -------------------------------------------------------------------------
 
@@ -369,11 +370,11 @@ class RoomStore:
         resolved state, from room_state_positions. With `changed_after`, only the keys whose
         event differs from the state at that position (a state delta); with `keys` or
         `event_type`, only those. A room with no row that far back is read by stream order."""
-        ids = self.db.read(event_state.ids_at, room_id, position)
+        ids = self.db.read(event_state.ids_at, room_id, position, self._state_groups)
         if ids is None:
             return self._state_by_order(room_id, position, event_type, changed_after, keys)
         if changed_after > 0:
-            before = self.db.read(event_state.ids_at, room_id, changed_after)
+            before = self.db.read(event_state.ids_at, room_id, changed_after, self._state_groups)
             if before is None:
                 before = {
                     k: s.event.event_id
