@@ -91,12 +91,14 @@ def populate(settings: dict, users: int, groups: list[int]) -> tuple[list[str], 
 class Client:
     """One user's sync loop on one keep-alive connection."""
 
-    def __init__(self, address, token: str, since: str, bench: "Bench"):
+    def __init__(self, address, token: str, since: str, bench: "Bench", sync_filter: str = ""):
         self.address = address
         self.token = token
         self.since = since
         self.bench = bench
         self.index = None
+        # A filter's JSON, as a client passes it (Element lazy-loads members).
+        self.filter_param = f"&filter={quote(sync_filter)}" if sync_filter else ""
 
     def run(self, admitted: BoundedSemaphore) -> None:
         admitted.acquire()
@@ -107,6 +109,7 @@ class Client:
             while True:
                 sock.sendall(
                     f"GET {SYNC_PATH}?since={quote(self.since)}&timeout={PARK_TIMEOUT_MS}"
+                    f"{self.filter_param}"
                     f" HTTP/1.1\r\nHost: bench\r\n"
                     f"Authorization: Bearer {self.token}\r\n\r\n".encode()
                 )
