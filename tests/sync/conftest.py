@@ -1,12 +1,31 @@
-"""A real server shared by a test module (SQLite and PostgreSQL, from tests/rooms) and helpers
-for driving /sync."""
+"""A real server shared by a test module (SQLite and PostgreSQL, from tests/rooms), an
+in-process runtime on a SQLite file, and helpers for driving /sync."""
 
 import json
 
+import pytest
 import requests
 
+from homeserver.config import parse_config
+from homeserver.runtime import HomeserverRuntime
 from tests.rooms.conftest import V3, server, user  # noqa: F401 - fixtures shared with rooms
 from tests.support.spec import assert_matches_spec
+
+
+@pytest.fixture
+def runtime(tmp_path):
+    """The runtime alone, for the notifier and the sync service in process."""
+    rt = HomeserverRuntime(
+        parse_config(
+            {
+                "server_name": "hs.test",
+                "data_dir": str(tmp_path),
+                "database": {"url": f"sqlite:///{tmp_path}/hs.db"},
+            }
+        )
+    )
+    yield rt
+    rt.close()
 
 
 def sync(client, since=None, timeout=0, sync_filter=None, check_spec=True, **params) -> dict:

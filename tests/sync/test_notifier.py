@@ -4,11 +4,9 @@ import gevent
 import pytest
 from gevent.event import Event
 
-from homeserver.config import parse_config
 from homeserver.core.errors import MatrixError
 from homeserver.core.requester import Requester
 from homeserver.rooms.creation import CreateRoomRequest
-from homeserver.runtime import HomeserverRuntime
 from homeserver.sync.filters import parse_filter, project
 from homeserver.sync.notifier import Notifier
 from homeserver.sync.tokens import SyncToken
@@ -127,21 +125,6 @@ def test_event_fields_keep_only_the_named_paths():
         "type": "t",
         "content": {"body": "b", "m.x": {"y": 1}},
     }
-
-
-@pytest.fixture
-def runtime(tmp_path):
-    rt = HomeserverRuntime(
-        parse_config(
-            {
-                "server_name": "hs.test",
-                "data_dir": str(tmp_path),
-                "database": {"url": f"sqlite:///{tmp_path}/hs.db"},
-            }
-        )
-    )
-    yield rt
-    rt.close()
 
 
 def test_an_event_stored_while_a_sync_computes_still_wakes_it(runtime):

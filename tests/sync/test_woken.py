@@ -7,30 +7,13 @@ import gevent
 import pytest
 from gevent.event import Event
 
-from homeserver.config import parse_config
 from homeserver.core.events import Event as Pdu
 from homeserver.core.requester import Requester
 from homeserver.rooms.creation import CreateRoomRequest
-from homeserver.runtime import HomeserverRuntime
 from homeserver.storage.rooms import StoredEvent
 from homeserver.sync.filters import SyncFilter
 from homeserver.sync.tokens import SyncToken
 from homeserver.sync.woken import RecentEvents, Seen, WokenAnswers
-
-
-@pytest.fixture
-def runtime(tmp_path):
-    rt = HomeserverRuntime(
-        parse_config(
-            {
-                "server_name": "hs.test",
-                "data_dir": str(tmp_path),
-                "database": {"url": f"sqlite:///{tmp_path}/hs.db"},
-            }
-        )
-    )
-    yield rt
-    rt.close()
 
 
 class Room:
