@@ -9,9 +9,10 @@ Work that leaves the request's greenlet keeps the id only if it is spawned throu
 
 The access log (`ACCESS_LOG`) writes a line per request, so it skips what a record costs
 (a LogRecord, the logger and handler chain, a write and a flush per line: about 15 µs,
-loadtests/request_path_bench.py): its line is formatted by the same formatter, from the
-same fields, and buffered by the handler, which writes the buffer once per turn of the hub.
-Every other record is written at once, after any buffered lines, so the order is kept.
+loadtests/request_path_bench.py). The handler buffers its entries and writes them once per
+turn of the hub; only then is each one formatted, by the same formatter, from the same
+fields, so that the request itself pays for an append. Every other record is written at
+once, after any buffered lines, so the order is kept.
 """
 
 from __future__ import annotations
@@ -160,7 +161,7 @@ class JsonFormatter(_LineFormatter):
 
 class LineHandler(logging.StreamHandler):
     """The one handler: writes each record's line at once, and buffers the access log's
-    lines (`write_line`) until the hub's next turn, so that the lines of the requests
+    entries (`write_entry`) until the hub's next turn, so that the lines of the requests
     served in one turn cost one write between them."""
 
     formatter: _LineFormatter
@@ -168,7 +169,9 @@ class LineHandler(logging.StreamHandler):
     def __init__(self, stream, formatter: _LineFormatter):
         super().__init__(stream)
         self.setFormatter(formatter)
-        self._pending: list[str] = []
+        # Formatted lines, and access log entries to format: (created, logger, request id,
+        # message).
+        self._pending: list[str | tuple[float, str, str | None, object]] = []
         self._scheduled = False
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -180,8 +183,10 @@ class LineHandler(logging.StreamHandler):
         except Exception:
             self.handleError(record)
 
-    def write_line(self, line: str) -> None:
-        self._pending.append(line)
+    def write_entry(self, created: float, name: str, request_id: str | None, message) -> None:
+        """An INFO line, formatted and written on the hub's next turn; `message` is whatever
+        str() makes the message of."""
+        self._pending.append((created, name, request_id, message))
         if len(self._pending) >= MAX_PENDING_LINES:
             try:
                 self.flush()
@@ -215,7 +220,14 @@ class LineHandler(logging.StreamHandler):
 
     def _write_pending(self) -> None:
         if self._pending:
-            lines, self._pending = self._pending, []
+            pending, self._pending = self._pending, []
+            line = self.formatter.line
+            lines = [
+                item
+                if isinstance(item, str)
+                else line(item[0], "INFO", item[1], item[2], str(item[3]))
+                for item in pending
+            ]
             lines.append("")
             self.stream.write(self.terminator.join(lines))
         if hasattr(self.stream, "flush"):
@@ -233,13 +245,12 @@ class AccessLog:
     def enabled(self) -> bool:
         return self.logger.isEnabledFor(logging.INFO)
 
-    def write(self, message: str, request_id: str) -> None:
+    def write(self, message: object, request_id: str | None) -> None:
+        """`message` is a string, or an object whose str() is one: it is made only when the
+        line is written."""
         handler = _handler
         if handler is not None and logging.root.handlers == [handler]:
-            line = handler.formatter.line(
-                time.time(), "INFO", self.logger.name, request_id, message
-            )
-            handler.write_line(line)
+            handler.write_entry(time.time(), self.logger.name, request_id, message)
         else:
             self.logger.info("%s", message, extra={"request_id": request_id})
 

@@ -5,14 +5,15 @@
 
 Starts the real server (`app.py`, SQLite, its access log at `--log-level`, INFO being the
 default) pinned to core 0 with taskset, and beside it a bare Flask app answering the same
-`/versions` body on the same server stack (WeirWSGIServer, loadtests' `--bare-server`),
-also pinned to core 0 and idle while the other is measured. wrk (`make bench` installs it)
-runs from core 1: `-t1 -c<connections>`, one run per target per round, the targets taking
-turns so that a disturbance on a shared machine falls on all of them alike. For each
-target: req/s, p50 and p99 (wrk's latency distribution), best and median over the rounds,
-and the server's CPU time per request (from /proc, its user and system time over the run):
-on a shared machine, where another process may take the server's core, req/s falls with
-the share the server got; CPU per request does not, and its ratio is the one to trust.
+`/versions` body on the same server stack (WeirWSGIServer, loadtests' `--bare-server`;
+without Weir's access log, which bare Flask does not have), also pinned to core 0 and idle
+while the other is measured. wrk (`make bench` installs it) runs from core 1:
+`-t1 -c<connections>`, one run per target per round, the targets taking turns so that a
+disturbance on a shared machine falls on all of them alike. For each target: req/s, p50
+and p99 (wrk's latency distribution), best and median over the rounds, and the server's CPU
+time per request (from /proc, its user and system time over the run): on a shared machine,
+where another process may take the server's core, req/s falls with the share the server
+got; CPU per request does not, and its ratio is the one to trust.
 
 Targets: bare Flask `/versions`; Weir's `/versions`; an authenticated `/account/whoami`
 (one access-token lookup in the database); the local `/publicRooms` (20 public rooms).

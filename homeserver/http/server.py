@@ -22,6 +22,7 @@ import gevent
 from gevent.pool import Pool
 from gevent.pywsgi import WSGIHandler, WSGIServer, format_date_time
 
+from homeserver.http.access_log import log_request
 from homeserver.http.handoff import HANDED_OFF
 from homeserver.http.heads import read_head
 from homeserver.http.places import PLACES, WorkPlaces, WorkPool
@@ -54,6 +55,10 @@ class WeirHandler(WSGIHandler):
     _kept_alive = False
     # Runs from the first byte of a request head to its end (request_head_timeout).
     _head_timer: gevent.Timeout | None = None
+    # Set while a request's response is made: its access log line is due.
+    _responding = False
+    # What ended a request before it had a status (a hang-up, a shutdown), for its log line.
+    _ended_by: str | None = None
 
     def __init__(self, sock, address, server):
         super().__init__(sock, address, server, rfile=sock.makefile("rb", READ_BUFFER_BYTES))
@@ -191,15 +196,24 @@ class WeirHandler(WSGIHandler):
             self._sendall(head)
 
     def log_request(self):
-        # pywsgi formats a line per request for its own log, which Weir turns off (log=None);
-        # the access log is http/middleware.py's.
-        pass
+        # pywsgi calls this once each response is done (or failed); its own line is replaced
+        # by the access log's (http/access_log.py). A malformed head, refused by pywsgi
+        # before there is a request, has no line, as it never reached the application.
+        if not self._responding:
+            return
+        self._responding = False
+        # (A failed send leaves the code negated.)
+        status = str(abs(self.code)) if self.status else self._ended_by or "-"
+        self._ended_by = None
+        log_request(self.environ, status, self.time_finish - self.time_start)
 
     def handle_error(self, t, v, tb):
         if issubclass(t, gevent.GreenletExit):
             # The client hung up mid-request (ClientDisconnected) or we are shutting down:
-            # there is nobody to send a 500 to, and nothing went wrong on our side.
+            # there is nobody to send a 500 to, and nothing went wrong on our side. The
+            # access log names what ended the request.
             self.close_connection = True
+            self._ended_by = t.__name__
             return
         super().handle_error(t, v, tb)
 
@@ -220,6 +234,7 @@ class WeirHandler(WSGIHandler):
     def handle_one_response(self):
         # A work place only to run the application; given back once the response is written.
         places = self.server.places
+        self._responding = True
         if not places.take():
             self.application = _busy
         try:

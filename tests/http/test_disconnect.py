@@ -1,5 +1,6 @@
 """A client that hangs up while its request waits frees what the request held."""
 
+import logging
 import socket
 
 import gevent
@@ -17,7 +18,8 @@ def _server(app):
     return server
 
 
-def test_hang_up_mid_wait_releases_the_slot_and_ends_the_greenlet():
+def test_hang_up_mid_wait_releases_the_slot_and_ends_the_greenlet(caplog):
+    caplog.set_level(logging.INFO, logger="weir.access")
     budget = InFlightBudget(4, 1, "test")
     entered, unwound = Event(), Event()
     outcome = []
@@ -46,6 +48,9 @@ def test_hang_up_mid_wait_releases_the_slot_and_ends_the_greenlet():
         assert budget.in_flight == 0
         # The connection's greenlet is gone from the pool too.
         assert server.pool.join(timeout=5)
+        # Its access log line says what ended it.
+        lines = [r.getMessage() for r in caplog.records if r.name == "weir.access"]
+        assert len(lines) == 1 and lines[0].startswith("GET /publicRooms ClientDisconnected ")
     finally:
         server.stop()
 
