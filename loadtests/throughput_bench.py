@@ -229,6 +229,17 @@ def report(results: dict[str, list[dict]], args) -> None:
         f"{medians[whoami] / medians[versions]:.0%} (req/s), "
         f"{cpu[versions] / cpu[whoami]:.0%} (CPU)"
     )
+    # A slow spell on a shared machine lasts longer than one run: the runs of one round,
+    # back to back, are compared with each other, and the ratios' median reported.
+    print(
+        f"by round: Weir /versions / bare Flask {paired(results[versions], results[bare])}; "
+        f"whoami / versions {paired(results[whoami], results[versions])} (req/s)"
+    )
+
+
+def paired(runs: list[dict], baseline: list[dict]) -> str:
+    ratios = sorted(run["rps"] / base["rps"] for run, base in zip(runs, baseline))
+    return f"median {statistics.median(ratios):.0%}, {ratios[0]:.0%}–{ratios[-1]:.0%}"
 
 
 if __name__ == "__main__":
