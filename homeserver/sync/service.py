@@ -560,7 +560,13 @@ class SyncService:
             out = [dict(s.event.pdu) for s in events]
         else:
             requester = request.requester
-            own = [s.event.event_id for s in events if s.event.sender == requester.user_id]
+            # Only a message sent through /send has a transaction ID (RoomService.send_message):
+            # a state section, the user's own member event in it, needs no read for them.
+            own = [
+                s.event.event_id
+                for s in events
+                if s.event.sender == requester.user_id and not s.event.is_state
+            ]
             txn_ids = (
                 self.rooms.store.txn_ids_for(requester.user_id, requester.device_id, own)
                 if own
