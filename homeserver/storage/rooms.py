@@ -382,8 +382,8 @@ class RoomStore:
                 }
             ids = {k: v for k, v in ids.items() if before.get(k) != v}
         if keys is not None:
-            wanted = set(keys)
-            ids = {k: v for k, v in ids.items() if k in wanted}
+            # Looked up, not filtered: a lazy-loading sync wants two members of thousands.
+            ids = {k: ids[k] for k in set(keys) if k in ids}
         if event_type is not None:
             ids = {k: v for k, v in ids.items() if k[0] == event_type}
         found = self.events_in_room(room_id, ids.values())
