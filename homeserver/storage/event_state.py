@@ -146,10 +146,9 @@ def ids_at(
     groups already decoded, by group, which this adds to (a group never changes once
     written); the caller must not change what it returns then."""
     row = tx.fetchone(
-        "SELECT p.state_group FROM room_state_positions p"
-        " JOIN state_groups s ON s.state_group = p.state_group"
-        " WHERE p.room_id = ? AND p.stream_ordering <= ?"
-        " ORDER BY p.stream_ordering DESC LIMIT 1",
+        "SELECT state_group FROM room_state_positions"
+        " WHERE room_id = ? AND stream_ordering <= ?"
+        " ORDER BY stream_ordering DESC LIMIT 1",
         (room_id, position),
     )
     if row is None:
@@ -157,8 +156,7 @@ def ids_at(
     group = row[0]
     state = decoded.get(group) if decoded is not None else None
     if state is None:
-        text = tx.fetchone("SELECT state FROM state_groups WHERE state_group = ?", (group,))[0]
-        state = _decode(text)
+        state = read_group(tx, group)
         if decoded is not None:
             if len(decoded) >= DECODED_GROUPS:
                 decoded.clear()

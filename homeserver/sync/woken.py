@@ -21,9 +21,8 @@ Then every joined room the filter keeps gets its new events, visible to a member
 been joined throughout (with lazy-loaded members, the member events of their senders and the
 user's own, read as the whole computation reads them), and nothing else of the answer
 changed: the account data, receipts, typing, to-device and device list positions of the
-token stay as they were. Otherwise the
-sync computes its whole answer as before (service.py), so this never decides what a client
-sees, only how fast it sees it.
+token stay as they were. Otherwise the sync computes its whole answer as before
+(service.py), so this never decides what a client sees, only how fast it sees it.
 """
 
 from __future__ import annotations
@@ -113,9 +112,7 @@ LazyMembers = Callable[[Requester, SyncFilter, str, list[StoredEvent], int], lis
 
 
 class WokenAnswers:
-    def __init__(
-        self, recent: RecentEvents, e2ee: E2eeSync | None, lazy_members: LazyMembers | None = None
-    ):
+    def __init__(self, recent: RecentEvents, e2ee: E2eeSync | None, lazy_members: LazyMembers):
         self.recent = recent
         self.e2ee = e2ee
         self.lazy_members = lazy_members
@@ -168,8 +165,6 @@ class WokenAnswers:
                 return None  # a limited timeline comes with state: the whole computation
             state: list[dict] = []
             if lazy:
-                if self.lazy_members is None:
-                    return None
                 state = self.lazy_members(requester, sync_filter, room_id, events, now)
             rooms[room_id] = _joined_entry(sync_filter, events, now, state)
         return rooms

@@ -183,7 +183,11 @@ def answer_for(run: list, joined=("!r",), limit=10):
 
         sync_filter = SyncFilter(room=RoomFilter(timeline=RoomEventFilter(limit=limit)))
     requester = Requester("@a", "D", False, "")
-    return WokenAnswers(recent, None).answer(requester, sync_filter, seen, 1)
+
+    def no_lazy_members(*args):  # these filters load no members
+        raise AssertionError("lazy members asked for")
+
+    return WokenAnswers(recent, None, no_lazy_members).answer(requester, sync_filter, seen, 1)
 
 
 def test_soft_failed_events_and_rooms_not_joined_are_not_answered():
