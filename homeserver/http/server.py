@@ -195,6 +195,23 @@ class WeirHandler(WSGIHandler):
             head += data
             self._sendall(head)
 
+    def _sendall(self, data):
+        # gevent's sendall asks the kernel for the send buffer's size (a getsockopt) before
+        # every write, one syscall per response; one send usually takes all of it.
+        if not data:
+            return
+        try:
+            sent = self.socket.send(data)
+            if sent < len(data):
+                self.socket.sendall(memoryview(data)[sent:])
+        except OSError as ex:
+            # As pywsgi records a failed send: the log line shows the code negated.
+            self.status = f"socket error: {ex}"
+            if self.code > 0:
+                self.code = -self.code
+            raise
+        self.response_length += len(data)
+
     def log_request(self):
         # pywsgi calls this once each response is done (or failed); its own line is replaced
         # by the access log's (http/access_log.py). A malformed head, refused by pywsgi

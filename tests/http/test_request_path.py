@@ -70,6 +70,32 @@ def test_pipelined_keep_alive_connections_are_served_in_turns():
     assert all(x != y for x, y in zip(rest, rest[1:])), served
 
 
+def test_a_response_larger_than_one_send_takes_arrives_whole():
+    # One send takes what the socket's buffer has room for; a slow reader leaves the rest
+    # to be sent as the buffer drains.
+    body = bytes(range(256)) * (32 * 1024)  # 8 MiB
+
+    def app(environ, start_response):
+        start_response("200 OK", [("Content-Length", str(len(body)))])
+        return [body]
+
+    server = WeirWSGIServer(("127.0.0.1", 0), app, pool=WorkPool(4), keepalive_timeout=5)
+    server.start()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    try:
+        sock.connect(("127.0.0.1", server.server_port))
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+        reader = sock.makefile("rb")
+        assert reader.readline().startswith(b"HTTP/1.1 200")
+        while reader.readline() != b"\r\n":
+            pass
+        assert reader.read(len(body)) == body
+    finally:
+        sock.close()
+        server.stop()
+
+
 # --- thread pools by kind ---------------------------------------------------------------------
 
 
