@@ -28,8 +28,10 @@ _WERKZEUG_ERRCODES = {
 }
 
 
-# One encoder for every answer: json.dumps with any option builds a new one per call.
-_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+# One encoder for every answer: json.dumps with any option builds a new one per call. No
+# circular-reference check: an answer is built from decoded JSON and fresh dicts, never a
+# cycle, and the check's bookkeeping for every dict and list was a quarter of the encoding.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False)
 
 
 def json_response(body, status: int = 200, headers: dict | None = None) -> Response:
