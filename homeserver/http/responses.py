@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import logging
 
 from flask import Flask, Response
 from werkzeug.exceptions import HTTPException
 
 from homeserver.core.errors import Codes, MatrixError
+from homeserver.core.json_text import EncodedJson, encode, utf8
 
 log = logging.getLogger(__name__)
 
@@ -28,26 +28,11 @@ _WERKZEUG_ERRCODES = {
 }
 
 
-# One encoder for every answer: json.dumps with any option builds a new one per call. No
-# circular-reference check: an answer is built from decoded JSON and fresh dicts, never a
-# cycle, and the check's bookkeeping for every dict and list was a quarter of the encoding.
-_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False)
-
-
-def json_response(body, status: int = 200, headers: dict | None = None) -> Response:
-    text = _ENCODER.encode(body)
-    try:
-        data = text.encode("utf-8")
-    except UnicodeEncodeError:
-        # A lone surrogate kept before the strict decoder (core/strict_json.py) refused them
-        # has no UTF-8 form; escaped, the answer is still JSON, and never a 500 forever.
-        data = json.dumps(body, separators=(",", ":")).encode("ascii")
-    return Response(
-        data,
-        status=status,
-        headers=headers,
-        mimetype="application/json",
-    )
+def json_response(
+    body: dict | list | EncodedJson, status: int = 200, headers: dict | None = None
+) -> Response:
+    text = body.text if isinstance(body, EncodedJson) else encode(body)
+    return Response(utf8(text), status=status, headers=headers, mimetype="application/json")
 
 
 def error_response(error: MatrixError) -> Response:

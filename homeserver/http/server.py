@@ -51,6 +51,8 @@ class WeirHandler(WSGIHandler):
     # once the connection is closing.
     wsgi_input: Any
     provided_date: Any  # pywsgi's: the app's own Date header, if it gave one
+    status: Any  # pywsgi's: the status line's bytes, or the text of a failed send
+    code: Any  # pywsgi's: the status code, negated once a send failed
     # Set once the first request is read: every later one is a keep-alive request.
     _kept_alive = False
     # Runs from the first byte of a request head to its end (request_head_timeout).

@@ -9,6 +9,14 @@ def client_event(
     stored: StoredEvent, now_ms: int, txn_id: str | None = None, membership: str | None = None
 ) -> dict:
     """`membership`: the requesting user's membership just after this event, when known."""
+    out = client_event_fields(stored)
+    out["unsigned"] = client_unsigned(stored, now_ms, txn_id, membership)
+    return out
+
+
+def client_event_fields(stored: StoredEvent) -> dict:
+    """The event as every client sees it, all but its `unsigned`, which is for one reader at
+    one time (client_unsigned)."""
     pdu = stored.event.pdu
     out = {
         "event_id": stored.event.event_id,
@@ -22,13 +30,18 @@ def client_event(
         out["state_key"] = pdu["state_key"]
     if pdu["type"] == "m.room.redaction":
         _both_redacts(pdu, out)
-    unsigned = {"age": max(0, now_ms - pdu["origin_server_ts"]), **stored.unsigned}
+    return out
+
+
+def client_unsigned(
+    stored: StoredEvent, now_ms: int, txn_id: str | None = None, membership: str | None = None
+) -> dict:
+    unsigned = {"age": max(0, now_ms - stored.event.pdu["origin_server_ts"]), **stored.unsigned}
     if txn_id is not None:
         unsigned["transaction_id"] = txn_id  # only ever given to the device that sent it
     if membership is not None:
         unsigned["membership"] = membership
-    out["unsigned"] = unsigned
-    return out
+    return unsigned
 
 
 def _both_redacts(pdu: dict, out: dict) -> None:

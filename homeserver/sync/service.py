@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from homeserver.core.clock import now_ms
+from homeserver.core.json_text import EncodedJson
 from homeserver.core.requester import Requester
 from homeserver.e2ee.sync_part import E2eeSync, E2eeSyncPart, Range
 from homeserver.rooms.format import client_event
@@ -128,8 +129,9 @@ class SyncService:
         filter_param: str | None,
         use_state_after: bool = False,
         while_waiting=contextlib.nullcontext,
-    ) -> dict:
-        """The /sync response. `while_waiting()` is entered around each wait: the HTTP layer
+    ) -> dict | EncodedJson:
+        """The /sync response: encoded already when a woken sync answers from the events
+        that woke it (woken.py). `while_waiting()` is entered around each wait: the HTTP layer
         passes the client-disconnect watch there."""
         request = SyncRequest(
             requester,
@@ -149,7 +151,7 @@ class SyncService:
             while True:
                 quick = woken and seen is not None and not waiter.recompute
                 waiter.clear()
-                body: dict | None
+                body: dict | EncodedJson | None
                 found = None
                 if quick and seen is not None:
                     found = self.woken.answer(requester, request.filter, seen, now_ms())

@@ -23,6 +23,9 @@ user's own, read as the whole computation reads them), and nothing else of the a
 changed: the account data, receipts, typing, to-device and device list positions of the
 token stay as they were. Otherwise the sync computes its whole answer as before
 (service.py), so this never decides what a client sees, only how fast it sees it.
+
+The answer goes out as it is put together, encoded: each event is encoded once, by the first
+sync it wakes, and its `unsigned` (the age is each reader's own) appended for each.
 """
 
 from __future__ import annotations
@@ -31,9 +34,10 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
+from homeserver.core.json_text import EncodedJson, encode, object_text
 from homeserver.core.requester import Requester
 from homeserver.e2ee.sync_part import E2eeSync, E2eeSyncPart, KeyCounts
-from homeserver.rooms.format import client_event
+from homeserver.rooms.format import client_event, client_event_fields, client_unsigned
 from homeserver.rooms.pagination import stream_token
 from homeserver.rooms.redactions import REDACTION
 from homeserver.storage.rooms import StoredEvent
@@ -43,6 +47,9 @@ from homeserver.sync.tokens import SyncToken
 # Positions kept. A parked sync is usually a few positions behind the newest; one further
 # back than this computes its answer from the database.
 RECENT_EVENTS = 1024
+# Parts of every woken answer, encoded.
+NO_EVENTS = '{"events":[]}'
+NOT_JOINED = ("invite", "knock", "leave")
 
 
 class RecentEvents:
@@ -55,6 +62,9 @@ class RecentEvents:
         self._events: dict[int, StoredEvent] = {}
         self._order: deque[int] = deque()
         self._position_of: dict[str, int] = {}
+        # Each event as a member sees it, encoded once for every sync it wakes, without its
+        # closing brace: its `unsigned` (the age is each reader's own) follows.
+        self._client_heads: dict[int, str] = {}
         self.newest = 0
 
     def add(self, stored: list[StoredEvent]) -> None:
@@ -66,7 +76,9 @@ class RecentEvents:
             self._order.append(s.stream_ordering)
             self.newest = max(self.newest, s.stream_ordering)
         while len(self._order) > self._capacity:
-            gone = self._events.pop(self._order.popleft(), None)
+            position = self._order.popleft()
+            self._client_heads.pop(position, None)
+            gone = self._events.pop(position, None)
             if gone is not None:
                 self._position_of.pop(gone.event.event_id, None)
 
@@ -81,12 +93,28 @@ class RecentEvents:
             run.append(stored)
         return run
 
+    def client_json(self, stored: StoredEvent, now: int) -> str:
+        """The event as a member of its room that is joined throughout sees it, encoded: as
+        rooms/format.py's client_event gives it, without the room ID (a sync answer implies
+        it)."""
+        position = stored.stream_ordering
+        head = self._client_heads.get(position)
+        if head is None:
+            fields = client_event_fields(stored)
+            del fields["room_id"]
+            head = encode(fields)[:-1]
+            if position in self._events:
+                self._client_heads[position] = head
+        unsigned = client_unsigned(stored, now, None, "join")
+        return f'{head},"unsigned":{encode(unsigned)}}}'
+
     def _forget_targets_of(self, redaction: StoredEvent) -> None:
         # Before room version 11 the target is at the top level, from 11 in the content.
         for target in (redaction.event.pdu.get("redacts"), redaction.event.content.get("redacts")):
             position = self._position_of.pop(target, None) if isinstance(target, str) else None
             if position is not None:
                 self._events.pop(position, None)
+                self._client_heads.pop(position, None)
 
 
 @dataclass(frozen=True, slots=True)  # one per parked sync
@@ -119,7 +147,7 @@ class WokenAnswers:
 
     def answer(
         self, requester: Requester, sync_filter: SyncFilter, seen: Seen, now: int
-    ) -> tuple[dict | None, Seen] | None:
+    ) -> tuple[EncodedJson | None, Seen] | None:
         """(the answer, or None when nothing is new for the user; what is seen now), or
         None when this sync must compute its whole answer."""
         run = self.recent.after(seen.events)
@@ -136,25 +164,32 @@ class WokenAnswers:
             return None
         if not rooms:
             return None, Seen(seen.token, up_to, seen.joined, seen.rooms, seen.keys)
-        body = {
-            "next_batch": str(seen.token.with_events(up_to)),
-            "account_data": {"events": []},
-            "rooms": {"join": rooms, "invite": {}, "knock": {}, "leave": {}},
-        }
+        fields = [
+            ("next_batch", encode(str(seen.token.with_events(up_to)))),
+            ("account_data", NO_EVENTS),
+            (
+                "rooms",
+                object_text(
+                    [("join", object_text(rooms.items())), *((k, "{}") for k in NOT_JOINED)]
+                ),
+            ),
+        ]
         keys = seen.keys
         if self.e2ee is not None:
             keys = self.e2ee.key_counts(requester, keys)
             part = E2eeSyncPart(
                 one_time_key_counts=keys.one_time, unused_fallback_key_types=keys.unused_fallback
             )
-            body.update(part.fields())
-        return body, Seen(seen.token, up_to, seen.joined, seen.rooms, keys)
+            fields += [(name, encode(value)) for name, value in part.fields().items()]
+        return EncodedJson(object_text(fields)), Seen(
+            seen.token, up_to, seen.joined, seen.rooms, keys
+        )
 
     def _joined_rooms(
         self, requester: Requester, sync_filter: SyncFilter, by_room: dict, now: int
-    ) -> dict | None:
-        """{room_id: its entry} for the rooms the timeline filter keeps; None if one needs
-        the whole computation."""
+    ) -> dict[str, str] | None:
+        """{room_id: its entry, encoded} for the rooms the timeline filter keeps; None if one
+        needs the whole computation."""
         timeline_filter = sync_filter.room.timeline
         lazy = sync_filter.room.state.lazy_load_members
         rooms = {}
@@ -166,8 +201,36 @@ class WokenAnswers:
             state: list[dict] = []
             if lazy:
                 state = self.lazy_members(requester, sync_filter, room_id, events, now)
-            rooms[room_id] = _joined_entry(sync_filter, events, now, state)
+            rooms[room_id] = self._joined_entry(sync_filter, events, now, state)
         return rooms
+
+    def _joined_entry(
+        self, sync_filter: SyncFilter, events: list[StoredEvent], now: int, state: list[dict]
+    ) -> str:
+        if sync_filter.event_format == "federation":
+            formatted = [encode(dict(s.event.pdu)) for s in events]
+        elif sync_filter.event_fields is not None:
+            formatted = []
+            for stored in events:
+                event = client_event(stored, now, None, "join")
+                del event["room_id"]  # implied by where the event is in the response
+                formatted.append(encode(project(event, sync_filter.event_fields)))
+        else:
+            formatted = [self.recent.client_json(stored, now) for stored in events]
+        timeline = [
+            ("events", "[" + ",".join(formatted) + "]"),
+            ("limited", "false"),
+            ("prev_batch", encode(stream_token(events[0].stream_ordering - 1))),
+        ]
+        return object_text(
+            [
+                ("timeline", object_text(timeline)),
+                ("ephemeral", NO_EVENTS),
+                ("account_data", NO_EVENTS),
+                ("summary", "{}"),
+                ("state", object_text([("events", encode(state))])),
+            ]
+        )
 
 
 def _events_by_room(
@@ -190,29 +253,3 @@ def _events_by_room(
             return None
         by_room.setdefault(event.room_id, []).append(stored)
     return by_room
-
-
-def _joined_entry(
-    sync_filter: SyncFilter, events: list[StoredEvent], now: int, state: list[dict]
-) -> dict:
-    if sync_filter.event_format == "federation":
-        formatted = [dict(s.event.pdu) for s in events]
-    else:
-        formatted = []
-        for stored in events:
-            event = client_event(stored, now, None, "join")
-            del event["room_id"]  # implied by where the event is in the response
-            formatted.append(event)
-    if sync_filter.event_fields is not None:
-        formatted = [project(event, sync_filter.event_fields) for event in formatted]
-    return {
-        "timeline": {
-            "events": formatted,
-            "limited": False,
-            "prev_batch": stream_token(events[0].stream_ordering - 1),
-        },
-        "ephemeral": {"events": []},
-        "account_data": {"events": []},
-        "summary": {},
-        "state": {"events": state},
-    }

@@ -8,9 +8,11 @@ import pytest
 from gevent.event import Event
 
 from homeserver.core.events import Event as Pdu
+from homeserver.core.json_text import EncodedJson
 from homeserver.core.requester import Requester
 from homeserver.rooms.creation import CreateRoomRequest
 from homeserver.storage.rooms import StoredEvent
+from homeserver.sync import woken
 from homeserver.sync.filters import SyncFilter
 from homeserver.sync.tokens import SyncToken
 from homeserver.sync.woken import RecentEvents, Seen, WokenAnswers
@@ -64,11 +66,16 @@ class Room:
         computed.wait(10)  # the first computation found nothing: it parks next
         gevent.sleep(0)
         act()
-        answer = parked.get(timeout=10)
+        answer = decoded(parked.get(timeout=10))
         sync._respond = original
         after = self.wakes()
         whole = sync.sync(self.alice, since, 0, False, sync_filter)
         return answer, whole, {k: after[k] - before[k] for k in after}
+
+
+def decoded(body: dict | EncodedJson) -> dict:
+    """A woken sync's answer is encoded already when it comes from the recent events."""
+    return json.loads(body.text) if isinstance(body, EncodedJson) else body
 
 
 def without_age(body: dict) -> dict:
@@ -173,8 +180,8 @@ def test_recent_events_give_a_gapless_run_or_nothing():
     assert recent.after(3) is None and recent.after(4) is None and recent.after(6) is not None
 
 
-def answer_for(run: list, joined=("!r",), limit=10):
-    recent = RecentEvents()
+def answer_for(run: list, joined=("!r",), limit=10, recent=None, now=1):
+    recent = recent or RecentEvents()
     recent.add(run)
     seen = Seen(SyncToken(0, 0, 0, 0, "e"), 0, frozenset(joined), frozenset(joined))
     sync_filter = SyncFilter()
@@ -187,7 +194,7 @@ def answer_for(run: list, joined=("!r",), limit=10):
     def no_lazy_members(*args):  # these filters load no members
         raise AssertionError("lazy members asked for")
 
-    return WokenAnswers(recent, None, no_lazy_members).answer(requester, sync_filter, seen, 1)
+    return WokenAnswers(recent, None, no_lazy_members).answer(requester, sync_filter, seen, now)
 
 
 def test_soft_failed_events_and_rooms_not_joined_are_not_answered():
@@ -196,7 +203,38 @@ def test_soft_failed_events_and_rooms_not_joined_are_not_answered():
     assert found is not None and found[0] is None and found[1].events == 2
     found = answer_for([hidden, stored(2)])
     assert found is not None and found[0] is not None
-    assert [e["event_id"] for e in found[0]["rooms"]["join"]["!r"]["timeline"]["events"]] == ["$2"]
+    events = decoded(found[0])["rooms"]["join"]["!r"]["timeline"]["events"]
+    assert [e["event_id"] for e in events] == ["$2"]
+
+
+def test_an_event_is_encoded_once_for_every_sync_it_wakes(monkeypatch):
+    formatted = []
+    original = woken.client_event_fields
+    monkeypatch.setattr(woken, "client_event_fields", lambda s: formatted.append(s) or original(s))
+    recent = RecentEvents()
+    recent.add([stored(1, content={"body": "hi"})])
+    answers = [
+        decoded(answer_for([], recent=recent, now=now)[0])["rooms"]["join"]["!r"] for now in (5, 9)
+    ]
+    assert len(formatted) == 1
+    events = [a["timeline"]["events"] for a in answers]
+    # Each reader's own age, and everything else alike.
+    assert [e[0]["unsigned"] for e in events] == [
+        {"age": 4, "membership": "join"},
+        {"age": 8, "membership": "join"},
+    ]
+    assert events[0][0] == {
+        "event_id": "$1",
+        "type": "m.room.message",
+        "content": {"body": "hi"},
+        "sender": "@b",
+        "origin_server_ts": 1,
+        "unsigned": {"age": 4, "membership": "join"},
+    }
+    # A redaction forgets its target's encoding with the target itself.
+    recent.add([stored(2, event_type="m.room.redaction", redacts="$1")])
+    assert recent.after(0) is None
+    assert recent.client_json(stored(1, content={"body": "hi"}), 5) and len(formatted) == 2
 
 
 def test_more_new_events_than_the_timeline_limit_are_computed_whole():
