@@ -15,7 +15,7 @@ from gevent.event import Event
 from homeserver.api.app import create_flask_app
 from homeserver.config import parse_config
 from homeserver.http.places import WorkPool
-from homeserver.http.responses import CORS_HEADERS
+from homeserver.http.responses import CORS_HEADERS, json_response
 from homeserver.http.server import WeirWSGIServer
 from homeserver.runtime import HomeserverRuntime
 from tests.support.server import base_settings
@@ -216,3 +216,38 @@ def test_access_log_has_a_line_per_request_at_info(served, caplog):
     assert lines[1].startswith("OPTIONS /anything 204 ")
     assert lines[2].startswith("GET /_matrix/client/v3/nothing 404 ")
     assert all(getattr(r, "request_id", None) for r in caplog.records if r.name == "weir.access")
+
+
+def test_json_answers_have_their_head_for_get_head_and_errors(served):
+    body = requests.get(served + "/_matrix/client/versions")
+    head = requests.head(served + "/_matrix/client/versions")
+    for r in (body, head):
+        assert r.status_code == 200 and r.headers["Content-Type"] == "application/json"
+        assert r.headers["Content-Length"] == str(len(body.content))
+    assert "v1.16" in body.json()["versions"] and head.content == b""
+    unauthorized = requests.get(served + "/_matrix/client/v3/account/whoami")
+    assert unauthorized.status_code == 401 and unauthorized.reason == "UNAUTHORIZED"
+    assert unauthorized.json()["errcode"] == "M_MISSING_TOKEN"
+
+
+def test_a_json_answer_whose_headers_are_read_is_made_from_them():
+    # As an after_request hook would: what it changes is what goes out.
+    answer = json_response({"a": 1}, 429, {"Retry-After": 3})
+    assert answer.status == "429 TOO MANY REQUESTS" and answer.data == b'{"a":1}'
+    answer.headers["X-Extra"] = "yes"
+    started = []
+    sent = b"".join(
+        answer({"REQUEST_METHOD": "GET"}, lambda status, headers: started.append((status, headers)))
+    )
+    assert sent == b'{"a":1}'
+    assert started == [
+        (
+            "429 TOO MANY REQUESTS",
+            [
+                ("Retry-After", "3"),
+                ("Content-Type", "application/json"),
+                ("Content-Length", "7"),
+                ("X-Extra", "yes"),
+            ],
+        )
+    ]

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from flask import Blueprint, Response, request
+from flask import Blueprint, request
 
 from homeserver.api.context import runtime
-from homeserver.http.responses import json_response
+from homeserver.http.responses import JsonResponse, json_response
 
 bp = Blueprint("versions", __name__)
 
@@ -17,7 +17,7 @@ _VERSIONS_BODY = json_response({"versions": SUPPORTED_VERSIONS, "unstable_featur
 
 @bp.get("/_matrix/client/versions")
 def versions():
-    return Response(_VERSIONS_BODY, mimetype="application/json")
+    return JsonResponse(_VERSIONS_BODY)
 
 
 @bp.get("/.well-known/matrix/client")
