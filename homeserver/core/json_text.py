@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from json.encoder import encode_basestring
 from typing import Any, Iterable
 
 # json.dumps with any option builds a new encoder per call. No circular-reference check: an
@@ -40,4 +41,5 @@ class EncodedJson:
 
 def object_text(members: Iterable[tuple[str, str]]) -> str:
     """A JSON object from its members: (name, the value already encoded)."""
-    return "{" + ",".join(f"{encode(name)}:{value}" for name, value in members) + "}"
+    # A name is a string: encoded as the encoder encodes one (ensure_ascii=False).
+    return "{" + ",".join(f"{encode_basestring(name)}:{value}" for name, value in members) + "}"
