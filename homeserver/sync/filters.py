@@ -35,6 +35,9 @@ MAX_FILTER_BYTES = 16 * 1024
 _FILTER_ID = re.compile(r"^[0-9]{1,18}$")
 _FIELD_SEPARATOR = re.compile(r"(?<!\\)\.")  # event_fields: `\.` is a literal dot
 _PARSED_FILTERS = 10_000
+# Parsed inline filters, kept by their text: every client of one kind sends the same one.
+# Fewer: each may be up to MAX_FILTER_BYTES, and anyone may send new ones.
+_INLINE_FILTERS = 256
 
 
 class _Strings(fields.List):
@@ -212,6 +215,8 @@ class Filters:
         # Parsed stored filters: clients name the same one at every sync, and a stored filter
         # never changes. Oldest first, at most _PARSED_FILTERS.
         self._parsed: dict[tuple[str, str], SyncFilter] = {}
+        # One parse, and one object that every parked sync with it shares.
+        self._inline: dict[str, SyncFilter] = {}
 
     def _check_owner(self, requester, user_id: str) -> None:
         if requester.user_id != user_id:
@@ -241,7 +246,12 @@ class Filters:
         if not param:
             return NO_FILTER
         if param.startswith("{"):
-            return parse_filter(decode_filter_json(param))
+            inline = self._inline.get(param)
+            if inline is None:
+                inline = self._inline[param] = parse_filter(decode_filter_json(param))
+                if len(self._inline) > _INLINE_FILTERS:
+                    del self._inline[next(iter(self._inline))]
+            return inline
         parsed = self._parsed.get((user_id, param))
         if parsed is None:
             text = self._stored(user_id, param)
