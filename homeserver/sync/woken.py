@@ -207,16 +207,22 @@ class WokenAnswers:
     def _joined_entry(
         self, sync_filter: SyncFilter, events: list[StoredEvent], now: int, state: list[dict]
     ) -> str:
-        if sync_filter.event_format == "federation":
-            formatted = [encode(dict(s.event.pdu)) for s in events]
-        elif sync_filter.event_fields is not None:
-            formatted = []
-            for stored in events:
-                event = client_event(stored, now, None, "join")
-                del event["room_id"]  # implied by where the event is in the response
-                formatted.append(encode(project(event, sync_filter.event_fields)))
-        else:
+        federation = sync_filter.event_format == "federation"
+        if not federation and sync_filter.event_fields is None:
             formatted = [self.recent.client_json(stored, now) for stored in events]
+        else:
+            # As service.py's _format: the format first, then the filter's fields of it.
+            shown = []
+            for stored in events:
+                if federation:
+                    event = dict(stored.event.pdu)
+                else:
+                    event = client_event(stored, now, None, "join")
+                    del event["room_id"]  # implied by where the event is in the response
+                if sync_filter.event_fields is not None:
+                    event = project(event, sync_filter.event_fields)
+                shown.append(event)
+            formatted = [encode(event) for event in shown]
         timeline = [
             ("events", "[" + ",".join(formatted) + "]"),
             ("limited", "false"),

@@ -91,6 +91,7 @@ def without_age(body: dict) -> dict:
         None,
         json.dumps({"event_format": "federation"}),
         json.dumps({"event_fields": ["type", "content.body", "sender"]}),
+        json.dumps({"event_format": "federation", "event_fields": ["type", "content.body"]}),
         json.dumps({"room": {"timeline": {"limit": 3}}}),
         # Element's: the senders' member events and the user's own, read for the answer.
         json.dumps({"room": {"state": {"lazy_load_members": True}}}),
