@@ -66,7 +66,7 @@ LAZY_LOADING_FILTER = json.dumps({"room": {"state": {"lazy_load_members": True}}
 PARK_WAVE = 250
 # The server on one core (the wake-up target is for one), the load on the other: each
 # keeps its own, so neither's latency figures carry the other's turns on a shared core.
-SERVER_CORE, CLIENT_CORE = "0", 1
+SERVER_CORE, CLIENT_CORE = 0, 1
 
 
 def open_fds(pid: int) -> int:
@@ -200,7 +200,7 @@ def start_server(directory: str, settings: dict):
         [
             "taskset",
             "-c",
-            SERVER_CORE,
+            str(SERVER_CORE),
             sys.executable,
             os.path.join(REPO, "app.py"),
             "--config",
