@@ -37,6 +37,7 @@ from homeserver.api.federation import membership, transactions
 from homeserver.api.federation import profile as federation_profile
 from homeserver.http.middleware import RequestContextMiddleware
 from homeserver.http.responses import register_error_handlers
+from homeserver.http.routing import RouteMap
 
 CLIENT = "client"
 FEDERATION = "federation"
@@ -78,6 +79,11 @@ def federation_blueprints():
     ]
 
 
+class _WeirFlask(Flask):
+    # Fixed paths matched without leaving werkzeug's reference cycle (http/routing.py).
+    url_map_class = RouteMap
+
+
 class _NoSessions(SessionInterface):
     """Matrix has no cookie sessions: every request shares one null session, rather than
     Flask making one per request (and keeping it for as long as a /sync is parked)."""
@@ -92,7 +98,7 @@ class _NoSessions(SessionInterface):
 
 
 def create_flask_app(runtime, listeners: tuple[str, ...] = (CLIENT, FEDERATION)) -> Flask:
-    app = Flask("homeserver")
+    app = _WeirFlask("homeserver")
     app.session_interface = _NoSessions()
     app.extensions[RUNTIME_EXTENSION] = runtime
     # Bodies are read through http.parsing with per-route caps; this is the outer bound.
