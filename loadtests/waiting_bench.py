@@ -4,15 +4,18 @@ wake-ups take meanwhile (homeserver/http/places.py, docs/operations.md "Sizing")
 
     .venv/bin/python -m loadtests.waiting_bench [--idle 10000] [--parked 5000]
         [--members 2000] [--few 10] [--rounds 10] [--slow 2000] [--requests 2000]
-        [--lazy-load-members]
+        [--repeats 5] [--lazy-load-members]
 
 Starts a real server process (`python app.py`, SQLite) whose users and rooms are written
 beforehand through the storage layer (loadtests/sync_bench.py's `populate`), then:
 
-1. baseline: `/versions` and local `/publicRooms` p50/p99, nothing else connected;
-2. opens `--idle` keep-alive connections (each answered once, then silent) and parks
+1. opens `--idle` keep-alive connections (each answered once, then silent) and parks
    `--parked` syncs (one per user, loadtests/sync_bench.py's `Client`), printing the server's
-   RSS and open descriptors after each, and the same latencies again;
+   RSS and open descriptors after each;
+2. `/versions` and local `/publicRooms` p50/p99 on that server and on the baseline, its twin
+   (a second server process on a copy of the data) with nothing connected: each figure the
+   median of `--repeats` measurements of `--requests` requests, the two servers measured in
+   turns so that whatever the machine does meanwhile falls on both alike;
 3. wake-ups: one message in a room of `--members` parked members, and one in a room of
    `--few` of them while all `--parked` wait: p50/p99 from the send to each woken response,
    with the woken clients syncing again only once the round is woken (the wake-up alone);
@@ -20,8 +23,9 @@ beforehand through the storage layer (loadtests/sync_bench.py's `populate`), the
    then one header line every 4 s. `/health` and `/versions` latencies meanwhile, and when
    each slow connection was closed (request_head_timeout, 10 s by default).
 
-The server runs pinned to core 0 (taskset), and the client load in this process on core 1,
+The servers run pinned to core 0 (taskset), and the client load in this process on core 1,
 within `ulimit -n`: the server needs one descriptor per connection, and so does this process.
+The latencies are measured by a process of their own on core 1 (loadtests/latency_probe.py).
 Everything stops by itself.
 """
 
@@ -31,12 +35,13 @@ monkey.patch_all()
 
 import argparse
 import gc
-import http.client
 import json
 import os
 import re
+import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -73,40 +78,68 @@ def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
+def cpu_ticks(pid: int) -> int:
+    """User and system CPU time of `pid`, in clock ticks (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def wait_quiet(pids: list[int], interval: float = 0.5, limit: float = 60.0) -> float:
+    """Waits until none of `pids` used more than one clock tick (10 ms) of CPU in `interval`:
+    the figures are of the waiting, not of the parking's aftermath. Returns the wait."""
+    started = time.monotonic()
+    before = [cpu_ticks(pid) for pid in pids]
+    while time.monotonic() - started < limit:
+        gevent.sleep(interval)
+        after = [cpu_ticks(pid) for pid in pids]
+        if all(b - a <= 1 for a, b in zip(before, after)):
+            break
+        before = after
+    return time.monotonic() - started
+
+
 def figures(pid: int) -> str:
     return f"RSS {rss_kb(pid) / 1024:.0f} MB, {open_fds(pid)} open fds"
 
 
-def latencies(address, path: str, count: int, headers: dict, workers: int = 4) -> list[float]:
-    """Milliseconds per request, `workers` keep-alive connections in parallel."""
-    samples: list[float] = []
-
-    def worker():
-        conn = http.client.HTTPConnection(*address, timeout=60)
-        for _ in range(count // workers):
-            started = time.perf_counter()
-            conn.request("GET", path, headers=headers)
-            response = conn.getresponse()
-            response.read()
-            if response.status != 200:
-                raise RuntimeError(f"{path}: {response.status}")
-            samples.append((time.perf_counter() - started) * 1000)
-        conn.close()
-
-    gevent.joinall([gevent.spawn(worker) for _ in range(workers)], raise_error=True)
-    return samples
+def latencies(address, path: str, count: int, headers: dict) -> list[float]:
+    """Milliseconds per request, measured by loadtests/latency_probe.py in a process of its
+    own: this one holds the load, as many sockets and greenlets as the server, and its own
+    pauses would show in the server's figures."""
+    command = [sys.executable, "-m", "loadtests.latency_probe", address[0], str(address[1])]
+    command += [path, str(count)]
+    if "Authorization" in headers:
+        command += ["--authorization", headers["Authorization"]]
+    probe = subprocess.run(command, cwd=REPO, capture_output=True, check=True, timeout=300)
+    return json.loads(probe.stdout)
 
 
 def summary(samples: list[float]) -> str:
     return f"p50 {percentile(samples, 50):.1f} ms, p99 {percentile(samples, 99):.1f} ms"
 
 
-def print_latencies(label: str, address, count: int, headers: dict) -> dict:
-    found = {}
-    for name, path in (("/versions", VERSIONS), ("local /publicRooms", PUBLIC_ROOMS)):
-        found[name] = latencies(address, path, count, headers)
-        print(f"  {label} {name}: {summary(found[name])}")
-    return found
+def compare_latencies(servers: dict[str, tuple], count: int, repeats: int, headers: dict):
+    """Each path on each server `repeats` times, in turns, so that whatever the machine does
+    meanwhile falls on both alike. Prints the median of each figure, and every p99."""
+    paths = (("/versions", VERSIONS), ("local /publicRooms", PUBLIC_ROOMS))
+    found: dict[tuple[str, str], list[list[float]]] = {
+        (label, name): [] for label in servers for name, _ in paths
+    }
+    for _ in range(repeats):
+        for name, path in paths:
+            for label, address in servers.items():
+                found[label, name].append(latencies(address, path, count, headers))
+    medians = {}
+    for (label, name), runs in found.items():
+        p50 = statistics.median(percentile(samples, 50) for samples in runs)
+        p99s = [percentile(samples, 99) for samples in runs]
+        medians[label, name] = statistics.median(p99s)
+        print(
+            f"  {label} {name}: p50 {p50:.1f} ms, p99 {medians[label, name]:.1f} ms"
+            f" (medians of {repeats}; each p99: {', '.join(f'{v:.1f}' for v in p99s)})"
+        )
+    return medians
 
 
 def open_idle(address, count: int) -> list[socket.socket]:
@@ -193,7 +226,7 @@ def wakes_by_answer(server_url: str) -> dict[str, float]:
     return {name: float(value) for name, value in found}
 
 
-def start_server(directory: str, settings: dict):
+def start_server(directory: str, settings: dict, processes: list):
     config_path = os.path.join(directory, "config.toml")
     write_config(config_path, settings)
     server = subprocess.Popen(
@@ -209,6 +242,7 @@ def start_server(directory: str, settings: dict):
         stdout=subprocess.PIPE,
         cwd=directory,
     )
+    processes.append(server)
     for line in server.stdout:
         match = READY.match(line.decode())
         if match:
@@ -224,8 +258,11 @@ def parse_args():
     parser.add_argument("--few", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--slow", type=int, default=2000)
-    # Per latency figure. A p99 is the 1% worst: of 400 samples that is 4, one pause long.
+    # Per latency figure: its p99 is the 20 slowest. A few milliseconds of the machine's own
+    # (a stolen slice of a virtual CPU, a client-side pause) move one such figure, so each is
+    # measured --repeats times, in turns, and compared by its median.
     parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument(
         "--lazy-load-members", action="store_true", help="the syncs use Element's filter"
     )
@@ -260,25 +297,40 @@ def main() -> int:
         f"setup: {args.parked} users, rooms of {args.members} and {args.few} members"
         f" ({time.perf_counter() - started:.0f} s); main_pool_size 1000"
     )
-    server, address = start_server(directory, settings)
-    os.sched_setaffinity(0, {CLIENT_CORE})
+    # The baseline: a twin of the server, on a copy of its data, that nothing connects to.
+    twin_directory = os.path.join(directory, "baseline")
+    shutil.copytree(settings["data_dir"], os.path.join(twin_directory, "data"))
+    twin_settings = {
+        **settings,
+        "data_dir": os.path.join(twin_directory, "data"),
+        "database": {"url": f"sqlite:///{twin_directory}/data/homeserver.db"},
+    }
+    processes = []
     try:
-        run(args, server, address, tokens, big_room, small_room)
+        server, address = start_server(directory, settings, processes)
+        twin, twin_address = start_server(twin_directory, twin_settings, processes)
+        os.sched_setaffinity(0, {CLIENT_CORE})
+        run(args, server, address, twin, twin_address, tokens, big_room, small_room)
     finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(60)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        for process in processes:
+            stop(process)
     return 0
 
 
-def run(args, server, address, tokens, big_room, small_room) -> None:
+def stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def run(args, server, address, twin, twin_address, tokens, big_room, small_room) -> None:
     url = f"http://{address[0]}:{address[1]}"
     auth = {"Authorization": f"Bearer {tokens[-1]}"}
     pid = server.pid
     print(f"server with nothing connected: {figures(pid)}")
-    print_latencies("baseline", address, args.requests, auth)
 
     started = time.perf_counter()
     idle = open_idle(address, args.idle)
@@ -306,7 +358,8 @@ def run(args, server, address, tokens, big_room, small_room) -> None:
         greenlets += [gevent.spawn(c.run, admitted) for c in wave]
         bench.wait_parked(first + len(wave))
     # This process holds as many sockets and greenlets as the server: its own collections,
-    # walking them, would show as pauses in the server's figures. What exists now stays.
+    # walking them, would show as pauses in the wake-up figures, which it measures. What
+    # exists now stays.
     gc.freeze()
     rss = rss_kb(pid)
     print(
@@ -314,7 +367,21 @@ def run(args, server, address, tokens, big_room, small_room) -> None:
         f" the syncs add {(rss - rss_idle) / 1024:.0f} MB"
         f" ({(rss - rss_idle) / args.parked:.1f} KB each)"
     )
-    print_latencies("loaded", address, args.requests, auth)
+    quiet = wait_quiet([pid, os.getpid()])
+    print(
+        f"latencies, in turns (once both processes were quiet, {quiet:.1f} s): the loaded"
+        " server, and the baseline, its twin on a copy of its data with nothing connected"
+    )
+    medians = compare_latencies(
+        {"loaded": address, "baseline": twin_address}, args.requests, args.repeats, auth
+    )
+    ratios = [
+        f"{name} {medians['loaded', name] / medians['baseline', name]:.2f}x"
+        for label, name in medians
+        if label == "loaded"
+    ]
+    print(f"  loaded p99 / baseline p99: {', '.join(ratios)} (target: under 1.5x)")
+    stop(twin)
 
     transaction_ids = iter(range(10**9))
 
