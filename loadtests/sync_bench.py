@@ -319,12 +319,18 @@ def main() -> int:
         print(f"server RSS at the end: {rss_kb(server.pid) / 1024:.0f} MB")
         gevent.killall(greenlets, block=True, timeout=30)
     finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(60)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        stop_server(server)
     return 0
+
+
+def stop_server(process: subprocess.Popen) -> None:
+    """SIGTERM, then a kill if it has not ended within a minute."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            process.kill()
 
 
 if __name__ == "__main__":

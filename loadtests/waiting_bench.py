@@ -39,7 +39,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -60,7 +59,9 @@ from loadtests.sync_bench import (
     populate,
     raise_fd_limit,
     rss_kb,
+    stop_server,
 )
+from loadtests.throughput_bench import cpu_seconds
 from tests.support.server import REPO, write_config
 
 VERSIONS = "/_matrix/client/versions"
@@ -78,22 +79,17 @@ def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def cpu_ticks(pid: int) -> int:
-    """User and system CPU time of `pid`, in clock ticks (/proc/PID/stat)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
-
-
 def wait_quiet(pids: list[int], interval: float = 0.5, limit: float = 60.0) -> float:
     """Waits until none of `pids` used more than one clock tick (10 ms) of CPU in `interval`:
     the figures are of the waiting, not of the parking's aftermath. Returns the wait."""
+    one_tick = 1 / os.sysconf("SC_CLK_TCK")
     started = time.monotonic()
-    before = [cpu_ticks(pid) for pid in pids]
+    before = [cpu_seconds(pid) for pid in pids]
     while time.monotonic() - started < limit:
         gevent.sleep(interval)
-        after = [cpu_ticks(pid) for pid in pids]
-        if all(b - a <= 1 for a, b in zip(before, after)):
+        after = [cpu_seconds(pid) for pid in pids]
+        # Half a tick over one: the seconds are whole ticks, divided.
+        if all(b - a < 1.5 * one_tick for a, b in zip(before, after)):
             break
         before = after
     return time.monotonic() - started
@@ -315,17 +311,8 @@ def main() -> int:
         run(args, server, address, twin, twin_address, tokens, big_room, small_room)
     finally:
         for process in processes:
-            stop(process)
+            stop_server(process)
     return 0
-
-
-def stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            process.kill()
 
 
 def run(args, server, address, twin, twin_address, tokens, big_room, small_room) -> None:
@@ -383,7 +370,7 @@ def run(args, server, address, twin, twin_address, tokens, big_room, small_room)
         if label == "loaded"
     ]
     print(f"  loaded p99 / baseline p99: {', '.join(ratios)} (target: under 1.5x)")
-    stop(twin)
+    stop_server(twin)
 
     transaction_ids = iter(range(10**9))
 
