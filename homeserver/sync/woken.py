@@ -24,14 +24,17 @@ changed: the account data, receipts, typing, to-device and device list positions
 token stay as they were. Otherwise the sync computes its whole answer as before
 (service.py), so this never decides what a client sees, only how fast it sees it.
 
-The answer goes out as it is put together, encoded: each event is encoded once, by the first
-sync it wakes, and its `unsigned` (the age is each reader's own) appended for each.
+The answer goes out as it is put together, encoded. Each event is encoded once, by the first
+sync it wakes, in two parts around its age (each reader's own). A joined room's whole entry is
+kept too, as the text between its events' ages: every sync one message wakes with the plain
+client format shares it, and its answer costs the ages, its token and its key counts.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from json.encoder import encode_basestring
 from typing import Callable
 
 from homeserver.core.json_text import EncodedJson, encode, object_text
@@ -47,9 +50,27 @@ from homeserver.sync.tokens import SyncToken
 # Positions kept. A parked sync is usually a few positions behind the newest; one further
 # back than this computes its answer from the database.
 RECENT_EVENTS = 1024
+# Room entries kept (RoomEntries): one per room and run of new events in it.
+ROOM_ENTRIES = 256
+# Key count parts kept, one per distinct set of counts.
+KEY_COUNT_TEXTS = 1024
 # Parts of every woken answer, encoded.
 NO_EVENTS = '{"events":[]}'
 NOT_JOINED = ("invite", "knock", "leave")
+# Stands for what each answer fills in, in text encoded once for many: never in encoded JSON,
+# whose encoder escapes every control character.
+BLANK = "\x00"
+# The answer around its token, its joined rooms and its end-to-end encryption part.
+_ANSWER = object_text(
+    [
+        ("next_batch", BLANK),
+        ("account_data", NO_EVENTS),
+        (
+            "rooms",
+            object_text([("join", "{" + BLANK + "}"), *((k, "{}") for k in NOT_JOINED)]),
+        ),
+    ]
+)[:-1].split(BLANK)
 
 
 class RecentEvents:
@@ -62,9 +83,9 @@ class RecentEvents:
         self._events: dict[int, StoredEvent] = {}
         self._order: deque[int] = deque()
         self._position_of: dict[str, int] = {}
-        # Each event as a member sees it, encoded once for every sync it wakes, without its
-        # closing brace: its `unsigned` (the age is each reader's own) follows.
-        self._client_heads: dict[int, str] = {}
+        # Each event as a member sees it, encoded once for every sync it wakes: the text
+        # before its age and the text after it.
+        self._client_parts: dict[int, tuple[str, str]] = {}
         self.newest = 0
 
     def add(self, stored: list[StoredEvent]) -> None:
@@ -77,7 +98,7 @@ class RecentEvents:
             self.newest = max(self.newest, s.stream_ordering)
         while len(self._order) > self._capacity:
             position = self._order.popleft()
-            self._client_heads.pop(position, None)
+            self._client_parts.pop(position, None)
             gone = self._events.pop(position, None)
             if gone is not None:
                 self._position_of.pop(gone.event.event_id, None)
@@ -97,16 +118,23 @@ class RecentEvents:
         """The event as a member of its room that is joined throughout sees it, encoded: as
         rooms/format.py's client_event gives it, without the room ID (a sync answer implies
         it)."""
+        before, after = self.client_parts(stored)
+        return before + str(_age(stored, now)) + after
+
+    def client_parts(self, stored: StoredEvent) -> tuple[str, str]:
+        """client_json's text before the event's age, and after it."""
         position = stored.stream_ordering
-        head = self._client_heads.get(position)
-        if head is None:
+        parts = self._client_parts.get(position)
+        if parts is None:
             fields = client_event_fields(stored)
             del fields["room_id"]
-            head = encode(fields)[:-1]
+            # The age comes first in `unsigned` (client_unsigned), then the rest of it.
+            unsigned = client_unsigned(stored, 0, None, "join")
+            del unsigned["age"]
+            parts = (encode(fields)[:-1] + ',"unsigned":{"age":', "," + encode(unsigned)[1:] + "}")
             if position in self._events:
-                self._client_heads[position] = head
-        unsigned = client_unsigned(stored, now, None, "join")
-        return f'{head},"unsigned":{encode(unsigned)}}}'
+                self._client_parts[position] = parts
+        return parts
 
     def _forget_targets_of(self, redaction: StoredEvent) -> None:
         # Before room version 11 the target is at the top level, from 11 in the content.
@@ -114,7 +142,32 @@ class RecentEvents:
             position = self._position_of.pop(target, None) if isinstance(target, str) else None
             if position is not None:
                 self._events.pop(position, None)
-                self._client_heads.pop(position, None)
+                self._client_parts.pop(position, None)
+
+
+class RoomEntry:
+    """A joined room's entry in a woken answer (`"room_id":{...}`), encoded once for every
+    sync woken with the same events in it: the text between the events' ages."""
+
+    __slots__ = ("texts", "stamps")
+
+    def __init__(self, blanked: str, events: list[StoredEvent]):
+        self.texts = blanked.split(BLANK)
+        self.stamps = [stored.event.pdu["origin_server_ts"] for stored in events]
+
+    def text(self, now: int) -> str:
+        texts = self.texts
+        if len(texts) == 2:  # one event, the usual wake-up
+            return texts[0] + str(max(0, now - self.stamps[0])) + texts[1]
+        parts = [texts[0]]
+        for stamp, after in zip(self.stamps, texts[1:]):
+            parts += (str(max(0, now - stamp)), after)
+        return "".join(parts)
+
+
+def _age(stored: StoredEvent, now: int) -> int:
+    # As client_unsigned's.
+    return max(0, now - stored.event.pdu["origin_server_ts"])
 
 
 @dataclass(frozen=True, slots=True)  # one per parked sync
@@ -144,6 +197,11 @@ class WokenAnswers:
         self.recent = recent
         self.e2ee = e2ee
         self.lazy_members = lazy_members
+        # (room ID, first and last position, events) -> its entry in the plain client format.
+        # A redacted event's entry is never served: its run has a gap (RecentEvents).
+        self._entries: dict[tuple[str, int, int, int], RoomEntry] = {}
+        # A device's key counts, as its answer's end-to-end encryption part.
+        self._key_texts: dict[tuple, str] = {}
 
     def answer(
         self, requester: Requester, sync_filter: SyncFilter, seen: Seen, now: int
@@ -164,79 +222,104 @@ class WokenAnswers:
             return None
         if not rooms:
             return None, Seen(seen.token, up_to, seen.joined, seen.rooms, seen.keys)
-        fields = [
-            ("next_batch", encode(str(seen.token.with_events(up_to)))),
-            ("account_data", NO_EVENTS),
-            (
-                "rooms",
-                object_text(
-                    [("join", object_text(rooms.items())), *((k, "{}") for k in NOT_JOINED)]
-                ),
-            ),
-        ]
         keys = seen.keys
+        e2ee = ""
         if self.e2ee is not None:
             keys = self.e2ee.key_counts(requester, keys)
-            part = E2eeSyncPart(
-                one_time_key_counts=keys.one_time, unused_fallback_key_types=keys.unused_fallback
-            )
-            fields += [(name, encode(value)) for name, value in part.fields().items()]
-        return EncodedJson(object_text(fields)), Seen(
-            seen.token, up_to, seen.joined, seen.rooms, keys
-        )
+            e2ee = self._key_text(keys)
+        token = encode(str(seen.token.with_events(up_to)))
+        text = _ANSWER[0] + token + _ANSWER[1] + ",".join(rooms) + _ANSWER[2] + e2ee + "}"
+        return EncodedJson(text), Seen(seen.token, up_to, seen.joined, seen.rooms, keys)
 
     def _joined_rooms(
         self, requester: Requester, sync_filter: SyncFilter, by_room: dict, now: int
-    ) -> dict[str, str] | None:
-        """{room_id: its entry, encoded} for the rooms the timeline filter keeps; None if one
+    ) -> list[str] | None:
+        """Each entry (`"room_id":{...}`) of the rooms the timeline filter keeps; None if one
         needs the whole computation."""
         timeline_filter = sync_filter.room.timeline
         lazy = sync_filter.room.state.lazy_load_members
-        rooms = {}
+        plain = sync_filter.event_format != "federation" and sync_filter.event_fields is None
+        rooms = []
         for room_id, events in by_room.items():
             if not timeline_filter.keeps_room(room_id):
                 continue
             if len(events) > sync_filter.room.timeline_limit:
                 return None  # a limited timeline comes with state: the whole computation
+            if plain and not lazy:
+                rooms.append(self._room_entry(room_id, events).text(now))
+                continue
             state: list[dict] = []
             if lazy:
                 state = self.lazy_members(requester, sync_filter, room_id, events, now)
-            rooms[room_id] = self._joined_entry(sync_filter, events, now, state)
+            formatted = self._formatted(sync_filter, plain, events, now)
+            rooms.append(encode_basestring(room_id) + ":" + _entry_text(formatted, events, state))
         return rooms
 
-    def _joined_entry(
-        self, sync_filter: SyncFilter, events: list[StoredEvent], now: int, state: list[dict]
-    ) -> str:
-        federation = sync_filter.event_format == "federation"
-        if not federation and sync_filter.event_fields is None:
-            formatted = [self.recent.client_json(stored, now) for stored in events]
-        else:
-            # As service.py's _format: the format first, then the filter's fields of it.
-            shown = []
-            for stored in events:
-                if federation:
-                    event = dict(stored.event.pdu)
-                else:
-                    event = client_event(stored, now, None, "join")
-                    del event["room_id"]  # implied by where the event is in the response
-                if sync_filter.event_fields is not None:
-                    event = project(event, sync_filter.event_fields)
-                shown.append(event)
-            formatted = [encode(event) for event in shown]
-        timeline = [
-            ("events", "[" + ",".join(formatted) + "]"),
-            ("limited", "false"),
-            ("prev_batch", encode(stream_token(events[0].stream_ordering - 1))),
-        ]
-        return object_text(
-            [
-                ("timeline", object_text(timeline)),
-                ("ephemeral", NO_EVENTS),
-                ("account_data", NO_EVENTS),
-                ("summary", "{}"),
-                ("state", object_text([("events", encode(state))])),
+    def _room_entry(self, room_id: str, events: list[StoredEvent]) -> RoomEntry:
+        key = (room_id, events[0].stream_ordering, events[-1].stream_ordering, len(events))
+        entry = self._entries.get(key)
+        if entry is None:
+            blanked = [
+                before + BLANK + after for before, after in map(self.recent.client_parts, events)
             ]
-        )
+            entry = RoomEntry(
+                encode_basestring(room_id) + ":" + _entry_text(blanked, events, []), events
+            )
+            if len(self._entries) >= ROOM_ENTRIES:
+                del self._entries[next(iter(self._entries))]  # the oldest
+            self._entries[key] = entry
+        return entry
+
+    def _formatted(
+        self, sync_filter: SyncFilter, plain: bool, events: list[StoredEvent], now: int
+    ) -> list[str]:
+        if plain:
+            return [self.recent.client_json(stored, now) for stored in events]
+        # As service.py's _format: the format first, then the filter's fields of it.
+        shown = []
+        for stored in events:
+            if sync_filter.event_format == "federation":
+                event = dict(stored.event.pdu)
+            else:
+                event = client_event(stored, now, None, "join")
+                del event["room_id"]  # implied by where the event is in the response
+            if sync_filter.event_fields is not None:
+                event = project(event, sync_filter.event_fields)
+            shown.append(event)
+        return [encode(event) for event in shown]
+
+    def _key_text(self, keys: KeyCounts) -> str:
+        """The answer's end-to-end encryption part for these key counts, encoded, with the
+        comma before it."""
+        key = (tuple(keys.one_time.items()), tuple(keys.unused_fallback))
+        text = self._key_texts.get(key)
+        if text is None:
+            part = E2eeSyncPart(
+                one_time_key_counts=keys.one_time, unused_fallback_key_types=keys.unused_fallback
+            )
+            text = "," + object_text((k, encode(v)) for k, v in part.fields().items())[1:-1]
+            if len(self._key_texts) >= KEY_COUNT_TEXTS:
+                self._key_texts.clear()
+            self._key_texts[key] = text
+        return text
+
+
+def _entry_text(formatted: list[str], events: list[StoredEvent], state: list[dict]) -> str:
+    """A joined room's entry: its new events (`formatted`, encoded), and `state`."""
+    timeline = [
+        ("events", "[" + ",".join(formatted) + "]"),
+        ("limited", "false"),
+        ("prev_batch", encode(stream_token(events[0].stream_ordering - 1))),
+    ]
+    return object_text(
+        [
+            ("timeline", object_text(timeline)),
+            ("ephemeral", NO_EVENTS),
+            ("account_data", NO_EVENTS),
+            ("summary", "{}"),
+            ("state", object_text([("events", encode(state))])),
+        ]
+    )
 
 
 def _events_by_room(

@@ -162,7 +162,7 @@ def test_what_recent_events_cannot_answer_is_computed_whole(runtime, case):
 
 def stored(position: int, room_id="!r", sender="@b", event_type="m.room.message", **extra):
     pdu = {"type": event_type, "room_id": room_id, "sender": sender, "content": {}}
-    pdu.update(origin_server_ts=1, **extra)
+    pdu.update({"origin_server_ts": 1, **extra})
     return StoredEvent(Pdu(f"${position}", pdu), position)
 
 
@@ -236,6 +236,29 @@ def test_an_event_is_encoded_once_for_every_sync_it_wakes(monkeypatch):
     recent.add([stored(2, event_type="m.room.redaction", redacts="$1")])
     assert recent.after(0) is None
     assert recent.client_json(stored(1, content={"body": "hi"}), 5) and len(formatted) == 2
+
+
+def test_a_room_entry_is_encoded_once_for_every_sync_woken_by_the_same_events(monkeypatch):
+    entries = []
+    original = woken._entry_text
+    monkeypatch.setattr(woken, "_entry_text", lambda *a: entries.append(a) or original(*a))
+    recent = RecentEvents()
+    recent.add([stored(1, origin_server_ts=1), stored(2, origin_server_ts=3)])
+    answers = WokenAnswers(recent, None, lambda *args: [])
+    seen = Seen(SyncToken(0, 0, 0, 0, "e"), 0, frozenset({"!r"}), frozenset({"!r"}))
+    found = [
+        answers.answer(Requester(user_id, "D", False, ""), SyncFilter(), seen, now)
+        for user_id, now in (("@a", 10), ("@c", 20))
+    ]
+    assert len(entries) == 1
+    timelines = [decoded(f[0])["rooms"]["join"]["!r"]["timeline"] for f in found if f and f[0]]
+    # Each answer's own ages, in the shared text.
+    assert [[e["unsigned"]["age"] for e in t["events"]] for t in timelines] == [[9, 7], [19, 17]]
+    assert [[e["event_id"] for e in t["events"]] for t in timelines] == [["$1", "$2"]] * 2
+    # Another run of events in the room is another entry.
+    recent.add([stored(3)])
+    answers.answer(Requester("@a", "D", False, ""), SyncFilter(), seen, 30)
+    assert len(entries) == 2
 
 
 def test_more_new_events_than_the_timeline_limit_are_computed_whole():
