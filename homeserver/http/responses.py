@@ -72,18 +72,20 @@ def error_response(error: MatrixError) -> Response:
     return json_response(error.to_json(), error.status, error.headers)
 
 
-def register_error_handlers(app: Flask) -> None:
-    @app.errorhandler(MatrixError)
-    def matrix_error(error: MatrixError):
+def exception_response(error: Exception) -> Response:
+    """The answer to what a request raised: a MatrixError as itself, werkzeug's HTTP errors
+    as Matrix errors, anything else as a 500 whose traceback goes to the log, never to the
+    client (call it while the exception is handled)."""
+    if isinstance(error, MatrixError):
         return error_response(error)
-
-    @app.errorhandler(HTTPException)
-    def http_error(error: HTTPException):
+    if isinstance(error, HTTPException):
         errcode, message = _WERKZEUG_ERRCODES.get(error.code or 500, (Codes.UNKNOWN, error.name))
         return error_response(MatrixError(error.code or 500, errcode, message))
+    log.exception("unhandled error")
+    return error_response(MatrixError(500, Codes.UNKNOWN, "Internal server error"))
 
-    @app.errorhandler(Exception)
-    def unexpected(error: Exception):
-        # The traceback goes to the log, never to the client.
-        log.exception("unhandled error")
-        return error_response(MatrixError(500, Codes.UNKNOWN, "Internal server error"))
+
+def register_error_handlers(app: Flask) -> None:
+    # Flask finds it for every exception, werkzeug's HTTP errors included, by its class's
+    # bases; its routing redirects are answered before any handler.
+    app.register_error_handler(Exception, exception_response)

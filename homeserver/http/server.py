@@ -25,6 +25,7 @@ from gevent.pywsgi import WSGIHandler, WSGIServer, format_date_time
 from homeserver.http.access_log import log_request
 from homeserver.http.handoff import HANDED_OFF
 from homeserver.http.heads import read_head
+from homeserver.http.later import end_unreturned
 from homeserver.http.places import PLACES, WorkPlaces, WorkPool
 from homeserver.http.reading import HEAD_TIMEOUT_RESPONSE, HeadTimeout, RequestBody
 
@@ -274,6 +275,7 @@ class WeirHandler(WSGIHandler):
         try:
             super().run_application()
         finally:
+            end_unreturned(self.environ)
             if self.close_connection and self.wsgi_input is not None:
                 self.wsgi_input = _LingeringDiscard(self.wsgi_input)
 

@@ -4,8 +4,9 @@ A sync reads the streams' positions first and computes everything up to them, so
 next_batch it returns covers exactly what it sent. An initial sync (no `since`) gives each
 room's state and its latest timeline events; an incremental one what changed after the
 token. When nothing did, the sync waits on the notifier (see notifier.py) until something
-concerning the user happens or `timeout` passes; a sync that times out returns an empty
-response whose next_batch is the `since` it was given.
+concerning the user happens or `timeout` passes (a `WaitingSync`, which the HTTP layer waits
+for once Flask is done with the request); a sync that times out returns an empty response
+whose next_batch is the `since` it was given.
 
 Rooms are read at the position the sync reads up to: the user's membership there decides
 the section (join, invite, knock, leave). A room the user joined since the token is sent
@@ -32,7 +33,7 @@ from homeserver.rooms.visibility import HistoryView
 from homeserver.storage.rooms import StoredEvent
 from homeserver.storage.sync import StreamPositions, SyncSnapshot, SyncStore
 from homeserver.sync.filters import Filters, SyncFilter, project
-from homeserver.sync.notifier import Notifier
+from homeserver.sync.notifier import Notifier, Waiter
 from homeserver.sync.out_of_room import out_of_room
 from homeserver.sync.side_streams import ephemeral_events, global_account_data, room_account_data
 from homeserver.sync.tokens import SyncToken
@@ -40,7 +41,7 @@ from homeserver.sync.typing import TypingNotifications
 from homeserver.sync.woken import Seen, WokenAnswers, answers_from_events
 
 # The longest a sync may wait. Each waiting sync holds a greenlet and a connection (no
-# main-pool place: the blueprint's while_waiting gives it back); clients ask for 30 s and
+# main-pool place: the HTTP layer gives it back while it waits); clients ask for 30 s and
 # reconnect at once, so a longer wait saves nothing worth the risk of connections held past
 # what proxies in between allow.
 MAX_TIMEOUT_MS = 5 * 60 * 1000
@@ -98,6 +99,66 @@ class _Timeline:
     start: int  # the stream position of the first event, or just past the range if none
 
 
+class WaitingSync:
+    """A sync with nothing to send yet. It is registered with the notifier from before its
+    first computation (SyncService.begin), so whatever is stored meanwhile wakes it, until
+    `close`, on every way out. `answer` waits until something concerning its user happens or
+    its timeout passes. The HTTP layer waits for it once the application has returned
+    (api/client/sync.py), so a parked sync holds its registration, what it last saw and its
+    socket, and nothing of the web framework's."""
+
+    __slots__ = ("_service", "_request", "_deadline", "_waiter", "_seen")
+
+    def __init__(self, service: "SyncService", request: SyncRequest, deadline: float):
+        self._service = service
+        self._request = request
+        self._deadline = deadline
+        self._waiter: Waiter | None = service.notifier.registered(request.user_id).__enter__()
+        self._seen: Seen | None = None  # what a computation found nothing new in, if usable
+
+    def answer(self, while_waiting=contextlib.nullcontext) -> dict | EncodedJson:
+        """Waits, then the answer. `while_waiting()` is entered around each wait: the HTTP
+        layer gives its work place back there, and watches for the client hanging up."""
+        try:
+            while True:
+                waiter = self._waiter
+                assert waiter is not None, "answered after close"
+                with while_waiting():
+                    woken = waiter.woken.wait(max(0.0, self._deadline - time.monotonic()))
+                body = self.step(woken)
+                if body is not None:
+                    return body
+        finally:
+            self.close()
+
+    def step(self, woken: bool) -> dict | EncodedJson | None:
+        """One computation: the answer to send now, or None to wait again."""
+        service, request, waiter, seen = self._service, self._request, self._waiter, self._seen
+        assert waiter is not None, "computed after close"
+        quick = woken and seen is not None and not waiter.recompute
+        waiter.clear()
+        found = None
+        if quick and seen is not None:
+            found = service.woken.answer(request.requester, request.filter, seen, now_ms())
+        if woken:
+            service.on_wake("database" if found is None else "recent_events")
+        body: dict | EncodedJson | None
+        if found is None:
+            body, has_updates, self._seen = service._respond(request)
+        else:
+            body, self._seen = found
+            has_updates = body is not None
+        if has_updates or self._deadline <= time.monotonic() or service.notifier.closed:
+            return body if body is not None else service._respond(request)[0]
+        return None
+
+    def close(self) -> None:
+        """Ends the registration; once is enough, and more are harmless."""
+        if self._waiter is not None:
+            self._waiter.__exit__(None, None, None)
+            self._waiter = None
+
+
 class SyncService:
     def __init__(
         self,
@@ -130,9 +191,23 @@ class SyncService:
         use_state_after: bool = False,
         while_waiting=contextlib.nullcontext,
     ) -> dict | EncodedJson:
-        """The /sync response: encoded already when a woken sync answers from the events
-        that woke it (woken.py). `while_waiting()` is entered around each wait: the HTTP layer
-        passes the client-disconnect watch there."""
+        """The /sync response, waited for here when there is nothing to send yet (`begin`,
+        then WaitingSync.answer)."""
+        found = self.begin(requester, since, timeout_ms, full_state, filter_param, use_state_after)
+        return found.answer(while_waiting) if isinstance(found, WaitingSync) else found
+
+    def begin(
+        self,
+        requester: Requester,
+        since: str | None,
+        timeout_ms: int,
+        full_state: bool,
+        filter_param: str | None,
+        use_state_after: bool = False,
+    ) -> dict | EncodedJson | "WaitingSync":
+        """The /sync response, encoded already when a woken sync answers from the events
+        that woke it (woken.py); or, when there is nothing to send yet and the client asked
+        to wait, a WaitingSync, registered with the notifier, whose caller waits for it."""
         request = SyncRequest(
             requester,
             SyncToken.parse(since) if since else None,
@@ -143,30 +218,16 @@ class SyncService:
         timeout = min(timeout_ms, MAX_TIMEOUT_MS) / 1000
         if request.since is None or full_state or timeout <= 0:
             return self._respond(request)[0]
-        deadline = time.monotonic() + timeout
-        # Registered before computing: whatever is stored meanwhile wakes it.
-        with self.notifier.registered(requester.user_id) as waiter:
-            seen: Seen | None = None  # what a computation found nothing new in, if usable
-            woken = False
-            while True:
-                quick = woken and seen is not None and not waiter.recompute
-                waiter.clear()
-                body: dict | EncodedJson | None
-                found = None
-                if quick and seen is not None:
-                    found = self.woken.answer(requester, request.filter, seen, now_ms())
-                if woken:
-                    self.on_wake("database" if found is None else "recent_events")
-                if found is None:
-                    body, has_updates, seen = self._respond(request)
-                else:
-                    body, seen = found
-                    has_updates = body is not None
-                if has_updates or deadline <= time.monotonic() or self.notifier.closed:
-                    return body if body is not None else self._respond(request)[0]
-                del body  # parked, a sync keeps its registration and socket, not its last answer
-                with while_waiting():
-                    woken = waiter.woken.wait(max(0.0, deadline - time.monotonic()))
+        waiting = WaitingSync(self, request, time.monotonic() + timeout)
+        try:
+            body = waiting.step(woken=False)
+        except BaseException:
+            waiting.close()
+            raise
+        if body is None:
+            return waiting
+        waiting.close()
+        return body
 
     # --- one computation ----------------------------------------------------------------
 

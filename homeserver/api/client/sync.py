@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import functools
-
 from flask import Blueprint, request
 
 from homeserver.api.auth import current_requester, requires_auth
 from homeserver.api.context import runtime
 from homeserver.core.errors import invalid_param
+from homeserver.http.later import LaterResponse
 from homeserver.http.parsing import json_object, query_bool, query_int, query_str
-from homeserver.http.places import parked
 from homeserver.http.responses import json_response
 from homeserver.sync.filters import MAX_FILTER_BYTES
+from homeserver.sync.service import WaitingSync
 
 bp = Blueprint("sync", __name__, url_prefix="/_matrix/client/v3")
 
@@ -25,18 +24,19 @@ def sync():
     # Accepted as the spec allows; presence itself is not tracked yet.
     if query_str("set_presence") not in (None, *PRESENCE_STATES):
         raise invalid_param("set_presence must be one of " + ", ".join(PRESENCE_STATES))
-    body = runtime().sync.sync(
+    found = runtime().sync.begin(
         current_requester(),
         query_str("since") or None,
         query_int("timeout", 0, minimum=0),
         query_bool("full_state", False),
         query_str("filter"),
         query_bool("use_state_after", False),
-        # A parked sync holds no main-pool place, and a client that hangs up meanwhile frees
-        # its greenlet and registration at once.
-        while_waiting=functools.partial(parked, request.environ),
     )
-    return json_response(body)
+    if isinstance(found, WaitingSync):
+        # Waited for once Flask is done with the request: it holds no main-pool place
+        # meanwhile, and a client that hangs up frees its greenlet and registration at once.
+        return LaterResponse(request.environ, found.answer, found.close)
+    return json_response(found)
 
 
 @bp.post("/user/<user_id>/filter")
