@@ -24,6 +24,7 @@ from homeserver.accounts.registration import RegistrationSessions
 from homeserver.accounts.service import AccountService
 from homeserver.accounts.shared_secret import SharedSecretRegistration
 from homeserver.accounts.uia import UserInteractiveAuth
+from homeserver.core.collector import CollectorHold
 from homeserver.core.components import component
 from homeserver.core.threads import CountedThreadPool
 from homeserver.directory.remote import RemoteDirectory
@@ -247,9 +248,15 @@ class HomeserverRuntime(Infrastructure):
 
     @component
     def notifier(self) -> Notifier:
-        notifier = Notifier(self.room_store.joined_users)
+        collector = CollectorHold()
+        notifier = Notifier(self.room_store.joined_users, collector)
         self.metrics.track_gauge(
             "weir_sync_waiters", "Syncs registered to be woken", notifier.waiting
+        )
+        self.metrics.track_counter(
+            "weir_collector_holds",
+            "Wake-ups of many syncs at once that held the garbage collector off",
+            lambda: notifier.bursts,
         )
         return notifier
 

@@ -13,6 +13,9 @@ O(waiting syncs).
 
 A sync woken only by new room events may answer from the recent events themselves
 (sync/woken.py); anything else marks it to compute its whole answer again.
+
+A wake-up of BURST_WAKES syncs or more holds the garbage collector off until each of them has
+taken its wake-up (core/collector.py): its pause would delay them all.
 """
 
 from __future__ import annotations
@@ -23,10 +26,15 @@ from typing import Callable, Iterable
 
 from gevent.event import Event
 
+from homeserver.core.collector import Burst, CollectorHold
 from homeserver.storage.rooms import StoredEvent
 from homeserver.sync.woken import RecentEvents
 
 log = logging.getLogger(__name__)
+
+# Syncs woken at once from which the collector waits for them (a room of this many members,
+# all parked, and one message).
+BURST_WAKES = 100
 
 
 class Waiter:
@@ -34,11 +42,12 @@ class Waiter:
     by anything that concerns its user; `recompute` too, unless that was only new room
     events. A class rather than a generator context: every parked sync keeps one."""
 
-    __slots__ = ("woken", "recompute", "_notifier", "_user_id")
+    __slots__ = ("woken", "recompute", "burst", "_notifier", "_user_id")
 
     def __init__(self, notifier: "Notifier", user_id: str):
         self.woken = Event()
         self.recompute = False
+        self.burst: Burst | None = None  # the burst it was woken in, until it takes the wake
         self._notifier = notifier
         self._user_id = user_id
 
@@ -47,21 +56,40 @@ class Waiter:
         return self
 
     def __exit__(self, kind, value, traceback) -> None:
+        self._took_wake()
         self._notifier._remove(self._user_id, self)
 
     def clear(self) -> None:
+        """Taken: what woke it is being computed."""
+        self._took_wake()
         self.woken.clear()
         self.recompute = False
 
-    def wake(self, recompute: bool) -> None:
+    def wake(self, recompute: bool) -> bool:
+        """Whether this woke it (it was not woken already)."""
         self.recompute = self.recompute or recompute
+        if self.woken.is_set():
+            return False
         self.woken.set()
+        return True
+
+    def _took_wake(self) -> None:
+        if self.burst is not None:
+            self.burst.done()
+            self.burst = None
 
 
 class Notifier:
-    def __init__(self, joined_users: Callable[[str], Iterable[str]]):
-        """`joined_users(room_id)`: the room's joined members now (a database read)."""
+    def __init__(
+        self,
+        joined_users: Callable[[str], Iterable[str]],
+        collector: CollectorHold | None = None,
+    ):
+        """`joined_users(room_id)`: the room's joined members now (a database read);
+        `collector`, held while a burst of woken syncs takes its wake-up."""
         self._joined_users = joined_users
+        self._collector = collector
+        self.bursts = 0  # wake-ups that held the collector (weir_collector_holds_total)
         self._waiting: dict[str, set[Waiter]] = {}
         self._count = 0
         self.closed = False
@@ -91,22 +119,37 @@ class Notifier:
         return self._count
 
     def notify_users(self, user_ids: Iterable[str], recompute: bool = True) -> None:
+        woken = []
         for user_id in user_ids:
             for waiter in self._waiting.get(user_id, ()):
-                waiter.wake(recompute)
+                if waiter.wake(recompute):
+                    woken.append(waiter)
+        if self._collector is not None and len(woken) >= BURST_WAKES:
+            burst = self._collector.begin(len(woken))
+            self.bursts += 1
+            for waiter in woken:
+                waiter.burst = burst
 
     def notify_room(self, room_id: str, also: Iterable[str] = (), recompute: bool = True) -> None:
         """Wakes the room's joined members, and `also`. Nobody waiting: no database read."""
         if not self._waiting:
             return
+        # With many syncs waiting, reading the members (a row each) is part of the burst.
+        reading: Burst | None = None
+        if self._collector is not None and self._count >= BURST_WAKES:
+            reading = self._collector.begin(1)
         try:
-            members = self._joined_users(room_id)
-        except Exception:
-            # A wake-up, not the record: a sync that misses it still catches up from stream
-            # positions at its next wake-up or timeout.
-            log.exception("could not read the members of %s to wake their syncs", room_id)
-            members = ()
-        self.notify_users(itertools.chain(members, also), recompute)
+            try:
+                members = self._joined_users(room_id)
+            except Exception:
+                # A wake-up, not the record: a sync that misses it still catches up from
+                # stream positions at its next wake-up or timeout.
+                log.exception("could not read the members of %s to wake their syncs", room_id)
+                members = ()
+            self.notify_users(itertools.chain(members, also), recompute)
+        finally:
+            if reading is not None:
+                reading.done()
 
     def on_events_persisted(self, stored: list[StoredEvent]) -> None:
         """The rooms persist listener: one batch of events, all in one room."""

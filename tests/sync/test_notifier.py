@@ -1,14 +1,18 @@
 """The notifier, tokens, typing and filters in-process."""
 
+import contextlib
+import gc
+
 import gevent
 import pytest
 from gevent.event import Event
 
+from homeserver.core.collector import CollectorHold
 from homeserver.core.errors import MatrixError
 from homeserver.core.requester import Requester
 from homeserver.rooms.creation import CreateRoomRequest
 from homeserver.sync.filters import parse_filter, project
-from homeserver.sync.notifier import Notifier
+from homeserver.sync.notifier import BURST_WAKES, Notifier
 from homeserver.sync.tokens import SyncToken
 
 
@@ -80,6 +84,48 @@ def test_only_new_room_events_leave_a_woken_sync_free_to_answer_from_them():
         assert not a.woken.is_set() and not a.recompute
         notifier.notify_users(["@a"])
         assert a.woken.is_set() and a.recompute
+
+
+def test_a_burst_of_wake_ups_holds_the_collector_until_each_is_taken():
+    members = [f"@u{i}" for i in range(BURST_WAKES)]
+    collector = CollectorHold()
+    notifier = Notifier(Members({"!big": members, "!small": members[:3]}), collector)
+    with contextlib.ExitStack() as stack:
+        waiters = [stack.enter_context(notifier.registered(user)) for user in members]
+        notifier.notify_room("!small")  # three woken: no hold
+        assert gc.isenabled() and not collector.held()
+        for waiter in waiters[:3]:
+            waiter.clear()
+        notifier.notify_room("!big")
+        assert not gc.isenabled() and notifier.bursts == 1
+        for waiter in waiters[:-1]:
+            waiter.clear()  # each woken sync, as it computes
+        assert not gc.isenabled()
+    # The last one gave up its registration instead (a hang-up): the burst is over.
+    assert gc.isenabled() and not collector.held()
+
+
+def test_a_burst_that_is_never_taken_ends_at_its_time():
+    collector = CollectorHold(max_seconds=0.05)
+    burst = collector.begin(5)
+    assert not gc.isenabled()
+    with gevent.Timeout(5):
+        while collector.held():
+            gevent.sleep(0.01)
+    assert gc.isenabled()
+    burst.done()  # late: harmless
+    assert gc.isenabled()
+
+
+def test_a_collector_turned_off_before_a_burst_stays_off():
+    collector = CollectorHold()
+    gc.disable()
+    try:
+        burst = collector.begin(1)
+        burst.done()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 def test_sync_tokens_round_trip_and_refuse_garbage():
