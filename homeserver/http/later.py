@@ -30,7 +30,7 @@ from homeserver.http.responses import exception_response, json_response
 LATER = "weir.later"
 
 # answer(while_waiting) -> the answer's body, which waits with `while_waiting()` entered.
-Answer = Callable[[Callable[[], AbstractContextManager]], "dict | EncodedJson"]
+Answer = Callable[[Callable[[], AbstractContextManager]], dict | EncodedJson]
 
 
 class LaterResponse(Response):

@@ -52,6 +52,12 @@ class WeirHandler(WSGIHandler):
     # once the connection is closing.
     wsgi_input: Any
     provided_date: Any  # pywsgi's: the app's own Date header, if it gave one
+    # pywsgi's, of the request in hand; None between requests (_forget_request).
+    environ: Any
+    headers: Any
+    response_headers: Any
+    result: Any
+    application: Any
     status: Any  # pywsgi's: the status line's bytes, or the text of a failed send
     code: Any  # pywsgi's: the status code, negated once a send failed
     # Set once the first request is read: every later one is a keep-alive request.
@@ -249,7 +255,17 @@ class WeirHandler(WSGIHandler):
             result = None  # finish the response in hand, then close instead of keeping alive
         if not self._come_back_from_handoff(keep_alive=result is True):
             return None
+        if result is True:
+            self._forget_request()
         return result
+
+    def _forget_request(self) -> None:
+        """Between keep-alive requests: the connection keeps nothing of its last request
+        (pywsgi would keep its environ, head, body reader and response head until the next
+        one). Most connections are idle most of the time, and each of them would hold all
+        of that for the collector to walk."""
+        self.environ = self.headers = self.wsgi_input = None
+        self.response_headers = self.result = self.application = None
 
     def handle_one_response(self):
         # A work place only to run the application; given back once the response is written.

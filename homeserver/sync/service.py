@@ -204,7 +204,7 @@ class SyncService:
         full_state: bool,
         filter_param: str | None,
         use_state_after: bool = False,
-    ) -> dict | EncodedJson | "WaitingSync":
+    ) -> dict | EncodedJson | WaitingSync:
         """The /sync response, encoded already when a woken sync answers from the events
         that woke it (woken.py); or, when there is nothing to send yet and the client asked
         to wait, a WaitingSync, registered with the notifier, whose caller waits for it."""

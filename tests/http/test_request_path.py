@@ -3,6 +3,7 @@ response, the OPTIONS preflight, the access log at INFO, and the thread pools' g
 
 from __future__ import annotations
 
+import gc
 import logging
 import socket
 
@@ -16,7 +17,7 @@ from homeserver.api.app import create_flask_app
 from homeserver.config import parse_config
 from homeserver.http.places import WorkPool
 from homeserver.http.responses import CORS_HEADERS, json_response
-from homeserver.http.server import WeirWSGIServer
+from homeserver.http.server import WeirHandler, WeirWSGIServer
 from homeserver.runtime import HomeserverRuntime
 from tests.support.server import base_settings
 
@@ -91,6 +92,33 @@ def test_a_response_larger_than_one_send_takes_arrives_whole():
         while reader.readline() != b"\r\n":
             pass
         assert reader.read(len(body)) == body
+    finally:
+        sock.close()
+        server.stop()
+
+
+def test_an_idle_keep_alive_connection_keeps_nothing_of_its_last_request():
+    def app(environ, start_response):
+        start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", "2")])
+        return [b"ok"]
+
+    server = WeirWSGIServer(("127.0.0.1", 0), app, pool=WorkPool(4), keepalive_timeout=5)
+    server.start()
+    sock = socket.create_connection(("127.0.0.1", server.server_port))
+    try:
+        sock.sendall(b"GET /a?b=c HTTP/1.1\r\nHost: t\r\nX-Big: " + b"x" * 500 + b"\r\n\r\n")
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        with gevent.Timeout(10):
+            while not server.idle_greenlets:  # back to waiting for its next request
+                gevent.sleep(0.01)
+        (handler,) = [
+            o for o in gc.get_objects() if isinstance(o, WeirHandler) and o.server is server
+        ]
+        kept = (handler.environ, handler.headers, handler.wsgi_input, handler.response_headers)
+        assert kept == (None, None, None, None)
+        # ...and its next request is served as the first was.
+        sock.sendall(b"GET /again HTTP/1.1\r\nHost: t\r\n\r\n")
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
     finally:
         sock.close()
         server.stop()
