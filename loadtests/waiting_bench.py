@@ -13,9 +13,9 @@ beforehand through the storage layer (loadtests/sync_bench.py's `populate`), the
    `--parked` syncs (one per user, loadtests/sync_bench.py's `Client`), printing the server's
    RSS and open descriptors after each;
 2. `/versions` and local `/publicRooms` p50/p99 on that server and on the baseline, its twin
-   (a second server process on a copy of the data) with nothing connected: each figure over
-   `--repeats` turns of `--requests` requests, the two servers measured in turns so that
-   whatever the machine does meanwhile falls on both alike;
+   (a second server process on a copy of the data) with nothing connected: `--repeats` x
+   `--requests` requests for each figure, the two servers' in alternating blocks of 100 so
+   that whatever the machine does meanwhile falls on both alike;
 3. wake-ups: one message in a room of `--members` parked members, and one in a room of
    `--few` of them while all `--parked` wait: p50/p99 from the send to each woken response,
    with the woken clients syncing again only once the round is woken (the wake-up alone);
@@ -98,15 +98,16 @@ def figures(pid: int) -> str:
     return f"RSS {rss_kb(pid) / 1024:.0f} MB, {open_fds(pid)} open fds"
 
 
-def latencies(address, path: str, count: int, headers: dict) -> list[float]:
-    """Milliseconds per request, measured by loadtests/latency_probe.py in a process of its
-    own: this one holds the load, as many sockets and greenlets as the server, and its own
-    pauses would show in the server's figures."""
-    command = [sys.executable, "-m", "loadtests.latency_probe", address[0], str(address[1])]
-    command += [path, str(count)]
+def latencies(addresses: list, path: str, count: int, headers: dict) -> list[list[float]]:
+    """Milliseconds per request on each server, `count` each, measured by
+    loadtests/latency_probe.py in a process of its own: this one holds the load, as many
+    sockets and greenlets as the server, and its own pauses would show in the server's
+    figures. Several servers' requests alternate in blocks of 100."""
+    command = [sys.executable, "-m", "loadtests.latency_probe", path, str(count)]
+    command += [f"{host}:{port}" for host, port in addresses]
     if "Authorization" in headers:
         command += ["--authorization", headers["Authorization"]]
-    probe = subprocess.run(command, cwd=REPO, capture_output=True, check=True, timeout=300)
+    probe = subprocess.run(command, cwd=REPO, capture_output=True, check=True, timeout=600)
     return json.loads(probe.stdout)
 
 
@@ -115,31 +116,26 @@ def summary(samples: list[float]) -> str:
 
 
 def compare_latencies(servers: dict[str, tuple], count: int, repeats: int, headers: dict):
-    """Each path on each server `repeats` times, in turns, so that whatever the machine does
-    meanwhile falls on both alike. Prints p50 and p99 of all the requests of each figure,
-    and each turn's p99; returns the p99s of all.
+    """`count` x `repeats` requests of each path on each server, the servers' requests in
+    alternating blocks of 100, so that whatever the machine does for longer than a block
+    falls on both alike. Prints p50 and p99 of all the requests of each figure, and the p99
+    of each `count` of them; returns the p99s of all.
 
-    One turn's p99 is its 20 slowest requests: on this VM it is either about 1 ms or 3-5 ms,
-    as a stolen slice of the virtual CPU falls in the turn or not, on either server. A median
-    of such turns flips between the two by chance (2.1x once, in 4 runs with 15 turns); the
-    p99 of all requests counts each request once, whichever turn it was in."""
+    Measured in turns of 2,000 requests instead, one turn's p99 (its 20 slowest) was about
+    1 ms or 3-5 ms on this VM, as a slow spell of its virtual CPU fell in the turn or not, on
+    either server alike, and the loaded/baseline ratio moved from 1.0x to 2.1x between runs
+    of the same build."""
     paths = (("/versions", VERSIONS), ("local /publicRooms", PUBLIC_ROOMS))
-    found: dict[tuple[str, str], list[list[float]]] = {
-        (label, name): [] for label in servers for name, _ in paths
-    }
-    for _ in range(repeats):
-        for name, path in paths:
-            for label, address in servers.items():
-                found[label, name].append(latencies(address, path, count, headers))
     p99s_of_all = {}
-    for (label, name), runs in found.items():
-        every = [ms for samples in runs for ms in samples]
-        p99s_of_all[label, name] = percentile(every, 99)
-        p99s = [percentile(samples, 99) for samples in runs]
-        print(
-            f"  {label} {name}: {summary(every)} (all {len(every)});"
-            f" each turn's p99: {', '.join(f'{v:.1f}' for v in p99s)}"
-        )
+    for name, path in paths:
+        found = latencies(list(servers.values()), path, count * repeats, headers)
+        for label, every in zip(servers, found):
+            p99s_of_all[label, name] = percentile(every, 99)
+            parts = [every[i : i + count] for i in range(0, len(every), count)]
+            print(
+                f"  {label} {name}: {summary(every)} (all {len(every)});"
+                f" p99 of each {count}: {', '.join(f'{percentile(p, 99):.1f}' for p in parts)}"
+            )
     return p99s_of_all
 
 
@@ -197,7 +193,7 @@ def slowloris(address, count: int, requests_count: int, headers: dict) -> None:
     slow = [gevent.spawn(one) for _ in range(count)]
     gevent.sleep(SLOW_INTERVAL)  # let them all be sending their heads
     for name, path in (("/health", "/health"), ("/versions", VERSIONS)):
-        samples = latencies(address, path, requests_count, headers)
+        samples = latencies([address], path, requests_count, headers)[0]
         print(f"  during the slowloris, {name}: {summary(samples)}")
     gevent.joinall(slow, timeout=120)
     statuses = {a.decode(): answers.count(a) for a in set(answers)}
@@ -259,10 +255,9 @@ def parse_args():
     parser.add_argument("--few", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--slow", type=int, default=2000)
-    # Per latency figure: a few milliseconds of the machine's own (a stolen slice of a
-    # virtual CPU, a client-side pause) move one turn's p99, its 20 slowest, by half either
-    # way. So each is measured over --repeats turns on each server, in turns, for as many
-    # such moments to fall on both (compare_latencies).
+    # Per latency figure, --repeats x --requests requests on each server (compare_latencies):
+    # a p99 is its slowest 1%, and a few milliseconds of the machine's own (a stolen slice of
+    # a virtual CPU, a client-side pause) move that of a few thousand by half either way.
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument(
@@ -362,8 +357,9 @@ def run(args, server, address, twin, twin_address, tokens, big_room, small_room)
     )
     quiet = wait_quiet([pid, os.getpid()])
     print(
-        f"latencies, in turns (once both processes were quiet, {quiet:.1f} s): the loaded"
-        " server, and the baseline, its twin on a copy of its data with nothing connected"
+        f"latencies (once both processes were quiet, {quiet:.1f} s): the loaded server, and"
+        " the baseline, its twin on a copy of its data with nothing connected, in alternating"
+        " blocks of 100 requests"
     )
     p99s = compare_latencies(
         {"loaded": address, "baseline": twin_address}, args.requests, args.repeats, auth
