@@ -26,9 +26,8 @@ class Burst:
     __slots__ = ("left", "_hold", "_timer")
 
     def __init__(self, hold: "CollectorHold", left: int, timer):
-        self._hold: CollectorHold | None
         self.left = left
-        self._hold = hold
+        self._hold: CollectorHold | None = hold  # None once ended
         self._timer = timer
 
     def done(self) -> None:

@@ -26,7 +26,7 @@ from homeserver.core.json_text import EncodedJson
 from homeserver.http.places import parked
 from homeserver.http.responses import exception_response, json_response
 
-# Where a LaterResponse waits for the server to close it, until its body is closed.
+# The environ's key for a LaterResponse whose wait has not ended yet (end_unreturned).
 LATER = "weir.later"
 
 # answer(while_waiting) -> the answer's body, which waits with `while_waiting()` entered.
