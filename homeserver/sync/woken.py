@@ -50,7 +50,7 @@ from homeserver.sync.tokens import SyncToken
 # Positions kept. A parked sync is usually a few positions behind the newest; one further
 # back than this computes its answer from the database.
 RECENT_EVENTS = 1024
-# Room entries kept (RoomEntries): one per room and run of new events in it.
+# Room entries kept (RoomEntry): one per room and run of new events in it.
 ROOM_ENTRIES = 256
 # Key count parts kept, one per distinct set of counts.
 KEY_COUNT_TEXTS = 1024
@@ -119,7 +119,7 @@ class RecentEvents:
         rooms/format.py's client_event gives it, without the room ID (a sync answer implies
         it)."""
         before, after = self.client_parts(stored)
-        return before + str(_age(stored, now)) + after
+        return before + str(_age(stored.event.pdu["origin_server_ts"], now)) + after
 
     def client_parts(self, stored: StoredEvent) -> tuple[str, str]:
         """client_json's text before the event's age, and after it."""
@@ -158,16 +158,16 @@ class RoomEntry:
     def text(self, now: int) -> str:
         texts = self.texts
         if len(texts) == 2:  # one event, the usual wake-up
-            return texts[0] + str(max(0, now - self.stamps[0])) + texts[1]
+            return texts[0] + str(_age(self.stamps[0], now)) + texts[1]
         parts = [texts[0]]
         for stamp, after in zip(self.stamps, texts[1:]):
-            parts += (str(max(0, now - stamp)), after)
+            parts += (str(_age(stamp, now)), after)
         return "".join(parts)
 
 
-def _age(stored: StoredEvent, now: int) -> int:
-    # As client_unsigned's.
-    return max(0, now - stored.event.pdu["origin_server_ts"])
+def _age(origin_server_ts: int, now: int) -> int:
+    # As client_unsigned's (rooms/format.py).
+    return max(0, now - origin_server_ts)
 
 
 @dataclass(frozen=True, slots=True)  # one per parked sync
