@@ -181,20 +181,11 @@ class SyncService:
         self.woken = WokenAnswers(notifier.recent, e2ee, self._lazy_members)
         self.on_wake = on_wake  # "recent_events" or "database", for each woken sync
 
-    def sync(
-        self,
-        requester: Requester,
-        since: str | None,
-        timeout_ms: int,
-        full_state: bool,
-        filter_param: str | None,
-        use_state_after: bool = False,
-        while_waiting=contextlib.nullcontext,
-    ) -> dict | EncodedJson:
-        """The /sync response, waited for here when there is nothing to send yet (`begin`,
-        then WaitingSync.answer)."""
-        found = self.begin(requester, since, timeout_ms, full_state, filter_param, use_state_after)
-        return found.answer(while_waiting) if isinstance(found, WaitingSync) else found
+    def sync(self, *args, **kwargs) -> dict | EncodedJson:
+        """`begin`'s /sync response, waited for here when there is nothing to send yet, as
+        in-process callers want it (the HTTP layer waits outside Flask: api/client/sync.py)."""
+        found = self.begin(*args, **kwargs)
+        return found.answer() if isinstance(found, WaitingSync) else found
 
     def begin(
         self,

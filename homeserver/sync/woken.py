@@ -165,6 +165,13 @@ class RoomEntry:
         return "".join(parts)
 
 
+def _keep(cache: dict, key, value, limit: int) -> None:
+    """Remembers `value`, forgetting the oldest entry once `limit` are kept."""
+    if len(cache) >= limit:
+        del cache[next(iter(cache))]
+    cache[key] = value
+
+
 def _age(origin_server_ts: int, now: int) -> int:
     # As client_unsigned's (rooms/format.py).
     return max(0, now - origin_server_ts)
@@ -265,9 +272,7 @@ class WokenAnswers:
             entry = RoomEntry(
                 encode_basestring(room_id) + ":" + _entry_text(blanked, events, []), events
             )
-            if len(self._entries) >= ROOM_ENTRIES:
-                del self._entries[next(iter(self._entries))]  # the oldest
-            self._entries[key] = entry
+            _keep(self._entries, key, entry, ROOM_ENTRIES)
         return entry
 
     def _formatted(
@@ -298,9 +303,7 @@ class WokenAnswers:
                 one_time_key_counts=keys.one_time, unused_fallback_key_types=keys.unused_fallback
             )
             text = "," + object_text((k, encode(v)) for k, v in part.fields().items())[1:-1]
-            if len(self._key_texts) >= KEY_COUNT_TEXTS:
-                self._key_texts.clear()
-            self._key_texts[key] = text
+            _keep(self._key_texts, key, text, KEY_COUNT_TEXTS)
         return text
 
 
