@@ -2,9 +2,16 @@
 then stored as history (homeserver/storage/history.py).
 
 The checks are a received PDU's: format, signatures and content hash (`PduChecker`, keys
-under the key-resolution budget), then the auth rules against the event's auth events. One
-that fails the auth rules is remembered as rejected (storage/event_state.py), so it is never
-fetched or checked again.
+under the key-resolution budget), then the auth rules three ways where they can be: against
+the event's auth events, against the state before it when that is known (a prev_event
+whose state was fetched at a gap), and against the current state. Failing either of the
+first two rejects the event, and it is remembered as rejected (storage/event_state.py), so
+it is never fetched or checked again; failing only the third hides it.
+
+Events fetched only to check others (the auth and state events at a gap) are stored hidden:
+part of the room's graph, never shown to clients. So an event that only its own auth chain
+allows, made up by the server that sends it, changes nothing a user sees; it can only be
+named as an auth event, and the state before any event is this server's own resolution.
 """
 
 from __future__ import annotations
@@ -14,7 +21,13 @@ from typing import Mapping
 
 from homeserver.core.clock import now_ms
 from homeserver.core.events import Event
-from homeserver.rooms.auth import AuthError, auth_event_ids_to_check, check_auth_events
+from homeserver.rooms.auth import (
+    AuthError,
+    auth_event_ids_to_check,
+    auth_types_for_event,
+    check_against_state,
+    check_auth_events,
+)
 from homeserver.rooms.pdu_checks import PduChecker
 from homeserver.rooms.versions import RoomVersion
 from homeserver.storage.event_state import EventStateStore
@@ -61,10 +74,13 @@ class HistoryWriter:
         version: RoomVersion,
         events: list[Event],
         state_before: Mapping[str, Mapping[StateKey, str]] | None = None,
+        hidden: frozenset[str] = frozenset(),
     ) -> list[str]:
         """Stores those of `events` that pass the auth rules against their auth events
         (stored, or among `events`), newest stored lowest; returns the IDs stored now.
-        `state_before` gives some of them the state before them."""
+        `state_before` gives some of them the state before them, which they are checked
+        against too, and then against the current state. Those in `hidden` are stored for
+        the graph only."""
         state_before = state_before or {}
         by_id = {e.event_id: e for e in events}
         rejected = self.states.rejections(
@@ -86,11 +102,57 @@ class HistoryWriter:
             except AuthError as e:
                 self._reject(event, f"rejected by its auth events: {e}", rejected)
                 continue
+            before = state_before.get(event.event_id)
+            if before is not None:
+                try:
+                    check_against_state(version, event, self._state(version, event, before, by_id))
+                except AuthError as e:
+                    self._reject(event, f"rejected by the state before it: {e}", rejected)
+                    continue
+                if not self._allowed_now(version, event):
+                    hidden = hidden | {event.event_id}
             passed[event.event_id] = event
         newest_first = sorted(passed.values(), key=lambda e: e.depth, reverse=True)
         return self.history.store(
-            [HistoryEvent(e, state_before.get(e.event_id)) for e in newest_first]
+            [
+                HistoryEvent(e, state_before.get(e.event_id), e.event_id in hidden)
+                for e in newest_first
+            ]
         )
+
+    def _state(
+        self,
+        version: RoomVersion,
+        event: Event,
+        state: Mapping[StateKey, str],
+        fetched: Mapping[str, Event],
+    ) -> dict[StateKey, Event]:
+        """The events of `state` that the auth rules read for `event`."""
+        keys = auth_types_for_event(
+            version, event.type, event.sender, event.state_key, event.content
+        )
+        ids = {k: state[k] for k in keys if k in state}
+        stored = self.rooms_store.events_in_room(
+            event.room_id, [i for i in ids.values() if i not in fetched]
+        )
+        found = {
+            k: fetched.get(i) or (stored[i].event if i in stored else None) for k, i in ids.items()
+        }
+        return {k: e for k, e in found.items() if e is not None}
+
+    def _allowed_now(self, version: RoomVersion, event: Event) -> bool:
+        """Does the room's current state allow `event` (else it is stored hidden)?"""
+        keys = auth_types_for_event(
+            version, event.type, event.sender, event.state_key, event.content
+        )
+        current = {
+            k: s.event for k, s in self.rooms_store.current_state(event.room_id, keys).items()
+        }
+        try:
+            check_against_state(version, event, current)
+        except AuthError:
+            return False
+        return True
 
     def _reject(self, event: Event, reason: str, rejected: dict) -> None:
         log.info("fetched event %s rejected: %s", event.event_id, reason)

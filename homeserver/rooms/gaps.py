@@ -10,7 +10,8 @@ Spec (server-server, "Backfilling and retrieving missing events"), as Synapse do
    state before each unknown prev_event with `/state_ids`, and the events it names that we
    lack (the prev_event itself, the state, the auth chain) with `/event`, at most
    `MAX_STATE_EVENTS`. They are checked like any PDU and stored as history
-   (rooms/fetched.py); the prev_event gets the fetched state as the state before it. The
+   (rooms/fetched.py), the state and auth events hidden from clients; the prev_event gets
+   the fetched state as the state before it. The
    PDU is then received as usual: the state before it is the resolution (RoomResolver) of
    the states after its prev_events.
 
@@ -181,7 +182,8 @@ class GapFiller:
         befores = {
             prev: self._state_map(event.room_id, ids, fetched) for prev, ids in states.items()
         }
-        self.writer.store(version, list(fetched.values()), befores)
+        # Only the prev_events are the room's timeline; the rest is for checking them.
+        self.writer.store(version, list(fetched.values()), befores, frozenset(fetched) - set(prevs))
 
     def _event(self, origin: str, event_id: str, deadline: OutboundDeadline) -> dict | None:
         body = self.client.get_json(

@@ -5,8 +5,9 @@ and the write that applies redactions as events are stored.
 A redaction is an ordinary event for the auth rules (its sender needs the
 `m.room.redaction` event level). Whether it applies to its target is decided apart, as the
 spec says for room versions 3 and later: it applies when its sender had the room's `redact`
-level (by the redaction's auth events), or when the target was sent from the redaction
-sender's server. A received redaction whose target is not here is stored and applies when
+level in the state before the redaction, as this server resolved it (never by the
+redaction's own auth events, which its sender chose), or when the target was sent from the
+redaction sender's server. A received redaction whose target is not here is stored and applies when
 the target arrives. A local user is held to more: without the `redact` level they may
 redact only their own events (as Synapse does), and a server admin those of users here.
 
@@ -32,7 +33,6 @@ from homeserver.core.errors import bad_json, forbidden, not_found
 from homeserver.core.events import Event
 from homeserver.core.identifiers import server_of
 from homeserver.core.requester import Requester
-from homeserver.rooms.auth import auth_event_ids_to_check
 from homeserver.rooms.events import redact
 from homeserver.rooms.format import client_event
 from homeserver.rooms.planned import PlannedEvent
@@ -44,6 +44,7 @@ from homeserver.rooms.power_levels import (
     user_power_level,
 )
 from homeserver.rooms.versions import KNOWN_ROOM_VERSIONS, RoomVersion
+from homeserver.storage import event_state
 from homeserver.storage.redactions import PendingRedaction, RedactionStore
 from homeserver.storage.rooms import RoomStore, StoredEvent
 
@@ -147,7 +148,7 @@ def redaction_write(events: list[Event], now_ms: int, applied: dict | None = Non
         targets = [e.event_id for e in events]
         for event in events:
             if event.type == REDACTION and (target := redacts_of(version(), event)):
-                store.record(tx, event, target, _by_power(tx, version(), event, events))
+                store.record(tx, event, target, _by_power(tx, version(), event))
                 targets.append(target)
         done: set[str] = set()
         for pending in store.pending(tx, room_id, targets):
@@ -180,16 +181,21 @@ def as_redacted(stored: list[StoredEvent], applied: dict) -> list[StoredEvent]:
     ]
 
 
-def _by_power(tx, version: RoomVersion, redaction: Event, batch: list[Event]) -> bool:
-    """Had the redaction's sender the `redact` level, by the redaction's auth events?"""
-    ids = auth_event_ids_to_check(version, redaction)
-    pdus = {e.event_id: e.pdu for e in batch if e.event_id in ids}
-    pdus.update(RedactionStore.event_pdus(tx, redaction.room_id, [i for i in ids if i not in pdus]))
-    state: dict[StateKey, Event] = {}
-    for event_id, pdu in pdus.items():
-        event = Event(event_id, pdu)
-        if event.state_key is not None:
-            state[(event.type, event.state_key)] = event
+def _by_power(tx, version: RoomVersion, redaction: Event) -> bool:
+    """Had the redaction's sender the `redact` level in the state before the redaction?
+
+    That state is the redaction's own state group (a redaction is no state event, so the
+    state after it is the state before it), written in this transaction: for a received
+    event the resolution of the states after its prev_events, for ours the current state.
+    The redaction's auth events are not read: a hostile server may name a power levels
+    event of its own making there, which only its own auth events allow."""
+    state_ids = event_state.state_of(tx, redaction.event_id)
+    if state_ids is None:
+        return False
+    keys = [(CREATE, ""), (POWER_LEVELS, "")]
+    ids = [state_ids[k] for k in keys if k in state_ids]
+    pdus = RedactionStore.event_pdus(tx, redaction.room_id, ids)
+    state = {k: Event(state_ids[k], pdus[state_ids[k]]) for k in keys if state_ids.get(k) in pdus}
     return may_redact_any(version, redaction.sender, state)
 
 

@@ -50,6 +50,12 @@ def read_group(tx, group: int) -> dict[StateKey, str]:
     return _decode(row[0]) if row else {}
 
 
+def state_of(tx, event_id: str) -> dict[StateKey, str] | None:
+    """The state after `event_id` (its group), or None if it has none."""
+    group = group_of(tx, event_id)
+    return read_group(tx, group) if group is not None else None
+
+
 def new_group(tx, room_id: str, state: StateIds) -> int:
     row = tx.fetchone(
         "INSERT INTO state_groups (room_id, state) VALUES (?, ?) RETURNING state_group",

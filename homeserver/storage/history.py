@@ -27,10 +27,13 @@ StateKey = tuple[str, str]
 
 @dataclass(frozen=True)
 class HistoryEvent:
-    """An event to store as history; `state_before`, when known, gives it a state group."""
+    """An event to store as history; `state_before`, when known, gives it a state group.
+    `hidden`: stored for the room's graph (an auth or state event fetched to check others,
+    or one the current state refuses), never shown to clients."""
 
     event: Event
     state_before: Mapping[StateKey, str] | None = None
+    hidden: bool = False
 
 
 class HistoryStore:
@@ -59,7 +62,7 @@ class HistoryStore:
             tx.execute(
                 "INSERT INTO events (stream_ordering, event_id, room_id, type, state_key,"
                 " sender, depth, origin_server_ts, membership, json, unsigned, soft_failed)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, 0)",
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?)",
                 (
                     position,
                     event.event_id,
@@ -71,15 +74,17 @@ class HistoryStore:
                     event.origin_server_ts,
                     event.membership,
                     encode_canonical_json(event.pdu).decode("utf-8"),
+                    int(item.hidden),
                 ),
             )
         return [h.event.event_id for h in new]
 
     def oldest(self, room_id: str, count: int) -> list[Event]:
-        """The `count` events of the room lowest in the stream: where its history ends."""
+        """The `count` events of the room's timeline lowest in the stream: where its history
+        ends (hidden events are no part of it)."""
         rows = self.db.read(
             lambda tx: tx.fetchall(
-                "SELECT event_id, json FROM events WHERE room_id = ?"
+                "SELECT event_id, json FROM events WHERE room_id = ? AND soft_failed = 0"
                 " ORDER BY stream_ordering LIMIT ?",
                 (room_id, count),
             )

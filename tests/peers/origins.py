@@ -79,8 +79,10 @@ class FakeOrigin:
         state_key: str | None = None,
         version: RoomVersion = ROOM_V10,
         origin_server_ts: int | None = None,
+        extra: dict | None = None,
     ) -> tuple[str, dict]:
-        """``(event_id, pdu)``: an event of ours, hashed and signed."""
+        """``(event_id, pdu)``: an event of ours, hashed and signed. ``extra``: more top-level
+        keys (a redaction's ``redacts`` before room version 11)."""
         pdu = {
             "room_id": room_id,
             "sender": sender,
@@ -93,6 +95,7 @@ class FakeOrigin:
         }
         if state_key is not None:
             pdu["state_key"] = state_key
+        pdu.update(extra or {})
         add_hashes_and_signatures(version, pdu, self.name, self.signing_key)
         return event_id_for(version, pdu), pdu
 

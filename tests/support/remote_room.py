@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from urllib.parse import quote
 
+from homeserver.rooms.versions import KNOWN_ROOM_VERSIONS, RoomVersion
 from tests.peers.origins import FakeOrigin, send_transaction
 
 V3 = "/_matrix/client/v3"
@@ -26,6 +27,8 @@ class RemoteRoom:
         # user ID -> event ID of their membership, once they joined through us
         self.members: dict[str, str] = {}
         self.depth = 100
+        create = self.state_events()[("m.room.create", "")]
+        self.version: RoomVersion = KNOWN_ROOM_VERSIONS[create["content"].get("room_version", "1")]
 
     @classmethod
     def create(cls, client, **body) -> RemoteRoom:
@@ -36,10 +39,26 @@ class RemoteRoom:
     def _path(self, rest: str) -> str:
         return f"{V3}/rooms/{quote(self.room_id, safe='')}{rest}"
 
-    def state_ids(self) -> dict[tuple[str, str], str]:
+    def state_events(self) -> dict[tuple[str, str], dict]:
         r = self.client.get(self._path("/state"))
         assert r.status_code == 200, r.text
-        return {(e["type"], e["state_key"]): e["event_id"] for e in r.json()}
+        return {(e["type"], e["state_key"]): e for e in r.json()}
+
+    def state_ids(self) -> dict[tuple[str, str], str]:
+        return {k: e["event_id"] for k, e in self.state_events().items()}
+
+    def auth_ids(self, *keys: tuple[str, str]) -> list[str]:
+        """The state events of `keys` as auth events: in v12 never the create event, which
+        the room ID names."""
+        state = self.state_ids()
+        skip = ("m.room.create", "") if self.version.room_id_is_create_event_id else None
+        return [state[k] for k in keys if k != skip]
+
+    def pdu(self, origin: FakeOrigin, sender: str, event_type: str, content: dict, **kw):
+        """(event_id, pdu) of an event of `origin`'s in this room, of its version, at the
+        next depth."""
+        kw.setdefault("depth", self._next_depth())
+        return origin.pdu(self.room_id, sender, event_type, content, version=self.version, **kw)
 
     def latest_event_id(self) -> str:
         r = self.client.get(self._path("/messages"), params={"dir": "b", "limit": 1})
@@ -67,30 +86,24 @@ class RemoteRoom:
         self, origin: FakeOrigin, localpart: str, prev: str | None = None
     ) -> tuple[str, dict]:
         user = origin.user(localpart)
-        state = self.state_ids()
-        auth = [
-            state[("m.room.create", "")],
-            state[("m.room.power_levels", "")],
-            state[("m.room.join_rules", "")],
-        ]
-        event_id, pdu = origin.pdu(
-            self.room_id,
+        auth = self.auth_ids(
+            ("m.room.create", ""), ("m.room.power_levels", ""), ("m.room.join_rules", "")
+        )
+        event_id, pdu = self.pdu(
+            origin,
             user,
             "m.room.member",
             {"membership": "join"},
             state_key=user,
             prev_events=[prev or self.latest_event_id()],
             auth_events=auth,
-            depth=self._next_depth(),
         )
         self.members[user] = event_id
         return event_id, pdu
 
     def auth_for(self, user: str) -> list[str]:
-        state = self.state_ids()
         return [
-            state[("m.room.create", "")],
-            state[("m.room.power_levels", "")],
+            *self.auth_ids(("m.room.create", ""), ("m.room.power_levels", "")),
             self.members[user],
         ]
 
@@ -107,14 +120,13 @@ class RemoteRoom:
         auth = auth or self.auth_for(user)
         ids, pdus = [], []
         for body in bodies:
-            event_id, pdu = origin.pdu(
-                self.room_id,
+            event_id, pdu = self.pdu(
+                origin,
                 user,
                 "m.room.message",
                 {"msgtype": "m.text", "body": body},
                 prev_events=[prev],
                 auth_events=auth,
-                depth=self._next_depth(),
             )
             ids.append(event_id)
             pdus.append(pdu)

@@ -1,0 +1,162 @@
+"""A hostile federating server against the real server: each attack it has, what the local
+user sees after it, and what the hostile server got back.
+
+The hostile server is a fake origin whose own federation API a real TLS peer serves
+(`tests/peers/origins.py`): it signs requests and events as itself, serves its keys, and
+answers our fetches with whatever the test puts there. Its users join rooms of alice's
+(local) through transactions, as a member server would.
+"""
+
+import os
+from urllib.parse import quote, unquote
+
+import pytest
+
+from homeserver.rooms.versions import ROOM_V10, ROOM_V12
+from tests.peers.origins import OriginKeyServer, federation_request, send_transaction
+from tests.support.federation import federation_settings, tls_listener_settings
+from tests.support.remote_room import RemoteRoom
+from tests.support.server import MatrixClient, WeirProcess, base_settings, merge
+
+V3 = "/_matrix/client/v3"
+FED_V1 = "/_matrix/federation/v1"
+WEIR = "weir.test"
+
+
+@pytest.fixture(scope="module")
+def hostile_server(test_ca, dns):
+    """The hostile server's federation API: `events` are what it answers /event with."""
+    with OriginKeyServer("hostile.test", test_ca, dns, host="127.31.131.2") as server:
+        server.events = {}
+        server.route("GET", f"{FED_V1}/event/", _serve_event(server), True)
+        yield server
+
+
+def _serve_event(server):
+    def handle(req):
+        pdu = server.events.get(unquote(req.path[len(f"{FED_V1}/event/") :]))
+        if pdu is None:
+            return 404, {"errcode": "M_NOT_FOUND", "error": "no such event"}
+        return 200, {"origin": "hostile", "origin_server_ts": 0, "pdus": [pdu]}
+
+    return handle
+
+
+@pytest.fixture(scope="module")
+def hostile(hostile_server):
+    return hostile_server.add_origin("evil")
+
+
+@pytest.fixture(scope="module")
+def weir(test_ca, dns, tmp_path_factory):
+    directory = str(tmp_path_factory.mktemp("hostile-peer"))
+    fed = federation_settings(test_ca, dns, remote_timeout=5)
+    fed.update(tls_listener_settings(test_ca, WEIR, "127.31.131.3", port=0))
+    proc = WeirProcess(
+        directory, merge(base_settings(os.path.join(directory, "data")), {"federation": fed})
+    ).start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def alice(weir):
+    client = MatrixClient(weir.client_url)
+    client.register("alice")
+    return client
+
+
+def send(weir, test_ca, origin, txn_id: str, pdus: list[dict]) -> dict:
+    r = send_transaction(weir.federation_url, origin, WEIR, txn_id, pdus, test_ca)
+    assert r.status_code == 200, r.text
+    return r.json()["pdus"]
+
+
+def joined_room(weir, test_ca, alice, origin, version: str) -> tuple[RemoteRoom, str]:
+    """A public room of alice's that `@mallory:<origin>` joined."""
+    room = RemoteRoom.create(alice, room_version=version)
+    join_id, join = room.join_pdu(origin, "mallory")
+    assert send(weir, test_ca, origin, f"join-{room.room_id}", [join]) == {join_id: {}}
+    return room, join_id
+
+
+def room_path(room: RemoteRoom, rest: str) -> str:
+    return f"{V3}/rooms/{quote(room.room_id, safe='')}{rest}"
+
+
+def client_event(alice, room: RemoteRoom, event_id: str) -> dict:
+    r = alice.get(room_path(room, f"/event/{quote(event_id, safe='')}"))
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def federation_event(weir, test_ca, origin, event_id: str) -> dict:
+    r = federation_request(
+        weir.federation_url,
+        origin,
+        WEIR,
+        "GET",
+        f"{FED_V1}/event/{quote(event_id, safe='')}",
+        test_ca,
+    )
+    assert r.status_code == 200, r.text
+    (pdu,) = r.json()["pdus"]
+    return pdu
+
+
+# --- authorisation comes from the room, not from the event's own claims -------------------
+
+
+@pytest.mark.parametrize("version", [ROOM_V10, ROOM_V12], ids=["v10", "v12"])
+def test_a_redaction_authorised_by_a_made_up_power_levels_event_is_not_applied(
+    weir, test_ca, alice, hostile, hostile_server, version
+):
+    room, join_id = joined_room(weir, test_ca, alice, hostile, version.identifier)
+    r = alice.put(
+        room_path(room, "/send/m.room.message/victim"),
+        json={"msgtype": "m.text", "body": "mine, and it stays"},
+    )
+    assert r.status_code == 200, r.text
+    target = r.json()["event_id"]
+
+    # A power levels event that gives mallory 100, allowed only by its own auth events
+    # (the create event and mallory's join): never sent, only served when asked for.
+    mallory = hostile.user("mallory")
+    fake_id, fake = room.pdu(
+        hostile,
+        mallory,
+        "m.room.power_levels",
+        {"users": {mallory: 100}, "redact": 50},
+        state_key="",
+        prev_events=[join_id],
+        auth_events=[*room.auth_ids(("m.room.create", "")), join_id],
+    )
+    hostile_server.events[fake_id] = fake
+    # From v11 the target is named in content, before it at the top level.
+    content, extra = {"reason": "mine now"}, {}
+    if version.updated_redaction_rules:
+        content["redacts"] = target
+    else:
+        extra["redacts"] = target
+    redaction_id, redaction = room.pdu(
+        hostile,
+        mallory,
+        "m.room.redaction",
+        content,
+        prev_events=[target],
+        auth_events=[*room.auth_ids(("m.room.create", "")), fake_id, join_id],
+        extra=extra,
+    )
+    send(weir, test_ca, hostile, f"redact-{room.room_id}", [redaction])
+
+    # The message is whole for alice and for every server that asks.
+    assert client_event(alice, room, target)["content"]["body"] == "mine, and it stays"
+    assert federation_event(weir, test_ca, hostile, target)["content"]["body"] == (
+        "mine, and it stays"
+    )
+    # The made-up event was fetched to check the redaction, and shows nowhere.
+    assert any(r.path == f"{FED_V1}/event/{fake_id}" for r in hostile_server.requests)
+    shown = [e["event_id"] for e in room.timeline()]
+    assert fake_id not in shown
+    levels = alice.get(room_path(room, "/state/m.room.power_levels/")).json()
+    assert mallory not in levels.get("users", {})
