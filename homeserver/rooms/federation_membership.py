@@ -38,6 +38,7 @@ from homeserver.rooms.events import (
 from homeserver.rooms.pdu_checks import CheckedPdu, PduChecker
 from homeserver.rooms.received import ReceivedEventRefused
 from homeserver.rooms.resolution import RoomResolver
+from homeserver.rooms.restricted_joins import AUTHORISER, check_countersignable
 from homeserver.rooms.service import RoomService
 from homeserver.rooms.versions import KNOWN_ROOM_VERSIONS, RoomVersion
 from homeserver.storage.remote_invites import RemoteInviteStore
@@ -229,10 +230,19 @@ class FederationMembership:
 
     def _countersign_authorised_join(self, version: RoomVersion, pdu: dict) -> None:
         """A restricted join names one of our users as authorising it: we sign it (spec,
-        "Restricted rooms"), after checking that user may still invite."""
-        authoriser = pdu["content"].get("join_authorised_via_users_server")
+        "Restricted rooms") only after every check `make_join` makes holds now
+        (restricted_joins.py); a server may skip make_join and come straight here."""
+        authoriser = pdu["content"].get(AUTHORISER)
         if not isinstance(authoriser, str) or server_of(authoriser) != self.rooms.server_name:
             return
+        check_countersignable(
+            self.rooms.store,
+            version,
+            self.rooms.server_name,
+            pdu["room_id"],
+            pdu["state_key"],
+            authoriser,
+        )
         signed = sign_json(redact(version, pdu), self.rooms.server_name, self.rooms.signing_key)
         pdu.setdefault("signatures", {}).update(signed["signatures"])
 

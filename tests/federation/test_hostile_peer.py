@@ -62,7 +62,7 @@ def weir(test_ca, dns, tmp_path_factory):
 @pytest.fixture(scope="module")
 def alice(weir):
     client = MatrixClient(weir.client_url)
-    client.register("alice")
+    client.user_id = client.register("alice")["user_id"]
     return client
 
 
@@ -160,3 +160,109 @@ def test_a_redaction_authorised_by_a_made_up_power_levels_event_is_not_applied(
     assert fake_id not in shown
     levels = alice.get(room_path(room, "/state/m.room.power_levels/")).json()
     assert mallory not in levels.get("users", {})
+
+
+# --- send_join checks everything make_join checks -------------------------------------------
+
+
+def restricted_room(alice, version: str, rule: str) -> tuple[RemoteRoom, str]:
+    """A room of alice's that admits members of another room of hers, which nobody else is
+    in; returns it and the allowed room's ID."""
+    allowed = RemoteRoom.create(alice, room_version=version)
+    room = RemoteRoom.create(alice, room_version=version)
+    content = {
+        "join_rule": rule,
+        "allow": [{"type": "m.room_membership", "room_id": allowed.room_id}],
+    }
+    r = alice.put(room_path(room, "/state/m.room.join_rules/"), json=content)
+    assert r.status_code == 200, r.text
+    return room, allowed.room_id
+
+
+def authorised_join(room: RemoteRoom, origin, localpart: str, authoriser: str):
+    """A join of `@localpart:origin` naming `authoriser` as authorising it, built without
+    asking make_join."""
+    user = origin.user(localpart)
+    state = room.state_ids()
+    return room.pdu(
+        origin,
+        user,
+        "m.room.member",
+        {"membership": "join", "join_authorised_via_users_server": authoriser},
+        state_key=user,
+        prev_events=[room.latest_event_id()],
+        auth_events=[
+            *room.auth_ids(
+                ("m.room.create", ""), ("m.room.power_levels", ""), ("m.room.join_rules", "")
+            ),
+            state[("m.room.member", authoriser)],
+        ],
+    )
+
+
+def send_join(weir, test_ca, origin, room: RemoteRoom, event_id: str, pdu: dict):
+    path = f"/_matrix/federation/v2/send_join/{quote(room.room_id, safe='')}/{quote(event_id, safe='')}"
+    return federation_request(weir.federation_url, origin, WEIR, "PUT", path, test_ca, body=pdu)
+
+
+@pytest.mark.parametrize(
+    "version,rule",
+    [("10", "restricted"), ("10", "knock_restricted"), ("12", "restricted")],
+)
+def test_a_join_straight_to_send_join_is_not_countersigned_for_a_user_outside_the_allowed_rooms(
+    weir, test_ca, alice, hostile, version, rule
+):
+    room, _ = restricted_room(alice, version, rule)
+    make = federation_request(
+        weir.federation_url,
+        hostile,
+        WEIR,
+        "GET",
+        f"{FED_V1}/make_join/{quote(room.room_id, safe='')}/{quote(hostile.user('mallory'))}"
+        f"?ver={version}",
+        test_ca,
+    )
+    assert make.status_code == 403, make.text  # the handshake refuses it as it should
+
+    join_id, join = authorised_join(room, hostile, "mallory", alice.user_id)
+    r = send_join(weir, test_ca, hostile, room, join_id, join)
+    assert r.status_code == 403, r.text
+    assert r.json()["errcode"] == "M_FORBIDDEN"
+    assert WEIR not in r.text  # no signature of ours came back
+    assert ("m.room.member", hostile.user("mallory")) not in room.state_ids()
+
+    # Not in the room, so it reads none of its history either.
+    backfill = federation_request(
+        weir.federation_url,
+        hostile,
+        WEIR,
+        "GET",
+        f"{FED_V1}/backfill/{quote(room.room_id, safe='')}"
+        f"?v={quote(room.latest_event_id(), safe='')}&limit=10",
+        test_ca,
+    )
+    assert backfill.status_code == 403, backfill.text
+
+
+def test_a_join_that_needs_no_authorisation_is_never_countersigned(weir, test_ca, alice, hostile):
+    room = RemoteRoom.create(alice, room_version="10")  # public: anyone may join
+    join_id, join = authorised_join(room, hostile, "mallory", alice.user_id)
+    r = send_join(weir, test_ca, hostile, room, join_id, join)
+    assert r.status_code == 403, r.text
+    assert "needs no" in r.json()["error"]
+    assert ("m.room.member", hostile.user("mallory")) not in room.state_ids()
+
+
+def test_send_join_names_the_spec_errors_for_what_it_cannot_vouch_for(
+    weir, test_ca, alice, hostile
+):
+    # Allowed by a room this server is not in: it cannot tell.
+    room = RemoteRoom.create(alice, room_version="10")
+    content = {
+        "join_rule": "restricted",
+        "allow": [{"type": "m.room_membership", "room_id": "!elsewhere:other.test"}],
+    }
+    assert alice.put(room_path(room, "/state/m.room.join_rules/"), json=content).status_code == 200
+    join_id, join = authorised_join(room, hostile, "mallory", alice.user_id)
+    r = send_join(weir, test_ca, hostile, room, join_id, join)
+    assert (r.status_code, r.json()["errcode"]) == (400, "M_UNABLE_TO_AUTHORISE_JOIN"), r.text
