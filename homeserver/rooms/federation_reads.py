@@ -20,6 +20,7 @@ import bisect
 
 from homeserver.core.clock import now_ms
 from homeserver.core.errors import forbidden, not_found
+from homeserver.core.identifiers import server_of
 from homeserver.rooms.events import redact
 from homeserver.rooms.federation_membership import MAX_AUTH_CHAIN
 from homeserver.rooms.resolution import RoomResolver
@@ -74,7 +75,7 @@ class FederationReads:
         """The room, if `origin` may read it at all."""
         version = self.rooms.room_version(room_id)
         store = self.rooms.store
-        joined = any(u.endswith(":" + origin) for u in store.joined_users(room_id))
+        joined = any(server_of(u) == origin for u in store.joined_users(room_id))
         changes = store.state_changes(room_id, [("m.room.history_visibility", "")])
         visibilities = [
             (p, s.event.content.get("history_visibility") or "shared")

@@ -89,8 +89,8 @@ def _check_allowed(store: RoomStore, server_name: str, state: dict, user_id: str
     """The user is joined to one of the allowed rooms that this server is in (the only ones
     whose membership we can vouch for)."""
     rules = state[("m.room.join_rules", "")]
-    allowed = {
-        a.get("room_id")
+    allowed: set[str] = {
+        a["room_id"]
         for a in rules.content.get("allow") or []
         if isinstance(a, dict)
         and a.get("type") == "m.room_membership"

@@ -26,6 +26,7 @@ from homeserver.accounts.shared_secret import SharedSecretRegistration
 from homeserver.accounts.uia import UserInteractiveAuth
 from homeserver.core.collector import CollectorHold
 from homeserver.core.components import component
+from homeserver.core.identifiers import server_of
 from homeserver.core.threads import CountedThreadPool
 from homeserver.directory.remote import RemoteDirectory
 from homeserver.directory.service import DirectoryService
@@ -345,7 +346,7 @@ class HomeserverRuntime(Infrastructure):
         """Wakes the syncs of all who share a room with the user; tells other servers."""
         if self.notifier.waiting():
             self.notifier.notify_users(self.e2ee_store.users_sharing_a_room(user_id))
-        if (devices or signing) and user_id.endswith(":" + self.server_name):
+        if (devices or signing) and server_of(user_id) == self.server_name:
             self.e2ee_federation.server.changed(user_id, devices, signing)
 
     @component

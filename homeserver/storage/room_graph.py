@@ -12,6 +12,7 @@ import json
 from typing import Iterable
 
 from homeserver.core.events import Event
+from homeserver.core.identifiers import server_of
 from homeserver.storage.database import Database, in_lists
 from homeserver.storage.rooms import RoomStore, StoredEvent
 
@@ -91,7 +92,6 @@ class RoomGraphStore:
     def server_memberships(self, room_id: str, server_name: str) -> list[tuple[int, str, str]]:
         """(position, user_id, membership) of every member event in the room about a user
         of `server_name`, oldest first: what a server could see, when, is read from it."""
-        suffix = ":" + server_name
         rows = self.db.read(
             lambda tx: tx.fetchall(
                 "SELECT stream_ordering, state_key, membership FROM events"
@@ -100,5 +100,6 @@ class RoomGraphStore:
                 (room_id,),
             )
         )
-        # Matched here, not with LIKE: a server name may hold `_`, a LIKE wildcard.
-        return [(r[0], r[1], r[2]) for r in rows if r[1].endswith(suffix)]
+        # Matched here, not with LIKE: a server name may hold `_`, a LIKE wildcard; and
+        # by the whole server part, not its end (`8448` is no server of `@u:host:8448`).
+        return [(r[0], r[1], r[2]) for r in rows if server_of(r[1]) == server_name]

@@ -13,7 +13,7 @@ from urllib.parse import quote, unquote
 import pytest
 
 from homeserver.rooms.versions import ROOM_V10, ROOM_V12
-from tests.peers.origins import OriginKeyServer, federation_request, send_transaction
+from tests.peers.origins import FakeOrigin, OriginKeyServer, federation_request, send_transaction
 from tests.support.federation import federation_settings, tls_listener_settings
 from tests.support.remote_room import RemoteRoom
 from tests.support.server import MatrixClient, WeirProcess, base_settings, merge
@@ -266,3 +266,40 @@ def test_send_join_names_the_spec_errors_for_what_it_cannot_vouch_for(
     join_id, join = authorised_join(room, hostile, "mallory", alice.user_id)
     r = send_join(weir, test_ca, hostile, room, join_id, join)
     assert (r.status_code, r.json()["errcode"]) == (400, "M_UNABLE_TO_AUTHORISE_JOIN"), r.text
+
+
+# --- server names are parsed, never suffix-matched -------------------------------------------
+
+
+def test_a_server_named_like_a_members_port_reads_nothing_of_the_room(weir, test_ca, dns, alice):
+    # A member server on port 8448, and a server whose whole name is "8448": the end of
+    # every one of that member's user IDs.
+    with OriginKeyServer(
+        "porty.test",
+        test_ca,
+        dns,
+        host="127.31.131.4",
+        port=8448,
+        extra_names=("8448",),
+    ) as server:
+        member = server.add_origin("m")
+        assert member.name.endswith(":8448")
+        porty = FakeOrigin("8448")
+        server.origins[porty.name] = porty
+        dns.add_a("8448", server.host)
+        room = RemoteRoom.create(alice, room_version="10")
+        join_id, join = room.join_pdu(member, "bob")
+        assert send(weir, test_ca, member, "porty-join", [join]) == {join_id: {}}
+        message = room.latest_event_id()
+
+        r = federation_request(
+            weir.federation_url,
+            porty,
+            WEIR,
+            "GET",
+            f"{FED_V1}/event/{quote(message, safe='')}",
+            test_ca,
+        )
+        assert r.status_code == 403, r.text
+        # The member's own server reads it, as it should.
+        assert federation_event(weir, test_ca, member, message)["room_id"] == room.room_id

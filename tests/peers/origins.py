@@ -103,10 +103,9 @@ class FakeOrigin:
 class OriginKeyServer(HonestPeer):
     """One TLS listener serving the key documents of many origins under one DNS domain."""
 
-    def __init__(self, domain: str, ca, dns, host: str, port: int = 0, **kw):
-        super().__init__(
-            f"keys.{domain}", ca, host=host, port=port, cert_names=(f"*.{domain}", host), **kw
-        )
+    def __init__(self, domain: str, ca, dns, host: str, port: int = 0, extra_names=(), **kw):
+        names = (f"*.{domain}", host, *extra_names)  # extra_names: origins outside the domain
+        super().__init__(f"keys.{domain}", ca, host=host, port=port, cert_names=names, **kw)
         self.domain = domain
         self.dns = dns
         self.origins: dict[str, FakeOrigin] = {}

@@ -7,6 +7,7 @@ from flask import Blueprint, request
 from homeserver.api.context import runtime
 from homeserver.api.federation_auth import requires_server_auth
 from homeserver.core.errors import invalid_param, missing_param
+from homeserver.core.identifiers import server_of
 from homeserver.http.responses import json_response
 
 bp = Blueprint("federation_profile", __name__)
@@ -24,7 +25,7 @@ def query_profile():
     if field is not None and field not in PROFILE_FIELDS:
         raise invalid_param(f"field must be one of {', '.join(PROFILE_FIELDS)}")
     rt = runtime()
-    if not user_id.endswith(":" + rt.server_name):
+    if server_of(user_id) != rt.server_name:
         raise invalid_param("User is not hosted on this homeserver")
     profile = rt.profiles.profile(user_id)  # 404 M_NOT_FOUND for an unknown user
     wanted = (field,) if field is not None else PROFILE_FIELDS
