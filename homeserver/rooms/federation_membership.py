@@ -39,6 +39,7 @@ from homeserver.rooms.pdu_checks import CheckedPdu, PduChecker
 from homeserver.rooms.received import ReceivedEventRefused
 from homeserver.rooms.resolution import RoomResolver
 from homeserver.rooms.restricted_joins import AUTHORISER, check_countersignable
+from homeserver.rooms.server_acl import ServerAcls
 from homeserver.rooms.service import RoomService
 from homeserver.rooms.versions import KNOWN_ROOM_VERSIONS, RoomVersion
 from homeserver.storage.remote_invites import RemoteInviteStore
@@ -82,9 +83,11 @@ class FederationMembership:
         graph: RoomGraphStore,
         invites: RemoteInviteStore,
         wake_users: Callable[[Iterable[str]], None],
+        acls: ServerAcls,
         relay: MembershipRelay | None = None,
     ):
         self.rooms = rooms
+        self.acls = acls
         # In a worker shard: main stores, so the writes below are main's to do.
         self.relay = relay
         self.checker = checker
@@ -105,6 +108,7 @@ class FederationMembership:
     ) -> dict:
         """The event template for `user_id` (of `origin`) to join, leave or knock."""
         version = self._resident_room(room_id)
+        self.acls.check(room_id, origin)
         if supported_versions is not None and version.identifier not in supported_versions:
             raise incompatible_version(version.identifier)
         if not is_valid_user_id(user_id) or server_of(user_id) != origin:
@@ -178,6 +182,7 @@ class FederationMembership:
             args = {"origin": origin, "room_id": room_id, "event_id": event_id, "pdu": pdu}
             return self.relay("send_membership", {**args, "membership": membership}, source_ip)
         version = self._resident_room(room_id)
+        self.acls.check(room_id, origin)
         pdu = self._check_member_event(version, origin, room_id, event_id, pdu, membership)
         if membership == "join":
             self._countersign_authorised_join(version, pdu)
@@ -322,12 +327,15 @@ class FederationMembership:
         sender = pdu.get("sender")
         if not isinstance(sender, str) or server_of(sender) != origin:
             raise forbidden(f"{origin} may not send an invite from {sender}")
+        resident = self.rooms.room_exists(room_id) and self.rooms.is_joined_here(room_id)
+        if resident:
+            self.acls.check(room_id, origin)
         pdu = self._check_invite_event(version, room_id, event_id, pdu)
         event, signed_by = self._verified(version, event_id, pdu, source_ip)
         signed = sign_json(redact(version, pdu), self.rooms.server_name, self.rooms.signing_key)
         pdu.setdefault("signatures", {}).update(signed["signatures"])
         event = Event(event_id, pdu)
-        if self.rooms.room_exists(room_id) and self.rooms.is_joined_here(room_id):
+        if resident:
             try:
                 self.rooms.receive_event(version, event, signed_by | {self.rooms.server_name})
             except ReceivedEventRefused as e:

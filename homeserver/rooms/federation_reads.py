@@ -2,9 +2,9 @@
 `/event_auth`, `/backfill` and `/get_missing_events` (server-server spec, "Retrieving events"
 and "Backfilling and retrieving missing events").
 
-Who may read: a server with a member joined to the room now, or any server when the room's
-history is world_readable now; anyone else is told 403, as Synapse does ("Host not in
-room"). Which events: those whose history visibility, at the event, lets the server see them
+Who may read: a server the room's server ACL allows (rooms/server_acl.py) with a member
+joined to the room now, or any such server when the room's history is world_readable now;
+anyone else is told 403, as Synapse does ("Host not in room"). Which events: those whose history visibility, at the event, lets the server see them
 (spec, history visibility "server behaviour": world_readable and shared to every such
 server, invited to a server that had a user invited or joined then, joined to one that had a
 user joined then). An event it may not see is sent redacted where a list holds it (the graph
@@ -24,6 +24,7 @@ from homeserver.core.identifiers import server_of
 from homeserver.rooms.events import redact
 from homeserver.rooms.federation_membership import MAX_AUTH_CHAIN
 from homeserver.rooms.resolution import RoomResolver
+from homeserver.rooms.server_acl import ServerAcls
 from homeserver.rooms.service import RoomService
 from homeserver.rooms.versions import RoomVersion
 from homeserver.storage.room_graph import RoomGraphStore
@@ -67,13 +68,15 @@ class _ServerView:
 
 
 class FederationReads:
-    def __init__(self, rooms: RoomService, graph: RoomGraphStore):
+    def __init__(self, rooms: RoomService, graph: RoomGraphStore, acls: ServerAcls):
         self.rooms = rooms
         self.graph = graph
+        self.acls = acls
 
     def _admit(self, origin: str, room_id: str) -> tuple[RoomVersion, _ServerView]:
         """The room, if `origin` may read it at all."""
         version = self.rooms.room_version(room_id)
+        self.acls.check(room_id, origin)
         store = self.rooms.store
         joined = any(server_of(u) == origin for u in store.joined_users(room_id))
         changes = store.state_changes(room_id, [("m.room.history_visibility", "")])

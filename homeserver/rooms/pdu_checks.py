@@ -33,6 +33,7 @@ from homeserver.rooms.events import (
     redact,
 )
 from homeserver.rooms.out_of_room import OutOfRoomEnds
+from homeserver.rooms.server_acl import ServerAcls
 from homeserver.rooms.service import RoomService
 from homeserver.rooms.versions import (
     DEFAULT_ROOM_VERSION,
@@ -103,24 +104,38 @@ def signing_servers(pdu: dict, version: RoomVersion) -> list[str]:
 
 class PduChecker:
     def __init__(
-        self, keyring: Keyring, rooms: RoomService, out_of_room: OutOfRoomEnds | None = None
+        self,
+        keyring: Keyring,
+        rooms: RoomService,
+        out_of_room: OutOfRoomEnds | None = None,
+        acls: ServerAcls | None = None,
     ):
         self.keyring = keyring
         self.rooms = rooms
+        # The rooms' server ACLs, for PDUs sent by an origin (a transaction's).
+        self._acls = acls
         # Where a PDU of a room we are not in may end a kept invite or knock (out_of_room.py).
         self._out_of_room = out_of_room
 
-    def check(self, pdus: list[dict], source_ip: str | None) -> list[CheckedPdu]:
+    def check(
+        self, pdus: list[dict], source_ip: str | None, origin: str | None = None
+    ) -> list[CheckedPdu]:
         """The checked PDUs, in order; a PDU too broken to have an event ID is left out.
         Signatures of all PDUs are verified at once, each server's keys fetched once.
-        Raises ``KeyResolutionRefused`` as soon as one key fetch is refused."""
+        Raises ``KeyResolutionRefused`` as soon as one key fetch is refused. `origin`: the
+        server that sent them, whom each room's server ACL must allow (before any key is
+        fetched for its PDUs)."""
         room_versions = self._room_versions(pdus)
         checked: list[CheckedPdu] = []
         for pdu in pdus:
             try:
-                checked.append(_identify(pdu, room_versions))
+                item = _identify(pdu, room_versions)
             except Exception as e:  # not even an event ID: nothing to tell the sender
                 log.info("dropping a PDU without an event ID: %s", e)
+                continue
+            if item.error is None and origin is not None and not self._acl_allows(item, origin):
+                item = _failed(item, f"{origin} is denied by the room's server ACL")
+            checked.append(item)
         jobs = [
             gevent.spawn(self.verify, item, source_ip) if item.error is None else None
             for item in checked
@@ -136,6 +151,9 @@ class PduChecker:
             # Waiters only: a fetch in flight runs on in its own greenlet and fills the cache.
             gevent.killall([job for job in running if not job.ready()])
         return [job.value if job is not None else item for item, job in zip(checked, jobs)]
+
+    def _acl_allows(self, item: CheckedPdu, origin: str) -> bool:
+        return self._acls is None or self._acls.allows(item.pdu["room_id"], origin)
 
     def _room_versions(self, pdus: list[dict]) -> dict[str, RoomVersion]:
         """The version of each room the PDUs name that this server is in (joined)."""

@@ -133,7 +133,7 @@ class TransactionProcessor:
         self, origin: str, pdus: list[dict], source_ip: str | None, results: dict
     ) -> dict:
         """Checks, authorises and stores the PDUs: the transaction's answer."""
-        checked = self.checker.check(pdus, source_ip)
+        checked = self.checker.check(pdus, source_ip, origin)
         # Parents before children (a child is deeper), whatever order they were sent in.
         for item in sorted(checked, key=lambda c: c.pdu["depth"] if c.error is None else 0):
             if item.error is not None:
@@ -195,7 +195,7 @@ class ShardTransactionReceiver:
         answer = self.store.answer(origin, txn_id)
         if answer is not None:
             return answer
-        checked = self.checker.check(pdus, source_ip)
+        checked = self.checker.check(pdus, source_ip, origin)
         passed = [item.pdu for item in checked if item.error is None]
         dropped = {
             item.event_id: {"error": item.error} for item in checked if item.error is not None

@@ -54,6 +54,7 @@ from homeserver.rooms.join_checks import JoinResponseChecker
 from homeserver.rooms.out_of_room import OutOfRoomEnds
 from homeserver.rooms.pdu_checks import PduChecker
 from homeserver.rooms.remote_membership import RemoteMembership
+from homeserver.rooms.server_acl import ServerAcls
 from homeserver.rooms.service import RoomService
 from homeserver.rooms.transactions import (
     ShardTransactionReceiver,
@@ -201,7 +202,7 @@ class HomeserverRuntime(Infrastructure):
     def inbound_transactions(self) -> TransactionProcessor | ShardTransactionReceiver:
         """PUT /send: main checks, authorises and stores the PDUs; a worker shard (given the
         relay to main) checks them under its own budget and relays them."""
-        checker = PduChecker(self.keyring, self.rooms, self.out_of_room_ends)
+        checker = PduChecker(self.keyring, self.rooms, self.out_of_room_ends, self.server_acls)
         received = ReceivedTransactionStore(self.db)
         if self._transaction_relay is None:
             return TransactionProcessor(
@@ -237,13 +238,19 @@ class HomeserverRuntime(Infrastructure):
             self.room_graph,
             self.remote_invites,
             self.notifier.notify_users,
+            self.server_acls,
             self._membership_relay,
         )
 
     @component
     def federation_reads(self) -> FederationReads:
         """What other servers may read of our rooms."""
-        return FederationReads(self.rooms, self.room_graph)
+        return FederationReads(self.rooms, self.room_graph, self.server_acls)
+
+    @component
+    def server_acls(self) -> ServerAcls:
+        """Which servers each room lets take part (m.room.server_acl)."""
+        return ServerAcls(self.room_store)
 
     # --- /sync: waiting syncs park on the notifier --------------------------------------
 
@@ -317,6 +324,7 @@ class HomeserverRuntime(Infrastructure):
             self.room_store.joined_users,
             self.typing,
             self.receipts,
+            self.server_acls.allows,
             lambda edu_type, outcome: counter.labels(edu_type, outcome).inc(),
         )
 

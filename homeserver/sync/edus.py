@@ -9,6 +9,7 @@ transaction is answered 200 all the same, since EDUs get no answer:
 - well formed: IDs by their grammar, booleans and numbers where the spec has them;
 - the user's server is the transaction's origin (the one X-Matrix authenticated);
 - the user is joined to the room in our current state (so an unknown room drops it too);
+- the room's server ACL allows the origin (rooms/server_acl.py);
 - a receipt is a public ``m.read`` (``m.read.private`` never crosses servers) for an event of
   the room we hold: receipts are ordered by the event's place in our stream, so one for an
   event we do not have yet is dropped, and the user's next receipt puts it right.
@@ -55,9 +56,15 @@ class _Transaction:
     """One transaction's EDUs: what they may still cost, the joined members read so far (one
     read per room), and what was dropped, for one log line."""
 
-    def __init__(self, origin: str, joined_users: Callable[[str], Iterable[str]]):
+    def __init__(
+        self,
+        origin: str,
+        joined_users: Callable[[str], Iterable[str]],
+        acl_allows: Callable[[str, str], bool],
+    ):
         self.origin = origin
         self._joined_users = joined_users
+        self._acl_allows = acl_allows
         self._joined: dict[str, frozenset[str]] = {}
         self.left = MAX_ITEMS_PER_TRANSACTION
         self.dropped: dict[str, int] = {}
@@ -79,7 +86,11 @@ class _Transaction:
             return "user of another server"
         members = self._joined.get(room_id)
         if members is None:
-            members = self._joined[room_id] = frozenset(self._joined_users(room_id))
+            allowed = self._acl_allows(room_id, self.origin)
+            members = frozenset(self._joined_users(room_id)) if allowed else frozenset()
+            self._joined[room_id] = members
+            if not allowed:
+                return "server denied by the room's ACL"
         return None if user_id in members else "user not joined"
 
 
@@ -89,17 +100,20 @@ class InboundEdus:
         joined_users: Callable[[str], Iterable[str]],
         typing: TypingNotifications,
         receipts: ReceiptService,
+        acl_allows: Callable[[str, str], bool],
         outcome: Outcome | None = None,
     ):
-        """`joined_users(room_id)`: the room's joined members in our current state."""
+        """`joined_users(room_id)`: the room's joined members in our current state;
+        `acl_allows(room_id, server)`: its server ACL."""
         self._joined_users = joined_users
+        self._acl_allows = acl_allows
         self.typing = typing
         self.receipts = receipts
         self._outcome = outcome or (lambda edu_type, outcome: None)
 
     def receive(self, origin: str, edus: list[dict]) -> None:
         """Applies what passes of a transaction's m.typing and m.receipt EDUs."""
-        txn = _Transaction(origin, self._joined_users)
+        txn = _Transaction(origin, self._joined_users, self._acl_allows)
         receipts: list[Receipt] = []
         for edu in edus:
             content = edu.get("content")

@@ -8,9 +8,11 @@ answers our fetches with whatever the test puts there. Its users join rooms of a
 """
 
 import os
+import re
 from urllib.parse import quote, unquote
 
 import pytest
+import requests
 
 from homeserver.rooms.versions import ROOM_V10, ROOM_V12
 from tests.peers.origins import FakeOrigin, OriginKeyServer, federation_request, send_transaction
@@ -201,7 +203,8 @@ def authorised_join(room: RemoteRoom, origin, localpart: str, authoriser: str):
 
 
 def send_join(weir, test_ca, origin, room: RemoteRoom, event_id: str, pdu: dict):
-    path = f"/_matrix/federation/v2/send_join/{quote(room.room_id, safe='')}/{quote(event_id, safe='')}"
+    rid, eid = quote(room.room_id, safe=""), quote(event_id, safe="")
+    path = f"/_matrix/federation/v2/send_join/{rid}/{eid}"
     return federation_request(weir.federation_url, origin, WEIR, "PUT", path, test_ca, body=pdu)
 
 
@@ -303,3 +306,79 @@ def test_a_server_named_like_a_members_port_reads_nothing_of_the_room(weir, test
         assert r.status_code == 403, r.text
         # The member's own server reads it, as it should.
         assert federation_event(weir, test_ca, member, message)["room_id"] == room.room_id
+
+
+# --- server ACLs -----------------------------------------------------------------------------
+
+
+def edu_items(weir, edu_type: str, outcome: str) -> float:
+    text = requests.get(weir.url("/metrics"), timeout=10).text
+    labels = f'edu_type="{edu_type}",outcome="{outcome}"'
+    pattern = rf"^weir_inbound_edu_items_total{{{re.escape(labels)}}} (\S+)$"
+    found = re.search(pattern, text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_a_server_the_rooms_acl_denies_is_refused_on_every_route(weir, test_ca, alice, hostile):
+    room, join_id = joined_room(weir, test_ca, alice, hostile, "10")
+    (message,), pdus = room.messages(hostile, "mallory", ["before the ACL"], prev=join_id)
+    assert send(weir, test_ca, hostile, f"acl-before-{room.room_id}", pdus) == {message: {}}
+    acl = {"allow": ["*"], "deny": ["*.hostile.test"], "allow_ip_literals": False}
+    r = alice.put(room_path(room, "/state/m.room.server_acl/"), json=acl)
+    assert r.status_code == 200, r.text
+    latest = room.latest_event_id()
+    denied = "denied by the room's server ACL"
+
+    # Its PDUs are refused one by one, and its typing is dropped.
+    (after,), pdus = room.messages(hostile, "mallory", ["after the ACL"], prev=latest)
+    typing = {
+        "edu_type": "m.typing",
+        "content": {"room_id": room.room_id, "user_id": hostile.user("mallory"), "typing": True},
+    }
+    dropped = edu_items(weir, "m.typing", "dropped")
+    r = send_transaction(
+        weir.federation_url,
+        hostile,
+        WEIR,
+        f"acl-after-{room.room_id}",
+        pdus,
+        test_ca,
+        edus=[typing],
+    )
+    assert r.status_code == 200, r.text
+    assert denied in r.json()["pdus"][after]["error"]
+    assert edu_items(weir, "m.typing", "dropped") == dropped + 1
+    assert after not in [e["event_id"] for e in room.timeline()]
+
+    # Every route that reads the room or changes its membership.
+    rid, eid = quote(room.room_id, safe=""), quote(latest, safe="")
+    user = quote(hostile.user("mallory"), safe="")
+    someone = quote(hostile.user("trudy"), safe="")
+    event = {"type": "m.room.member", "room_id": room.room_id}
+    routes = [
+        ("GET", f"{FED_V1}/event/{quote(message, safe='')}", None),
+        ("GET", f"{FED_V1}/state/{rid}?event_id={eid}", None),
+        ("GET", f"{FED_V1}/state_ids/{rid}?event_id={eid}", None),
+        ("GET", f"{FED_V1}/event_auth/{rid}/{eid}", None),
+        ("GET", f"{FED_V1}/backfill/{rid}?v={eid}&limit=10", None),
+        (
+            "POST",
+            f"{FED_V1}/get_missing_events/{rid}",
+            {"earliest_events": [], "latest_events": [latest], "limit": 10},
+        ),
+        ("GET", f"{FED_V1}/make_join/{rid}/{someone}?ver=10", None),
+        ("GET", f"{FED_V1}/make_leave/{rid}/{user}", None),
+        ("GET", f"{FED_V1}/make_knock/{rid}/{someone}?ver=10", None),
+        ("PUT", f"/_matrix/federation/v2/send_join/{rid}/$x", event),
+        ("PUT", f"/_matrix/federation/v2/send_leave/{rid}/$x", event),
+        ("PUT", f"{FED_V1}/send_knock/{rid}/$x", event),
+        (
+            "PUT",
+            f"/_matrix/federation/v2/invite/{rid}/$x",
+            {"room_version": "10", "event": {"sender": hostile.user("mallory")}},
+        ),
+    ]
+    for method, path, body in routes:
+        r = federation_request(weir.federation_url, hostile, WEIR, method, path, test_ca, body=body)
+        assert r.status_code == 403, (path, r.text)
+        assert denied in r.json()["error"], (path, r.text)

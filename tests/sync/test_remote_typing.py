@@ -24,7 +24,12 @@ def test_remote_typing_times_out_whatever_the_edu_says(monkeypatch):
     changes: list[Event] = [Event(), Event()]
     typing = TypingNotifications(_Server(), lambda room_id: changes.pop(0).set())
     first, second = changes
-    edus = InboundEdus(lambda room_id: [BOB], typing, receipts=None)  # type: ignore[arg-type]
+    edus = InboundEdus(
+        lambda room_id: [BOB],
+        typing,
+        receipts=None,  # type: ignore[arg-type]
+        acl_allows=lambda room_id, server: True,
+    )
     try:
         content = {"room_id": ROOM, "user_id": BOB, "typing": True, "timeout": 10**9}
         edus.receive("o1.test", [{"edu_type": "m.typing", "content": content}])
