@@ -14,7 +14,10 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any
+from json.decoder import scanstring  # type: ignore[attr-defined]  # the C scanner's, unlisted
+from typing import Any, Callable
+
+from canonicaljson import encode_canonical_json
 
 # How deep a value that is kept may nest: event content, account data, filters, profiles.
 # A PDU is one level more (its content), so a PDU may nest MAX_DEPTH + 1.
@@ -25,6 +28,15 @@ MAX_BODY_DEPTH = 2 * MAX_DEPTH
 
 # A \uD800-\uDFFF escape: half of a surrogate pair, valid only with its other half.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_SURROGATE_ESCAPE_TEXT = re.compile(r"\\u[dD][89a-fA-F]")
+# A body is decoded in pieces of about this size, the hub free between them (loads_in_pieces).
+PIECE_BYTES = 64 * 1024
+# A container longer than PIECE_BYTES holds at most one member per this many bytes: what
+# federation sends in large containers (events, event IDs, device keys, EDUs) is far
+# larger, and a document of tiny values costs far more to build than its size suggests.
+MIN_MEMBER_BYTES = 16
+# Bracket-level steps of the structure walk between two pauses.
+_STEPS_PER_PAUSE = 4_000
 
 
 class NotJson(ValueError):
@@ -33,6 +45,10 @@ class NotJson(ValueError):
 
 class TooDeep(ValueError):
     """JSON nested deeper than allowed."""
+
+
+class TooManyValues(ValueError):
+    """A large JSON document made of tiny values (`loads_in_pieces`)."""
 
 
 def loads(raw: bytes, max_depth: int = MAX_BODY_DEPTH) -> Any:
@@ -78,3 +94,262 @@ def _finite_float(text: str) -> float:
     if not math.isfinite(value):  # 1e999: the parser would read it as Infinity
         raise ValueError(f"{text} is out of range")
     return value
+
+
+# --- large documents, a piece at a time -------------------------------------------------
+
+
+class Decoded:
+    """What `loads_in_pieces` gives: the value, and when asked for, its canonical JSON
+    (`canonical`, bytes: what a signature over the value covers)."""
+
+    __slots__ = ("value", "canonical")
+
+    def __init__(self, value: Any, canonical: bytes | None):
+        self.value = value
+        self.canonical = canonical
+
+
+def loads_in_pieces(
+    raw: bytes,
+    max_depth: int,
+    pause: Callable[[], None],
+    *,
+    canonical: bool = False,
+    piece_bytes: int = PIECE_BYTES,
+) -> Decoded:
+    """`raw` decoded by exactly `loads`' rules, `pause()` called between pieces of about
+    `piece_bytes`: a large body never holds the gevent hub for longer than one piece takes.
+
+    A walk over the document's brackets (strings skipped in C by a regular expression)
+    finds the containers longer than a piece, and refuses a document nested too deep
+    before anything of it is built. Those containers are then taken apart member by
+    member; every other value is decoded whole by the json module's C scanner, with the
+    strict rules' hooks. `canonical`: also the canonical JSON of the value, made of each
+    piece's, so that verifying a signature over a large body pauses too."""
+    if len(raw) <= piece_bytes:
+        value = loads(raw, max_depth)
+        return Decoded(value, encode_canonical_json(value) if canonical else None)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise NotJson(str(e)) from None
+    big = _containers_longer_than(text, piece_bytes, max_depth, pause)
+    pieces = _Pieces(text, big, max_depth, pause, piece_bytes, canonical)
+    try:
+        value, canon, end = pieces.value(_skip_space(text, 0), 1)
+        if _skip_space(text, end) != len(text):
+            raise NotJson("extra data after the JSON value")
+    except IndexError:
+        raise NotJson("the JSON text ends too early") from None
+    return Decoded(value, canon if canonical else None)
+
+
+_STRUCTURE = re.compile(r'["\[\]{}]')
+# Inside a string: everything up to its closing quote (or the end of the window).
+_STRING_RUN = re.compile(r'(?:[^"\\]++|\\.)*+', re.DOTALL)
+_SPACE = re.compile(r"[ \t\n\r]*")
+# One value at a given index, by the json module's C scanner with the strict rules' hooks.
+_SCANNER = json.JSONDecoder(
+    parse_constant=lambda name: _not_a_json_number(name),
+    parse_float=lambda text: _finite_float(text),
+).scan_once  # type: ignore[attr-defined]
+
+
+def _skip_space(text: str, i: int) -> int:
+    return _SPACE.match(text, i).end()  # type: ignore[union-attr]
+
+
+def _containers_longer_than(
+    text: str, piece_bytes: int, max_depth: int, pause: Callable[[], None]
+) -> set[int]:
+    """The start of every container longer than `piece_bytes`; `TooDeep` at once for a
+    document nested deeper than `max_depth`, `TooManyValues` as soon as a container that
+    is already longer than `PIECE_BYTES` holds more than one member per `MIN_MEMBER_BYTES`,
+    `NotJson` for unbalanced brackets or an unterminated string. Each regular expression
+    runs over one piece of the text at most, with a pause after each piece."""
+    walk = _Walk(piece_bytes, max_depth)
+    i, paused_at, steps, size = 0, 0, 0, len(text)
+    search = _STRUCTURE.search
+    in_string = False
+    while i < size:
+        if i - paused_at >= piece_bytes or steps >= _STEPS_PER_PAUSE:
+            pause()
+            paused_at, steps = i, 0
+        steps += 1
+        window = min(size, i + piece_bytes)
+        if in_string:
+            i, in_string = _through_string(text, i, window)
+            continue
+        found = search(text, i, window)
+        if found is None:
+            i = window
+            continue
+        i = found.start()
+        walk.member(i)
+        mark = text[i]
+        i += 1
+        if mark == '"':
+            in_string = True
+        elif mark in "[{":
+            walk.open(i - 1)
+        else:
+            walk.close(i - 1)
+    if in_string:
+        raise NotJson("unterminated string")
+    if walk.opened:
+        raise NotJson("unbalanced brackets")
+    return walk.big
+
+
+def _through_string(text: str, i: int, window: int) -> tuple[int, bool]:
+    """From `i` inside a string: past its closing quote (and False), or as far as the
+    window goes (and True: still inside)."""
+    end = _STRING_RUN.match(text, i, window).end()  # type: ignore[union-attr]
+    if end < len(text) and text[end] == '"':
+        return end + 1, False
+    if end == window:
+        return end, True
+    if end + 1 < len(text):  # a backslash the window cut from what it escapes
+        return end + 2, True
+    raise NotJson("unterminated string")
+
+
+class _Walk:
+    """The open containers of the structure walk, and how many members each has so far."""
+
+    def __init__(self, piece_bytes: int, max_depth: int):
+        self.piece_bytes = piece_bytes
+        self.max_depth = max_depth
+        self.big: set[int] = set()
+        self.opened: list[int] = []  # where each open container starts
+        self.members: list[int] = []  # containers and strings directly in each, names too
+
+    def member(self, i: int) -> None:
+        """A string or a bracket at `i`, inside the innermost open container."""
+        if not self.members:
+            return
+        self.members[-1] += 1
+        length = i - self.opened[-1]
+        if length > PIECE_BYTES and self.members[-1] * MIN_MEMBER_BYTES > length:
+            raise TooManyValues(f"more than one value per {MIN_MEMBER_BYTES} bytes")
+
+    def open(self, i: int) -> None:
+        self.opened.append(i)
+        self.members.append(0)
+        if len(self.opened) > self.max_depth:
+            raise TooDeep(f"nested deeper than {self.max_depth} levels")
+
+    def close(self, i: int) -> None:
+        if not self.opened:
+            raise NotJson("unbalanced brackets")
+        self.members.pop()
+        start = self.opened.pop()
+        if i - start >= self.piece_bytes:
+            self.big.add(start)
+
+
+class _Pieces:
+    """Decodes a document whose large containers (`big`) are taken apart."""
+
+    def __init__(self, text, big, max_depth, pause, piece_bytes, canonical):
+        self.text = text
+        self.big = big
+        self.max_depth = max_depth
+        self.pause = pause
+        self.piece_bytes = piece_bytes
+        self.canonical = canonical
+        self.since_pause = 0
+
+    def value(self, i: int, depth: int) -> tuple[Any, bytes, int]:
+        """The value at `i`, its canonical JSON (b"" unless asked for) and where it ends."""
+        if i in self.big:
+            return self._object(i, depth) if self.text[i] == "{" else self._array(i, depth)
+        try:
+            value, end = _SCANNER(self.text, i)
+        except StopIteration:
+            raise NotJson(f"no JSON value at {i}") from None
+        except RecursionError:
+            raise TooDeep("nested deeper than the parser goes") from None
+        except ValueError as e:  # JSONDecodeError, a strict hook, an int past its digits
+            raise NotJson(str(e)) from None
+        if nested_deeper_than(value, self.max_depth - depth + 1):
+            raise TooDeep(f"nested deeper than {self.max_depth} levels")
+        if _SURROGATE_ESCAPE_TEXT.search(self.text, i, end):
+            _check_encodes(value)
+        self.since_pause += end - i
+        if self.since_pause >= self.piece_bytes:
+            self.since_pause = 0
+            self.pause()
+        return value, encode_canonical_json(value) if self.canonical else b"", end
+
+    def _array(self, i: int, depth: int) -> tuple[list, bytes, int]:
+        text = self.text
+        items: list = []
+        parts: list[bytes] = []
+        j = _skip_space(text, i + 1)
+        if text[j] == "]":
+            return items, b"[]", j + 1
+        while True:
+            item, canon, j = self.value(j, depth + 1)
+            items.append(item)
+            parts.append(canon)
+            _check_density(len(items), j - i)
+            j = _skip_space(text, j)
+            if text[j] == "]":
+                return items, b"[" + b",".join(parts) + b"]" if self.canonical else b"", j + 1
+            if text[j] != ",":
+                raise NotJson(f"expected , or ] at {j}")
+            j = _skip_space(text, j + 1)
+
+    def _object(self, i: int, depth: int) -> tuple[dict, bytes, int]:
+        text = self.text
+        members: dict[str, Any] = {}
+        parts: dict[str, bytes] = {}
+        j = _skip_space(text, i + 1)
+        if text[j] == "}":
+            return members, b"{}", j + 1
+        while True:
+            if text[j] != '"':
+                raise NotJson(f"expected a member name at {j}")
+            try:
+                key, j = scanstring(text, j + 1, True)
+            except ValueError as e:
+                raise NotJson(str(e)) from None
+            _check_encodes(key)
+            j = _skip_space(text, j)
+            if text[j] != ":":
+                raise NotJson(f"expected : at {j}")
+            member, canon, j = self.value(_skip_space(text, j + 1), depth + 1)
+            members[key] = member  # a repeated name: the last wins, as in json.loads
+            parts[key] = canon
+            _check_density(len(members), j - i)
+            j = _skip_space(text, j)
+            if text[j] == "}":
+                return members, self._object_text(parts), j + 1
+            if text[j] != ",":
+                raise NotJson(f"expected , or }} at {j}")
+            j = _skip_space(text, j + 1)
+
+    def _object_text(self, parts: dict[str, bytes]) -> bytes:
+        if not self.canonical:
+            return b""
+        return (
+            b"{"
+            + b",".join(encode_canonical_json(k) + b":" + parts[k] for k in sorted(parts))
+            + b"}"
+        )
+
+
+def _check_density(count: int, length: int) -> None:
+    """A large container's members, numbers included, average `MIN_MEMBER_BYTES` or more."""
+    if count % 1024 == 0 and length > PIECE_BYTES and count * MIN_MEMBER_BYTES > length:
+        raise TooManyValues(f"more than one value per {MIN_MEMBER_BYTES} bytes")
+
+
+def _check_encodes(value: Any) -> None:
+    """`NotJson` for a value holding a lone surrogate, which has no UTF-8 form."""
+    try:
+        (value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)).encode()
+    except UnicodeEncodeError as e:
+        raise NotJson(str(e)) from None

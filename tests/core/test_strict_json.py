@@ -63,3 +63,159 @@ def test_whatever_is_accepted_encodes_again_on_a_deep_stack():
         return deep(n - 1) if n else json.dumps(value)
 
     assert deep(500)
+
+
+# --- loads_in_pieces: the same rules, a piece at a time --------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**60), 2**60)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda children: (
+        st.lists(children, max_size=6) | st.dictionaries(st.text(max_size=5), children, max_size=6)
+    ),
+    max_leaves=60,
+)
+
+
+def outcome(call):
+    try:
+        return ("ok", call())
+    except strict_json.TooDeep:
+        return ("too deep", None)
+    except strict_json.NotJson:
+        return ("not json", None)
+
+
+def in_pieces(raw: bytes, depth: int = strict_json.MAX_BODY_DEPTH, piece: int = 8):
+    pauses = []
+    decoded = strict_json.loads_in_pieces(
+        raw, depth, lambda: pauses.append(1), canonical=True, piece_bytes=piece
+    )
+    return decoded
+
+
+@settings(max_examples=300, deadline=None)
+@given(_json_values, st.sampled_from([0, 1, 2]), st.integers(1, 64))
+def test_in_pieces_decodes_what_loads_decodes_and_encodes_it_canonically(value, indent, piece):
+    from canonicaljson import encode_canonical_json
+
+    raw = json.dumps(value, indent=indent or None, ensure_ascii=bool(indent % 2)).encode()
+    decoded = strict_json.loads_in_pieces(
+        raw, strict_json.MAX_BODY_DEPTH, lambda: None, canonical=True, piece_bytes=piece
+    )
+    assert decoded.value == strict_json.loads(raw)
+    assert decoded.canonical == encode_canonical_json(strict_json.loads(raw))
+
+
+@settings(max_examples=500, deadline=None)
+@given(_json_values, st.data())
+def test_in_pieces_refuses_what_loads_refuses(value, data):
+    raw = json.dumps(value, separators=(",", ":")).encode()
+    # A bit of damage somewhere: a byte dropped, doubled or replaced.
+    if raw:
+        at = data.draw(st.integers(0, len(raw) - 1))
+        damage = data.draw(
+            st.sampled_from(
+                [
+                    b"",
+                    b"[",
+                    b"]",
+                    b"{",
+                    b"}",
+                    b'"',
+                    b",",
+                    b":",
+                    b"\\",
+                    b"x",
+                    b"\\ud800",
+                    b"NaN",
+                    b"1e999",
+                    b" ",
+                ]
+            )
+        )
+        raw = raw[:at] + damage + raw[at + data.draw(st.integers(0, 1)) :]
+    depth = data.draw(st.integers(1, 6))
+    piece = data.draw(st.integers(1, 40))
+    whole = outcome(lambda: strict_json.loads(raw, depth))
+    pieces = outcome(
+        lambda: strict_json.loads_in_pieces(raw, depth, lambda: None, piece_bytes=piece).value
+    )
+    # Refused alike; a document both malformed and too deep may be refused for either.
+    assert (pieces[0] == "ok", pieces[1]) == (whole[0] == "ok", whole[1]), raw
+    if "ok" not in (pieces[0], whole[0]) and pieces[0] != whole[0]:
+        assert strict_json.nested_deeper_than(_brackets_only(raw), depth)
+
+
+def _brackets_only(raw: bytes):
+    """The nesting of raw's brackets, as lists, whatever else it holds."""
+    root: list = []
+    stack = [root]
+    for byte in raw:
+        if byte in b"[{":
+            stack[-1].append([])
+            stack.append(stack[-1][-1])
+        elif byte in b"]}" and len(stack) > 1:
+            stack.pop()
+    return root
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"a": "\xed\xa0\x80"}',
+        b'{"a": "\\ud800"}',
+        b'{"\\ud800": 1}',
+        b"[1, 2",
+        b"[1, 2]]",
+        b'{"a" 1}',
+        b'{"a": 1,}',
+        b"[1,]",
+        b'"unterminated',
+        b"[1] [2]",
+        b"\xef\xbb\xbf[1]",
+    ],
+)
+def test_in_pieces_refuses_the_same_bad_bodies(raw):
+    with pytest.raises(strict_json.NotJson):
+        strict_json.loads_in_pieces(raw, 10, lambda: None, piece_bytes=1)
+
+
+def test_in_pieces_refuses_a_deep_document_before_building_it():
+    raw = b"[" * 100_000 + b"]" * 100_000
+    with pytest.raises(strict_json.TooDeep):
+        strict_json.loads_in_pieces(raw, strict_json.MAX_BODY_DEPTH, lambda: None)
+
+
+def test_a_large_body_is_decoded_with_pauses_between_pieces():
+    raw = json.dumps(
+        {"pdus": [{"content": {"body": "x" * 500, "n": i}} for i in range(2000)]}
+    ).encode()
+    pauses = []
+    decoded = strict_json.loads_in_pieces(
+        raw, strict_json.MAX_BODY_DEPTH, lambda: pauses.append(1), piece_bytes=16 * 1024
+    )
+    assert decoded.value == json.loads(raw)
+    assert len(pauses) >= len(raw) // (16 * 1024) - 1
+
+
+@pytest.mark.parametrize("member", [b"[]", b'{"b":{}}', b"1.5", b'"ab"', b"true", b'{"x":[1,2]}'])
+def test_a_large_document_of_tiny_values_is_refused_early(member):
+    raw = b"[" + b",".join([member] * (10 * 1024 * 1024 // (len(member) + 1))) + b"]"
+    pauses = []
+    with pytest.raises(strict_json.TooManyValues):
+        strict_json.loads_in_pieces(raw, 10, lambda: pauses.append(1))
+    assert len(pauses) < 200  # refused within the first pieces, not after the whole
+
+
+def test_large_containers_of_real_sized_members_are_fine():
+    event_ids = [f"${i:043d}" for i in range(20_000)]  # a /state_ids answer
+    raw = json.dumps({"pdu_ids": event_ids, "auth_chain_ids": event_ids}).encode()
+    decoded = strict_json.loads_in_pieces(raw, 10, lambda: None)
+    assert decoded.value["pdu_ids"] == event_ids
