@@ -10,6 +10,8 @@ stopped from outside (its client hung up, its deadline fired: a BaseException), 
 outcome is unknown, so each waiter tries again, and one of them leads the next attempt.
 
 KeyedLocks: per-key locks that exist only while someone holds or waits for them.
+
+let_io_run: the pause of a greenlet that works in turns.
 """
 
 from __future__ import annotations
@@ -17,8 +19,21 @@ from __future__ import annotations
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Callable, Hashable
 
+import gevent
 from gevent.event import AsyncResult
 from gevent.lock import Semaphore
+
+# A greenlet that works in turns (a large body decoded a piece at a time) pauses this long
+# between them. Not sleep(0): that puts it back on the hub's queue of callbacks, which the hub
+# works through before it polls its sockets again (it looks at the clock only every 50
+# callbacks), so three such greenlets left a waiting request unread for hundreds of
+# milliseconds (tests/federation/test_hostile_peer.py). A timer lets the hub poll in between.
+TURN_PAUSE_SECONDS = 0.001
+
+
+def let_io_run() -> None:
+    """Pauses the current greenlet long enough for the hub to serve ready sockets."""
+    gevent.sleep(TURN_PAUSE_SECONDS)
 
 
 class _LeaderGone(Exception):

@@ -36,7 +36,7 @@ PIECE_BYTES = 64 * 1024
 # larger, and a document of tiny values costs far more to build than its size suggests.
 MIN_MEMBER_BYTES = 16
 # Bracket-level steps of the structure walk between two pauses.
-_STEPS_PER_PAUSE = 4_000
+_STEPS_PER_PAUSE = 2_000
 
 
 class NotJson(ValueError):
@@ -134,8 +134,9 @@ def loads_in_pieces(
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise NotJson(str(e)) from None
-    big = _containers_longer_than(text, piece_bytes, max_depth, pause)
-    pieces = _Pieces(text, big, max_depth, pause, piece_bytes, canonical)
+    pause()
+    walk = _walk(text, piece_bytes, max_depth, pause)
+    pieces = _Pieces(text, walk, max_depth, pause, piece_bytes, canonical)
     try:
         value, canon, end = pieces.value(_skip_space(text, 0), 1)
         if _skip_space(text, end) != len(text):
@@ -149,6 +150,7 @@ _STRUCTURE = re.compile(r'["\[\]{}]')
 # Inside a string: everything up to its closing quote (or the end of the window).
 _STRING_RUN = re.compile(r'(?:[^"\\]++|\\.)*+', re.DOTALL)
 _SPACE = re.compile(r"[ \t\n\r]*")
+_CONTROL = re.compile(r"[\x00-\x1f]")
 # One value at a given index, by the json module's C scanner with the strict rules' hooks.
 _SCANNER = json.JSONDecoder(
     parse_constant=lambda name: _not_a_json_number(name),
@@ -160,16 +162,14 @@ def _skip_space(text: str, i: int) -> int:
     return _SPACE.match(text, i).end()  # type: ignore[union-attr]
 
 
-def _containers_longer_than(
-    text: str, piece_bytes: int, max_depth: int, pause: Callable[[], None]
-) -> set[int]:
-    """The start of every container longer than `piece_bytes`; `TooDeep` at once for a
+def _walk(text: str, piece_bytes: int, max_depth: int, pause: Callable[[], None]) -> _Walk:
+    """The start of every container and string longer than `piece_bytes`; `TooDeep` at once for a
     document nested deeper than `max_depth`, `TooManyValues` as soon as a container that
     is already longer than `PIECE_BYTES` holds more than one member per `MIN_MEMBER_BYTES`,
     `NotJson` for unbalanced brackets or an unterminated string. Each regular expression
     runs over one piece of the text at most, with a pause after each piece."""
     walk = _Walk(piece_bytes, max_depth)
-    i, paused_at, steps, size = 0, 0, 0, len(text)
+    i, paused_at, steps, size, string_start = 0, 0, 0, len(text), 0
     search = _STRUCTURE.search
     in_string = False
     while i < size:
@@ -180,6 +180,8 @@ def _containers_longer_than(
         window = min(size, i + piece_bytes)
         if in_string:
             i, in_string = _through_string(text, i, window)
+            if not in_string and i - string_start > piece_bytes:
+                walk.long_strings[string_start] = i
             continue
         found = search(text, i, window)
         if found is None:
@@ -190,7 +192,7 @@ def _containers_longer_than(
         mark = text[i]
         i += 1
         if mark == '"':
-            in_string = True
+            in_string, string_start = True, i - 1
         elif mark in "[{":
             walk.open(i - 1)
         else:
@@ -199,7 +201,7 @@ def _containers_longer_than(
         raise NotJson("unterminated string")
     if walk.opened:
         raise NotJson("unbalanced brackets")
-    return walk.big
+    return walk
 
 
 def _through_string(text: str, i: int, window: int) -> tuple[int, bool]:
@@ -221,7 +223,8 @@ class _Walk:
     def __init__(self, piece_bytes: int, max_depth: int):
         self.piece_bytes = piece_bytes
         self.max_depth = max_depth
-        self.big: set[int] = set()
+        self.big: set[int] = set()  # where each container longer than a piece starts
+        self.long_strings: dict[int, int] = {}  # where each such string starts, and ends
         self.opened: list[int] = []  # where each open container starts
         self.members: list[int] = []  # containers and strings directly in each, names too
 
@@ -252,9 +255,10 @@ class _Walk:
 class _Pieces:
     """Decodes a document whose large containers (`big`) are taken apart."""
 
-    def __init__(self, text, big, max_depth, pause, piece_bytes, canonical):
+    def __init__(self, text, walk, max_depth, pause, piece_bytes, canonical):
         self.text = text
-        self.big = big
+        self.big = walk.big
+        self.long_strings = walk.long_strings
         self.max_depth = max_depth
         self.pause = pause
         self.piece_bytes = piece_bytes
@@ -265,6 +269,8 @@ class _Pieces:
         """The value at `i`, its canonical JSON (b"" unless asked for) and where it ends."""
         if i in self.big:
             return self._object(i, depth) if self.text[i] == "{" else self._array(i, depth)
+        if i in self.long_strings:
+            return self._long_string(i, self.long_strings[i])
         try:
             value, end = _SCANNER(self.text, i)
         except StopIteration:
@@ -282,6 +288,33 @@ class _Pieces:
             self.since_pause = 0
             self.pause()
         return value, encode_canonical_json(value) if self.canonical else b"", end
+
+    def _long_string(self, i: int, end: int) -> tuple[str, bytes, int]:
+        """A string longer than a piece: one with no escape is its own text, taken as it is
+        (a control character is all the strict rules can refuse in it); its canonical JSON
+        is made a piece at a time."""
+        inner = self.text[i + 1 : end - 1]
+        if "\\" in inner:
+            try:
+                value, _ = scanstring(self.text, i + 1, True)
+            except ValueError as e:
+                raise NotJson(str(e)) from None
+            _check_encodes(value)
+        elif _CONTROL.search(inner):
+            raise NotJson("a control character in a string")
+        else:
+            value = inner
+        self.pause()
+        if not self.canonical:
+            return value, b"", end
+        parts = [b'"']
+        for at in range(0, len(value), self.piece_bytes):
+            parts.append(
+                json.dumps(value[at : at + self.piece_bytes], ensure_ascii=False)[1:-1].encode()
+            )
+            self.pause()
+        parts.append(b'"')
+        return value, b"".join(parts), end
 
     def _array(self, i: int, depth: int) -> tuple[list, bytes, int]:
         text = self.text

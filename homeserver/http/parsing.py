@@ -12,6 +12,7 @@ from flask import request
 from marshmallow import EXCLUDE, Schema, ValidationError
 
 from homeserver.core import strict_json
+from homeserver.core.concurrency import let_io_run
 from homeserver.core.errors import (
     Codes,
     MatrixError,
@@ -37,11 +38,34 @@ def read_body(max_bytes: int) -> bytes:
         length = request.content_length
         if length is not None and length > max_bytes:
             raise MatrixError(413, Codes.TOO_LARGE, f"Request body over {max_bytes} bytes")
-        data = request.stream.read(max_bytes + 1)
+        data = _read_up_to(max_bytes + 1)
     if len(data) > max_bytes:
         raise MatrixError(413, Codes.TOO_LARGE, f"Request body over {max_bytes} bytes")
     request.environ["weir.body"] = data
     return data
+
+
+# A large body is read this much at a time, the hub free in between: one read of megabytes
+# that are already there decrypts and copies them all without a pause.
+READ_CHUNK_BYTES = 256 * 1024
+
+
+def _read_up_to(limit: int) -> bytes:
+    stream, parts, read = request.stream, [], 0
+    while read < limit:
+        chunk = stream.read(min(READ_CHUNK_BYTES, limit - read))
+        if not chunk:
+            break
+        parts.append(chunk)
+        read += len(chunk)
+        if read < limit:
+            let_io_run()
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def is_blank(raw: bytes) -> bool:
+    """No body, or only whitespace (without copying a large one, as `strip` would)."""
+    return not raw or raw.isspace()
 
 
 def body_chunks(chunk_size: int = 64 * 1024) -> Iterator[bytes]:
@@ -63,21 +87,29 @@ def body_chunks(chunk_size: int = 64 * 1024) -> Iterator[bytes]:
 
 def parse_json(raw: bytes) -> Any:
     """`raw`, the body `read_body` returned, parsed as strict JSON (`core/strict_json.py`):
-    400 M_NOT_JSON if it is not JSON, 400 M_BAD_JSON past `MAX_BODY_DEPTH`.
+    400 M_NOT_JSON if it is not JSON, 400 M_BAD_JSON past `MAX_BODY_DEPTH`, 413 M_TOO_LARGE
+    for a large body made of tiny values."""
+    return decode_json(raw).value
 
-    Parsed once per request: a federation body may be megabytes, parsed on the hub, and the
-    guard that verifies its signature and the handler after it both need it."""
+
+def decode_json(raw: bytes, canonical: bool = False) -> strict_json.Decoded:
+    """`parse_json`'s decoding, with the canonical JSON too when asked for (what a request
+    signature covers). Parsed once per request: a federation body may be megabytes, and the
+    guard that verifies its signature and the handler after it both need it. A large body
+    is decoded a piece at a time, the hub free between pieces."""
     cached = request.environ.get("weir.json")
-    if cached is not None and cached[0] is raw:
+    if cached is not None and cached[0] is raw and (cached[1].canonical or not canonical):
         return cached[1]
     try:
-        value = strict_json.loads(raw, MAX_BODY_DEPTH)
+        decoded = strict_json.loads_in_pieces(raw, MAX_BODY_DEPTH, let_io_run, canonical=canonical)
     except strict_json.TooDeep:
         raise too_deep(MAX_BODY_DEPTH) from None
+    except strict_json.TooManyValues as e:
+        raise MatrixError(413, Codes.TOO_LARGE, f"Request body refused: {e}") from None
     except strict_json.NotJson:
         raise MatrixError(400, Codes.NOT_JSON, "Content not JSON.") from None
-    request.environ["weir.json"] = (raw, value)
-    return value
+    request.environ["weir.json"] = (raw, decoded)
+    return decoded
 
 
 def too_deep(limit: int) -> MatrixError:
@@ -90,7 +122,7 @@ def json_object(
     """The body as a JSON object. Nested at most `max_depth` deep: a client's body is kept
     as it is (event content, account data), so it gets the depth of a kept value."""
     raw = read_body(max_bytes)
-    if not raw.strip() and allow_empty:
+    if allow_empty and is_blank(raw):
         return {}
     body = parse_json(raw)
     if not isinstance(body, dict):

@@ -4,11 +4,12 @@ and "Backfilling and retrieving missing events").
 
 Who may read: a server the room's server ACL allows (rooms/server_acl.py) with a member
 joined to the room now, or any such server when the room's history is world_readable now;
-anyone else is told 403, as Synapse does ("Host not in room"). Which events: those whose history visibility, at the event, lets the server see them
-(spec, history visibility "server behaviour": world_readable and shared to every such
-server, invited to a server that had a user invited or joined then, joined to one that had a
-user joined then). An event it may not see is sent redacted where a list holds it (the graph
-stays whole) and is not found on its own.
+anyone else is told 403, as Synapse does ("Host not in room"). Which events: those whose
+history visibility, at the event, lets the server see them (spec, history visibility
+"server behaviour": world_readable and shared to every such server, invited to a server
+that had a user invited or joined then, joined to one that had a user joined then). An
+event it may not see is sent redacted where a list holds it (the graph stays whole) and is
+not found on its own.
 
 What is returned is capped: `limit`s by the constants below, state and auth chains by the
 room itself.

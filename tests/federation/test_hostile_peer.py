@@ -9,14 +9,18 @@ answers our fetches with whatever the test puts there. Its users join rooms of a
 
 import os
 import re
+import socket
+import ssl
 from urllib.parse import quote, unquote
 
+import gevent
 import pytest
 import requests
 
 from homeserver.rooms.versions import ROOM_V10, ROOM_V12
 from tests.peers.origins import FakeOrigin, OriginKeyServer, federation_request, send_transaction
 from tests.support.federation import federation_settings, tls_listener_settings
+from tests.support.probe import LatencyProbe
 from tests.support.remote_room import RemoteRoom
 from tests.support.server import MatrixClient, WeirProcess, base_settings, merge
 
@@ -382,3 +386,86 @@ def test_a_server_the_rooms_acl_denies_is_refused_on_every_route(weir, test_ca, 
         r = federation_request(weir.federation_url, hostile, WEIR, method, path, test_ca, body=body)
         assert r.status_code == 403, (path, r.text)
         assert denied in r.json()["error"], (path, r.text)
+
+
+# --- nothing unauthenticated costs more than reading its bytes -------------------------------
+
+
+def rss_kb(weir) -> dict[str, int]:
+    with open(f"/proc/{weir.proc.pid}/status") as f:
+        fields = dict(line.split(":", 1) for line in f)
+    return {k: int(fields[k].split()[0]) for k in ("VmRSS", "VmHWM")}
+
+
+def junk_objects(size: int) -> bytes:
+    """`size` bytes of JSON: tiny nested objects, as many as fit."""
+    count = (size - 20) // 9
+    return b'{"pdus":[' + b",".join([b'{"b":{}}'] * count) + b"]}"
+
+
+@pytest.mark.parametrize("origin", ["unknown", "known"])
+def test_a_huge_unauthenticated_body_costs_no_more_than_its_bytes(weir, test_ca, hostile, origin):
+    body = junk_objects(9_900_000)
+    # A server that does not exist; or one whose keys we have, whose name it takes, with a
+    # signature that cannot verify (the body must then be read, and is refused as junk).
+    if origin == "unknown":
+        header = 'X-Matrix origin="127.0.0.1:1",key="ed25519:x",sig="c2lnbmF0dXJl"'
+        refused = 401
+    else:
+        header = f'X-Matrix origin="{hostile.name}",key="{hostile.key_id}",sig="c2lnbmF0dXJl"'
+        refused = 413
+
+    def attack(n: int) -> int:
+        """The status the server answered with, read while the body is still being sent:
+        a server that refuses at the head need not read it all."""
+        host, port = weir.federation_url.split("//")[1].rsplit(":", 1)
+        context = ssl.create_default_context(cafile=test_ca.ca_path)
+        raw = socket.create_connection((host, int(port)), timeout=60)
+        conn = context.wrap_socket(raw, server_hostname=WEIR)
+        head = (
+            f"PUT /_matrix/federation/v1/send/junk{n} HTTP/1.1\r\nHost: {WEIR}\r\n"
+            f"Authorization: {header}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        )
+        conn.sendall(head.encode())
+
+        def upload():
+            try:
+                conn.sendall(body)
+            except OSError:
+                pass  # closed by the server once it answered: it need not read it all
+
+        sender = gevent.spawn(upload)
+        try:
+            return int(conn.recv(64).split(b" ")[1])
+        finally:
+            sender.kill()
+            conn.close()
+
+    before = rss_kb(weir)
+    with LatencyProbe(weir.client_url, "/_matrix/client/versions") as probe:
+        gevent.sleep(0.3)  # a baseline before the attack
+        attackers = [gevent.spawn(attack, n) for n in range(3)]
+        assert [a.get(timeout=60) for a in attackers] == [refused] * 3
+    after = rss_kb(weir)
+    assert len(probe.samples) > 100
+    assert probe.p99() <= 50, sorted(probe.samples)[-10:]
+    if origin == "unknown":  # its bodies were never read: nothing of them was ever held
+        assert after["VmHWM"] - before["VmRSS"] <= 50 * 1024, (before, after)
+    else:  # read, to check the signature, and given back once refused
+        assert after["VmRSS"] - before["VmRSS"] <= 50 * 1024, (before, after)
+
+
+def test_a_known_origins_body_is_checked_by_the_strict_rules_before_its_signature(
+    weir, test_ca, hostile
+):
+    deep = b'{"pdus": ' + b"[" * 3000 + b"]" * 3000 + b"}"
+    header = f'X-Matrix origin="{hostile.name}",key="{hostile.key_id}",sig="c2lnbmF0dXJl"'
+    r = requests.put(
+        f"{weir.federation_url}/_matrix/federation/v1/send/deep",
+        data=deep,
+        headers={"Authorization": header, "Content-Type": "application/json"},
+        verify=test_ca.ca_path,
+        timeout=60,
+    )
+    assert (r.status_code, r.json()["errcode"]) == (400, "M_BAD_JSON")

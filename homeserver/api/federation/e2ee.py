@@ -9,14 +9,14 @@ from flask import Blueprint
 from homeserver.api.context import runtime
 from homeserver.api.federation_auth import requires_server_auth
 from homeserver.core.errors import missing_param
-from homeserver.http.parsing import json_object
+from homeserver.http.parsing import DEFAULT_MAX_JSON_BYTES, json_object
 from homeserver.http.responses import json_response
 
 bp = Blueprint("federation_e2ee", __name__, url_prefix="/_matrix/federation/v1")
 
 
 @bp.post("/user/keys/query")
-@requires_server_auth
+@requires_server_auth(max_body_bytes=DEFAULT_MAX_JSON_BYTES)
 def query_keys():
     body = json_object()
     if "device_keys" not in body:
@@ -25,7 +25,7 @@ def query_keys():
 
 
 @bp.post("/user/keys/claim")
-@requires_server_auth
+@requires_server_auth(max_body_bytes=DEFAULT_MAX_JSON_BYTES)
 def claim_keys():
     body = json_object()
     if "one_time_keys" not in body:

@@ -6,7 +6,7 @@ from flask import Blueprint
 
 from homeserver.api.context import client_key, runtime
 from homeserver.api.federation_auth import (
-    FEDERATION_MAX_BODY_BYTES,
+    TRANSACTION_MAX_BODY_BYTES,
     current_origin,
     requires_server_auth,
 )
@@ -32,11 +32,11 @@ def _objects(body: dict, name: str, limit: int, required: bool) -> list:
 
 
 @bp.put("/_matrix/federation/v1/send/<txn_id>")
-@requires_server_auth
+@requires_server_auth(max_body_bytes=TRANSACTION_MAX_BODY_BYTES)
 def send_transaction(txn_id: str):
     # A PDU nested too deep is refused alone (rooms/pdu_checks.py), so the body may nest
     # as deep as any body.
-    body = json_object(FEDERATION_MAX_BODY_BYTES, max_depth=MAX_BODY_DEPTH)
+    body = json_object(TRANSACTION_MAX_BODY_BYTES, max_depth=MAX_BODY_DEPTH)
     pdus = _objects(body, "pdus", MAX_PDUS, required=True)
     edus = _objects(body, "edus", MAX_EDUS, required=False)
     try:
