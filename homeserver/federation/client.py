@@ -25,6 +25,7 @@ from canonicaljson import encode_canonical_json
 
 from budget import OutboundDeadline
 from homeserver.core import strict_json
+from homeserver.core.concurrency import let_io_run
 from homeserver.federation.discovery import DnsResolver, ServerDiscovery
 from homeserver.federation.errors import FederationError, MalformedResponse, RemoteError
 from homeserver.federation.ip_filter import IpFilter
@@ -203,7 +204,11 @@ class FederationClient:
             self._raise_for_status(destination, response)
             body = read_body(destination, response, max_bytes)
         try:
-            return strict_json.loads(body)
+            # A large answer (a room's state) is decoded a piece at a time, the hub free
+            # in between; one of tiny values is refused early (core/strict_json.py).
+            return strict_json.loads_in_pieces(body, strict_json.MAX_BODY_DEPTH, let_io_run).value
+        except strict_json.TooManyValues as e:
+            raise MalformedResponse(destination, f"response refused: {e}") from None
         except ValueError:  # not strict JSON, or nested too deep
             raise MalformedResponse(destination, "response is not JSON") from None
 

@@ -165,6 +165,23 @@ class Keyring:
         """Checks that ``obj`` is signed by ``server_name`` with a key valid at ``at_ts``
         (default: now). Returns the key id that verified. Raises ``InvalidSignature`` or
         ``KeyResolutionRefused``."""
+        keys = self.signing_keys(obj, server_name, source_ip, at_ts=at_ts, deadline=deadline)
+        verify_with_keys(obj, server_name, keys)
+        return next(iter(keys))
+
+    def signing_keys(
+        self,
+        obj: dict,
+        server_name: str,
+        source_ip: str | None,
+        *,
+        at_ts: int | None = None,
+        deadline: OutboundDeadline | None = None,
+    ) -> dict:
+        """``verify_json``'s first half: the keys of ``server_name``'s signatures on ``obj``
+        valid at ``at_ts``, each of which must verify (``verify_with_keys``, which needs no
+        hub and may run on a native thread). Raises ``InvalidSignature`` when there are
+        none, or ``KeyResolutionRefused``."""
         signatures = obj.get("signatures") if isinstance(obj, dict) else None
         ours = signatures.get(server_name) if isinstance(signatures, dict) else None
         if not isinstance(ours, dict) or not ours:
@@ -181,9 +198,7 @@ class Keyring:
         )
         if not keys:
             raise InvalidSignature(f"no valid key of {server_name} among {sorted(key_ids)}")
-        for key in keys.values():
-            verify_signature(obj, server_name, key)
-        return next(iter(keys))
+        return keys
 
     @staticmethod
     def _usable(stored: dict[str, StoredKey], key_ids: list[str], min_ts: int):
@@ -482,6 +497,13 @@ class Keyring:
 
 
 # --- key documents ----------------------------------------------------------------------
+
+
+def verify_with_keys(obj: dict, server_name: str, keys: dict) -> None:
+    """Checks ``obj``'s signatures by ``server_name`` with each of ``keys``; raises
+    ``InvalidSignature``. Pure: safe on a native thread."""
+    for key in keys.values():
+        verify_signature(obj, server_name, key)
 
 
 def _current_verify_keys(server_name: str, verify_keys: dict) -> dict:

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import gevent.pool
-
 from homeserver.core.events import Event
-from homeserver.federation.errors import KeyResolutionRefused, MalformedResponse
+from homeserver.federation.errors import MalformedResponse
 from homeserver.rooms.auth import (
     AuthError,
     StateKey,
@@ -31,8 +29,6 @@ from homeserver.rooms.versions import RoomVersion
 # A room's state and auth chain can be large; past this the answer is refused rather than
 # held in memory and checked event by event.
 MAX_JOIN_EVENTS = 50_000
-# Signature checks running at once: each may wait on a key fetch for another server.
-VERIFY_CONCURRENCY = 16
 
 
 class BadJoinResponse(MalformedResponse):
@@ -111,23 +107,15 @@ class JoinResponseChecker:
         )
 
     def _verified(self, server: str, version: RoomVersion, pdus: dict) -> dict[str, CheckedPdu]:
-        """Signatures and content hashes of every event, checked a few at a time."""
-        pool = gevent.pool.Pool(VERIFY_CONCURRENCY)
-        try:
-            results = pool.imap_unordered(
-                lambda item: self._checker.verify(CheckedPdu(item[0], item[1], version), None),
-                pdus.items(),
-            )
-            checked: dict[str, CheckedPdu] = {}
-            for result in results:
-                if isinstance(result, KeyResolutionRefused):
-                    raise result
-                if result.error is not None:
-                    raise BadJoinResponse(server, f"event {result.event_id}: {result.error}")
-                checked[result.event_id] = result
-            return checked
-        finally:
-            pool.kill()  # the join's deadline may end this before the checks do
+        """Signatures and content hashes of every event (on native threads, in batches:
+        rooms/pdu_checks.py). Raises `KeyResolutionRefused`."""
+        items = [CheckedPdu(event_id, pdu, version) for event_id, pdu in pdus.items()]
+        checked: dict[str, CheckedPdu] = {}
+        for result in self._checker.verify_all(items, None):
+            if result.error is not None:
+                raise BadJoinResponse(server, f"event {result.event_id}: {result.error}")
+            checked[result.event_id] = result
+        return checked
 
     @staticmethod
     def _authorised(server, version, event: Event, events: dict, signed_by: dict) -> None:
