@@ -24,7 +24,9 @@ from homeserver.federation.admission import Caller, admitted, count_failure
 from homeserver.federation.client import FederationClient
 from homeserver.federation.cooldown import AddressCooldown
 from homeserver.federation.errors import FederationError, KeyResolutionRefused
+from homeserver.federation.junk import JunkAnswers
 from homeserver.metrics import Metrics
+from homeserver.rooms.events import MAX_PDU_BYTES
 from homeserver.rooms.fetched import HistoryWriter, checked_events
 from homeserver.rooms.pdu_checks import PduChecker
 from homeserver.rooms.service import RoomService
@@ -42,7 +44,9 @@ _OLDEST_EVENTS_READ = 100
 _MAX_FROM = 20
 # Servers asked, in turn, within the one deadline.
 _MAX_SERVERS = 3
-RESPONSE_MAX_BYTES = 8 * 1024 * 1024
+# An answer is read up to what BACKFILL_LIMIT events can take, and cut to that many of the
+# room's events before any is checked.
+RESPONSE_MAX_BYTES = BACKFILL_LIMIT * MAX_PDU_BYTES + 64 * 1024
 
 
 class Backfiller:
@@ -54,7 +58,9 @@ class Backfiller:
         budget: InFlightBudget,
         cooldown: AddressCooldown,
         metrics: Metrics,
+        junk: JunkAnswers,
     ):
+        self.junk = junk
         self.rooms = rooms
         self.checker = checker
         self.client = client
@@ -95,7 +101,10 @@ class Backfiller:
                     target_health=self.cooldown,
                 )
                 pdus = body.get("pdus") if isinstance(body, dict) else None
-                events = checked_events(self.checker, room_id, pdus, None)
+                pdus = pdus if isinstance(pdus, list) else []
+                mine = [p for p in pdus if isinstance(p, dict) and p.get("room_id") == room_id]
+                events = checked_events(self.checker, room_id, mine[:BACKFILL_LIMIT], None)
+                self.junk.note(server, len(pdus), len(events))
             except (FederationError, DeadlineExceeded) as e:
                 count_failure(self.metrics, "backfill", e)
                 if isinstance(e, (DeadlineExceeded, KeyResolutionRefused)):
@@ -113,7 +122,7 @@ class Backfiller:
         stored = self.rooms.store.events_in_room(room_id, self._children(room_id, from_ids))
         senders = [server_of(s.event.sender) for s in stored.values()]
         ordered = [s for s in dict.fromkeys([*senders, *joined]) if s != ours and s in joined]
-        return ordered[:_MAX_SERVERS]
+        return self.junk.last(ordered)[:_MAX_SERVERS]
 
     def _children(self, room_id: str, from_ids: list[str]) -> list[str]:
         wanted = set(from_ids)

@@ -32,7 +32,9 @@ from homeserver.core.events import Event
 from homeserver.federation.client import FederationClient
 from homeserver.federation.errors import FederationError, KeyResolutionRefused
 from homeserver.federation.event_resolution import EventResolutionBudget
+from homeserver.federation.junk import JunkAnswers
 from homeserver.rooms.auth import StateKey, auth_event_ids_to_check
+from homeserver.rooms.events import MAX_PDU_BYTES
 from homeserver.rooms.fetched import HistoryWriter, checked_events
 from homeserver.rooms.pdu_checks import PduChecker, signing_servers
 from homeserver.rooms.received import ReceivedEventRefused
@@ -51,8 +53,14 @@ MAX_MISSING_EVENTS = 100
 MAX_STATE_EVENTS = 100
 # Unknown prev_events of one event whose state is fetched.
 MAX_PREV_EVENTS_FETCHED = 5
-# An answer of /get_missing_events holds at most 100 events; /state_ids, IDs only.
-RESPONSE_MAX_BYTES = 8 * 1024 * 1024
+# An answer of /get_missing_events is read up to what its limit allows (events of at most
+# MAX_PDU_BYTES, and room for the envelope), and cut to that limit before any event of it is
+# checked. A server whose answers were mostly junk is asked for fewer (federation/junk.py).
+ENVELOPE_BYTES = 64 * 1024
+JUNK_PEER_LIMIT = 5
+# /state_ids: event IDs only, at most this many of each list.
+STATE_IDS_MAX_BYTES = 8 * 1024 * 1024
+MAX_STATE_IDS = 100_000
 
 
 def _q(value: str) -> str:
@@ -70,11 +78,13 @@ class GapFiller:
         checker: PduChecker,
         client: FederationClient,
         budget: EventResolutionBudget,
+        junk: JunkAnswers,
     ):
         self.rooms = rooms
         self.checker = checker
         self.client = client
         self.budget = budget
+        self.junk = junk
         self.writer = HistoryWriter(rooms.store, HistoryStore(rooms.store.db))
 
     def missing(self, version: RoomVersion, event: Event) -> list[str]:
@@ -124,8 +134,9 @@ class GapFiller:
         earliest = [e.event_id for e in self.rooms.store.forward_extremities(room_id)]
         found: dict[str, Event] = {}
         latest = [event.event_id]
+        per_request = JUNK_PEER_LIMIT if self.junk.is_junk(origin) else 20
         for _ in range(MAX_LEVELS):
-            limit = min(MAX_MISSING_EVENTS - len(found), 20)
+            limit = min(MAX_MISSING_EVENTS - len(found), per_request)
             if limit <= 0 or not latest:
                 break
             body = self.client.post_json(
@@ -133,14 +144,13 @@ class GapFiller:
                 f"{FED_V1}/get_missing_events/{_q(room_id)}",
                 {"earliest_events": earliest, "latest_events": latest, "limit": limit},
                 deadline=deadline,
-                max_bytes=RESPONSE_MAX_BYTES,
+                max_bytes=limit * MAX_PDU_BYTES + ENVELOPE_BYTES,
             )
             pdus = body.get("events") if isinstance(body, dict) else None
-            new = [
-                e
-                for e in checked_events(self.checker, room_id, pdus, source_ip)[:limit]
-                if e.event_id not in found
-            ]
+            pdus = pdus if isinstance(pdus, list) else []
+            checked = checked_events(self.checker, room_id, pdus[:limit], source_ip)
+            new = [e for e in checked if e.event_id not in found]
+            self.junk.note(origin, len(pdus), len(new))
             if not new:
                 break
             found.update((e.event_id, e) for e in new)
@@ -165,7 +175,7 @@ class GapFiller:
                 f"{FED_V1}/state_ids/{_q(event.room_id)}",
                 {"event_id": prev},
                 deadline=deadline,
-                max_bytes=RESPONSE_MAX_BYTES,
+                max_bytes=STATE_IDS_MAX_BYTES,
             )
             state_ids, chain_ids = _id_lists(body)
             states[prev] = state_ids
@@ -176,8 +186,7 @@ class GapFiller:
         pdus = [self._event(origin, event_id, deadline) for event_id in unknown]
         fetched = {
             e.event_id: e
-            for e in checked_events(self.checker, event.room_id, pdus, source_ip)
-            if e.event_id in unknown  # the event a server names is the one it must send
+            for e in checked_events(self.checker, event.room_id, pdus, source_ip, set(unknown))
         }
         befores = {
             prev: self._state_map(event.room_id, ids, fetched) for prev, ids in states.items()
@@ -187,7 +196,10 @@ class GapFiller:
 
     def _event(self, origin: str, event_id: str, deadline: OutboundDeadline) -> dict | None:
         body = self.client.get_json(
-            origin, f"{FED_V1}/event/{_q(event_id)}", deadline=deadline, max_bytes=1024 * 1024
+            origin,
+            f"{FED_V1}/event/{_q(event_id)}",
+            deadline=deadline,
+            max_bytes=MAX_PDU_BYTES + ENVELOPE_BYTES,
         )
         pdus = body.get("pdus") if isinstance(body, dict) else None
         return pdus[0] if isinstance(pdus, list) and pdus and isinstance(pdus[0], dict) else None
@@ -209,5 +221,7 @@ def _id_lists(body: object) -> tuple[list[str], list[str]]:
         value = body.get(name)
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise GapNotFilled(f"state_ids answer has no list of {name}")
+        if len(value) > MAX_STATE_IDS:
+            raise GapNotFilled(f"state_ids answer has over {MAX_STATE_IDS} {name}")
         lists.append(value)
     return lists[0], lists[1]

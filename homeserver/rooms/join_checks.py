@@ -13,8 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import gevent
+
+from homeserver.core.concurrency import let_io_run
 from homeserver.core.events import Event
 from homeserver.federation.errors import MalformedResponse
+from homeserver.federation.junk import JunkAnswers
 from homeserver.rooms.auth import (
     AuthError,
     StateKey,
@@ -29,6 +33,9 @@ from homeserver.rooms.versions import RoomVersion
 # A room's state and auth chain can be large; past this the answer is refused rather than
 # held in memory and checked event by event.
 MAX_JOIN_EVENTS = 50_000
+# Events identified (hashed) per native-thread task, and authorised between two pauses.
+IDENTIFY_BATCH = 256
+AUTHORISED_PER_PAUSE = 200
 
 
 class BadJoinResponse(MalformedResponse):
@@ -56,42 +63,82 @@ def _pdus(server: str, body: object, key: str) -> list[dict]:
 
 
 def _identified(server: str, version: RoomVersion, room_id: str, pdus: list[dict]) -> dict:
-    """{event_id: pdu}, each of the room and of the version's format."""
+    """{event_id: pdu}, each of the room and of the version's format. An event ID is a hash
+    of the redacted event: pure work, done on native threads in batches."""
+    threads = gevent.get_hub().threadpool
     found: dict[str, dict] = {}
+    for at in range(0, len(pdus), IDENTIFY_BATCH):
+        batch = pdus[at : at + IDENTIFY_BATCH]
+        for event_id, pdu, error in threads.apply(_identify_batch, (version, room_id, batch)):
+            if error is not None:
+                raise BadJoinResponse(server, f"event {event_id} {error}")
+            found[event_id] = pdu
+    return found
+
+
+def _identify_batch(version: RoomVersion, room_id: str, pdus: list[dict]) -> list[tuple]:
+    """(event_id, pdu, error or None) for each: safe on a native thread."""
+    found: list[tuple[str, dict, str | None]] = []
     for pdu in pdus:
         event_id = event_id_for(version, pdu)
         try:
             check_pdu_format(version, Event(event_id, pdu))
         except (InvalidEvent, KeyError, TypeError) as e:
-            raise BadJoinResponse(server, f"event {event_id} is not valid: {e}") from None
-        if room_id_of(version, pdu) != room_id:
-            raise BadJoinResponse(server, f"event {event_id} is of another room")
-        found[event_id] = pdu
+            found.append((event_id, pdu, f"is not valid: {e}"))
+            continue
+        error = None if room_id_of(version, pdu) == room_id else "is of another room"
+        found.append((event_id, pdu, error))
     return found
 
 
+def _auth_chain_of(version: RoomVersion, starts: list[Event], pdus: dict[str, dict]) -> set[str]:
+    """The IDs of `pdus` reachable from `starts` through auth events: what an answer's
+    state and our join need, and all of it that is checked."""
+    seen: set[str] = set()
+    frontier = [a for e in starts for a in auth_event_ids_to_check(version, e)]
+    while frontier:
+        event_id = frontier.pop()
+        if event_id in seen or event_id not in pdus:
+            continue
+        seen.add(event_id)
+        frontier += auth_event_ids_to_check(version, Event(event_id, pdus[event_id]))
+    return seen
+
+
 class JoinResponseChecker:
-    def __init__(self, checker: PduChecker):
+    def __init__(self, checker: PduChecker, junk: JunkAnswers):
         self._checker = checker
+        self.junk = junk  # servers whose answers were mostly junk: asked last
 
     def check(self, server: str, version: RoomVersion, our_join: Event, body: object) -> JoinedRoom:
         """The checked room, or `BadJoinResponse`; raises `KeyResolutionRefused` when the
-        keyring's budget refuses a key fetch. Run it under the join's deadline."""
+        keyring's budget refuses a key fetch. Run it under the join's deadline.
+
+        The answer is cut to what a join needs before any signature is checked: the state,
+        our join, and the auth chain events they reach; the rest is dropped, and a server
+        whose answer was mostly that is remembered (federation/junk.py)."""
         room_id = our_join.room_id
         state_pdus, chain_pdus = _pdus(server, body, "state"), _pdus(server, body, "auth_chain")
         if len(state_pdus) + len(chain_pdus) > MAX_JOIN_EVENTS:
             raise BadJoinResponse(server, "send_join answer has too many events")
         state_ids = _identified(server, version, room_id, state_pdus)
-        everything = {**_identified(server, version, room_id, chain_pdus), **state_ids}
+        chain_by_id = _identified(server, version, room_id, chain_pdus)
         join_pdu = body.get("event") if isinstance(body, dict) else None
         if not isinstance(join_pdu, dict) or event_id_for(version, join_pdu) != our_join.event_id:
             join_pdu = our_join.pdu  # v1 answers, or a server that did not countersign
+        starts = [Event(i, p) for i, p in state_ids.items()] + [our_join]
+        needed = _auth_chain_of(version, starts, {**chain_by_id, **state_ids})
+        everything = {i: chain_by_id[i] for i in needed if i in chain_by_id}
+        everything.update(state_ids)
         everything[our_join.event_id] = join_pdu
+        self.junk.note(server, len(state_pdus) + len(chain_pdus), len(everything) - 1)
         checked = self._verified(server, version, everything)
         events = {i: c.event for i, c in checked.items() if c.event is not None}
         signed_by = {i: c.signed_by for i, c in checked.items()}
-        for event in events.values():
+        for n, event in enumerate(events.values()):
             self._authorised(server, version, event, events, signed_by)
+            if n % AUTHORISED_PER_PAUSE == AUTHORISED_PER_PAUSE - 1:
+                let_io_run()
         if any(events[i].state_key is None for i in state_ids):
             raise BadJoinResponse(server, "send_join answer's state holds a non-state event")
         state = {(events[i].type, events[i].state_key or ""): events[i] for i in state_ids}

@@ -120,13 +120,18 @@ class PduChecker:
         self._out_of_room = out_of_room
 
     def check(
-        self, pdus: list[dict], source_ip: str | None, origin: str | None = None
+        self,
+        pdus: list[dict],
+        source_ip: str | None,
+        origin: str | None = None,
+        wanted: set[str] | None = None,
     ) -> list[CheckedPdu]:
         """The checked PDUs, in order; a PDU too broken to have an event ID is left out.
         Signatures of all PDUs are verified at once, each server's keys fetched once.
         Raises ``KeyResolutionRefused`` as soon as one key fetch is refused. `origin`: the
         server that sent them, whom each room's server ACL must allow (before any key is
-        fetched for its PDUs)."""
+        fetched for its PDUs). `wanted`: the event IDs asked for; others are dropped
+        before their signatures are checked."""
         room_versions = self._room_versions(pdus)
         checked: list[CheckedPdu] = []
         for pdu in pdus:
@@ -137,6 +142,8 @@ class PduChecker:
                 continue
             if item.error is None and origin is not None and not self._acl_allows(item, origin):
                 item = _failed(item, f"{origin} is denied by the room's server ACL")
+            if item.error is None and wanted is not None and item.event_id not in wanted:
+                item = _failed(item, "not an event that was asked for")
             checked.append(item)
         return self.verify_all(checked, source_ip)
 

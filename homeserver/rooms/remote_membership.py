@@ -176,7 +176,7 @@ class RemoteMembership:
                         return self._join_locally(user_id, room_id, content)
                 assert room_id is not None
                 joined = self._try_servers(
-                    _candidates(room_id, via, self.server_name),
+                    self._checker.junk.last(_candidates(room_id, via, self.server_name)),
                     lambda server: self._join_via(server, room_id, user_id, content, deadline),
                 )
         except (FederationError, DeadlineExceeded) as e:

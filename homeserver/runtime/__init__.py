@@ -148,6 +148,7 @@ class HomeserverRuntime(Infrastructure):
             PduChecker(self.keyring, self.rooms),
             self.federation_client,
             self.event_resolution,
+            self.junk_answers,
         )
 
     @component
@@ -160,6 +161,7 @@ class HomeserverRuntime(Infrastructure):
             self.client_outbound_budget,
             self.address_cooldown,
             self.metrics,
+            self.junk_answers,
         )
 
     @component
@@ -185,7 +187,7 @@ class HomeserverRuntime(Infrastructure):
             self.rooms,
             self.federation_client,
             self.keyring,
-            JoinResponseChecker(PduChecker(self.keyring, self.rooms)),
+            JoinResponseChecker(PduChecker(self.keyring, self.rooms), self.junk_answers),
             self.client_outbound_budget,
             self.address_cooldown,
             self.metrics,

@@ -18,6 +18,7 @@ from homeserver.federation.admission import make_client_outbound_budget
 from homeserver.federation.client import FederationClient
 from homeserver.federation.cooldown import AddressCooldown
 from homeserver.federation.event_resolution import EventResolutionBudget
+from homeserver.federation.junk import JunkAnswers
 from homeserver.federation.keyring import Keyring, shard_key_resolution_budget
 from homeserver.federation.sender import FederationSender
 from homeserver.federation.signing_key import key_id, load_or_create_signing_key
@@ -126,6 +127,11 @@ class Infrastructure:
         budget = make_client_outbound_budget(self.config.server.http.main_pool_size)
         self.metrics.track_budget(budget)
         return budget
+
+    @component
+    def junk_answers(self) -> JunkAnswers:
+        """Servers whose last answers were mostly junk: asked last, and for less."""
+        return JunkAnswers()
 
     @component
     def address_cooldown(self) -> AddressCooldown:
