@@ -146,7 +146,8 @@ def loads_in_pieces(
     return Decoded(value, canon if canonical else None)
 
 
-_STRUCTURE = re.compile(r'["\[\]{}]')
+# Up to the next bracket outside a string, or to a string that does not end in the window.
+_TO_BRACKET = re.compile(r'(?:[^"\[\]{}]++|"(?:[^"\\]++|\\.)*+")*+')
 # Inside a string: everything up to its closing quote (or the end of the window).
 _STRING_RUN = re.compile(r'(?:[^"\\]++|\\.)*+', re.DOTALL)
 _SPACE = re.compile(r"[ \t\n\r]*")
@@ -163,14 +164,17 @@ def _skip_space(text: str, i: int) -> int:
 
 
 def _walk(text: str, piece_bytes: int, max_depth: int, pause: Callable[[], None]) -> _Walk:
-    """The start of every container and string longer than `piece_bytes`; `TooDeep` at once for a
-    document nested deeper than `max_depth`, `TooManyValues` as soon as a container that
-    is already longer than `PIECE_BYTES` holds more than one member per `MIN_MEMBER_BYTES`,
-    `NotJson` for unbalanced brackets or an unterminated string. Each regular expression
+    """The start of every container and string longer than `piece_bytes`; `TooDeep` at once
+    for a document nested deeper than `max_depth`, `TooManyValues` as soon as a container
+    that is already longer than `PIECE_BYTES` holds more than one container per
+    `MIN_MEMBER_BYTES`, `NotJson` for unbalanced brackets or an unterminated string.
+
+    One regular expression takes the walk from bracket to bracket, over every string and
+    scalar between them, in C; a string the window cuts is gone through apart. Each match
     runs over one piece of the text at most, with a pause after each piece."""
     walk = _Walk(piece_bytes, max_depth)
     i, paused_at, steps, size, string_start = 0, 0, 0, len(text), 0
-    search = _STRUCTURE.search
+    skip = _TO_BRACKET.match
     in_string = False
     while i < size:
         if i - paused_at >= piece_bytes or steps >= _STEPS_PER_PAUSE:
@@ -183,11 +187,9 @@ def _walk(text: str, piece_bytes: int, max_depth: int, pause: Callable[[], None]
             if not in_string and i - string_start > piece_bytes:
                 walk.long_strings[string_start] = i
             continue
-        found = search(text, i, window)
-        if found is None:
-            i = window
+        i = skip(text, i, window).end()  # type: ignore[union-attr]
+        if i == window:
             continue
-        i = found.start()
         walk.member(i)
         mark = text[i]
         i += 1
@@ -264,6 +266,7 @@ class _Pieces:
         self.piece_bytes = piece_bytes
         self.canonical = canonical
         self.since_pause = 0
+        self.values_since_pause = 0
 
     def value(self, i: int, depth: int) -> tuple[Any, bytes, int]:
         """The value at `i`, its canonical JSON (b"" unless asked for) and where it ends."""
@@ -284,8 +287,9 @@ class _Pieces:
         if _SURROGATE_ESCAPE_TEXT.search(self.text, i, end):
             _check_encodes(value)
         self.since_pause += end - i
-        if self.since_pause >= self.piece_bytes:
-            self.since_pause = 0
+        self.values_since_pause += 1
+        if self.since_pause >= self.piece_bytes or self.values_since_pause >= _STEPS_PER_PAUSE:
+            self.since_pause = self.values_since_pause = 0
             self.pause()
         return value, encode_canonical_json(value) if self.canonical else b"", end
 

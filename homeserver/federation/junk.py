@@ -28,10 +28,14 @@ class JunkAnswers:
         """An answer of `server` held `held` events, of which `useful` were what we asked
         for and passed their checks."""
         if held > 0 and held - useful > held * JUNK_SHARE:
-            if len(self._until) >= _MAX_REMEMBERED:
-                self._until.pop(next(iter(self._until)))
-            self._until.pop(server, None)
-            self._until[server] = self._clock() + REMEMBERED_SECONDS
+            self.remember(server)
+
+    def remember(self, server: str) -> None:
+        """`server`'s answer was junk (or larger than anything we asked for could be)."""
+        if len(self._until) >= _MAX_REMEMBERED:
+            self._until.pop(next(iter(self._until)))
+        self._until.pop(server, None)
+        self._until[server] = self._clock() + REMEMBERED_SECONDS
 
     def is_junk(self, server: str) -> bool:
         until = self._until.get(server)

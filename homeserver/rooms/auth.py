@@ -45,6 +45,8 @@ MEMBER = "m.room.member"
 POWER_LEVELS = "m.room.power_levels"
 JOIN_RULES = "m.room.join_rules"
 THIRD_PARTY_INVITE = "m.room.third_party_invite"
+# The only types an auth event can have (server-server spec, "Auth events selection").
+AUTH_EVENT_TYPES = frozenset({CREATE, MEMBER, POWER_LEVELS, JOIN_RULES, THIRD_PARTY_INVITE})
 
 
 class AuthError(Exception):

@@ -23,7 +23,11 @@ from homeserver.core.identifiers import server_of
 from homeserver.federation.admission import Caller, admitted, count_failure
 from homeserver.federation.client import FederationClient
 from homeserver.federation.cooldown import AddressCooldown
-from homeserver.federation.errors import FederationError, KeyResolutionRefused
+from homeserver.federation.errors import (
+    FederationError,
+    KeyResolutionRefused,
+    ResponseTooLarge,
+)
 from homeserver.federation.junk import JunkAnswers
 from homeserver.metrics import Metrics
 from homeserver.rooms.events import MAX_PDU_BYTES
@@ -107,6 +111,8 @@ class Backfiller:
                 self.junk.note(server, len(pdus), len(events))
             except (FederationError, DeadlineExceeded) as e:
                 count_failure(self.metrics, "backfill", e)
+                if isinstance(e, ResponseTooLarge):
+                    self.junk.remember(server)
                 if isinstance(e, (DeadlineExceeded, KeyResolutionRefused)):
                     return 0
                 continue

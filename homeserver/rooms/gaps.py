@@ -30,7 +30,11 @@ from urllib.parse import quote
 from budget import DeadlineExceeded, OutboundDeadline
 from homeserver.core.events import Event
 from homeserver.federation.client import FederationClient
-from homeserver.federation.errors import FederationError, KeyResolutionRefused
+from homeserver.federation.errors import (
+    FederationError,
+    KeyResolutionRefused,
+    ResponseTooLarge,
+)
 from homeserver.federation.event_resolution import EventResolutionBudget
 from homeserver.federation.junk import JunkAnswers
 from homeserver.rooms.auth import StateKey, auth_event_ids_to_check
@@ -105,6 +109,8 @@ class GapFiller:
             except KeyResolutionRefused:
                 raise
             except (FederationError, DeadlineExceeded, GapNotFilled) as e:
+                if isinstance(e, ResponseTooLarge):
+                    self.junk.remember(origin)
                 log.info("gap before %s from %s left open: %s", event.event_id, origin, e)
 
     def _fill(self, origin, version, event, source_ip, deadline) -> None:

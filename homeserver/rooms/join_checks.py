@@ -20,6 +20,7 @@ from homeserver.core.events import Event
 from homeserver.federation.errors import MalformedResponse
 from homeserver.federation.junk import JunkAnswers
 from homeserver.rooms.auth import (
+    AUTH_EVENT_TYPES,
     AuthError,
     StateKey,
     auth_event_ids_to_check,
@@ -122,6 +123,10 @@ class JoinResponseChecker:
         if len(state_pdus) + len(chain_pdus) > MAX_JOIN_EVENTS:
             raise BadJoinResponse(server, "send_join answer has too many events")
         state_ids = _identified(server, version, room_id, state_pdus)
+        # An auth chain holds state events of the auth types only: the rest is not even hashed.
+        chain_pdus = [
+            p for p in chain_pdus if p.get("type") in AUTH_EVENT_TYPES and "state_key" in p
+        ]
         chain_by_id = _identified(server, version, room_id, chain_pdus)
         join_pdu = body.get("event") if isinstance(body, dict) else None
         if not isinstance(join_pdu, dict) or event_id_for(version, join_pdu) != our_join.event_id:
@@ -131,7 +136,8 @@ class JoinResponseChecker:
         everything = {i: chain_by_id[i] for i in needed if i in chain_by_id}
         everything.update(state_ids)
         everything[our_join.event_id] = join_pdu
-        self.junk.note(server, len(state_pdus) + len(chain_pdus), len(everything) - 1)
+        held = len(state_pdus) + len(_pdus(server, body, "auth_chain"))
+        self.junk.note(server, held, len(everything) - 1)
         checked = self._verified(server, version, everything)
         events = {i: c.event for i, c in checked.items() if c.event is not None}
         signed_by = {i: c.signed_by for i, c in checked.items()}

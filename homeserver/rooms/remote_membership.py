@@ -37,6 +37,7 @@ from homeserver.federation.errors import (
     InvalidSignature,
     MalformedResponse,
     RemoteError,
+    ResponseTooLarge,
     to_client_error,
 )
 from homeserver.federation.keyring import Keyring
@@ -200,6 +201,8 @@ class RemoteMembership:
                 return attempt(server)
             except FederationError as e:
                 log.info("membership through %s failed: %s", server, e)
+                if isinstance(e, ResponseTooLarge):
+                    self._checker.junk.remember(server)
                 failure = failure if _more_telling(failure, e) else e
         assert failure is not None
         raise failure

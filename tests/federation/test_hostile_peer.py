@@ -7,6 +7,7 @@ answers our fetches with whatever the test puts there. Its users join rooms of a
 (local) through transactions, as a member server would.
 """
 
+import json
 import os
 import re
 import socket
@@ -19,6 +20,7 @@ import requests
 
 from homeserver.rooms.versions import ROOM_V10, ROOM_V12
 from tests.peers.origins import FakeOrigin, OriginKeyServer, federation_request, send_transaction
+from tests.peers.resident import ResidentPeer
 from tests.support.federation import federation_settings, tls_listener_settings
 from tests.support.probe import LatencyProbe
 from tests.support.remote_room import RemoteRoom
@@ -35,6 +37,13 @@ def hostile_server(test_ca, dns):
     with OriginKeyServer("hostile.test", test_ca, dns, host="127.31.131.2") as server:
         server.events = {}
         server.route("GET", f"{FED_V1}/event/", _serve_event(server), True)
+        server.missing_answer = b'{"events": []}'  # what /get_missing_events answers
+        server.route(
+            "POST",
+            f"{FED_V1}/get_missing_events/",
+            lambda req: (200, server.missing_answer),
+            True,
+        )
         yield server
 
 
@@ -56,7 +65,8 @@ def hostile(hostile_server):
 @pytest.fixture(scope="module")
 def weir(test_ca, dns, tmp_path_factory):
     directory = str(tmp_path_factory.mktemp("hostile-peer"))
-    fed = federation_settings(test_ca, dns, remote_timeout=5)
+    # A join's whole deadline: room for a send_join answer of 15 MB of junk on a loaded machine.
+    fed = federation_settings(test_ca, dns, remote_timeout=30)
     fed.update(tls_listener_settings(test_ca, WEIR, "127.31.131.3", port=0))
     proc = WeirProcess(
         directory, merge(base_settings(os.path.join(directory, "data")), {"federation": fed})
@@ -469,3 +479,106 @@ def test_a_known_origins_body_is_checked_by_the_strict_rules_before_its_signatur
         timeout=60,
     )
     assert (r.status_code, r.json()["errcode"]) == (400, "M_BAD_JSON")
+
+
+# --- peers' answers cost what we asked for ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def resident(test_ca):
+    """A server holding a room of its own, whose answers the tests make junk."""
+    peer = ResidentPeer(test_ca, host="127.31.131.5").start()
+    peer.add_message("history a joining server has to backfill")
+    yield peer
+    peer.stop()
+
+
+def junk_of(room: RemoteRoom, origin, count: int) -> list[dict]:
+    """`count` events of the room in its format, signed by nobody (made-up signatures)."""
+    _, template = room.pdu(
+        origin,
+        origin.user("mallory"),
+        "m.room.message",
+        {"body": "junk"},
+        prev_events=[room.latest_event_id()],
+        auth_events=room.auth_ids(("m.room.create", "")),
+    )
+    fake = {origin.name: {origin.key_id: "A" * 86}}
+    return [dict(template, content={"body": f"junk {n}"}, signatures=fake) for n in range(count)]
+
+
+def test_a_junk_get_missing_events_answer_is_refused_unchecked_and_remembered(
+    weir, test_ca, alice, hostile, hostile_server
+):
+    room, join_id = joined_room(weir, test_ca, alice, hostile, "10")
+    ids, pdus = room.messages(hostile, "mallory", ["one", "two", "three"], prev=join_id)
+    # 8 MiB: the two events that fill the gap, and 28,900 junk events.
+    answer = {"events": [*pdus[:2], *junk_of(room, hostile, 28_900)]}
+    hostile_server.missing_answer = json.dumps(answer).encode()
+    assert len(hostile_server.missing_answer) > 8 * 1024 * 1024
+    asked = len([r for r in hostile_server.requests if "get_missing_events" in r.path])
+    with LatencyProbe(weir.client_url, "/_matrix/client/versions") as probe:
+        gevent.sleep(0.2)
+        answered = send(weir, test_ca, hostile, f"gme-{room.room_id}", [pdus[2]])
+        gevent.sleep(0.2)
+    assert "could not be fetched" in answered[ids[2]]["error"]
+    assert probe.p99() <= 50, sorted(probe.samples)[-10:]
+
+    # Remembered: its next gap is asked for with a smaller limit.
+    (later,), more = room.messages(hostile, "mallory", ["four"], prev=ids[2])
+    send(weir, test_ca, hostile, f"gme-again-{room.room_id}", more)
+    requests_seen = [r for r in hostile_server.requests if "get_missing_events" in r.path]
+    assert len(requests_seen) > asked + 1
+    assert requests_seen[-1].json()["limit"] < requests_seen[asked].json()["limit"]
+
+
+def test_a_send_join_answer_padded_with_junk_costs_only_the_room(weir, alice, resident):
+    resident.junk_events = 49_000
+    try:
+        with LatencyProbe(weir.client_url, "/_matrix/client/versions") as probe:
+            gevent.sleep(0.2)
+            r = alice.post(
+                f"{V3}/join/{quote(resident.room_id, safe='')}",
+                params={"via": resident.server_name},
+                json={},
+                timeout=120,
+            )
+            gevent.sleep(0.2)
+    finally:
+        resident.junk_events = 0
+    assert r.status_code == 200, r.text
+    assert probe.p99() <= 50, sorted(probe.samples)[-10:]
+    state = alice.get(f"{V3}/rooms/{quote(resident.room_id, safe='')}/state").json()
+    assert {e["type"] for e in state} >= {"m.room.create", "m.room.name"}
+
+
+def test_a_junk_backfill_answer_leaves_messages_with_what_it_has(weir, alice, resident):
+    room = quote(resident.room_id, safe="")
+    if alice.get(f"{V3}/rooms/{room}/state").status_code != 200:
+        r = alice.post(f"{V3}/join/{room}", params={"via": resident.server_name}, json={})
+        assert r.status_code == 200, r.text
+    # Just under 8 MiB of events of the room, signed by nobody.
+    junk = resident.junk(30_201)
+    answer = b""
+    while not answer or len(answer) > 8 * 1024 * 1024 - 1024:
+        answer = json.dumps({"origin": resident.server_name, "pdus": junk}).encode()
+        junk = junk[: int(len(junk) * (8 * 1024 * 1024 - 1024) / len(answer))]
+    resident.backfill_answer = answer
+    asked = resident.hits(f"/_matrix/federation/v1/backfill/{resident.room_id}")
+    try:
+        with LatencyProbe(weir.client_url, "/_matrix/client/versions") as probe:
+            gevent.sleep(0.2)
+            r = alice.get(f"{V3}/rooms/{room}/messages", params={"dir": "b", "limit": 50})
+            gevent.sleep(0.2)
+    finally:
+        resident.backfill_answer = None
+    assert r.status_code == 200, r.text
+    assert resident.hits(f"/_matrix/federation/v1/backfill/{resident.room_id}") == asked + 1
+    # What was asked for is 50 events; no more of the answer was checked, whatever it held.
+    with open(weir.stderr_path, errors="replace") as f:
+        checked = sum(1 for line in f if "fetched event" in line and "dropped" in line)
+    assert checked <= 50
+    assert not any(
+        e.get("content", {}).get("name", "").startswith("junk") for e in r.json()["chunk"]
+    )
+    assert probe.p99() <= 50, sorted(probe.samples)[-10:]

@@ -3,6 +3,8 @@ answers make_join and send_join for it, honestly or with a chosen lie in its ans
 
     peer = ResidentPeer(test_ca, host="127.40.15.2").start()
     peer.lie = "forged_state"        # or "bad_signature", or None
+    peer.junk_events = 49_000        # send_join answers carry that many junk events too
+    peer.backfill_answer = b"..."    # what /backfill answers (default: 404)
     alice.post("/_matrix/client/v3/join/" + peer.room_id, ...)
     assert peer.send_joins() == 1
 """
@@ -25,12 +27,18 @@ class ResidentPeer(HonestPeer):
         self.room_id = f"!resident:{self.server_name}"
         self.creator = f"@creator:{self.server_name}"
         self.lie: str | None = None
-        self.events: list[tuple[str, dict]] = []  # (event_id, pdu), in order
+        self.junk_events = 0
+        self.backfill_answer: bytes | None = None
+        self.events: list[tuple[str, dict]] = []  # (event_id, pdu), in order: the state
+        self.latest: str | None = None  # the newest event: the state's, or a message after it
         self._build_room()
         self.make_join_prefix = f"/_matrix/federation/v1/make_join/{self.room_id}/"
         self.send_join_prefix = f"/_matrix/federation/v2/send_join/{self.room_id}/"
         self.route("GET", self.make_join_prefix, self._make_join, prefix=True)
         self.route("PUT", self.send_join_prefix, self._send_join, prefix=True)
+        backfill = f"/_matrix/federation/v1/backfill/{self.room_id}"
+        self.route("GET", backfill, self._backfill)
+        self._junk_cache: tuple[int, list[dict]] = (0, [])
 
     def send_joins(self) -> int:
         return sum(1 for r in self.requests if r.path.startswith(self.send_join_prefix))
@@ -57,7 +65,17 @@ class ResidentPeer(HonestPeer):
         pdu = self._event(*args, **kw)
         event_id = event_id_for(ROOM_V10, pdu)
         self.events.append((event_id, pdu))
+        self.latest = event_id
         return event_id
+
+    def add_message(self, body: str) -> str:
+        """A message after the state: history a server that joins has to backfill."""
+        pdu = self._event("m.room.message", {"msgtype": "m.text", "body": body})
+        del pdu["state_key"], pdu["hashes"], pdu["signatures"]
+        pdu["prev_events"] = [self.latest]
+        add_hashes_and_signatures(ROOM_V10, pdu, self.server_name, self.signing_key)
+        self.latest = event_id_for(ROOM_V10, pdu)
+        return self.latest
 
     def _build_room(self) -> None:
         self._add("m.room.create", {"creator": self.creator, "room_version": "10"})
@@ -75,7 +93,7 @@ class ResidentPeer(HonestPeer):
             "type": "m.room.member",
             "state_key": user_id,
             "content": {"membership": "join"},
-            "prev_events": [self.events[-1][0]],
+            "prev_events": [self.latest],
             "auth_events": [
                 by_type[t] for t in ("m.room.create", "m.room.power_levels", "m.room.join_rules")
             ],
@@ -98,7 +116,27 @@ class ResidentPeer(HonestPeer):
         return 200, {
             "origin": self.server_name,
             "state": state,
-            "auth_chain": state[:3],
+            "auth_chain": state[:3] + self.junk(self.junk_events),
             "event": req.json(),
             "members_omitted": False,
         }
+
+    def junk(self, count: int) -> list[dict]:
+        """`count` events of the room in the right format, each its own, none of them signed
+        by anyone (their signatures are made up), and named by no other event."""
+        if self._junk_cache[0] != count:
+            base = dict(self.events[-1][1])
+            fake = {self.server_name: {self.key_id: "A" * 86}}
+            self._junk_cache = (
+                count,
+                [
+                    dict(base, content={"name": f"junk {n}"}, depth=10_000 + n, signatures=fake)
+                    for n in range(count)
+                ],
+            )
+        return self._junk_cache[1]
+
+    def _backfill(self, req: SeenRequest) -> tuple:
+        if self.backfill_answer is None:
+            return 404, {"errcode": "M_NOT_FOUND", "error": "no history here"}
+        return 200, self.backfill_answer
