@@ -11,6 +11,7 @@ again, however deep the stack that encodes it.
 
 from __future__ import annotations
 
+import codecs
 import json
 import math
 import re
@@ -130,11 +131,7 @@ def loads_in_pieces(
     if len(raw) <= piece_bytes:
         value = loads(raw, max_depth)
         return Decoded(value, encode_canonical_json(value) if canonical else None)
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise NotJson(str(e)) from None
-    pause()
+    text = _decoded(raw, piece_bytes * 4, pause)
     walk = _walk(text, piece_bytes, max_depth, pause)
     pieces = _Pieces(text, walk, max_depth, pause, piece_bytes, canonical)
     try:
@@ -157,6 +154,20 @@ _SCANNER = json.JSONDecoder(
     parse_constant=lambda name: _not_a_json_number(name),
     parse_float=lambda text: _finite_float(text),
 ).scan_once  # type: ignore[attr-defined]
+
+
+def _decoded(raw: bytes, chunk_bytes: int, pause: Callable[[], None]) -> str:
+    """`raw` as strict UTF-8 (no encoded surrogates), decoded a chunk at a time."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    parts = []
+    try:
+        for at in range(0, len(raw), chunk_bytes):
+            parts.append(decoder.decode(raw[at : at + chunk_bytes]))
+            pause()
+        parts.append(decoder.decode(b"", final=True))
+    except UnicodeDecodeError as e:
+        raise NotJson(str(e)) from None
+    return "".join(parts)
 
 
 def _skip_space(text: str, i: int) -> int:

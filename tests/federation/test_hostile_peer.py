@@ -457,6 +457,7 @@ def test_a_huge_unauthenticated_body_costs_no_more_than_its_bytes(weir, test_ca,
         gevent.sleep(0.3)  # a baseline before the attack
         attackers = [gevent.spawn(attack, n) for n in range(3)]
         assert [a.get(timeout=60) for a in attackers] == [refused] * 3
+        gevent.sleep(0.2)  # and after it
     after = rss_kb(weir)
     assert len(probe.samples) > 100
     assert probe.p99() <= 50, sorted(probe.samples)[-10:]
