@@ -220,6 +220,10 @@ class WorkerConfig:
 class SenderConfig:
     # Outbound transactions at once, in the sender's own pool (homeserver/federation/sender.py).
     max_in_flight: int = setting(_int(1, 10000), 64)
+    # A destination that answered within this is live (the sender's lanes).
+    live_window: float = setting(_seconds(), 300.0)
+    # What an unproven destination's transaction has to answer in (never over remote_timeout).
+    unproven_timeout: float = setting(_seconds(), 10.0)
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,12 @@ The rules (server-server spec, "Transactions"; docs/architecture.md, "Processes"
 - a failed destination backs off (10 s, doubling to 1 h); a success or an inbound transaction
   from it resets that, and it then catches up: oldest first, or only the newest PDUs of a
   room past a limit, the peer fetching the gap;
-- destinations whose last attempt failed share a quarter of the slots, and those we never
-  reached share three quarters, so a quarter is always left to servers that answer: dead
-  ones never delay live ones.
+- lanes by recent evidence (docs/architecture.md, "The sender's lanes"): a destination is
+  live while its last transaction succeeded and it answered within `live_window`; any other
+  is unproven. Each lane waits its turn in arrival order. Live destinations are started
+  first and a quarter of the slots is theirs alone; unproven ones share the rest, and an
+  unproven attempt has `unproven_timeout` to answer, not the whole `remote_timeout`. An
+  inbound transaction from a server ends its backoff, and its backlog goes next.
 
 Runs in main only (homeserver/processes/main.py starts and stops it). With several instances
 on one database, each destination's row carries a lease (`owner`): only its holder sends.
@@ -22,6 +25,7 @@ on one database, each destination's row carries a lease (`owner`): only its hold
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections import deque
@@ -50,6 +54,11 @@ MAX_QUEUED_EDUS = 1000
 CATCH_UP_ROOM_LIMIT = 50
 BACKOFF_START = 10.0
 BACKOFF_MAX = 3600.0
+# The lanes' defaults (federation.sender.live_window, federation.sender.unproven_timeout).
+LIVE_WINDOW_SECONDS = 300.0
+UNPROVEN_TIMEOUT_SECONDS = 10.0
+LIVE, UNPROVEN = "live", "unproven"
+LANES = (LIVE, UNPROVEN)
 # Answers meaning the peer refuses this content: retrying it would wedge the destination, so
 # its PDUs are dropped. Anything else (429, 5xx, no answer) is a failure to retry later.
 _REFUSED = (400, 403, 413)
@@ -61,7 +70,9 @@ class _Destination:
     busy: bool = False  # a transaction is in flight, or waiting for a slot
     pending: bool = False  # the outbox may hold PDUs for it
     failing: bool = False  # the last attempt failed
-    reached: bool = False  # an attempt ever succeeded (or we heard from it)
+    answered_at: float | None = None  # when it last answered us, or sent us a transaction
+    lane: str = UNPROVEN  # the lane it waits or runs in
+    ready_at: float = 0.0  # when it joined its lane's queue
     catching_up: bool = False
     interval: float = 0.0  # the current backoff, 0 when none
     retry_at: float = 0.0  # monotonic
@@ -86,24 +97,31 @@ class FederationSender:
         owner: str = "main",
         backoff_start: float = BACKOFF_START,
         backoff_max: float = BACKOFF_MAX,
+        live_window: float = LIVE_WINDOW_SECONDS,
+        unproven_timeout: float = UNPROVEN_TIMEOUT_SECONDS,
         on_outcome: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.server_name = server_name
         self.store = store
         self.client = client
         self.max_in_flight = max_in_flight
-        # Failing destinations share a quarter; unreached and failing ones together three
-        # quarters: a quarter is always there for destinations that answer.
-        self.failing_limit = max(1, max_in_flight // 4)
-        self.unproven_limit = max(1, max_in_flight - self.failing_limit)
+        # A quarter of the slots is for live destinations alone; unproven ones share the rest.
+        self.live_reserved = max(1, max_in_flight // 4)
+        self.unproven_limit = max(1, max_in_flight - self.live_reserved)
+        self.live_window = live_window
+        self.unproven_timeout = min(unproven_timeout, client.remote_timeout)
         self.owner = owner
         self.backoff_start = backoff_start
         self.backoff_max = backoff_max
         self.stats = SenderStats()
+        self.revivals = 0  # destinations backing off whose transaction to us ended it
         self._on_outcome = on_outcome
+        self._clock = clock
         self.pool = Pool(max_in_flight)
         self._destinations: dict[str, _Destination] = {}
-        self._ready: deque[str] = deque()  # destinations waiting for a slot, in turn
+        # Destinations waiting for a slot, per lane, first ready first served.
+        self._ready: dict[str, deque[str]] = {lane: deque() for lane in LANES}
         self._in_flight: dict[str, _Destination] = {}
         self._running = False
 
@@ -114,7 +132,7 @@ class FederationSender:
         self._running = True
         for row in self.store.destination_rows():
             dest = self._destination(row.destination)
-            dest.reached = row.retry_interval_ms == 0
+            # Before the restart is no recent evidence: every destination starts unproven.
             dest.failing = row.retry_interval_ms > 0
             dest.interval = row.retry_interval_ms / 1000
         for name in self.store.destinations_with_pending():
@@ -122,7 +140,8 @@ class FederationSender:
             dest.catching_up = True
             dest.pending = True
             self._kick(dest)
-        log.info("federation sender started: %d destinations to resume", len(self._ready))
+        queued = sum(len(q) for q in self._ready.values())
+        log.info("federation sender started: %d destinations to resume", queued)
 
     def stop(self) -> None:
         """Stops sending; what is in flight is abandoned (the outbox still holds it)."""
@@ -151,18 +170,24 @@ class FederationSender:
             self._kick(dest)
 
     def on_inbound_transaction(self, origin: str) -> None:
-        """`origin` sent us a transaction: it is up. Its backoff ends and it is retried now."""
+        """`origin` sent us a transaction: it is up. Its backoff ends, and what we owe it
+        goes next, ahead of every destination waiting in its lane. It is live once it
+        answers one of ours: a server that reaches us may still be one we cannot reach
+        (docs/architecture.md, "The sender's lanes")."""
         dest = self._destinations.get(origin)
         if dest is None:
             return
-        dest.reached = True
         if dest.interval or dest.retry_at:
+            self.revivals += 1
             dest.interval, dest.retry_at = 0.0, 0.0
             if dest.timer is not None:
                 dest.timer.kill(block=False)
                 dest.timer = None
             self.store.set_retry(origin, 0, 0)
-            self._kick(dest)
+        if dest.busy and dest.name not in self._in_flight:
+            self._move_to_front(dest)
+        else:
+            self._kick(dest, first=True)
 
     # --- figures ----------------------------------------------------------------------------
 
@@ -175,6 +200,15 @@ class FederationSender:
 
     def failing_in_flight(self) -> int:
         return sum(1 for d in self._in_flight.values() if d.failing)
+
+    def in_flight_of(self, lane: str) -> int:
+        return sum(1 for d in self._in_flight.values() if d.lane == lane)
+
+    def oldest_wait(self) -> float:
+        """Seconds the longest-waiting destination has waited for a slot."""
+        now = self._clock()
+        waits = [now - self._destinations[q[0]].ready_at for q in self._ready.values() if q]
+        return max(waits, default=0.0)
 
     def track_figures(self, metrics: Metrics) -> None:
         """Registers the sender's pool and figures (docs/operations.md lists them)."""
@@ -194,6 +228,22 @@ class FederationSender:
             "Transactions in flight to destinations whose last attempt failed",
             self.failing_in_flight,
         )
+        for lane in LANES:
+            metrics.track_gauge(
+                f"weir_federation_sender_{lane}_in_flight",
+                f"Transactions in flight in the {lane} lane",
+                functools.partial(self.in_flight_of, lane),
+            )
+        metrics.track_gauge(
+            "weir_federation_sender_oldest_wait_seconds",
+            "How long the destination that has waited longest for a slot has waited",
+            self.oldest_wait,
+        )
+        metrics.track_counter(
+            "weir_federation_sender_revivals",
+            "Destinations backing off whose transaction to us ended the backoff",
+            lambda: self.revivals,
+        )
 
     # --- scheduling -----------------------------------------------------------------------
 
@@ -203,45 +253,53 @@ class FederationSender:
             dest = self._destinations[name] = _Destination(name)
         return dest
 
-    def _kick(self, dest: _Destination) -> None:
-        """Queues `dest` for a slot unless it is busy, backing off, or has nothing to send."""
+    def lane_of(self, dest: _Destination) -> str:
+        """Live: its last transaction succeeded, and it answered within the window."""
+        if dest.failing or dest.answered_at is None:
+            return UNPROVEN
+        return LIVE if self._clock() - dest.answered_at <= self.live_window else UNPROVEN
+
+    def _kick(self, dest: _Destination, first: bool = False) -> None:
+        """Queues `dest` for a slot in its lane unless it is busy, backing off, or has
+        nothing to send; `first`: ahead of the others waiting in its lane."""
         if not self._running or dest.busy or dest.retry_at > time.monotonic():
             return
         if not dest.pending and not dest.edus:
             return
         dest.busy = True
-        self._ready.append(dest.name)
+        dest.lane = self.lane_of(dest)
+        dest.ready_at = self._clock()
+        queue = self._ready[dest.lane]
+        queue.appendleft(dest.name) if first else queue.append(dest.name)
         self._dispatch()
 
-    def _admissible(self, dest: _Destination) -> bool:
-        if len(self._in_flight) >= self.max_in_flight:
-            return False
-        if not dest.failing and dest.reached:
-            return True
-        unproven = sum(1 for d in self._in_flight.values() if d.failing or not d.reached)
-        if unproven >= self.unproven_limit:
-            return False
-        return not dest.failing or self.failing_in_flight() < self.failing_limit
+    def _move_to_front(self, dest: _Destination) -> None:
+        """A waiting destination that just talked to us: to the front of its lane."""
+        queue = self._ready[dest.lane]
+        if dest.name in queue:
+            queue.remove(dest.name)
+            queue.appendleft(dest.name)
+            self._dispatch()
 
     def _dispatch(self) -> None:
-        """Starts every waiting destination a slot admits, in turn; the others keep their
-        place. Runs when a destination is queued and when a slot frees."""
+        """Starts waiting destinations while slots are free: the live lane first, then the
+        unproven one within its share; each lane first ready first served. Runs when a
+        destination is queued and when a slot frees."""
         if not self._running:
             return
-        waiting: deque[str] = deque()
         # A greenlet that is ending still holds its place in the pool until it has exited:
         # spawning then would block. Its exit runs this again (the link below).
-        while self._ready and self.pool.free_count() > 0:
-            dest = self._destinations[self._ready.popleft()]
-            if self._admissible(dest):
-                self._in_flight[dest.name] = dest
-                runner = self.pool.spawn(self._run, dest)  # never blocks: a place is free
-                # The pool's own link (which frees the place) was made first, so it runs first.
-                runner.link(lambda _: self._dispatch())
+        while self.pool.free_count() > 0 and len(self._in_flight) < self.max_in_flight:
+            if self._ready[LIVE]:
+                dest = self._destinations[self._ready[LIVE].popleft()]
+            elif self._ready[UNPROVEN] and self.in_flight_of(UNPROVEN) < self.unproven_limit:
+                dest = self._destinations[self._ready[UNPROVEN].popleft()]
             else:
-                waiting.append(dest.name)
-        waiting.extend(self._ready)
-        self._ready = waiting
+                return
+            self._in_flight[dest.name] = dest
+            runner = self.pool.spawn(self._run, dest)  # never blocks: a place is free
+            # The pool's own link (which frees the place) was made first, so it runs first.
+            runner.link(lambda _: self._dispatch())
 
     def _run(self, dest: _Destination) -> None:
         try:
@@ -278,7 +336,9 @@ class FederationSender:
             dest.edus.extendleft(reversed(edus))
             self._back_off(dest, persist=False)
             return False
-        outcome = self._put(dest.name, str(txn_id), [p for _, p in pdus], edus)
+        # Until it answers, a destination has the unproven lane's time, not the whole deadline.
+        seconds = None if self.lane_of(dest) == LIVE else self.unproven_timeout
+        outcome = self._put(dest.name, str(txn_id), [p for _, p in pdus], edus, seconds)
         self._count(outcome)
         if outcome == "failure":
             # Typing is stale by the time a dead server returns; receipts still matter.
@@ -289,12 +349,14 @@ class FederationSender:
         self._succeeded(dest)
         return dest.pending or bool(dest.edus)
 
-    def _put(self, destination: str, txn_id: str, pdus: list, edus: list) -> str:
+    def _put(
+        self, destination: str, txn_id: str, pdus: list, edus: list, seconds: float | None
+    ) -> str:
         body = {"origin": self.server_name, "origin_server_ts": now_ms(), "pdus": pdus}
         if edus:
             body["edus"] = edus
         path = f"/_matrix/federation/v1/send/{quote(txn_id, safe='')}"
-        deadline = self.client.deadline(what=f"transaction {txn_id} to {destination}")
+        deadline = self.client.deadline(seconds, what=f"transaction {txn_id} to {destination}")
         try:
             self.client.put_json(destination, path, body, deadline=deadline)
             return "success"
@@ -315,7 +377,7 @@ class FederationSender:
 
     def _succeeded(self, dest: _Destination) -> None:
         was_backing_off = dest.interval > 0 or dest.failing
-        dest.failing, dest.reached = False, True
+        dest.failing, dest.answered_at = False, self._clock()
         dest.interval, dest.retry_at = 0.0, 0.0
         if was_backing_off:
             self.store.set_retry(dest.name, 0, 0)

@@ -247,6 +247,8 @@ class Infrastructure:
             OutboxStore(self.db),
             self.federation_client,
             self.config.federation.sender.max_in_flight,
+            live_window=self.config.federation.sender.live_window,
+            unproven_timeout=self.config.federation.sender.unproven_timeout,
             on_outcome=lambda outcome: outcomes.labels(outcome).inc(),
         )
         sender.track_figures(self.metrics)
