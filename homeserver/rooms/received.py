@@ -57,6 +57,10 @@ def authorise_received_event(
     refused = resolver.states.rejections([event.event_id]).get(event.event_id)
     if refused is not None:
         raise ReceivedEventRefused(f"already rejected: {refused}")
+    # Not stored yet: a resolution that meets it (the current state beside the other
+    # forward extremities) must find it here, or it would drop it from the state as an
+    # event it does not know. A join arriving beside other joins was lost that way.
+    resolver.add([event])
     auth_ids = auth_event_ids_to_check(version, event)
     missing = [e for e in event.prev_event_ids + auth_ids if e not in known]
     if missing:
