@@ -10,13 +10,17 @@ import signal
 import time
 from urllib.parse import quote
 
+import gevent
 import pytest
 
 from tests.peers.honest import HonestPeer
 from tests.peers.origins import KEYS_PATH, FakeOrigin, send_transaction
+from tests.peers.receiver import TransactionSink
 from tests.peers.tarpit import Tarpit
 from tests.rooms.test_membership_synapse import SynapseUser, synapse_sync
 from tests.support.federation import tls_weir
+from tests.support.metrics import metric
+from tests.support.probe import LatencyProbe
 from tests.support.remote_room import RemoteRoom
 from tests.support.server import MatrixClient
 from tests.support.synapse import SynapseServer, synapse_available
@@ -47,8 +51,15 @@ def weir(test_ca, synapse, tmp_path_factory):
     directory = str(tmp_path_factory.mktemp("weir-sender"))
     # Two hundred dead members join from one address: their keys are fetched at once.
     keys_rate = {"key_resolution_per_ip_rate": {"max_requests": 1000, "per_seconds": 60}}
+    # A dead server's first transaction takes a slot for the whole remote_timeout: 10 s
+    # keeps a round over two hundred of them short.
     proc = tls_weir(
-        test_ca, directory, WEIR_IP, WEIR_NAME, security={"federation": keys_rate}
+        test_ca,
+        directory,
+        WEIR_IP,
+        WEIR_NAME,
+        security={"federation": keys_rate},
+        federation={"remote_timeout": 10},
     ).start()
     yield proc
     proc.stop()
@@ -197,3 +208,143 @@ def test_two_hundred_dead_members_do_not_delay_synapse(weir, synapse, test_ca):
         assert tarpit.current > 0, tarpit.counters()
         assert tarpit.max_concurrent <= 64, tarpit.counters()
     print(f"reached Synapse in {took * 1000:.0f} ms; tarpits: {tarpit.counters()}")
+
+
+class AnsweringServers(DeadServersKeys):
+    """Servers that answer: their keys, and every transaction we send them (recorded, with
+    our signature checked), by Host header. On 0.0.0.0, or on one address of its own."""
+
+    def __init__(self, ca, port: int = 0, host: str = "0.0.0.0"):
+        super().__init__(ca, port=port)
+        self.host = host
+        self.sink = TransactionSink(self)
+
+
+@pytest.mark.timeout(400)
+def test_servers_that_die_after_answering_delay_nobody_and_come_back_at_once(
+    weir, synapse, test_ca
+):
+    """200 members' servers answer our transactions, then all turn into TLS tarpits.
+    Once each has failed once (it is unproven then), every message reaches Synapse within
+    2 s, the tarpits never hold more than max_in_flight connections, and /versions stays
+    fast. Then 20 of them come back and each sends us a transaction: each has our latest
+    message within 15 s of it (homeserver/federation/sender.py, lanes)."""
+    alice = MatrixClient(weir.client_url)
+    alice.register("alice-died")
+    room = RemoteRoom.create(alice, room_version="10")
+    servers = AnsweringServers(test_ca).start()
+    port = servers.port
+    try:
+        servers.sink.trust(WEIR_NAME, weir.federation_url, test_ca)
+        dead = [servers.add(ip) for ip in DEAD_IPS]
+        for i, origin in enumerate(dead):
+            join_id, join = room.join_pdu(origin, "m")
+            r = send_transaction(weir.federation_url, origin, WEIR_NAME, f"a{i}", [join], test_ca)
+            assert r.json() == {"pdus": {join_id: {}}}, r.text
+        bob = SynapseUser(synapse, "bob-died")
+        r = bob.call(
+            "POST", f"/join/{quote(room.room_id, safe='')}", params={"server_name": WEIR_NAME}
+        )
+        assert r.status_code == 200, (r.text, synapse.log_tail())
+        since = synapse_sync(bob)(None, 0)["next_batch"]
+        say(alice, room.room_id, ["died-warm"])  # every one of them answers it: live
+        since = wait_in_sync(bob, room.room_id, since, "died-warm", within=30)
+        assert servers.sink.wait_until(
+            lambda: all(servers.sink.pdus(o.name) for o in dead), timeout=120
+        )
+    finally:
+        servers.stop()
+
+    # Synapse sends to the dead servers too (presence, receipts): count only our side.
+    ours = ConnectionsSampled(weir.proc.pid, port)
+    with Tarpit(DEAD_IPS[0], port) as tarpit:
+        for ip in DEAD_IPS[1:]:
+            tarpit.listen(ip, port)
+        # Dead now. The first message finds each of them live still (their last
+        # transaction succeeded): it is their first failure that makes them unproven.
+        failures = metric(weir.client_url, "weir_federation_transactions_total", outcome="failure")
+        say(alice, room.room_id, ["died-prime"])
+        since = wait_in_sync(bob, room.room_id, since, "died-prime", within=120)
+        assert tarpit.wait_accepted(len(dead), timeout=120), tarpit.counters()
+        # Each of them has failed once: unproven from now on.
+        with gevent.Timeout(60, AssertionError("the dead servers never all failed")):
+            while metric(
+                weir.client_url, "weir_federation_transactions_total", outcome="failure"
+            ) < failures + len(dead):
+                gevent.sleep(0.2)
+        with LatencyProbe(weir.client_url, "/_matrix/client/versions") as probe:
+            for n in range(10):
+                started = time.monotonic()
+                say(alice, room.room_id, [f"died-{n}"])
+                since = wait_in_sync(bob, room.room_id, since, f"died-{n}", within=2)
+                gevent.sleep(max(0.0, 1.0 - (time.monotonic() - started)))
+        ours.stop()
+        assert 0 < ours.most <= 64, ours.most
+    print(f"/versions: {len(probe.samples)} samples, p99 {probe.p99():.1f} ms")
+    print(f"our connections to the tarpits: at most {ours.most}")
+    assert probe.p99() <= 50, sorted(probe.samples)[-10:]
+
+    # Twenty of them come back; the others stay dead.
+    back = dead[:20]
+    revived = [AnsweringServers(test_ca, port=port, host=ip).start() for ip in DEAD_IPS[:20]]
+    try:
+        with Tarpit(DEAD_IPS[20], port) as still_dead:
+            for ip in DEAD_IPS[21:]:
+                still_dead.listen(ip, port)
+            for server, origin in zip(revived, back):
+                server.origins[origin.name] = origin
+                server.sink.trust(WEIR_NAME, weir.federation_url, test_ca)
+            for i, (server, origin) in enumerate(zip(revived, back)):
+                r = send_transaction(
+                    weir.federation_url, origin, WEIR_NAME, f"back-{i}", [], test_ca, edus=[]
+                )
+                assert r.status_code == 200, r.text
+                asked = time.monotonic()
+                assert server.sink.wait_until(
+                    lambda s=server, o=origin: "died-9" in bodies_of(s.sink.pdus(o.name)),
+                    timeout=15,
+                ), (i, bodies_of(server.sink.pdus(origin.name)))
+                print(f"{origin.name} caught up in {time.monotonic() - asked:.1f} s")
+    finally:
+        for server in revived:
+            server.stop()
+
+
+class ConnectionsSampled:
+    """The most TCP connections a process had open to one port, sampled from /proc every
+    tenth of a second: what the tarpits held of ours, whoever else they held."""
+
+    def __init__(self, pid: int, port: int):
+        self.pid, self.port, self.most = pid, port, 0
+        self._sampler = gevent.spawn(self._sample)
+
+    def now(self) -> int:
+        inodes = set()
+        for fd in os.listdir(f"/proc/{self.pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{self.pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+        count = 0
+        with open(f"/proc/{self.pid}/net/tcp") as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                remote_port = int(fields[2].split(":")[1], 16)
+                established = fields[3] == "01"  # not a pooled one the old server closed
+                if remote_port == self.port and established and fields[9] in inodes:
+                    count += 1
+        return count
+
+    def _sample(self) -> None:
+        while True:
+            self.most = max(self.most, self.now())
+            gevent.sleep(0.1)
+
+    def stop(self) -> None:
+        self._sampler.kill()
+
+
+def bodies_of(pdus: list[dict]) -> list:
+    return [p.get("content", {}).get("body") for p in pdus]
