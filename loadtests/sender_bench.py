@@ -2,6 +2,7 @@
 federation sender: prints numbers, judges nothing.
 
     .venv/bin/python -m loadtests.sender_bench [--dead 200] [--requests 400] [--messages 10]
+        [--died]
 
 Against the real server process (SQLite, default `federation.sender.max_in_flight` 64 and
 `remote_timeout` 60 s). A room has one live member's server (a TLS peer recording the
@@ -12,7 +13,11 @@ accepts and never answers. Printed:
 - /versions and /sync (incremental, timeout 0) p50/p99 at baseline, then while the tarpits
   hold the sender's connections;
 - the latency from a message's 200 to its arrival at the live server, p50/p99 and max;
-- how many connections the tarpits held at most (never above max_in_flight).
+- how many connections the tarpits held at most (never above max_in_flight);
+- with `--died`, the room's dead servers answer a message of ours first (they are live when
+  they die), and after their first failure: delivery to the live server, the sender's
+  slots by lane, and, once 20 of them come back and each sends us a transaction, how long
+  each took to get our latest message.
 
 The load generator runs on the same machine: read the figures relative to each other.
 """
@@ -104,6 +109,7 @@ def main() -> None:
     parser.add_argument("--dead", type=int, default=200)
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--messages", type=int, default=10)
+    parser.add_argument("--died", action="store_true", help="dead servers answered first")
     args = parser.parse_args()
     ca = TestCA(tempfile.mkdtemp(prefix="weir-sender-bench-ca-"))
     directory = tempfile.mkdtemp(prefix="weir-sender-bench-")
@@ -149,14 +155,26 @@ def run(weir, ca, dns, keys, sink, args) -> None:
         print(f"{name + ', baseline':<38} {percentiles(samples)}")
 
     room_id, dead = setup_room(weir, ca, dns, keys, alice, live, args.dead)
+    if args.died:
+        deliveries(alice, room_id, sink, live, 1, "answered")
+        assert sink.wait_until(lambda: all(sink.pdus(o.name) for o in dead), timeout=300)
     with Tarpit("127.63.2.1", keys.port) as tarpit:
         for origin in dead:
-            host = origin.name.split(":")[0]
-            dns.remove(host)
-            dns.add_a(host, tarpit.host, ttl=300)
+            point(dns, origin, tarpit.host, ttl=1)
         gevent.sleep(1.5)  # the old answers were cached for 1 s
+        if args.died:  # their first failure makes them unproven
+            failures = sender_figure(weir, "weir_federation_transactions_total")
+            deliveries(alice, room_id, sink, live, 1, "prime")
+            while sender_figure(weir, "weir_federation_transactions_total") < failures + len(dead):
+                gevent.sleep(0.5)
         held = deliveries(alice, room_id, sink, live, args.messages, "held")
-        assert tarpit.current > 0, "the tarpits hold nothing: nothing was measured"
+        lanes = {
+            lane: sender_figure(weir, f"weir_federation_sender_{lane}_in_flight")
+            for lane in ("live", "unproven")
+        }
+        print(f"{'sender slots in flight by lane, after':<38} {lanes}")
+        # (After their first failure the dead back off: held now or not, they were tried.)
+        assert tarpit.current > 0 or args.died, "the tarpits hold nothing: nothing measured"
         label = "delivery, dead members held"
         print(f"{label:<38} {percentiles(held)}  max {max(held) * 1000:.1f} ms")
         for name, samples in local_latencies(weir, alice.token, args.requests).items():
@@ -165,6 +183,44 @@ def run(weir, ca, dns, keys, sink, args) -> None:
             f"tarpit connections: held now {tarpit.current}, at most {tarpit.max_concurrent},"
             f" accepted {tarpit.accepted}"
         )
+        if args.died:
+            revivals(weir, ca, dns, keys, sink, dead[:20], f"held{args.messages - 1}")
+
+
+def point(dns, origin, ip: str, ttl: int) -> None:
+    host = origin.name.split(":")[0]
+    dns.remove(host)
+    dns.add_a(host, ip, ttl=ttl)
+
+
+def sender_figure(weir, name: str) -> float:
+    """One of the sender's figures from /metrics (failures, for the transaction counter)."""
+    text = requests.get(weir.client_url + "/metrics", timeout=10).text
+    for line in text.splitlines():
+        if line.startswith(name) and (
+            name != "weir_federation_transactions_total" or 'outcome="failure"' in line
+        ):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def revivals(weir, ca, dns, keys, sink, back: list, latest: str) -> None:
+    """`back` come back up and each sends us a transaction: seconds until each has `latest`."""
+    for origin in back:
+        point(dns, origin, keys.host, ttl=1)
+    gevent.sleep(1.5)
+    took = []
+    for i, origin in enumerate(back):
+        r = send_transaction(weir.federation_url, origin, "weir.test", f"back{i}", [], ca, edus=[])
+        r.raise_for_status()
+        started = time.perf_counter()
+
+        def has_latest(o=origin):
+            return latest in [p["content"].get("body") for p in sink.pdus(o.name)]
+
+        assert sink.wait_until(has_latest, timeout=120), f"{origin.name} never caught up"
+        took.append(time.perf_counter() - started)
+    print(f"{'revived, until the latest message':<38} {percentiles(took)}  max {max(took) * 1000:.1f} ms")
 
 
 if __name__ == "__main__":
