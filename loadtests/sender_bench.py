@@ -220,7 +220,8 @@ def revivals(weir, ca, dns, keys, sink, back: list, latest: str) -> None:
 
         assert sink.wait_until(has_latest, timeout=120), f"{origin.name} never caught up"
         took.append(time.perf_counter() - started)
-    print(f"{'revived, until the latest message':<38} {percentiles(took)}  max {max(took) * 1000:.1f} ms")
+    label = "revived, until the latest message"
+    print(f"{label:<38} {percentiles(took)}  max {max(took) * 1000:.1f} ms")
 
 
 if __name__ == "__main__":
