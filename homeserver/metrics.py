@@ -158,6 +158,19 @@ class Metrics:
             ["call"],
             registry=self.registry,
         )
+        self._federation_figures()
+        self.inbound_edu_items = self._inbound_edu_items()
+        # A woken sync answers from the events that woke it, or computes its whole answer
+        # (homeserver/sync/woken.py says when).
+        self.sync_wakes = Counter(
+            "weir_sync_wakes",
+            "Woken syncs, by where their answer came from (recent_events, database)",
+            ["answered_from"],
+            registry=self.registry,
+        )
+
+    def _federation_figures(self) -> None:
+        """The federation sender's outcomes, address cool-downs and remote joins."""
         self.federation_transactions = Counter(
             "weir_federation_transactions",
             "Outbound federation transactions by outcome (success, failure, refused)",
@@ -176,15 +189,6 @@ class Metrics:
             "Remote joins: make_join, send_join and checking the room's state",
             ["outcome"],
             buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
-            registry=self.registry,
-        )
-        self.inbound_edu_items = self._inbound_edu_items()
-        # A woken sync answers from the events that woke it, or computes its whole answer
-        # (homeserver/sync/woken.py says when).
-        self.sync_wakes = Counter(
-            "weir_sync_wakes",
-            "Woken syncs, by where their answer came from (recent_events, database)",
-            ["answered_from"],
             registry=self.registry,
         )
 

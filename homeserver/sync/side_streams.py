@@ -1,5 +1,5 @@
-"""What a sync sends of the streams beside room events, once read (service.py's `_Batch`):
-each room's ephemeral events (typing, read receipts) and account data, and the global
+"""What a sync sends of the streams beside room events, once read (room_entries.py's
+`SyncBatch`): each room's ephemeral events (typing, read receipts) and account data, and the global
 account data, as the filter keeps them."""
 
 from __future__ import annotations

@@ -195,7 +195,7 @@ def answers_from_events(sync_filter: SyncFilter, full_state: bool, state_after: 
 
 
 # (requester, filter, room_id, the room's new events, now) -> the state section's events
-# when the filter lazy-loads members (SyncService._lazy_members).
+# when the filter lazy-loads members (RoomEntries.lazy_members).
 LazyMembers = Callable[[Requester, SyncFilter, str, list[StoredEvent], int], list[dict]]
 
 
@@ -280,7 +280,7 @@ class WokenAnswers:
     ) -> list[str]:
         if plain:
             return [self.recent.client_json(stored, now) for stored in events]
-        # As service.py's _format: the format first, then the filter's fields of it.
+        # As room_entries.py's _format: the format first, then the filter's fields of it.
         shown = []
         for stored in events:
             if sync_filter.event_format == "federation":
