@@ -10,6 +10,8 @@ from __future__ import annotations
 import time
 from typing import Callable, Iterable
 
+from homeserver.federation.errors import ResponseTooLarge
+
 # How long a server that gave a junk answer stays remembered.
 REMEMBERED_SECONDS = 600.0
 # An answer is junk when more than this share of what it held was dropped unchecked or
@@ -28,6 +30,12 @@ class JunkAnswers:
         """An answer of `server` held `held` events, of which `useful` were what we asked
         for and passed their checks."""
         if held > 0 and held - useful > held * JUNK_SHARE:
+            self.remember(server)
+
+    def note_failure(self, server: str, error: BaseException) -> None:
+        """A call to `server` failed: an answer larger than anything we asked for could be
+        is junk too."""
+        if isinstance(error, ResponseTooLarge):
             self.remember(server)
 
     def remember(self, server: str) -> None:

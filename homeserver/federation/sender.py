@@ -70,7 +70,7 @@ class _Destination:
     busy: bool = False  # a transaction is in flight, or waiting for a slot
     pending: bool = False  # the outbox may hold PDUs for it
     failing: bool = False  # the last attempt failed
-    answered_at: float | None = None  # when it last answered us, or sent us a transaction
+    answered_at: float | None = None  # when it last answered one of our transactions
     lane: str = UNPROVEN  # the lane it waits or runs in
     ready_at: float = 0.0  # when it joined its lane's queue
     catching_up: bool = False
@@ -270,7 +270,10 @@ class FederationSender:
         dest.lane = self.lane_of(dest)
         dest.ready_at = self._clock()
         queue = self._ready[dest.lane]
-        queue.appendleft(dest.name) if first else queue.append(dest.name)
+        if first:
+            queue.appendleft(dest.name)
+        else:
+            queue.append(dest.name)
         self._dispatch()
 
     def _move_to_front(self, dest: _Destination) -> None:

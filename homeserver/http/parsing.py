@@ -58,7 +58,7 @@ def _read_up_to(limit: int) -> bytes:
             break
         parts.append(chunk)
         read += len(chunk)
-        if read < limit:
+        if len(chunk) == READ_CHUNK_BYTES:  # more may follow: let others run first
             let_io_run()
     return parts[0] if len(parts) == 1 else b"".join(parts)
 

@@ -23,11 +23,7 @@ from homeserver.core.identifiers import server_of
 from homeserver.federation.admission import Caller, admitted, count_failure
 from homeserver.federation.client import FederationClient
 from homeserver.federation.cooldown import AddressCooldown
-from homeserver.federation.errors import (
-    FederationError,
-    KeyResolutionRefused,
-    ResponseTooLarge,
-)
+from homeserver.federation.errors import FederationError, KeyResolutionRefused
 from homeserver.federation.junk import JunkAnswers
 from homeserver.metrics import Metrics
 from homeserver.rooms.events import MAX_PDU_BYTES
@@ -106,13 +102,11 @@ class Backfiller:
                 )
                 pdus = body.get("pdus") if isinstance(body, dict) else None
                 pdus = pdus if isinstance(pdus, list) else []
-                mine = [p for p in pdus if isinstance(p, dict) and p.get("room_id") == room_id]
-                events = checked_events(self.checker, room_id, mine[:BACKFILL_LIMIT], None)
+                events = checked_events(self.checker, room_id, pdus, None, limit=BACKFILL_LIMIT)
                 self.junk.note(server, len(pdus), len(events))
             except (FederationError, DeadlineExceeded) as e:
                 count_failure(self.metrics, "backfill", e)
-                if isinstance(e, ResponseTooLarge):
-                    self.junk.remember(server)
+                self.junk.note_failure(server, e)
                 if isinstance(e, (DeadlineExceeded, KeyResolutionRefused)):
                     return 0
                 continue

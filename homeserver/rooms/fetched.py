@@ -45,14 +45,15 @@ def checked_events(
     pdus: object,
     source_ip: str | None,
     wanted: set[str] | None = None,
+    limit: int | None = None,
 ) -> list[Event]:
-    """The PDUs of `room_id` in `pdus` (and, given `wanted`, of those event IDs) that pass
-    the checks before authorisation; the rest are dropped, and what was not asked for is
-    dropped before any signature is checked. The caller cuts `pdus` to the number it
-    asked for. Raises `KeyResolutionRefused` like `PduChecker.check`."""
+    """The first `limit` PDUs of `room_id` in `pdus` (and, given `wanted`, of those event
+    IDs) that pass the checks before authorisation; the rest are dropped, what was not
+    asked for before any signature is checked. Raises `KeyResolutionRefused` like
+    `PduChecker.check`."""
     if not isinstance(pdus, list):
         return []
-    mine = [p for p in pdus if isinstance(p, dict) and p.get("room_id") == room_id]
+    mine = [p for p in pdus if isinstance(p, dict) and p.get("room_id") == room_id][:limit]
     events = []
     for item in checker.check(mine, source_ip, wanted=wanted):
         if item.error is None and item.event is not None:

@@ -11,9 +11,8 @@ Spec (server-server, "Backfilling and retrieving missing events"), as Synapse do
    lack (the prev_event itself, the state, the auth chain) with `/event`, at most
    `MAX_STATE_EVENTS`. They are checked like any PDU and stored as history
    (rooms/fetched.py), the state and auth events hidden from clients; the prev_event gets
-   the fetched state as the state before it. The
-   PDU is then received as usual: the state before it is the resolution (RoomResolver) of
-   the states after its prev_events.
+   the fetched state as the state before it. The PDU is then received as usual: the state
+   before it is the resolution (RoomResolver) of the states after its prev_events.
 
 All of it is one fetch of the event-resolution budget (federation/event_resolution.py): one
 slot, one rate token for the origin, one total deadline. Refused, `EventResolutionRefused`
@@ -30,11 +29,7 @@ from urllib.parse import quote
 from budget import DeadlineExceeded, OutboundDeadline
 from homeserver.core.events import Event
 from homeserver.federation.client import FederationClient
-from homeserver.federation.errors import (
-    FederationError,
-    KeyResolutionRefused,
-    ResponseTooLarge,
-)
+from homeserver.federation.errors import FederationError, KeyResolutionRefused
 from homeserver.federation.event_resolution import EventResolutionBudget
 from homeserver.federation.junk import JunkAnswers
 from homeserver.rooms.auth import StateKey, auth_event_ids_to_check
@@ -109,8 +104,7 @@ class GapFiller:
             except KeyResolutionRefused:
                 raise
             except (FederationError, DeadlineExceeded, GapNotFilled) as e:
-                if isinstance(e, ResponseTooLarge):
-                    self.junk.remember(origin)
+                self.junk.note_failure(origin, e)
                 log.info("gap before %s from %s left open: %s", event.event_id, origin, e)
 
     def _fill(self, origin, version, event, source_ip, deadline) -> None:
@@ -154,7 +148,7 @@ class GapFiller:
             )
             pdus = body.get("events") if isinstance(body, dict) else None
             pdus = pdus if isinstance(pdus, list) else []
-            checked = checked_events(self.checker, room_id, pdus[:limit], source_ip)
+            checked = checked_events(self.checker, room_id, pdus, source_ip, limit=limit)
             new = [e for e in checked if e.event_id not in found]
             self.junk.note(origin, len(pdus), len(new))
             if not new:

@@ -154,12 +154,18 @@ class PduChecker:
         events (a room's state) never hold the hub. Raises ``KeyResolutionRefused`` as soon
         as one key fetch is refused."""
         pool = gevent.pool.Pool(KEY_LOOKUPS_AT_ONCE)
-        jobs = [
-            pool.spawn(self._signing_keys, item, source_ip) if item.error is None else None
-            for item in items
-        ]
-        running = [job for job in jobs if job is not None]
+        jobs: list[gevent.Greenlet | None] = []
+        running: list[gevent.Greenlet] = []
         try:
+            # Spawning waits for a place in the pool: inside the `try`, so that a caller
+            # stopped meanwhile (its deadline) leaves no lookup behind.
+            for item in items:
+                job = (
+                    pool.spawn(self._signing_keys, item, source_ip) if item.error is None else None
+                )
+                jobs.append(job)
+                if job is not None:
+                    running.append(job)
             for job in gevent.iwait(running):
                 if job.exception is not None:
                     raise job.exception
@@ -180,7 +186,11 @@ class PduChecker:
         threads = gevent.get_hub().threadpool
         for at in range(0, len(todo), VERIFY_BATCH):
             batch = todo[at : at + VERIFY_BATCH]
-            checked = threads.apply(_verify_batch, ([(items[i], keys) for i, keys in batch],))
+            work = [(items[i], keys) for i, keys in batch]
+            # A transaction's few PDUs are checked here: a thread's round trip would cost
+            # them more than it spares the hub.
+            inline = len(todo) <= INLINE_VERIFY
+            checked = _verify_batch(work) if inline else threads.apply(_verify_batch, (work,))
             for (i, _), result in zip(batch, checked):
                 results[i] = _logged(result)
         return results
@@ -233,6 +243,8 @@ class PduChecker:
 # Key lookups running at once for one set of PDUs: each may wait on a fetch of another
 # server's keys (a room's state names many servers).
 KEY_LOOKUPS_AT_ONCE = 16
+# Up to this many PDUs are checked in the calling greenlet, without a thread.
+INLINE_VERIFY = 8
 # PDUs checked per native-thread task: each costs a redaction, a canonical encoding and a
 # signature check (about 0.1 ms), so a batch is a few milliseconds of work.
 VERIFY_BATCH = 64

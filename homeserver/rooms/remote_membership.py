@@ -37,7 +37,6 @@ from homeserver.federation.errors import (
     InvalidSignature,
     MalformedResponse,
     RemoteError,
-    ResponseTooLarge,
     to_client_error,
 )
 from homeserver.federation.keyring import Keyring
@@ -201,8 +200,7 @@ class RemoteMembership:
                 return attempt(server)
             except FederationError as e:
                 log.info("membership through %s failed: %s", server, e)
-                if isinstance(e, ResponseTooLarge):
-                    self._checker.junk.remember(server)
+                self._checker.junk.note_failure(server, e)
                 failure = failure if _more_telling(failure, e) else e
         assert failure is not None
         raise failure

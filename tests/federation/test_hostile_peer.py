@@ -8,7 +8,6 @@ answers our fetches with whatever the test puts there. Its users join rooms of a
 """
 
 import json
-import os
 import re
 import socket
 import ssl
@@ -21,10 +20,10 @@ import requests
 from homeserver.rooms.versions import ROOM_V10, ROOM_V12
 from tests.peers.origins import FakeOrigin, OriginKeyServer, federation_request, send_transaction
 from tests.peers.resident import ResidentPeer
-from tests.support.federation import federation_settings, tls_listener_settings
+from tests.support.federation import tls_weir
 from tests.support.probe import LatencyProbe
 from tests.support.remote_room import RemoteRoom
-from tests.support.server import MatrixClient, WeirProcess, base_settings, merge
+from tests.support.server import MatrixClient
 
 V3 = "/_matrix/client/v3"
 FED_V1 = "/_matrix/federation/v1"
@@ -66,11 +65,8 @@ def hostile(hostile_server):
 def weir(test_ca, dns, tmp_path_factory):
     directory = str(tmp_path_factory.mktemp("hostile-peer"))
     # A join's whole deadline: room for a send_join answer of 15 MB of junk on a loaded machine.
-    fed = federation_settings(test_ca, dns, remote_timeout=30)
-    fed.update(tls_listener_settings(test_ca, WEIR, "127.31.131.3", port=0))
-    proc = WeirProcess(
-        directory, merge(base_settings(os.path.join(directory, "data")), {"federation": fed})
-    ).start()
+    fed = {"port": 0, "remote_timeout": 30}
+    proc = tls_weir(test_ca, directory, "127.31.131.3", WEIR, dns, federation=fed).start()
     yield proc
     proc.stop()
 

@@ -149,6 +149,19 @@ def wait_in_sync(user: SynapseUser, room_id: str, since: str, body: str, within:
             return since
 
 
+def members_join(weir, synapse, test_ca, room, origins, tag: str) -> SynapseUser:
+    """`@m` of each origin joins through a transaction, then `bob-<tag>` of Synapse; returns
+    bob."""
+    for i, origin in enumerate(origins):
+        join_id, join = room.join_pdu(origin, "m")
+        r = send_transaction(weir.federation_url, origin, WEIR_NAME, f"{tag}{i}", [join], test_ca)
+        assert r.json() == {"pdus": {join_id: {}}}, r.text
+    bob = SynapseUser(synapse, f"bob-{tag}")
+    r = bob.call("POST", f"/join/{quote(room.room_id, safe='')}", params={"server_name": WEIR_NAME})
+    assert r.status_code == 200, (r.text, synapse.log_tail())
+    return bob
+
+
 class DeadServersKeys(HonestPeer):
     """The dead members' servers while they were up: one TLS listener on every address that
     serves each one's key document (by Host header), then goes away for good."""
@@ -180,16 +193,8 @@ def test_two_hundred_dead_members_do_not_delay_synapse(weir, synapse, test_ca):
     room = RemoteRoom.create(alice, room_version="10")
     with DeadServersKeys(test_ca) as keys:
         dead = [keys.add(ip) for ip in DEAD_IPS]
-        for i, origin in enumerate(dead):
-            join_id, join = room.join_pdu(origin, "m")
-            r = send_transaction(weir.federation_url, origin, WEIR_NAME, f"d{i}", [join], test_ca)
-            assert r.json() == {"pdus": {join_id: {}}}, r.text
-        bob = SynapseUser(synapse, "bob-dead")
         # Synapse verifies the dead members' joins in the send_join answer: keys while up.
-        r = bob.call(
-            "POST", f"/join/{quote(room.room_id, safe='')}", params={"server_name": WEIR_NAME}
-        )
-        assert r.status_code == 200, (r.text, synapse.log_tail())
+        bob = members_join(weir, synapse, test_ca, room, dead, "dead")
         port = keys.port
     since = synapse_sync(bob)(None, 0)["next_batch"]
     say(alice, room.room_id, ["dead-warm"])
@@ -237,15 +242,7 @@ def test_servers_that_die_after_answering_delay_nobody_and_come_back_at_once(
     try:
         servers.sink.trust(WEIR_NAME, weir.federation_url, test_ca)
         dead = [servers.add(ip) for ip in DEAD_IPS]
-        for i, origin in enumerate(dead):
-            join_id, join = room.join_pdu(origin, "m")
-            r = send_transaction(weir.federation_url, origin, WEIR_NAME, f"a{i}", [join], test_ca)
-            assert r.json() == {"pdus": {join_id: {}}}, r.text
-        bob = SynapseUser(synapse, "bob-died")
-        r = bob.call(
-            "POST", f"/join/{quote(room.room_id, safe='')}", params={"server_name": WEIR_NAME}
-        )
-        assert r.status_code == 200, (r.text, synapse.log_tail())
+        bob = members_join(weir, synapse, test_ca, room, dead, "died")
         since = synapse_sync(bob)(None, 0)["next_batch"]
         say(alice, room.room_id, ["died-warm"])  # every one of them answers it: live
         since = wait_in_sync(bob, room.room_id, since, "died-warm", within=30)

@@ -2,7 +2,6 @@
 as a room fills up on the real network: every member ends in the room's current state, and
 that state is what the room's own resolver makes of its forward extremities."""
 
-import os
 from urllib.parse import quote
 
 import gevent
@@ -14,9 +13,9 @@ from homeserver.rooms.versions import ROOM_V10
 from homeserver.storage.database import open_database
 from homeserver.storage.rooms import RoomStore
 from tests.peers.origins import OriginKeyServer, federation_request
-from tests.support.federation import federation_settings, tls_listener_settings
+from tests.support.federation import tls_weir
 from tests.support.remote_room import RemoteRoom
-from tests.support.server import MatrixClient, WeirProcess, base_settings, merge
+from tests.support.server import MatrixClient
 
 WEIR = "weir.test"
 FED = "/_matrix/federation"
@@ -33,20 +32,17 @@ def keys(test_ca, dns):
 @pytest.fixture(scope="module")
 def weir(test_ca, dns, tmp_path_factory):
     directory = str(tmp_path_factory.mktemp("concurrent-joins"))
-    fed = federation_settings(test_ca, dns, remote_timeout=5)
-    fed.update(tls_listener_settings(test_ca, WEIR, "127.31.132.3", port=0))
-    settings = merge(
-        base_settings(os.path.join(directory, "data")),
-        {
-            "federation": fed,
-            "security": {
-                "federation": {
-                    "key_resolution_per_ip_rate": {"max_requests": 1000, "per_seconds": 60}
-                }
-            },
-        },
-    )
-    proc = WeirProcess(directory, settings).start()
+    # Forty servers join from one address: their keys are fetched at once.
+    keys_rate = {"key_resolution_per_ip_rate": {"max_requests": 1000, "per_seconds": 60}}
+    proc = tls_weir(
+        test_ca,
+        directory,
+        "127.31.132.3",
+        WEIR,
+        dns,
+        federation={"port": 0, "remote_timeout": 5},
+        security={"federation": keys_rate},
+    ).start()
     proc.database_url = f"sqlite:///{directory}/data/homeserver.db"
     yield proc
     proc.stop()
