@@ -79,8 +79,20 @@ def base_settings(data_dir: str, database_url: str | None = None) -> dict:
 
 
 class WeirProcess:
-    def __init__(self, directory: str, settings: dict, env: dict | None = None):
+    def __init__(
+        self,
+        directory: str,
+        settings: dict,
+        env: dict | None = None,
+        *,
+        repo: str = REPO,
+        launcher: tuple[str, ...] = (),
+    ):
+        """`repo`: the checkout whose app.py runs (a bench may run an earlier build);
+        `launcher`: a command it runs under, such as ``("taskset", "-c", "0")``."""
         self.directory = directory
+        self.repo = repo
+        self.launcher = launcher
         self.config_path = os.path.join(directory, "config.toml")
         write_config(self.config_path, settings)
         self.stderr_path = os.path.join(directory, "stderr.log")
@@ -92,7 +104,8 @@ class WeirProcess:
     def start(self, timeout: float = 60) -> "WeirProcess":
         self._stderr = open(self.stderr_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, os.path.join(REPO, "app.py"), "--config", self.config_path],
+            [*self.launcher, sys.executable, os.path.join(self.repo, "app.py")]
+            + ["--config", self.config_path],
             cwd=self.directory,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
