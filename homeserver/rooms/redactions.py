@@ -189,10 +189,10 @@ def _by_power(tx, version: RoomVersion, redaction: Event) -> bool:
     event the resolution of the states after its prev_events, for ours the current state.
     The redaction's auth events are not read: a hostile server may name a power levels
     event of its own making there, which only its own auth events allow."""
-    state_ids = event_state.state_of(tx, redaction.event_id)
+    keys = [(CREATE, ""), (POWER_LEVELS, "")]
+    state_ids = event_state.state_of(tx, redaction.event_id, keys)
     if state_ids is None:
         return False
-    keys = [(CREATE, ""), (POWER_LEVELS, "")]
     ids = [state_ids[k] for k in keys if k in state_ids]
     pdus = RedactionStore.event_pdus(tx, redaction.room_id, ids)
     state = {k: Event(state_ids[k], pdus[state_ids[k]]) for k in keys if state_ids.get(k) in pdus}

@@ -59,7 +59,7 @@ class RoomResolver:
 
     def resolve(self, state_sets: list[StateIds]) -> StateIds:
         if len(state_sets) == 1:
-            return dict(state_sets[0])
+            return state_sets[0]  # as read: storing it unchanged reuses its group
         ids = {e for s in state_sets for e in s.values()}
         # One read for every auth chain the algorithm will walk.
         self.add(s.event for s in self._graph.auth_chain(self.room_id, ids, _AUTH_CHAIN_CAP))

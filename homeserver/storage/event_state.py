@@ -1,9 +1,16 @@
 """The state at each event (state groups), rejected PDUs, and the writes that keep current
 state the resolved state of a room's forward extremities.
 
-A state group is a whole state map, {(type, state_key): event_id}; every event with a known
-state points at the group of the state after it. The writes here run inside
-`RoomStore.persist_events`' transaction.
+A state group is a state map, {(type, state_key): event_id}, stored as a delta: the keys that
+differ from its previous group (`prev_state_group`; a removed key has no event), in
+`state_group_entries`. A chain is at most MAX_CHAIN deltas long; the group after that is
+written whole. So a message writes no group (it points at its prev's), a state event writes
+one key, and reading a few keys of a group reads those keys of at most MAX_CHAIN + 1 groups,
+whatever the room's size.
+
+Every event with a known state points at the group of the state after it, and each change
+of a room's current state is a row of room_state_positions pointing at the group of the
+state it became. The writes here run inside `RoomStore.persist_events`' transaction.
 """
 
 from __future__ import annotations
@@ -16,28 +23,37 @@ from homeserver.storage.database import Database, in_lists
 
 StateKey = tuple[str, str]
 StateIds = Mapping[StateKey, str]
+Delta = dict[StateKey, "str | None"]  # None: the key is removed
 
-_SEP = "\u0000"
-
-
-def _encode(state: StateIds) -> str:
-    return json.dumps({f"{t}{_SEP}{k}": v for (t, k), v in sorted(state.items())})
-
+# Deltas in a chain before a group is written whole: the bound on a read's groups, against
+# the disk a whole group costs (a 10,000-member room's is about 10,000 rows).
+MAX_CHAIN = 100
 
 # Decoded state groups a store keeps (RoomStore.state_at). A room of thousands has a state
 # of thousands of keys, and every lazy-loading sync one message wakes reads it.
 DECODED_GROUPS = 16
 
-
-def _decode(text: str) -> dict[StateKey, str]:
-    found: dict[StateKey, str] = {}
-    for key, event_id in json.loads(text).items():
-        event_type, _, state_key = key.partition(_SEP)
-        found[(event_type, state_key)] = event_id
-    return found
+# More keys than this are read as the whole group, then picked.
+_KEYS_PER_QUERY = 200
 
 
-# --- writes, inside the persist transaction ---------------------------------------------
+class GroupState(dict):
+    """A state map read whole from its group. Storing it unchanged as the state before a
+    message points at that group instead of writing one; so nobody may change it."""
+
+    def __init__(self, items: Mapping[StateKey, str], group: int):
+        super().__init__(items)
+        self.group = group
+
+
+def delta_between(old: StateIds, new: StateIds) -> Delta:
+    """The changes that make `old` into `new`."""
+    delta: Delta = {k: v for k, v in new.items() if old.get(k) != v}
+    delta.update({k: None for k in old.keys() - new.keys()})
+    return delta
+
+
+# --- groups ------------------------------------------------------------------------------
 
 
 def group_of(tx, event_id: str) -> int | None:
@@ -45,23 +61,89 @@ def group_of(tx, event_id: str) -> int | None:
     return row[0] if row else None
 
 
-def read_group(tx, group: int) -> dict[StateKey, str]:
-    row = tx.fetchone("SELECT state FROM state_groups WHERE state_group = ?", (group,))
-    return _decode(row[0]) if row else {}
-
-
-def state_of(tx, event_id: str) -> dict[StateKey, str] | None:
-    """The state after `event_id` (its group), or None if it has none."""
-    group = group_of(tx, event_id)
-    return read_group(tx, group) if group is not None else None
-
-
-def new_group(tx, room_id: str, state: StateIds) -> int:
-    row = tx.fetchone(
-        "INSERT INTO state_groups (room_id, state) VALUES (?, ?) RETURNING state_group",
-        (room_id, _encode(state)),
+def _chain(tx, group: int) -> list[int]:
+    """`group` and the groups it is a delta on, nearest first."""
+    rows = tx.fetchall(
+        "WITH RECURSIVE chain (state_group, prev_state_group, n) AS ("
+        " SELECT state_group, prev_state_group, 0 FROM state_groups WHERE state_group = ?"
+        " UNION ALL SELECT g.state_group, g.prev_state_group, c.n + 1"
+        " FROM state_groups g JOIN chain c ON g.state_group = c.prev_state_group)"
+        " SELECT state_group FROM chain ORDER BY n",
+        (group,),
     )
-    return row[0]
+    return [r[0] for r in rows]
+
+
+def read_group(tx, group: int, keys: Iterable[StateKey] | None = None) -> dict[StateKey, str]:
+    """The state of `group`: whole (a GroupState), or only those of `keys` it has."""
+    chain = _chain(tx, group)
+    wanted = None if keys is None else set(keys)
+    sql = (
+        "SELECT state_group, type, state_key, event_id FROM state_group_entries"
+        f" WHERE state_group IN ({', '.join('?' * len(chain))})"
+    )
+    params: list = list(chain)
+    if wanted is not None and len(wanted) <= _KEYS_PER_QUERY:
+        if not wanted:
+            return {}
+        sql += " AND (" + " OR ".join("(type = ? AND state_key = ?)" for _ in wanted) + ")"
+        params += [part for key in wanted for part in key]
+    by_group: dict[int, list[tuple]] = {}
+    for row in tx.fetchall(sql, params) if chain else ():
+        by_group.setdefault(row[0], []).append(row)
+    state: dict[StateKey, str] = {}
+    for g in reversed(chain):  # the whole group first, the nearest delta last
+        for _, event_type, state_key, event_id in by_group.get(g, ()):
+            if event_id is None:
+                state.pop((event_type, state_key), None)
+            else:
+                state[(event_type, state_key)] = event_id
+    if wanted is not None:
+        return {k: v for k, v in state.items() if k in wanted}
+    return GroupState(state, group)
+
+
+def state_of(
+    tx, event_id: str, keys: Iterable[StateKey] | None = None
+) -> dict[StateKey, str] | None:
+    """The state after `event_id` (its group; only `keys` of it if given), or None if it
+    has none."""
+    group = group_of(tx, event_id)
+    return read_group(tx, group, keys) if group is not None else None
+
+
+def new_group(tx, room_id: str, base: int | None, delta: Delta) -> int:
+    """A group of `base`'s state changed by `delta` (with no base, `delta` is the state)."""
+    length = 0
+    if base is not None:
+        row = tx.fetchone("SELECT chain_length FROM state_groups WHERE state_group = ?", (base,))
+        length = row[0] + 1
+        if length > MAX_CHAIN:  # written whole: no read walks more than MAX_CHAIN + 1
+            whole = dict(read_group(tx, base))
+            whole.update(delta)  # type: ignore[arg-type]
+            base, length, delta = None, 0, dict(whole)
+    group = tx.fetchone(
+        "INSERT INTO state_groups (room_id, prev_state_group, chain_length) VALUES (?, ?, ?)"
+        " RETURNING state_group",
+        (room_id, base, length),
+    )[0]
+    tx.executemany(
+        "INSERT INTO state_group_entries (state_group, type, state_key, event_id)"
+        " VALUES (?, ?, ?, ?)",
+        [(group, t, k, e) for (t, k), e in delta.items() if base is not None or e is not None],
+    )
+    return group
+
+
+def current_group(tx, room_id: str) -> int | None:
+    """The group of the room's current state: its latest room_state_positions row (None for
+    a room with none, stored before that table)."""
+    row = tx.fetchone(
+        "SELECT state_group FROM room_state_positions WHERE room_id = ?"
+        " ORDER BY stream_ordering DESC LIMIT 1",
+        (room_id,),
+    )
+    return row[0] if row else None
 
 
 def current_ids(tx, room_id: str) -> dict[StateKey, str]:
@@ -71,28 +153,47 @@ def current_ids(tx, room_id: str) -> dict[StateKey, str]:
     return {(r[0], r[1]): r[2] for r in rows}
 
 
+# --- writes, inside the persist transaction ---------------------------------------------
+
+
 def record_state(tx, event: Event, before: StateIds | None, local: bool) -> None:
-    """Writes the group of the state after `event`. `before` is the state before it when
-    the caller resolved it; a local event's is the current state (the resolved state of
-    the extremities it follows), taken from its one prev_event's group when it has one.
-    A received event with no `before` (an auth chain event) gets no group."""
-    group = None
-    if before is None and local:
-        prevs = event.prev_event_ids
-        group = group_of(tx, prevs[0]) if len(prevs) == 1 else None
-        if group is None:
-            before = current_ids(tx, event.room_id) if prevs else {}
-    if before is None and group is None:
+    """Points `event` at the group of the state after it. `before` is the state before it
+    when the caller resolved it; a local event's is the current state (the resolved state
+    of the extremities it follows). A received event with no `before` (an auth chain
+    event) gets no group."""
+    found = _state_before(tx, event, before, local)
+    if found is None:
         return
-    if event.is_state or group is None:
-        state = dict(before) if before is not None else read_group(tx, group)  # type: ignore[arg-type]
-        if event.is_state:
-            state[(event.type, event.state_key or "")] = event.event_id
-        group = new_group(tx, event.room_id, state)
+    base, delta = found
+    if event.is_state:
+        delta[(event.type, event.state_key or "")] = event.event_id
+    group = base if base is not None and not delta else new_group(tx, event.room_id, base, delta)
     tx.execute(
         "INSERT INTO event_state_groups (event_id, room_id, state_group) VALUES (?, ?, ?)",
         (event.event_id, event.room_id, group),
     )
+
+
+def _state_before(
+    tx, event: Event, before: StateIds | None, local: bool
+) -> tuple[int | None, Delta] | None:
+    """The state before `event` as a group and the delta on it; None when it is unknown."""
+    if isinstance(before, GroupState):
+        return before.group, {}
+    prevs = event.prev_event_ids
+    if before is None:
+        if not local:
+            return None
+        if not prevs:
+            return None, {}
+        group = group_of(tx, prevs[0]) if len(prevs) == 1 else None
+        group = group if group is not None else current_group(tx, event.room_id)
+        return (group, {}) if group is not None else (None, dict(current_ids(tx, event.room_id)))
+    for prev in prevs:  # resolved from several states: a delta on one of them
+        group = group_of(tx, prev)
+        if group is not None:
+            return group, delta_between(read_group(tx, group), before)
+    return None, dict(before)
 
 
 def record_rejection(tx, event: Event, reason: str, now_ms: int) -> None:
@@ -103,20 +204,19 @@ def record_rejection(tx, event: Event, reason: str, now_ms: int) -> None:
     )
 
 
-def set_current_state(tx, room_id: str, new: StateIds, position: int, update_stats) -> bool:
+def set_current_state(tx, room_id: str, new: StateIds, position: int, update_stats) -> Delta:
     """Makes the room's current state `new` (a resolved state); `update_stats(tx, event,
     previous_membership, position)` keeps the room's stats with each changed key. Returns
-    whether anything changed."""
+    the change (empty if none)."""
     old = current_ids(tx, room_id)
-    if old == new:
-        return False
-    for key in old.keys() - new.keys():
+    delta = delta_between(old, new)
+    for key in [k for k, v in delta.items() if v is None]:
         tx.execute(
             "DELETE FROM current_state WHERE room_id = ? AND type = ? AND state_key = ?",
             (room_id, *key),
         )
-    changed = [k for k, v in new.items() if old.get(k) != v]
-    found = _events_by_id(tx, [new[k] for k in changed] + list(old.values()))
+    changed = [k for k, v in delta.items() if v is not None]
+    found = _events_by_id(tx, [new[k] for k in changed] + [old[k] for k in changed if k in old])
     for key in changed:
         event = found[new[key]]
         previous = found.get(old.get(key, ""))
@@ -127,30 +227,48 @@ def set_current_state(tx, room_id: str, new: StateIds, position: int, update_sta
             (room_id, *key, event.event_id, event.membership),
         )
         update_stats(tx, event, previous.membership if previous else None, position)
-    return True
+    return delta
 
 
-def record_current(tx, room_id: str, position: int, last_event_id: str) -> None:
-    """Remembers the room's current state as it is now, at `position` (the last event just
-    stored): the group of `last_event_id` when that is the current state (a local event's
-    is), else a new group."""
-    current = current_ids(tx, room_id)
-    group = group_of(tx, last_event_id)
-    if group is None or read_group(tx, group) != current:
-        group = new_group(tx, room_id, current)
+def record_current(tx, room_id: str, position: int, delta: Delta, event_id: str) -> None:
+    """Remembers that the room's current state changed by `delta` at `position`, where
+    `event_id` was stored. Its group is that event's when that is the same change (a
+    local state event's), else a new delta on the current group (a whole group for a room
+    with none yet, from current_state, which is already changed)."""
+    base = current_group(tx, room_id)
+    group = group_of(tx, event_id)
+    if base is None:
+        group = new_group(tx, room_id, None, dict(current_ids(tx, room_id)))
+    elif group is None or not _is_delta(tx, group, base, delta):
+        group = new_group(tx, room_id, base, delta)
     tx.execute(
         "INSERT INTO room_state_positions (room_id, stream_ordering, state_group) VALUES (?, ?, ?)",
         (room_id, position, group),
     )
 
 
+def _is_delta(tx, group: int, base: int, delta: Delta) -> bool:
+    row = tx.fetchone("SELECT prev_state_group FROM state_groups WHERE state_group = ?", (group,))
+    if row is None or row[0] != base:
+        return False
+    rows = tx.fetchall(
+        "SELECT type, state_key, event_id FROM state_group_entries WHERE state_group = ?",
+        (group,),
+    )
+    return {(r[0], r[1]): r[2] for r in rows} == delta
+
+
 def ids_at(
-    tx, room_id: str, position: int, decoded: dict | None = None
+    tx,
+    room_id: str,
+    position: int,
+    decoded: dict | None = None,
+    keys: Iterable[StateKey] | None = None,
 ) -> dict[StateKey, str] | None:
-    """The room's current state as it was just after stream position `position`, or None
-    when no row covers it (a room stored before room_state_positions). `decoded`: state
-    groups already decoded, by group, which this adds to (a group never changes once
-    written); the caller must not change what it returns then."""
+    """The room's current state as it was just after stream position `position` (only
+    `keys` of it if given), or None when no row covers it (a room stored before
+    room_state_positions). `decoded`: whole groups already read, by group, which this adds
+    to (a group never changes once written); the caller must not change what it returns."""
     row = tx.fetchone(
         "SELECT state_group FROM room_state_positions"
         " WHERE room_id = ? AND stream_ordering <= ?"
@@ -161,6 +279,8 @@ def ids_at(
         return None
     group = row[0]
     state = decoded.get(group) if decoded is not None else None
+    if state is None and keys is not None:
+        return read_group(tx, group, keys)
     if state is None:
         state = read_group(tx, group)
         if decoded is not None:
@@ -191,16 +311,17 @@ class EventStateStore:
         """The state after each of `event_ids` that has a group."""
 
         def read(tx):
-            found: dict[str, dict[StateKey, str]] = {}
+            groups: dict[str, int] = {}
             for chunk, marks in in_lists(list(event_ids)):
-                for event_id, text in tx.fetchall(
-                    "SELECT g.event_id, s.state FROM event_state_groups g"
-                    " JOIN state_groups s ON s.state_group = g.state_group"
-                    f" WHERE g.event_id IN ({marks})",
-                    tuple(chunk),
-                ):
-                    found[event_id] = _decode(text)
-            return found
+                groups.update(
+                    tx.fetchall(
+                        "SELECT event_id, state_group FROM event_state_groups"
+                        f" WHERE event_id IN ({marks})",
+                        tuple(chunk),
+                    )
+                )
+            states = {g: read_group(tx, g) for g in set(groups.values())}
+            return {event_id: states[g] for event_id, g in groups.items()}
 
         return self.db.read(read)
 

@@ -2,7 +2,9 @@
 
 Each file in `schema/` is `NNNN_name.sql`, written once in the SQL both engines share. Two
 placeholders cover where they differ: `{serial}` (an auto-increment primary key) and `{blob}`.
-A migration is never edited after it has landed; a change is a new file.
+A migration is never edited after it has landed; a change is a new file. What SQL alone
+cannot write (rewriting stored data) is a step in `schema_steps.py`, run after the file of
+its number in the same transaction.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import os
 import re
 
 from homeserver.storage.database import Database
+from homeserver.storage.schema_steps import STEPS
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +47,9 @@ def _statements(path: str, dialect: str) -> list[str]:
     return [s.strip() for s in text.split(";") if s.strip()]
 
 
-def migrate(db: Database) -> int:
-    """Applies every migration not yet applied; returns the schema version."""
+def migrate(db: Database, until: int | None = None) -> int:
+    """Applies every migration not yet applied (up to `until`, for a test that needs an
+    older schema); returns the schema version."""
 
     def current(tx) -> set[int]:
         tx.execute(
@@ -57,14 +61,17 @@ def migrate(db: Database) -> int:
     applied = db.write(current)
     version = max(applied, default=0)
     for number, name, path in available_migrations():
-        if number in applied:
+        if number in applied or (until is not None and number > until):
             continue
 
         statements = _statements(path, db.dialect)
+        step = STEPS.get(number)
 
         def apply(tx):
             for sql in statements:
                 tx.execute(sql)
+            if step is not None:
+                step(tx)
             tx.execute("INSERT INTO schema_version (version, name) VALUES (?, ?)", (number, name))
 
         db.write(apply)

@@ -188,13 +188,15 @@ class RoomStore:
             event_state.record_state(tx, event, before, local=not received)
             stored.append(self._insert_event(tx, event, position, res))
             if event.is_state and res.current is None and not res.soft_failed:
-                event_state.record_current(tx, room_id, position, event.event_id)
+                change = {(event.type, event.state_key or ""): event.event_id}
+                event_state.record_current(tx, room_id, position, change, event.event_id)
         if res.current is not None:
             position = stored[-1].stream_ordering
-            if event_state.set_current_state(
+            delta = event_state.set_current_state(
                 tx, room_id, res.current, position, room_stats.update_stats
-            ):
-                event_state.record_current(tx, room_id, position, events[-1].event_id)
+            )
+            if delta:
+                event_state.record_current(tx, room_id, position, delta, events[-1].event_id)
         outbox.queue_pdus(
             tx, send_to, [(s.stream_ordering, s.event.event_id, room_id) for s in stored]
         )
@@ -370,7 +372,9 @@ class RoomStore:
         resolved state, from room_state_positions. With `changed_after`, only the keys whose
         event differs from the state at that position (a state delta); with `keys` or
         `event_type`, only those. A room with no row that far back is read by stream order."""
-        ids = self.db.read(event_state.ids_at, room_id, position, self._state_groups)
+        keys = list(keys) if keys is not None else None
+        only = keys if changed_after == 0 else None
+        ids = self.db.read(event_state.ids_at, room_id, position, self._state_groups, only)
         if ids is None:
             return self._state_by_order(room_id, position, event_type, changed_after, keys)
         if changed_after > 0:
