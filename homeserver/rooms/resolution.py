@@ -5,13 +5,14 @@ reads the events, auth chains and state groups it needs."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from homeserver.core.events import Event
 from homeserver.rooms.auth import StateKey
 from homeserver.rooms.state_res import auth_chain_from_lookup, resolve_state
 from homeserver.rooms.versions import RoomVersion
-from homeserver.storage.event_state import EventStateStore
+from homeserver.storage.event_state import Delta, EventStateStore, GroupRef
 from homeserver.storage.room_graph import RoomGraphStore
 from homeserver.storage.rooms import RoomStore, StoredEvent
 
@@ -19,6 +20,16 @@ StateIds = dict[StateKey, str]
 
 # How far back an auth chain is read into memory for one resolution.
 _AUTH_CHAIN_CAP = 10_000
+
+
+@dataclass(frozen=True)
+class CurrentAfter:
+    """The room's current state once a received event is stored: as a change (`change`)
+    when the event follows exactly the room's forward extremities, so the state before it
+    is the current state; else whole (`state`), as a resolution made it."""
+
+    state: StateIds | None = None
+    change: Delta | None = None
 
 
 class RoomResolver:
@@ -59,7 +70,7 @@ class RoomResolver:
 
     def resolve(self, state_sets: list[StateIds]) -> StateIds:
         if len(state_sets) == 1:
-            return state_sets[0]  # as read: storing it unchanged reuses its group
+            return dict(state_sets[0])
         ids = {e for s in state_sets for e in s.values()}
         # One read for every auth chain the algorithm will walk.
         self.add(s.event for s in self._graph.auth_chain(self.room_id, ids, _AUTH_CHAIN_CAP))
@@ -75,6 +86,21 @@ class RoomResolver:
     def state_before(self, event: Event) -> StateIds:
         return self.resolve(self.state_after(list(event.prev_event_ids)))
 
+    def before_of(self, event: Event) -> GroupRef | StateIds:
+        """The state before a received event: its one prev_event's group, by reference (no
+        read), or the resolution of the states after its prev_events."""
+        if len(event.prev_event_ids) == 1:
+            group = self.states.group_of(event.prev_event_ids[0])
+            if group is not None:
+                return GroupRef(group)
+        return self.state_before(event)
+
+    def events_at(self, state: GroupRef | Mapping[StateKey, str], keys: list[StateKey]):
+        """The events of those of `keys` that `state` has: all a check reads of it."""
+        if isinstance(state, GroupRef):
+            return self.events_of(self.states.read(state.group, keys))
+        return self.events_of({k: state[k] for k in keys if k in state})
+
     def stored_state_before(self, event: Event) -> dict[StateKey, StoredEvent]:
         """The state before a stored event, as other servers are given it (/state,
         /state_ids, a send_join answer): a message's own state group, which is that; else
@@ -87,18 +113,22 @@ class RoomResolver:
         found = self.store.events_in_room(self.room_id, before.values())
         return {k: found[v] for k, v in before.items() if v in found}
 
-    def current_after(self, event: Event, before: Mapping[StateKey, str]) -> StateIds:
+    def current_after(
+        self, event: Event, before: GroupRef | Mapping[StateKey, str]
+    ) -> CurrentAfter:
         """The current state once `event` is a forward extremity: the resolution of the
         state after it and the states at the other extremities it does not replace."""
+        extremities = [e.event_id for e in self.store.forward_extremities(self.room_id)]
+        key = (event.type, event.state_key) if event.state_key is not None else None
+        if set(extremities) == set(event.prev_event_ids):
+            return CurrentAfter(change={key: event.event_id} if key else {})
+        if isinstance(before, GroupRef):
+            before = self.states.read(before.group)
         after = dict(before)
-        if event.state_key is not None:
-            after[(event.type, event.state_key)] = event.event_id
-        others = [
-            e.event_id
-            for e in self.store.forward_extremities(self.room_id)
-            if e.event_id not in event.prev_event_ids
-        ]
-        return self.resolve([after, *self.state_after(others)])
+        if key is not None:
+            after[key] = event.event_id
+        others = [e for e in extremities if e not in event.prev_event_ids]
+        return CurrentAfter(state=self.resolve([after, *self.state_after(others)]))
 
     def events_of(self, state: Mapping[StateKey, str]) -> dict[StateKey, Event]:
         found = self.store.events_in_room(self.room_id, state.values())

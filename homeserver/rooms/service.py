@@ -462,10 +462,7 @@ class RoomService:
             if event.event_id in known:
                 return False
             resolver = RoomResolver(self.store, version, room_id)
-            ok = authorise_received_event(resolver, version, event, known, signed_by)
-            resolved = ResolvedPersist(
-                {event.event_id: ok.state_before}, ok.soft_failed, ok.current
-            )
+            resolved = authorise_received_event(resolver, version, event, known, signed_by)
             try:
                 self._persist([event], received=True, send_to=send_to, resolved=resolved)
             except Exception as e:

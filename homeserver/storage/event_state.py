@@ -16,9 +16,11 @@ state it became. The writes here run inside `RoomStore.persist_events`' transact
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from homeserver.core.events import Event
+from homeserver.storage import room_stats
 from homeserver.storage.database import Database, in_lists
 
 StateKey = tuple[str, str]
@@ -37,13 +39,13 @@ DECODED_GROUPS = 16
 _KEYS_PER_QUERY = 200
 
 
-class GroupState(dict):
-    """A state map read whole from its group. Storing it unchanged as the state before a
-    message points at that group instead of writing one; so nobody may change it."""
+@dataclass(frozen=True)
+class GroupRef:
+    """The state of a stored group, by reference: the state before a received event whose
+    one prev_event has a group. Checking the event reads a few keys of it, and storing it
+    as the event's state before reads and writes nothing."""
 
-    def __init__(self, items: Mapping[StateKey, str], group: int):
-        super().__init__(items)
-        self.group = group
+    group: int
 
 
 def delta_between(old: StateIds, new: StateIds) -> Delta:
@@ -75,7 +77,7 @@ def _chain(tx, group: int) -> list[int]:
 
 
 def read_group(tx, group: int, keys: Iterable[StateKey] | None = None) -> dict[StateKey, str]:
-    """The state of `group`: whole (a GroupState), or only those of `keys` it has."""
+    """The state of `group`: whole, or only those of `keys` it has."""
     chain = _chain(tx, group)
     wanted = None if keys is None else set(keys)
     sql = (
@@ -100,7 +102,7 @@ def read_group(tx, group: int, keys: Iterable[StateKey] | None = None) -> dict[S
                 state[(event_type, state_key)] = event_id
     if wanted is not None:
         return {k: v for k, v in state.items() if k in wanted}
-    return GroupState(state, group)
+    return state
 
 
 def state_of(
@@ -156,7 +158,7 @@ def current_ids(tx, room_id: str) -> dict[StateKey, str]:
 # --- writes, inside the persist transaction ---------------------------------------------
 
 
-def record_state(tx, event: Event, before: StateIds | None, local: bool) -> None:
+def record_state(tx, event: Event, before: StateIds | GroupRef | None, local: bool) -> None:
     """Points `event` at the group of the state after it. `before` is the state before it
     when the caller resolved it; a local event's is the current state (the resolved state
     of the extremities it follows). A received event with no `before` (an auth chain
@@ -175,10 +177,10 @@ def record_state(tx, event: Event, before: StateIds | None, local: bool) -> None
 
 
 def _state_before(
-    tx, event: Event, before: StateIds | None, local: bool
+    tx, event: Event, before: StateIds | GroupRef | None, local: bool
 ) -> tuple[int | None, Delta] | None:
     """The state before `event` as a group and the delta on it; None when it is unknown."""
-    if isinstance(before, GroupState):
+    if isinstance(before, GroupRef):
         return before.group, {}
     prevs = event.prev_event_ids
     if before is None:
@@ -204,21 +206,38 @@ def record_rejection(tx, event: Event, reason: str, now_ms: int) -> None:
     )
 
 
-def set_current_state(tx, room_id: str, new: StateIds, position: int, update_stats) -> Delta:
-    """Makes the room's current state `new` (a resolved state); `update_stats(tx, event,
-    previous_membership, position)` keeps the room's stats with each changed key. Returns
-    the change (empty if none)."""
-    old = current_ids(tx, room_id)
-    delta = delta_between(old, new)
+def update_current(
+    tx,
+    room_id: str,
+    position: int,
+    last_event_id: str,
+    whole: StateIds | None,
+    change: Delta | None = None,
+) -> None:
+    """Makes the room's current state `whole` (a resolved state), or changes it by
+    `change`, at `position` where `last_event_id` was stored, and records the change (see
+    `change_current_state` and `record_current`)."""
+    if change is None:
+        change = delta_between(current_ids(tx, room_id), whole or {})
+    delta = change_current_state(tx, room_id, change, position)
+    if delta:
+        record_current(tx, room_id, position, delta, last_event_id)
+
+
+def change_current_state(tx, room_id: str, delta: Delta, position: int) -> Delta:
+    """Changes the room's current state by `delta`, reading and writing only its keys, and
+    the room's stats with each changed key. Returns the change (empty if none)."""
+    old = _current_of(tx, room_id, list(delta))
+    delta = {k: v for k, v in delta.items() if old.get(k) != v}
     for key in [k for k, v in delta.items() if v is None]:
         tx.execute(
             "DELETE FROM current_state WHERE room_id = ? AND type = ? AND state_key = ?",
             (room_id, *key),
         )
-    changed = [k for k, v in delta.items() if v is not None]
-    found = _events_by_id(tx, [new[k] for k in changed] + [old[k] for k in changed if k in old])
-    for key in changed:
-        event = found[new[key]]
+    changed = {k: v for k, v in delta.items() if v is not None}
+    found = _events_by_id(tx, [*changed.values()] + [old[k] for k in changed if k in old])
+    for key, event_id in changed.items():
+        event = found[event_id]
         previous = found.get(old.get(key, ""))
         tx.execute(
             "INSERT INTO current_state (room_id, type, state_key, event_id, membership)"
@@ -226,8 +245,23 @@ def set_current_state(tx, room_id: str, new: StateIds, position: int, update_sta
             " SET event_id = excluded.event_id, membership = excluded.membership",
             (room_id, *key, event.event_id, event.membership),
         )
-        update_stats(tx, event, previous.membership if previous else None, position)
+        room_stats.update_stats(tx, event, previous.membership if previous else None, position)
     return delta
+
+
+def _current_of(tx, room_id: str, keys: list[StateKey]) -> dict[StateKey, str]:
+    if len(keys) > _KEYS_PER_QUERY:  # a new room's whole state: one read, not thousands
+        current = current_ids(tx, room_id)
+        return {k: current[k] for k in keys if k in current}
+    found: dict[StateKey, str] = {}
+    for event_type, state_key in keys:
+        row = tx.fetchone(
+            "SELECT event_id FROM current_state WHERE room_id = ? AND type = ? AND state_key = ?",
+            (room_id, event_type, state_key),
+        )
+        if row is not None:
+            found[(event_type, state_key)] = row[0]
+    return found
 
 
 def record_current(tx, room_id: str, position: int, delta: Delta, event_id: str) -> None:
@@ -306,6 +340,13 @@ def _events_by_id(tx, event_ids: list[str]) -> dict[str, Event]:
 class EventStateStore:
     def __init__(self, db: Database):
         self.db = db
+
+    def group_of(self, event_id: str) -> int | None:
+        return self.db.read(group_of, event_id)
+
+    def read(self, group: int, keys: Iterable[StateKey] | None = None) -> dict[StateKey, str]:
+        """The state of `group`, or only `keys` of it."""
+        return self.db.read(read_group, group, keys)
 
     def state_after(self, event_ids: Iterable[str]) -> dict[str, dict[StateKey, str]]:
         """The state after each of `event_ids` that has a group."""

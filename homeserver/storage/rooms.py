@@ -16,6 +16,7 @@ from canonicaljson import encode_canonical_json
 from homeserver.core.events import Event
 from homeserver.storage import event_state, outbox, room_stats, streams
 from homeserver.storage.database import Database, in_lists
+from homeserver.storage.event_state import Delta, GroupRef
 
 EVENTS_STREAM = "events"
 
@@ -73,9 +74,14 @@ class ResolvedPersist:
     """What state resolution decided for events being stored: the state before each (by
     event ID), whether they were soft-failed, and the room's new current state."""
 
-    state_before: Mapping[str, Mapping[StateKey, str]] = field(default_factory=dict)
+    state_before: Mapping[str, Mapping[StateKey, str] | GroupRef] = field(default_factory=dict)
     soft_failed: bool = False
     current: Mapping[StateKey, str] | None = None
+    current_change: Delta | None = None  # instead of `current`: the change to it
+
+    @property
+    def decides_current(self) -> bool:
+        return self.current is not None or self.current_change is not None
 
 
 class StaleExtremities(Exception):
@@ -187,16 +193,13 @@ class RoomStore:
             before = res.state_before.get(event.event_id)
             event_state.record_state(tx, event, before, local=not received)
             stored.append(self._insert_event(tx, event, position, res))
-            if event.is_state and res.current is None and not res.soft_failed:
+            if event.is_state and not res.decides_current and not res.soft_failed:
                 change = {(event.type, event.state_key or ""): event.event_id}
                 event_state.record_current(tx, room_id, position, change, event.event_id)
-        if res.current is not None:
+        if res.decides_current:
             position = stored[-1].stream_ordering
-            delta = event_state.set_current_state(
-                tx, room_id, res.current, position, room_stats.update_stats
-            )
-            if delta:
-                event_state.record_current(tx, room_id, position, delta, events[-1].event_id)
+            whole, change = res.current, res.current_change
+            event_state.update_current(tx, room_id, position, events[-1].event_id, whole, change)
         outbox.queue_pdus(
             tx, send_to, [(s.stream_ordering, s.event.event_id, room_id) for s in stored]
         )
@@ -267,7 +270,7 @@ class RoomStore:
             "INSERT INTO event_forward_extremities (room_id, event_id) VALUES (?, ?)",
             (room_id, event.event_id),
         )
-        if event.is_state and res.current is None:
+        if event.is_state and not res.decides_current:
             tx.execute(
                 "INSERT INTO current_state (room_id, type, state_key, event_id, membership)"
                 " VALUES (?, ?, ?, ?, ?) ON CONFLICT (room_id, type, state_key) DO UPDATE"
