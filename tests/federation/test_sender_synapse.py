@@ -269,12 +269,15 @@ def test_servers_that_die_after_answering_delay_nobody_and_come_back_at_once(
                 weir.client_url, "weir_federation_transactions_total", outcome="failure"
             ) < failures + len(dead):
                 gevent.sleep(0.2)
+        took = []
         with LatencyProbe(weir.client_url, "/_matrix/client/versions") as probe:
             for n in range(10):
                 started = time.monotonic()
                 say(alice, room.room_id, [f"died-{n}"])
                 since = wait_in_sync(bob, room.room_id, since, f"died-{n}", within=2)
+                took.append(time.monotonic() - started)
                 gevent.sleep(max(0.0, 1.0 - (time.monotonic() - started)))
+        print("reached Synapse in (ms):", [round(t * 1000) for t in took])
         ours.stop()
         assert 0 < ours.most <= 64, ours.most
     print(f"/versions: {len(probe.samples)} samples, p99 {probe.p99():.1f} ms")
