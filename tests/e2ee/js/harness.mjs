@@ -49,7 +49,26 @@ export async function startDevice(user, password, url = baseUrl) {
     });
     await client.startClient({ initialSyncLimit: 20 });
     await step(`${session.device_id} first sync`, synced);
+    // Another device that shares a room key before these are up gets none: it withholds it.
+    await step(`${session.device_id} one-time keys`, oneTimeKeysUploaded(session, url));
     return client;
+}
+
+async function oneTimeKeysUploaded(session, url) {
+    for (;;) {
+        const response = await fetch(`${url}/_matrix/client/v3/keys/upload`, {
+            method: "POST",
+            headers: {
+                "Content-Type": "application/json",
+                Authorization: `Bearer ${session.access_token}`,
+            },
+            body: "{}",
+        });
+        if (!response.ok) throw new Error(`keys/upload: ${response.status}`);
+        const counts = (await response.json()).one_time_key_counts || {};
+        if (counts.signed_curve25519 > 0) return;
+        await new Promise((resolve) => setTimeout(resolve, 50));
+    }
 }
 
 // Resolves with an event's clear content once this client has decrypted it.
