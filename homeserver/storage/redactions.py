@@ -17,6 +17,7 @@ from canonicaljson import encode_canonical_json
 from homeserver.core.events import Event
 from homeserver.storage import room_stats
 from homeserver.storage.database import Database, in_lists
+from homeserver.storage.parsed_events import PARSED
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,7 @@ class RedactionStore:
             " VALUES (?, ?, ?, ?)",
             (target.event_id, redaction_id, target.room_id, now_ms),
         )
+        PARSED.drop(target.event_id)  # the text check would catch it too; this frees it now
         tx.execute(
             "UPDATE events SET json = ?, unsigned = ? WHERE event_id = ?",
             (

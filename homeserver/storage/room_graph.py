@@ -8,17 +8,16 @@ server can ask for is bounded by the room and by that cap, never by the request.
 from __future__ import annotations
 
 import heapq
-import json
 from typing import Iterable
 
-from homeserver.core.events import Event
 from homeserver.core.identifiers import server_of
 from homeserver.storage.database import Database, in_lists
+from homeserver.storage.parsed_events import PARSED
 from homeserver.storage.rooms import RoomStore, StoredEvent
 
 
 def _stored(row) -> StoredEvent:
-    return StoredEvent(Event(row[1], json.loads(row[2])), row[0])
+    return StoredEvent(PARSED.event(row[1], row[2]), row[0])
 
 
 class RoomGraphStore:

@@ -17,6 +17,7 @@ from homeserver.core.events import Event
 from homeserver.storage import event_state, outbox, room_stats, streams
 from homeserver.storage.database import Database, in_lists
 from homeserver.storage.event_state import Delta, GroupRef
+from homeserver.storage.parsed_events import PARSED
 
 EVENTS_STREAM = "events"
 
@@ -92,9 +93,7 @@ _EVENT_COLUMNS = "e.stream_ordering, e.event_id, e.json, e.unsigned"
 
 
 def _stored(row) -> StoredEvent:
-    return StoredEvent(
-        Event(row[1], json.loads(row[2])), row[0], json.loads(row[3]) if row[3] else {}
-    )
+    return StoredEvent(PARSED.event(row[1], row[2]), row[0], json.loads(row[3] or "{}"))
 
 
 def _state_key_of(stored: StoredEvent) -> StateKey:
