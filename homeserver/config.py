@@ -227,6 +227,17 @@ class SenderConfig:
 
 
 @dataclass(frozen=True)
+class JoinsConfig:
+    # One deadline for the whole of a remote join (rooms/remote_membership.py): the one
+    # outbound work allowed past remote_timeout, since a big room's answer takes minutes.
+    deadline: float = setting(_seconds(), 300.0)
+    # A send_join answer's size and its count of state and auth chain events: past these
+    # the answer is refused rather than held and checked.
+    max_bytes: int = setting(_int(1024 * 1024), 256 * 1024 * 1024)
+    max_events: int = setting(_int(1000), 200_000)
+
+
+@dataclass(frozen=True)
 class FederationConfig:
     bind_address: str = setting(fields.String(), "127.0.0.1")
     port: int = setting(_int(0, 65535), 8448)
@@ -240,6 +251,7 @@ class FederationConfig:
     ip_range_allowlist: tuple = setting(_string_list(validate=_cidrs), ())
     worker: WorkerConfig = section(WorkerConfig)
     sender: SenderConfig = section(SenderConfig)
+    joins: JoinsConfig = section(JoinsConfig)
 
 
 @dataclass(frozen=True)

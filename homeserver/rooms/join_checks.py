@@ -31,9 +31,6 @@ from homeserver.rooms.events import InvalidEvent, check_pdu_format, event_id_for
 from homeserver.rooms.pdu_checks import CheckedPdu, PduChecker
 from homeserver.rooms.versions import RoomVersion
 
-# A room's state and auth chain can be large; past this the answer is refused rather than
-# held in memory and checked event by event.
-MAX_JOIN_EVENTS = 50_000
 # Events identified (hashed) per native-thread task, and authorised between two pauses.
 IDENTIFY_BATCH = 256
 AUTHORISED_PER_PAUSE = 200
@@ -107,8 +104,9 @@ def _auth_chain_of(version: RoomVersion, starts: list[Event], pdus: dict[str, di
 
 
 class JoinResponseChecker:
-    def __init__(self, checker: PduChecker, junk: JunkAnswers):
+    def __init__(self, checker: PduChecker, junk: JunkAnswers, max_events: int):
         self._checker = checker
+        self.max_events = max_events  # federation.joins.max_events
         self.junk = junk  # servers whose answers were mostly junk: asked last
 
     def check(self, server: str, version: RoomVersion, our_join: Event, body: object) -> JoinedRoom:
@@ -120,7 +118,7 @@ class JoinResponseChecker:
         whose answer was mostly that is remembered (federation/junk.py)."""
         room_id = our_join.room_id
         state_pdus, chain_pdus = _pdus(server, body, "state"), _pdus(server, body, "auth_chain")
-        if len(state_pdus) + len(chain_pdus) > MAX_JOIN_EVENTS:
+        if len(state_pdus) + len(chain_pdus) > self.max_events:
             raise BadJoinResponse(server, "send_join answer has too many events")
         state_ids = _identified(server, version, room_id, state_pdus)
         # An auth chain holds state events of the auth types only: the rest is not even hashed.

@@ -19,6 +19,7 @@ from typing import Callable, Iterable, Iterator
 from urllib.parse import quote
 
 from budget import DeadlineExceeded, InFlightBudget, OutboundDeadline
+from homeserver.config import JoinsConfig
 from homeserver.core.clock import now_ms
 from homeserver.core.errors import Codes, MatrixError, not_found
 from homeserver.core.events import Event
@@ -50,16 +51,13 @@ from homeserver.storage.remote_invites import RemoteInvite, RemoteInviteStore
 
 log = logging.getLogger(__name__)
 
-# One deadline for a whole remote join: alias lookup, make_join and send_join over every via
-# server, and the key fetches that checking a room's state needs. A big room's send_join
-# answer takes tens of seconds to build and check, far more than a directory lookup; capped
-# by federation.remote_timeout like every other.
+# One deadline for a whole remote leave, invite or knock. A join's is federation.joins.deadline:
+# alias lookup, make_join and send_join over every via server, and the key fetches that
+# checking a room's state needs, for a big room minutes.
 MEMBERSHIP_DEADLINE_SECONDS = 60.0
 
 # Invites one user of another server: (sender, room_id, target, content) -> event ID.
 Inviter = Callable[[str, str, str, dict], str]
-# A large room's state and auth chain, as JSON.
-SEND_JOIN_MAX_BYTES = 64 * 1024 * 1024
 TEMPLATE_MAX_BYTES = 256 * 1024
 
 # The state an invitee's server shows its user before they join (spec: "stripped state").
@@ -103,6 +101,7 @@ class RemoteMembership:
         resolve_alias: AliasResolver,
         remote_invites: RemoteInviteStore,
         wake_users: Callable[[Iterable[str]], None],
+        joins: JoinsConfig,
     ):
         self.rooms = rooms
         self._client = client
@@ -114,6 +113,7 @@ class RemoteMembership:
         self._resolve_alias = resolve_alias
         self._remote_invites = remote_invites
         self._wake_users = wake_users
+        self._joins = joins
         self.server_name = rooms.server_name
 
     # --- joins ------------------------------------------------------------------------------
@@ -163,9 +163,7 @@ class RemoteMembership:
         return room_id
 
     def _admitted_join(self, user_id, room_id, via, content, alias) -> str:
-        deadline = self._client.deadline(
-            MEMBERSHIP_DEADLINE_SECONDS, what=f"join {alias or room_id}"
-        )
+        deadline = OutboundDeadline(self._joins.deadline, what=f"join {alias or room_id}")
         target = alias or room_id or ""
         try:
             with deadline:
@@ -263,7 +261,7 @@ class RemoteMembership:
             f"{FED_V2}/send_join/{_q(room_id)}/{_q(event.event_id)}",
             event.pdu,
             deadline=deadline,
-            max_bytes=SEND_JOIN_MAX_BYTES,
+            max_bytes=self._joins.max_bytes,
             target_health=self._cooldown,
         )
         return self._checker.check(server, version, event, body)

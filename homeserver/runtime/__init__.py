@@ -187,13 +187,18 @@ class HomeserverRuntime(Infrastructure):
             self.rooms,
             self.federation_client,
             self.keyring,
-            JoinResponseChecker(PduChecker(self.keyring, self.rooms), self.junk_answers),
+            JoinResponseChecker(
+                PduChecker(self.keyring, self.rooms),
+                self.junk_answers,
+                self.config.federation.joins.max_events,
+            ),
             self.client_outbound_budget,
             self.address_cooldown,
             self.metrics,
             self.directory.resolve_alias_within,
             self.remote_invites,
             self.notifier.notify_users,
+            self.config.federation.joins,
         )
 
     @component

@@ -65,7 +65,7 @@ def hostile(hostile_server):
 def weir(test_ca, dns, tmp_path_factory):
     directory = str(tmp_path_factory.mktemp("hostile-peer"))
     # A join's whole deadline: room for a send_join answer of 15 MB of junk on a loaded machine.
-    fed = {"port": 0, "remote_timeout": 30}
+    fed = {"port": 0, "remote_timeout": 30, "joins": {"deadline": 30}}
     proc = tls_weir(test_ca, directory, "127.31.131.3", WEIR, dns, federation=fed).start()
     yield proc
     proc.stop()
@@ -550,6 +550,35 @@ def test_a_send_join_answer_padded_with_junk_costs_only_the_room(weir, alice, re
     assert probe.p99() <= 50, sorted(probe.samples)[-10:]
     state = alice.get(f"{V3}/rooms/{quote(resident.room_id, safe='')}/state").json()
     assert {e["type"] for e in state} >= {"m.room.create", "m.room.name"}
+
+
+def test_a_send_join_answer_over_the_settings_cap_is_refused(test_ca, dns, resident, tmp_path):
+    """federation.joins.max_events: an answer holding more events is refused before any
+    is checked, and the join fails with the resident named; under it, the same room joins."""
+    joins = {"deadline": 30, "max_events": 1000}
+    proc = tls_weir(
+        test_ca,
+        str(tmp_path),
+        "127.31.131.6",
+        "capped.test",
+        dns,
+        federation={"port": 0, "joins": joins},
+    ).start()
+    try:
+        bob = MatrixClient(proc.client_url)
+        bob.register("bob")
+        path = f"{V3}/join/{quote(resident.room_id, safe='')}"
+        resident.junk_events = 1000
+        try:
+            r = bob.post(path, params={"via": resident.server_name}, json={})
+        finally:
+            resident.junk_events = 0
+        assert r.status_code == 502, r.text
+        assert resident.server_name in r.json()["error"]
+        r = bob.post(path, params={"via": resident.server_name}, json={})
+        assert r.status_code == 200, r.text
+    finally:
+        proc.stop()
 
 
 def test_a_junk_backfill_answer_leaves_messages_with_what_it_has(weir, alice, resident):
