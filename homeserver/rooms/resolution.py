@@ -72,7 +72,9 @@ class RoomResolver:
         if len(state_sets) == 1:
             return dict(state_sets[0])
         ids = {e for s in state_sets for e in s.values()}
-        # One read for every auth chain the algorithm will walk.
+        # One read for the states' events and one for every auth chain the algorithm will
+        # walk, not one per event: in a big room that is thousands.
+        self.add(s.event for s in self._graph.events(self.room_id, ids - self._events.keys()))
         self.add(s.event for s in self._graph.auth_chain(self.room_id, ids, _AUTH_CHAIN_CAP))
         rejected = self.states.rejections(ids)
         return resolve_state(

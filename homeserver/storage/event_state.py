@@ -215,13 +215,15 @@ def update_current(
     change: Delta | None = None,
 ) -> None:
     """Makes the room's current state `whole` (a resolved state), or changes it by
-    `change`, at `position` where `last_event_id` was stored, and records the change (see
-    `change_current_state` and `record_current`)."""
+    `change` (the event followed exactly the room's forward extremities, so the state after
+    it is the new current state), at `position` where `last_event_id` was stored, and
+    records the change (see `change_current_state` and `record_current`)."""
+    after_event = change is not None
     if change is None:
         change = delta_between(current_ids(tx, room_id), whole or {})
     delta = change_current_state(tx, room_id, change, position)
     if delta:
-        record_current(tx, room_id, position, delta, last_event_id)
+        record_current(tx, room_id, position, delta, last_event_id, after_event)
 
 
 def change_current_state(tx, room_id: str, delta: Delta, position: int) -> Delta:
@@ -264,32 +266,24 @@ def _current_of(tx, room_id: str, keys: list[StateKey]) -> dict[StateKey, str]:
     return found
 
 
-def record_current(tx, room_id: str, position: int, delta: Delta, event_id: str) -> None:
+def record_current(
+    tx, room_id: str, position: int, delta: Delta, event_id: str, after_event: bool
+) -> None:
     """Remembers that the room's current state changed by `delta` at `position`, where
-    `event_id` was stored. Its group is that event's when that is the same change (a
-    local state event's), else a new delta on the current group (a whole group for a room
-    with none yet, from current_state, which is already changed)."""
-    base = current_group(tx, room_id)
-    group = group_of(tx, event_id)
-    if base is None:
-        group = new_group(tx, room_id, None, dict(current_ids(tx, room_id)))
-    elif group is None or not _is_delta(tx, group, base, delta):
-        group = new_group(tx, room_id, base, delta)
+    `event_id` was stored. When the new current state is the state after that event
+    (`after_event`: it followed exactly the room's forward extremities, as a local event
+    does; a received event stored without a resolution has no group), their group is
+    one; else a new delta on the current group (a whole group for a room with none yet,
+    from current_state, which is already changed)."""
+    group = group_of(tx, event_id) if after_event else None
+    if group is None:
+        base = current_group(tx, room_id)
+        whole = base is None
+        group = new_group(tx, room_id, base, dict(current_ids(tx, room_id)) if whole else delta)
     tx.execute(
         "INSERT INTO room_state_positions (room_id, stream_ordering, state_group) VALUES (?, ?, ?)",
         (room_id, position, group),
     )
-
-
-def _is_delta(tx, group: int, base: int, delta: Delta) -> bool:
-    row = tx.fetchone("SELECT prev_state_group FROM state_groups WHERE state_group = ?", (group,))
-    if row is None or row[0] != base:
-        return False
-    rows = tx.fetchall(
-        "SELECT type, state_key, event_id FROM state_group_entries WHERE state_group = ?",
-        (group,),
-    )
-    return {(r[0], r[1]): r[2] for r in rows} == delta
 
 
 def ids_at(

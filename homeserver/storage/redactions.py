@@ -44,11 +44,11 @@ class RedactionStore:
     def event_pdus(tx, room_id: str, event_ids: list[str]) -> dict[str, dict]:
         found: dict[str, dict] = {}
         for chunk, marks in in_lists(list(dict.fromkeys(event_ids))):
-            for event_id, pdu in tx.fetchall(
-                f"SELECT event_id, json FROM events WHERE room_id = ? AND event_id IN ({marks})",
-                (room_id, *chunk),
+            for event_id, pdu, room in tx.fetchall(
+                f"SELECT event_id, json, room_id FROM events WHERE event_id IN ({marks})", chunk
             ):
-                found[event_id] = json.loads(pdu)
+                if room == room_id:  # by ID alone: see storage/rooms.py, events_in_room
+                    found[event_id] = json.loads(pdu)
         return found
 
     @staticmethod

@@ -28,15 +28,21 @@ class RoomGraphStore:
     def _events(self, tx, room_id: str, event_ids: Iterable[str]) -> list[StoredEvent]:
         found: list[StoredEvent] = []
         for chunk, marks in in_lists(list(event_ids)):
+            # By ID alone, the room checked here (storage/rooms.py, events_in_room).
             found += [
                 _stored(r)
                 for r in tx.fetchall(
-                    "SELECT stream_ordering, event_id, json FROM events"
-                    f" WHERE room_id = ? AND event_id IN ({marks})",
-                    (room_id, *chunk),
+                    "SELECT stream_ordering, event_id, json, room_id FROM events"
+                    f" WHERE event_id IN ({marks})",
+                    chunk,
                 )
+                if r[3] == room_id
             ]
         return found
+
+    def events(self, room_id: str, event_ids: Iterable[str]) -> list[StoredEvent]:
+        """Those of `event_ids` stored in the room, read in chunks however many."""
+        return self.db.read(self._events, room_id, list(event_ids))
 
     def event_in_room(self, room_id: str, event_id: str) -> StoredEvent | None:
         return self.rooms.events_in_room(room_id, [event_id]).get(event_id)

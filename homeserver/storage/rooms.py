@@ -194,7 +194,7 @@ class RoomStore:
             stored.append(self._insert_event(tx, event, position, res))
             if event.is_state and not res.decides_current and not res.soft_failed:
                 change = {(event.type, event.state_key or ""): event.event_id}
-                event_state.record_current(tx, room_id, position, change, event.event_id)
+                event_state.record_current(tx, room_id, position, change, event.event_id, True)
         if res.decides_current:
             position = stored[-1].stream_ordering
             whole, change = res.current, res.current_change
@@ -322,14 +322,15 @@ class RoomStore:
         if not event_ids:
             return {}
         marks = ", ".join("?" for _ in event_ids)
+        # By ID alone, the room checked here: with room_id in the WHERE, SQLite may scan
+        # the room's index, a cost that grows with the room.
         rows = self.db.read(
             lambda tx: tx.fetchall(
-                f"SELECT {_EVENT_COLUMNS} FROM events e WHERE e.room_id = ?"
-                f" AND e.event_id IN ({marks})",
-                (room_id, *event_ids),
+                f"SELECT {_EVENT_COLUMNS}, e.room_id FROM events e WHERE e.event_id IN ({marks})",
+                event_ids,
             )
         )
-        return {s.event.event_id: s for s in map(_stored, rows)}
+        return {r[1]: _stored(r) for r in rows if r[4] == room_id}
 
     def forward_extremities(self, room_id: str) -> list[Event]:
         rows = self.db.read(

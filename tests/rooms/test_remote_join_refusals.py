@@ -34,10 +34,9 @@ def resident(test_ca):
 @pytest.fixture(scope="module")
 def weir(test_ca, tmp_path_factory):
     directory = str(tmp_path_factory.mktemp("weir-bad-joins"))
-    # A short remote_timeout caps the join's 60 s deadline, so the tarpit case ends quickly.
-    proc = tls_weir(
-        test_ca, directory, WEIR_IP, f"{WEIR_IP}:8448", federation={"remote_timeout": 3}
-    )
+    # Short deadlines, so the tarpit cases end quickly.
+    fed = {"remote_timeout": 3, "joins": {"deadline": 3}}
+    proc = tls_weir(test_ca, directory, WEIR_IP, f"{WEIR_IP}:8448", federation=fed)
     with proc:
         yield proc
 
