@@ -5,7 +5,10 @@ import json
 
 import pytest
 
+from homeserver.config import parse_config
 from homeserver.core.events import Event
+from homeserver.rooms.creation import CreateRoomRequest
+from homeserver.runtime import HomeserverRuntime
 from homeserver.storage import event_state
 from homeserver.storage.database import open_database
 from homeserver.storage.migrations import migrate
@@ -146,3 +149,27 @@ def test_groups_stored_whole_before_deltas_migrate_and_read_the_same(database_ur
         assert db.read(rows, "state_group_entries") < 600
     finally:
         db.close()
+
+
+def test_a_local_join_shares_one_group_with_the_current_state(database_url, tmp_path):
+    """The current state after a local state event is the state after it: one group, one
+    key, for both (they were written twice, and drifted apart for good at a whole group)."""
+    settings = {"server_name": "weir.test", "data_dir": str(tmp_path)}
+    rt = HomeserverRuntime(parse_config({**settings, "database": {"url": database_url}}))
+    try:
+        owner = rt.accounts.register("owner", "pw").user_id
+        room = rt.room_creator.create(owner, CreateRoomRequest(preset="public_chat"))
+        counts = lambda tx: (rows(tx, "state_groups"), rows(tx, "state_group_entries"))  # noqa: E731
+        for n in range(event_state.MAX_CHAIN + 5):  # past a whole group
+            user = rt.accounts.register(f"u{n}", "pw").user_id
+            before = rt.db.read(counts)
+            join = rt.rooms.update_membership(user, room, user, "join")
+            after = rt.db.read(counts)
+            if n < event_state.MAX_CHAIN - 10:
+                assert after == (before[0] + 1, before[1] + 1), n
+            shared = rt.db.read(event_state.current_group, room)
+            assert shared == rt.db.read(event_state.group_of, join), n
+        current = rt.db.read(event_state.current_ids, room)
+        assert rt.db.read(event_state.read_group, shared) == current
+    finally:
+        rt.close()
