@@ -375,10 +375,11 @@ class RoomService:
 
     def store_remote_join(self, joined) -> None:  # a rooms.join_checks.JoinedRoom
         """Stores a room joined through another server: the checked state and auth chain
-        (those not stored already) and our join, all in one transaction, creating the room if
-        it is new here. Our join gets the answer's state as the state before it, and the room's
-        current state becomes that plus our join, so later resolutions start from it. Our
-        join, which send_join delivered, is not queued for sending."""
+        (those not stored already) as outliers, valid state but no part of the timeline, and
+        our join, all in one transaction, creating the room if it is new here. Our join gets
+        the answer's state as the state before it, and the room's current state becomes that
+        plus our join, so later resolutions start from it; history before it is backfilled
+        from its prev_events. Our join, which send_join delivered, is not queued for sending."""
         join = joined.join
         room_id = join.room_id
         with self._locks.hold(room_id):
@@ -389,12 +390,15 @@ class RoomService:
             room = self.store.get_room(room_id)
             version = joined.version.identifier
             current = {**joined.state_before, (join.type, join.state_key or ""): join.event_id}
+            resolved = ResolvedPersist(
+                {join.event_id: joined.state_before}, current=current, outliers=new[::-1]
+            )
             self._persist(
-                [*new, join],
+                [join],
                 new_room=None if room else NewRoom(room_id, version, joined.creator, now_ms()),
                 received=True,
                 extra_writes=[self.store.only_extremity(room_id, join.event_id)],
-                resolved=ResolvedPersist({join.event_id: joined.state_before}, current=current),
+                resolved=resolved,
             )
 
     def prepare_event(self, room_id: str, planned: PlannedEvent) -> tuple[RoomVersion, Event]:

@@ -286,6 +286,19 @@ def record_current(
     )
 
 
+def record_answer_state(tx, room_id: str, position: int, state: StateIds) -> GroupRef:
+    """A remote join's answer: its state (outliers, with no stream positions of their own)
+    becomes the room's at `position`, just before our join, so /sync's state section and
+    reads at that position find it. Our join's group is one key on this one."""
+    group = new_group(tx, room_id, None, dict(state))
+    tx.execute(
+        "INSERT INTO room_state_positions (room_id, stream_ordering, state_group) VALUES (?, ?, ?)"
+        " ON CONFLICT (room_id, stream_ordering) DO UPDATE SET state_group = excluded.state_group",
+        (room_id, position, group),
+    )
+    return GroupRef(group)
+
+
 def ids_at(
     tx,
     room_id: str,

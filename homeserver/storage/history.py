@@ -29,11 +29,14 @@ StateKey = tuple[str, str]
 class HistoryEvent:
     """An event to store as history; `state_before`, when known, gives it a state group.
     `hidden`: stored for the room's graph (an auth or state event fetched to check others,
-    or one the current state refuses), never shown to clients."""
+    or one the current state refuses), never shown to clients. `outlier`: a send_join
+    answer's state and auth chain, valid state but no part of the timeline
+    (0027_outliers.sql)."""
 
     event: Event
     state_before: Mapping[StateKey, str] | None = None
     hidden: bool = False
+    outlier: bool = False
 
 
 class HistoryStore:
@@ -45,47 +48,15 @@ class HistoryStore:
         before it) in one transaction; returns the IDs of those that were new."""
         if not events:
             return []
-        return self.db.write(self._store, events)
-
-    def _store(self, tx, events: list[HistoryEvent]) -> list[str]:
-        known = _stored_ids(tx, [h.event.event_id for h in events])
-        new = [h for h in events if h.event.event_id not in known]
-        new = list({h.event.event_id: h for h in new}.values())
-        if not new:
-            return []
-        last = streams.advance(tx, HISTORY_STREAM, len(new))
-        for offset, item in enumerate(new):
-            position = -(last - len(new) + 1 + offset)
-            event = item.event
-            if item.state_before is not None:
-                event_state.record_state(tx, event, item.state_before, local=False)
-            tx.execute(
-                "INSERT INTO events (stream_ordering, event_id, room_id, type, state_key,"
-                " sender, depth, origin_server_ts, membership, json, unsigned, soft_failed)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?)",
-                (
-                    position,
-                    event.event_id,
-                    event.room_id,
-                    event.type,
-                    event.state_key,
-                    event.sender,
-                    event.depth,
-                    event.origin_server_ts,
-                    event.membership,
-                    encode_canonical_json(event.pdu).decode("utf-8"),
-                    int(item.hidden),
-                ),
-            )
-        return [h.event.event_id for h in new]
+        return self.db.write(store_history, events)
 
     def oldest(self, room_id: str, count: int) -> list[Event]:
         """The `count` events of the room's timeline lowest in the stream: where its history
-        ends (hidden events are no part of it)."""
+        ends (hidden events and outliers are no part of it)."""
         rows = self.db.read(
             lambda tx: tx.fetchall(
                 "SELECT event_id, json FROM events WHERE room_id = ? AND soft_failed = 0"
-                " ORDER BY stream_ordering LIMIT ?",
+                " AND outlier = 0 ORDER BY stream_ordering LIMIT ?",
                 (room_id, count),
             )
         )
@@ -93,6 +64,41 @@ class HistoryStore:
 
     def stored(self, event_ids: list[str]) -> set[str]:
         return self.db.read(_stored_ids, event_ids)
+
+
+def store_history(tx, events: list[HistoryEvent]) -> list[str]:
+    """`HistoryStore.store` inside a caller's transaction (a remote join's outliers)."""
+    known = _stored_ids(tx, [h.event.event_id for h in events])
+    new = [h for h in events if h.event.event_id not in known]
+    new = list({h.event.event_id: h for h in new}.values())
+    if not new:
+        return []
+    last = streams.advance(tx, HISTORY_STREAM, len(new))
+    for offset, item in enumerate(new):
+        position = -(last - len(new) + 1 + offset)
+        event = item.event
+        if item.state_before is not None:
+            event_state.record_state(tx, event, item.state_before, local=False)
+        tx.execute(
+            "INSERT INTO events (stream_ordering, event_id, room_id, type, state_key, sender,"
+            " depth, origin_server_ts, membership, json, unsigned, soft_failed, outlier)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?, ?)",
+            (
+                position,
+                event.event_id,
+                event.room_id,
+                event.type,
+                event.state_key,
+                event.sender,
+                event.depth,
+                event.origin_server_ts,
+                event.membership,
+                encode_canonical_json(event.pdu).decode("utf-8"),
+                int(item.hidden),
+                int(item.outlier),
+            ),
+        )
+    return [h.event.event_id for h in new]
 
 
 def _stored_ids(tx, event_ids: list[str]) -> set[str]:

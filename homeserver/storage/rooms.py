@@ -8,8 +8,8 @@ they follow from, so a reader never sees one without the other.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping
+from dataclasses import astuple, dataclass, field, replace
+from typing import Callable, Iterable, Mapping, Sequence
 
 from canonicaljson import encode_canonical_json
 
@@ -17,6 +17,7 @@ from homeserver.core.events import Event
 from homeserver.storage import event_state, outbox, room_stats, streams
 from homeserver.storage.database import Database, in_lists
 from homeserver.storage.event_state import Delta, GroupRef
+from homeserver.storage.history import HistoryEvent, store_history
 from homeserver.storage.parsed_events import PARSED
 
 EVENTS_STREAM = "events"
@@ -79,6 +80,7 @@ class ResolvedPersist:
     soft_failed: bool = False
     current: Mapping[StateKey, str] | None = None
     current_change: Delta | None = None  # instead of `current`: the change to it
+    outliers: Sequence[Event] = ()  # stored first, newest first (storage/history.py)
 
     @property
     def decides_current(self) -> bool:
@@ -185,8 +187,12 @@ class RoomStore:
             }
             if not set(events[0].prev_event_ids) <= current:
                 raise StaleExtremities(room_id)
-
+        store_history(tx, [HistoryEvent(e, outlier=True) for e in res.outliers])
         last = streams.advance(tx, EVENTS_STREAM, len(events))
+        if res.outliers:  # a remote join's answer: its state is the room's just before it
+            before = res.state_before[events[0].event_id]
+            state = event_state.record_answer_state(tx, room_id, last - 1, before)
+            res = replace(res, state_before={events[0].event_id: state})
         stored = []
         for position, event in enumerate(events, start=last - len(events) + 1):
             before = res.state_before.get(event.event_id)
@@ -206,15 +212,7 @@ class RoomStore:
             tx.execute(
                 "INSERT INTO event_txn_ids (user_id, device_id, room_id, event_type,"
                 " txn_id, event_id, created_ts) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (
-                    txn.user_id,
-                    txn.device_id,
-                    txn.room_id,
-                    txn.event_type,
-                    txn.txn_id,
-                    events[-1].event_id,
-                    now_ms,
-                ),
+                (*astuple(txn), events[-1].event_id, now_ms),
             )
         for write in extra_writes:
             write(tx)
@@ -441,7 +439,7 @@ class RoomStore:
         """Events with `after < stream_ordering <= up_to`, oldest first or newest first."""
         sql = (
             f"SELECT {_EVENT_COLUMNS} FROM events e WHERE e.room_id = ? AND e.soft_failed = 0"
-            " AND e.stream_ordering > ? AND e.stream_ordering <= ?"
+            " AND e.outlier = 0 AND e.stream_ordering > ? AND e.stream_ordering <= ?"
         )
         params: list = [room_id, after, up_to]
         dialect = self.db.dialect

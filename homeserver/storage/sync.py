@@ -218,10 +218,10 @@ class SyncStore:
 
     @staticmethod
     def _put_receipt_in(tx, receipt: Receipt) -> int | None:
-        # A soft-failed event is hidden from clients: a receipt for it would point at nothing.
+        # Soft-failed events and outliers are hidden from clients: a receipt would point at nothing.
         row = tx.fetchone(
             "SELECT stream_ordering FROM events"
-            " WHERE event_id = ? AND room_id = ? AND soft_failed = 0",
+            " WHERE event_id = ? AND room_id = ? AND soft_failed = 0 AND outlier = 0",
             (receipt.event_id, receipt.room_id),
         )
         if row is None:

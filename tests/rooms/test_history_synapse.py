@@ -77,6 +77,18 @@ def test_a_joiner_pages_back_through_history_from_before_it_joined(weir, alice, 
 
     r = alice.post(f"{V3}/join/{quote(room_id)}", params={"server_name": synapse.server_name})
     assert r.status_code == 200, r.text
+    # The answer's state and auth chain are outliers: the join's sync shows our join alone
+    # in its timeline, the room's state beside it, and /messages the latest messages first.
+    me = f"@histalice:{WEIR_NAME}"
+    joined = alice.get(f"{V3}/sync").json()["rooms"]["join"][room_id]
+    timeline = joined["timeline"]["events"]
+    assert [(e["type"], e.get("state_key")) for e in timeline] == [("m.room.member", me)]
+    state = {(e["type"], e["state_key"]) for e in joined["state"]["events"]}
+    assert {("m.room.create", ""), ("m.room.member", f"@histbob:{synapse.server_name}")} <= state
+    r = alice.get(_room("/messages", room_id), params={"dir": "b", "limit": 10})
+    first = r.json()["chunk"]
+    assert first[0]["type"] == "m.room.member" and first[0]["state_key"] == me, first[0]
+    assert [e["content"].get("body") for e in first[1:]] == [f"old {n}" for n in range(49, 40, -1)]
     messages = _messages_back(alice, room_id)
     assert [e["event_id"] for e in messages] == sent
     assert [e["content"]["body"] for e in messages] == [f"old {n}" for n in range(50)]
