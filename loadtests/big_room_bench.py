@@ -1,15 +1,23 @@
-"""What a big room costs Weir on the inbound federation path: prints figures and, beside
-them, the targets they are read against; it judges nothing (exit 0 either way).
+"""What a big room costs Weir: joining one, and its inbound federation path. Prints figures
+and, beside them, the targets they are read against; it judges nothing (exit 0 either way).
 
-    .venv/bin/python -m loadtests.big_room_bench [--only b,c,d] [--members 2000]
+    .venv/bin/python -m loadtests.big_room_bench [--only a,b,c,d] [--members 2000]
         [--messages 1000] [--growth 5000] [--origins 20] [--database-url URL]
+        [--join-members 10000] [--join-deadline 1200] [--no-synapse] [--weir-repo DIR]
 
-A real Weir process (TLS federation on 127.77.X.1:8448; a temporary SQLite file, or the
-empty PostgreSQL database `--database-url` names) and, in this process, fake servers on
-127.77.X.2-3: a test DNS server, and one TLS peer serving the keys of `--origins` origins
-(tests/peers/origins.py) and taking the transactions Weir sends them. Every PDU is built and
-signed by the test helpers and sent by `PUT /send` as its origin, at most 50 a transaction,
-and every answer is checked to hold no error.
+(a) Join (loadtests/big_room_join.py): a Weir process of its own joins a fake resident's
+    public room of `--join-members` members and 20 messages, all on 127.78.X; then a real
+    Synapse does the same, if .venv-synapse is there. Printed: the join's time, RSS before,
+    peak and after, /versions during the join against the 5 s before, the database's size,
+    and what the first /sync and /messages then show of the room. `--weir-repo`: (a)'s
+    Weir runs that checkout's app.py (an earlier build, to compare), not this one's.
+
+For (b) to (d), a real Weir process (TLS federation on 127.77.X.1:8448; a temporary SQLite
+file, or the empty PostgreSQL database `--database-url` names) and, in this process, fake
+servers on 127.77.X.2-3: a test DNS server, and one TLS peer serving the keys of `--origins`
+origins (tests/peers/origins.py) and taking the transactions Weir sends them. Every PDU is
+built and signed by the test helpers and sent by `PUT /send` as its origin, at most 50 a
+transaction, and every answer is checked to hold no error.
 
 (b) Inbound messages. Alice (local) creates a public room and it grows to `--members` by
     inbound joins (50 a transaction, the origins in turn, each join following the one
@@ -38,13 +46,8 @@ from gevent import monkey
 monkey.patch_all()
 
 import argparse
-import json
-import math
 import os
-import random
 import shutil
-import socket
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -53,8 +56,18 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from urllib.parse import quote
 
-import psycopg
-
+from loadtests.big_room_common import (
+    MB,
+    V3,
+    Figure,
+    Probe,
+    Sizes,
+    percentile,
+    pick_block,
+    print_figures,
+    probe_line,
+)
+from loadtests.big_room_join import section_a
 from tests.peers.dns import DnsServer
 from tests.peers.origins import FakeOrigin, OriginKeyServer, send_transaction
 from tests.peers.receiver import TransactionSink
@@ -63,137 +76,17 @@ from tests.support.remote_room import RemoteRoom
 from tests.support.server import REPO, MatrixClient
 from tests.support.tls import TestCA
 
-V3 = "/_matrix/client/v3"
-VERSIONS = "/_matrix/client/versions"
 BLOCK = "127.77"  # this bench's loopback addresses; the test suite's are elsewhere
 WEIR_NAME = "weir.test"
 PER_TXN = 50  # spec: at most 50 PDUs a transaction
 CHECKPOINTS = (1000, 2000, 5000)
 FORK_LENGTH = 100
 FORK_TYPE = "org.weir.bench.fork"
-STATE_TABLES = ("state_groups", "state_group_entries", "event_state_groups", "room_state_positions")
 CREATE, POWER, JOIN_RULES = (
     ("m.room.create", ""),
     ("m.room.power_levels", ""),
     ("m.room.join_rules", ""),
 )
-MB = 1024 * 1024
-
-
-@dataclass
-class Figure:
-    section: str
-    label: str
-    value: str
-    target: str = ""
-    met: bool | None = None  # None: no target
-
-
-def percentile(samples: list[float], q: float) -> float:
-    """Nearest rank."""
-    ordered = sorted(samples)
-    return ordered[max(0, math.ceil(len(ordered) * q) - 1)] if ordered else float("nan")
-
-
-def pick_block() -> str:
-    """A free 127.77.X: nobody holds port 8448 on 127.77.X.1, Weir's federation address."""
-    for _ in range(100):
-        prefix = f"{BLOCK}.{random.randint(1, 254)}"
-        probe = socket.socket()
-        try:
-            probe.bind((f"{prefix}.1", 8448))
-            return prefix
-        except OSError:
-            continue
-        finally:
-            probe.close()
-    raise RuntimeError(f"no free address with port 8448 in {BLOCK}.0.0/16")
-
-
-class Probe:
-    """loadtests/stall_probe.py on /versions, in a process of its own, during a `with`."""
-
-    def __init__(self, url: str, interval_ms: int):
-        self.command = [sys.executable, "-m", "loadtests.stall_probe", url, VERSIONS]
-        self.command.append(str(interval_ms))
-        self.samples: list[tuple[float, float]] = []
-
-    def __enter__(self) -> "Probe":
-        self.proc = subprocess.Popen(
-            self.command, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-        )
-        if self.proc.stdout.readline() != "started\n":
-            raise RuntimeError("the probe did not start")
-        return self
-
-    def __exit__(self, *exc) -> None:
-        out, _ = self.proc.communicate("stop\n", timeout=120)
-        if self.proc.returncode != 0:
-            raise RuntimeError(f"the probe exited with {self.proc.returncode}")
-        self.samples = [(began, ms) for began, ms in json.loads(out.strip().splitlines()[-1])]
-
-    def during(self, start: float, end: float) -> list[float]:
-        """Milliseconds of the requests that overlapped [start, end] (time.monotonic())."""
-        return [ms for began, ms in self.samples if began <= end and began + ms / 1000 >= start]
-
-
-class Sizes:
-    """The database's size and its state storage's, read from outside Weir."""
-
-    def __init__(self, url: str):
-        self.url = url
-        self.path = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else None
-
-    def kind(self) -> str:
-        return "SQLite" if self.path else "PostgreSQL"
-
-    def on_disk(self) -> int:
-        """SQLite: the file and its -wal; PostgreSQL: pg_database_size."""
-        if self.path is None:
-            return self._pg("SELECT pg_database_size(current_database())")[0][0]
-        files = (self.path, self.path + "-wal")
-        return sum(os.path.getsize(p) for p in files if os.path.exists(p))
-
-    def pages(self) -> int | None:
-        """SQLite: page_count x page_size as a reader sees it, the WAL's pages included: the
-        file's size once checkpointed. The WAL file is reused, so on_disk() moves in steps."""
-        if self.path is None:
-            return None
-        count = self._lite("PRAGMA page_count")[0][0]
-        return count * self._lite("PRAGMA page_size")[0][0]
-
-    def state_tables(self) -> dict[str, int] | None:
-        """Bytes per state table, its indexes included; None if SQLite has no dbstat."""
-        if self.path is None:
-            rows = self._pg(
-                "SELECT relname, pg_total_relation_size(oid) FROM pg_class"
-                " WHERE relkind = 'r' AND relnamespace = 'public'::regnamespace"
-            )
-        else:
-            try:
-                pages = dict(self._lite("SELECT name, SUM(pgsize) FROM dbstat GROUP BY name"))
-            except sqlite3.OperationalError:
-                return None
-            rows = []
-            for name, table in self._lite("SELECT name, tbl_name FROM sqlite_master"):
-                rows.append((table, pages.get(name, 0)))
-        found: dict[str, int] = {}
-        for table, size in rows:
-            if table in STATE_TABLES or table.startswith("state_"):
-                found[table] = found.get(table, 0) + size
-        return found
-
-    def _lite(self, sql: str) -> list:
-        # A fresh read-only connection each time: a kept one would hold back checkpoints.
-        conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
-        try:
-            return conn.execute(sql).fetchall()
-        finally:
-            conn.close()
-
-    def _pg(self, sql: str) -> list:
-        with psycopg.connect(self.url, autocommit=True) as conn:
-            return conn.execute(sql).fetchall()
 
 
 @dataclass
@@ -210,7 +103,7 @@ class Bench:
     """Weir, the fake servers, and the room building they share."""
 
     def __init__(self, stack: ExitStack, args, directory: str):
-        prefix = pick_block()
+        prefix = pick_block(BLOCK)
         self.ca = TestCA(os.path.join(directory, "ca"))
         self.dns = stack.enter_context(DnsServer(f"{prefix}.3"))
         keys = OriginKeyServer("bigroom.test", self.ca, self.dns, host=f"{prefix}.2")
@@ -364,12 +257,6 @@ def section_b(bench: Bench, args) -> list[Figure]:
     return figures
 
 
-def probe_line(samples: list[float]) -> str:
-    if not samples:
-        return "no request"
-    return f"{percentile(samples, 0.5):.1f} ms / {max(samples):.1f} ms, n={len(samples)}"
-
-
 # -- (c) growth ------------------------------------------------------------------------------
 
 
@@ -503,12 +390,7 @@ def fork_outcome(bench: Bench, room: Room, merge_id: str) -> str:
 
 # -- the run ---------------------------------------------------------------------------------
 
-SECTIONS = {"b": section_b, "c": section_c, "d": section_d}
-
-
-def print_figures(figures: list[Figure]) -> None:
-    for f in figures:
-        print(f"  {f.label:<40} {f.value}", flush=True)
+SECTIONS = {"b": section_b, "c": section_c, "d": section_d}  # (a) runs apart: its own Weir
 
 
 def summary(figures: list[Figure], header: list[str]) -> None:
@@ -520,7 +402,8 @@ def summary(figures: list[Figure], header: list[str]) -> None:
         target = f"target {f.target}" if f.target else ""
         print(f"({f.section}) {f.label:<40} {f.value:<26} {target:<30} {verdict}".rstrip())
     print(
-        "targets: (b) >= 300 PDUs/s, /versions p99 <= 50 ms, <= 4 KB of database per message;"
+        "targets: (a) /messages shows the latest messages, /sync no auth chain event;"
+        " (b) >= 300 PDUs/s, /versions p99 <= 50 ms, <= 4 KB of database per message;"
         " (c) state storage <= 30 MB at 5,000 members; (d) resolution < 1 s, no stall over 50 ms"
     )
 
@@ -534,16 +417,22 @@ def revision() -> str:
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", default="b,c,d", help="sections, comma-separated")
+    parser.add_argument("--only", default="a,b,c,d", help="sections, comma-separated")
     parser.add_argument("--members", type=int, default=2000, help="the room of (b) and (d)")
     parser.add_argument("--messages", type=int, default=1000)
     parser.add_argument("--growth", type=int, default=5000, help="members (c) grows to")
     parser.add_argument("--origins", type=int, default=20, help="fake remote servers")
     parser.add_argument("--database-url", default=None, help="an empty PostgreSQL database")
+    parser.add_argument("--join-members", type=int, default=10_000, help="the room (a) joins")
+    parser.add_argument("--join-deadline", type=float, default=1200, help="seconds, for (a)")
+    parser.add_argument("--no-synapse", action="store_true", help="(a) without Synapse")
+    parser.add_argument("--weir-repo", default=None, help="(a): the checkout Weir runs from")
     args = parser.parse_args()
     args.only = [s.strip() for s in args.only.split(",") if s.strip()]
-    if any(s not in SECTIONS for s in args.only):
-        parser.error(f"--only takes sections of {','.join(SECTIONS)}")
+    if any(s not in ["a", *SECTIONS] for s in args.only):
+        parser.error(f"--only takes sections of a,{','.join(SECTIONS)}")
+    if args.join_members < 2:
+        parser.error("--join-members at least 2")
     if args.members < 2 or args.growth < 2 or args.messages < 1 or args.origins < 1:
         parser.error("--members and --growth at least 2, --messages and --origins at least 1")
     return args
@@ -553,24 +442,38 @@ def main() -> int:
     args = parse_args()
     directory = tempfile.mkdtemp(prefix="weir-big-room-")
     figures: list[Figure] = []
+    header = [f"Weir {revision()}; {os.cpu_count()} cores; load average at the start: "]
+    header[0] += " ".join(f"{load:.2f}" for load in os.getloadavg())
+    print(header[0], flush=True)
     try:
-        with ExitStack() as stack:
-            bench = Bench(stack, args, directory)
-            header = [
-                f"Weir {revision()}, pid {bench.weir.proc.pid}, at {bench.weir.federation_url};"
-                f" {bench.sizes.kind()}; {args.origins} origins; {os.cpu_count()} cores"
-            ]
-            print(header[0], flush=True)
-            for name in sorted(args.only):
-                figures += SECTIONS[name](bench, args)
-            problems = bench.log_problems()
-            header.append(f"Weir's log at WARNING and above: {len(problems)} lines")
-            header += [f"  {line[:200]}" for line in problems[:10]]
-            header.append(f"load average at the end: {os.getloadavg()[0]:.2f}")
+        if "a" in args.only:
+            figures += section_a(args, os.path.join(directory, "a"))
+        if set(args.only) - {"a"}:
+            figures += inbound(args, os.path.join(directory, "inbound"), header)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+    header.append(f"load average at the end: {os.getloadavg()[0]:.2f}")
     summary(figures, header)
     return 0
+
+
+def inbound(args, directory: str, header: list[str]) -> list[Figure]:
+    """(b) to (d), on one Weir."""
+    figures: list[Figure] = []
+    os.makedirs(directory)
+    with ExitStack() as stack:
+        bench = Bench(stack, args, directory)
+        header.append(
+            f"(b-d) Weir pid {bench.weir.proc.pid}, at {bench.weir.federation_url};"
+            f" {bench.sizes.kind()}; {args.origins} origins"
+        )
+        print(header[-1], flush=True)
+        for name in sorted(set(args.only) - {"a"}):
+            figures += SECTIONS[name](bench, args)
+        problems = bench.log_problems()
+        header.append(f"(b-d) Weir's log at WARNING and above: {len(problems)} lines")
+        header += [f"  {line[:200]}" for line in problems[:10]]
+    return figures
 
 
 if __name__ == "__main__":
