@@ -68,6 +68,10 @@ MAX_NOTARY_QUERY_SERVERS = 100
 # finds nothing to cache); with it, the retry completes and drops their PDUs.
 UNREACHABLE_RETRY_SECONDS = 30.0
 _UNREACHABLE_MAX_ENTRIES = 10_000
+# A server's stored keys are read once for this long: a big room's state is thousands of
+# events signed with one key, and a database read for each was a quarter of a join. A key
+# the memo lacks is looked for in the database again before any fetch.
+STORED_KEYS_MEMO_SECONDS = 2.0
 
 
 def shard_key_resolution_budget(config: Config, shards: int) -> FederationSecurityConfig:
@@ -114,6 +118,7 @@ class Keyring:
         self._fetches: dict[str, AsyncResult] = {}
         self._budgeted_fetchers: set = set()  # greenlets fetching under a budget slot
         self._unreachable: dict[str, float] = {}  # server -> monotonic time to ask again
+        self._stored: dict[str, tuple[float, dict]] = {}  # server -> (until, stored keys)
         self.network_fetches = 0  # fetches started (a counter for tests and metrics)
         self._metrics = metrics or Metrics()
 
@@ -141,17 +146,32 @@ class Keyring:
         if server_name == self.server_name:
             return {k: self._own_verify_key for k in key_ids if k == self._own_key_id}
         found, missing = self._usable(
-            self.store.get_keys(server_name), key_ids, minimum_valid_until_ts
+            self._stored_keys(server_name), key_ids, minimum_valid_until_ts
         )
+        if missing:
+            found, missing = self._usable(
+                self._stored_keys(server_name, fresh=True), key_ids, minimum_valid_until_ts
+            )
         (self._metrics.cache_misses if missing else self._metrics.cache_hits).labels(
             "server_keys"
         ).inc()
         if missing:
             self._fetch_once(server_name, missing, minimum_valid_until_ts, source_ip, deadline)
             found, _ = self._usable(
-                self.store.get_keys(server_name), key_ids, minimum_valid_until_ts
+                self._stored_keys(server_name, fresh=True), key_ids, minimum_valid_until_ts
             )
         return found
+
+    def _stored_keys(self, server_name: str, fresh: bool = False) -> dict:
+        now = time.monotonic()
+        memo = self._stored.get(server_name)
+        if memo is not None and not fresh and now < memo[0]:
+            return memo[1]
+        keys = self.store.get_keys(server_name)
+        if len(self._stored) >= _UNREACHABLE_MAX_ENTRIES:
+            self._stored.clear()
+        self._stored[server_name] = (now + STORED_KEYS_MEMO_SECONDS, keys)
+        return keys
 
     def verify_json(
         self,

@@ -91,6 +91,25 @@ def test_store_round_trip_on_both_engines(database_url):
         db.close()
 
 
+def test_a_servers_stored_keys_are_read_once_for_many_events(make_keyring, store):
+    """A big room's state: thousands of events signed with one key are one database read
+    (keyring.py, STORED_KEYS_MEMO_SECONDS); a key stored after that read is still found in
+    the database, with no fetch."""
+    verify = encode_verify_key_base64(get_verify_key(generate_signing_key("a")))
+    far = now_ms() + 3_600_000
+    store.store_document("s.test", "{}", far, [StoredKey("ed25519:a", verify, far, None)], 0)
+    reads = []
+    get_keys = store.get_keys
+    store.get_keys = lambda name: reads.append(name) or get_keys(name)
+    keyring = make_keyring()
+    for _ in range(1000):
+        assert list(keyring.resolve("s.test", ["ed25519:a"], now_ms(), None)) == ["ed25519:a"]
+    assert reads == ["s.test"]
+    store.store_document("s.test", "{}", far, [StoredKey("ed25519:b", verify, far, None)], 0)
+    assert list(keyring.resolve("s.test", ["ed25519:b"], now_ms(), None)) == ["ed25519:b"]
+    assert keyring.network_fetches == 0 and len(reads) == 2
+
+
 def test_cache_hits_make_no_network_calls(make_keyring, start_peer):
     peer = start_peer("127.25.1.1:8448", "127.25.1.1", 8448)
     keyring = make_keyring()
