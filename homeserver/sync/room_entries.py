@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from homeserver.core.concurrency import let_io_run
 from homeserver.core.requester import Requester
 from homeserver.rooms.format import client_event
 from homeserver.rooms.history import RoomHistory
@@ -23,6 +24,8 @@ from homeserver.sync.tokens import SyncToken
 
 # Members named in a room summary when the room has no name (the spec's "first 5").
 HEROES = 5
+# Events formatted between two pauses for the hub (about 10 ms of work).
+FORMATTED_PER_PAUSE = 500
 # What an invitee or a knocker sees of a room (the spec's "stripped state").
 STRIPPED_STATE_KEYS = [
     (t, "")
@@ -360,7 +363,9 @@ class RoomEntries:
                 else {}
             )
             out = []
-            for stored in events:
+            for n, stored in enumerate(events):
+                if n % FORMATTED_PER_PAUSE == FORMATTED_PER_PAUSE - 1:
+                    let_io_run()  # a big room's first sync is thousands of state events
                 event = client_event(
                     stored,
                     now,
