@@ -110,8 +110,8 @@ class JoinResponseChecker:
         self.junk = junk  # servers whose answers were mostly junk: asked last
 
     def check(self, server: str, version: RoomVersion, our_join: Event, body: object) -> JoinedRoom:
-        """The checked room, or `BadJoinResponse`; raises `KeyResolutionRefused` when the
-        keyring's budget refuses a key fetch. Run it under the join's deadline.
+        """The checked room, or `BadJoinResponse`. Run it under the join's deadline: a key
+        fetch the keyring's budget refuses waits for a slot until then.
 
         The answer is cut to what a join needs before any signature is checked: the state,
         our join, and the auth chain events they reach; the rest is dropped, and a server
@@ -159,10 +159,11 @@ class JoinResponseChecker:
 
     def _verified(self, server: str, version: RoomVersion, pdus: dict) -> dict[str, CheckedPdu]:
         """Signatures and content hashes of every event (on native threads, in batches:
-        rooms/pdu_checks.py). Raises `KeyResolutionRefused`."""
+        rooms/pdu_checks.py). A key fetch the budget refuses waits for a slot, within the
+        join's deadline: a big room names more servers than the budget has slots."""
         items = [CheckedPdu(event_id, pdu, version) for event_id, pdu in pdus.items()]
         checked: dict[str, CheckedPdu] = {}
-        for result in self._checker.verify_all(items, None):
+        for result in self._checker.verify_all(items, None, wait_for_slots=True):
             if result.error is not None:
                 raise BadJoinResponse(server, f"event {result.event_id}: {result.error}")
             checked[result.event_id] = result

@@ -147,12 +147,16 @@ class PduChecker:
             checked.append(item)
         return self.verify_all(checked, source_ip)
 
-    def verify_all(self, items: list[CheckedPdu], source_ip: str | None) -> list[CheckedPdu]:
+    def verify_all(
+        self, items: list[CheckedPdu], source_ip: str | None, wait_for_slots: bool = False
+    ) -> list[CheckedPdu]:
         """Steps 2 and 3 for each of `items` not failed already, in order. Keys are resolved
         in greenlets, every server's fetched once; signatures and content hashes, pure
         work, are checked on native threads in batches of `VERIFY_BATCH`, so that many
         events (a room's state) never hold the hub. Raises ``KeyResolutionRefused`` as soon
-        as one key fetch is refused."""
+        as one key fetch is refused, unless `wait_for_slots`: then a fetch the budget
+        refused is tried again until the caller's deadline (a join's, over a room's many
+        servers)."""
         pool = gevent.pool.Pool(KEY_LOOKUPS_AT_ONCE)
         jobs: list[gevent.Greenlet | None] = []
         running: list[gevent.Greenlet] = []
@@ -161,7 +165,9 @@ class PduChecker:
             # stopped meanwhile (its deadline) leaves no lookup behind.
             for item in items:
                 job = (
-                    pool.spawn(self._signing_keys, item, source_ip) if item.error is None else None
+                    pool.spawn(self._signing_keys, item, source_ip, wait_for_slots)
+                    if item.error is None
+                    else None
                 )
                 jobs.append(job)
                 if job is not None:
@@ -224,11 +230,13 @@ class PduChecker:
         return _logged(_verify_locally(item, keys))
 
     def _signing_keys(
-        self, item: CheckedPdu, source_ip: str | None
+        self, item: CheckedPdu, source_ip: str | None, wait_for_slots: bool = False
     ) -> dict[str, dict] | CheckedPdu | KeyResolutionRefused:
         """The keys of each server that must have signed the PDU, or why there are none."""
         found: dict[str, dict] = {}
-        for server in signing_servers(item.pdu, item.version):
+        servers = list(signing_servers(item.pdu, item.version))
+        while servers:
+            server = servers[0]
             try:
                 found[server] = self.keyring.signing_keys(
                     item.pdu, server, source_ip, at_ts=item.pdu["origin_server_ts"]
@@ -236,13 +244,19 @@ class PduChecker:
             except InvalidSignature as e:
                 return _failed(item, f"signature of {server} not valid: {e}")
             except KeyResolutionRefused as e:
-                return e
+                if not wait_for_slots:
+                    return e
+                gevent.sleep(min(e.retry_after_ms, SLOT_RETRY_MS) / 1000)
+                continue
+            servers.pop(0)
         return found
 
 
 # Key lookups running at once for one set of PDUs: each may wait on a fetch of another
 # server's keys (a room's state names many servers).
 KEY_LOOKUPS_AT_ONCE = 16
+# How soon a key fetch the budget refused is tried again, for a caller that waits for a slot.
+SLOT_RETRY_MS = 200
 # Up to this many PDUs are checked in the calling greenlet, without a thread.
 INLINE_VERIFY = 8
 # PDUs checked per native-thread task: each costs a redaction, a canonical encoding and a

@@ -20,6 +20,7 @@ import requests
 from homeserver.rooms.versions import ROOM_V10, ROOM_V12
 from tests.peers.origins import FakeOrigin, OriginKeyServer, federation_request, send_transaction
 from tests.peers.resident import ResidentPeer
+from tests.peers.tarpit import Tarpit
 from tests.support.federation import tls_weir
 from tests.support.probe import LatencyProbe
 from tests.support.remote_room import RemoteRoom
@@ -579,6 +580,37 @@ def test_a_send_join_answer_over_the_settings_cap_is_refused(test_ca, dns, resid
         assert r.status_code == 200, r.text
     finally:
         proc.stop()
+
+
+def test_a_join_waits_for_the_key_slot_a_tarpit_holds(test_ca, dns, resident, tmp_path):
+    """One key fetch at a time, and a server whose key server never answers holds it: a
+    join needing the resident's key waits for the slot within its deadline, and joins
+    (rooms/pdu_checks.py, wait_for_slots), where it used to fail at once."""
+    with Tarpit("127.31.131.7") as tarpit:
+        dns.add_a("slow.hostile.test", "127.31.131.7")
+        slow = FakeOrigin(f"slow.hostile.test:{tarpit.port}")
+        fed = {"port": 0, "remote_timeout": 3, "joins": {"deadline": 30}}
+        keys = {"federation": {"key_resolution_max_in_flight": 1}}
+        proc = tls_weir(
+            test_ca, str(tmp_path), "127.31.131.8", "slots.test", dns, federation=fed, security=keys
+        ).start()
+        try:
+            bob = MatrixClient(proc.client_url)
+            bob.register("bob")
+            held = gevent.spawn(
+                send_transaction, proc.federation_url, slow, "slots.test", "t1", [], test_ca
+            )
+            assert tarpit.wait_accepted(1, timeout=10)  # the one slot is the tarpit's now
+            r = bob.post(
+                f"{V3}/join/{quote(resident.room_id, safe='')}",
+                params={"via": resident.server_name},
+                json={},
+                timeout=60,
+            )
+            assert r.status_code == 200, r.text
+            assert held.get(timeout=30).status_code == 401  # its keys never came
+        finally:
+            proc.stop()
 
 
 def test_a_junk_backfill_answer_leaves_messages_with_what_it_has(weir, alice, resident):
