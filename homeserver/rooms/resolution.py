@@ -5,9 +5,11 @@ reads the events, auth chains and state groups it needs."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
+from homeserver.core.concurrency import let_io_run
 from homeserver.core.events import Event
 from homeserver.rooms.auth import StateKey
 from homeserver.rooms.state_res import auth_chain_from_lookup, resolve_state
@@ -20,6 +22,8 @@ StateIds = dict[StateKey, str]
 
 # How far back an auth chain is read into memory for one resolution.
 _AUTH_CHAIN_CAP = 10_000
+# The longest a resolution runs on the hub between two pauses.
+_RUN_SECONDS = 0.01
 
 
 @dataclass(frozen=True)
@@ -42,12 +46,18 @@ class RoomResolver:
         self.states = EventStateStore(store.db)
         self._graph = RoomGraphStore(store.db, store)
         self._events: dict[str, Event | None] = {}
+        self._ran_since = time.monotonic()
 
     def add(self, events: Iterable[Event]) -> None:
         for event in events:
             self._events[event.event_id] = event
 
     def get(self, event_id: str) -> Event | None:
+        # The algorithm looks events up all through its work: where it pauses for the hub,
+        # so that a big room's resolution holds no request for long.
+        if time.monotonic() - self._ran_since > _RUN_SECONDS:
+            let_io_run()
+            self._ran_since = time.monotonic()
         if event_id not in self._events:
             found = self.store.events_in_room(self.room_id, [event_id]).get(event_id)
             self._events[event_id] = found.event if found else None
@@ -77,6 +87,7 @@ class RoomResolver:
         self.add(s.event for s in self._graph.events(self.room_id, ids - self._events.keys()))
         self.add(s.event for s in self._graph.auth_chain(self.room_id, ids, _AUTH_CHAIN_CAP))
         rejected = self.states.rejections(ids)
+        self._ran_since = time.monotonic()
         return resolve_state(
             self.version,
             state_sets,
