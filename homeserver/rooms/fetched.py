@@ -73,7 +73,7 @@ class HistoryWriter:
 
     def unknown(self, event_ids: list[str]) -> list[str]:
         """Those of `event_ids` neither stored nor rejected: the ones worth fetching."""
-        known = self.history.stored(event_ids) | set(self.states.rejections(event_ids))
+        known = self.history.stored_or_rejected(event_ids)
         return [e for e in dict.fromkeys(event_ids) if e not in known]
 
     def store(

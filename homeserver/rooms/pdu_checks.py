@@ -133,6 +133,7 @@ class PduChecker:
         fetched for its PDUs). `wanted`: the event IDs asked for; others are dropped
         before their signatures are checked."""
         room_versions = self._room_versions(pdus)
+        allowed: dict[str, bool] = {}  # by room: its ACL, read once for all its PDUs
         checked: list[CheckedPdu] = []
         for pdu in pdus:
             try:
@@ -140,7 +141,11 @@ class PduChecker:
             except Exception as e:  # not even an event ID: nothing to tell the sender
                 log.info("dropping a PDU without an event ID: %s", e)
                 continue
-            if item.error is None and origin is not None and not self._acl_allows(item, origin):
+            if (
+                item.error is None
+                and origin is not None
+                and not self._acl_allows(item, origin, allowed)
+            ):
                 item = _failed(item, f"{origin} is denied by the room's server ACL")
             if item.error is None and wanted is not None and item.event_id not in wanted:
                 item = _failed(item, "not an event that was asked for")
@@ -201,8 +206,13 @@ class PduChecker:
                 results[i] = _logged(result)
         return results
 
-    def _acl_allows(self, item: CheckedPdu, origin: str) -> bool:
-        return self._acls is None or self._acls.allows(item.pdu["room_id"], origin)
+    def _acl_allows(self, item: CheckedPdu, origin: str, allowed: dict[str, bool]) -> bool:
+        if self._acls is None:
+            return True
+        room_id = item.pdu["room_id"]
+        if room_id not in allowed:
+            allowed[room_id] = self._acls.allows(room_id, origin)
+        return allowed[room_id]
 
     def _room_versions(self, pdus: list[dict]) -> dict[str, RoomVersion]:
         """The version of each room the PDUs name that this server is in (joined)."""

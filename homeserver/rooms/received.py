@@ -47,20 +47,7 @@ def authorise_received_event(
     on it were verified. Missing prev_events or auth_events are fetched before this, if
     they can be (rooms/gaps.py); an event still missing some is refused, and not remembered
     as rejected."""
-    refused = resolver.states.rejections([event.event_id]).get(event.event_id)
-    if refused is not None:
-        raise ReceivedEventRefused(f"already rejected: {refused}")
-    # Not stored yet: a resolution that meets it (the current state beside the other
-    # forward extremities) must find it here, or it would drop it from the state as an
-    # event it does not know. A join arriving beside other joins was lost that way.
-    resolver.add([event])
-    auth_ids = auth_event_ids_to_check(version, event)
-    missing = [e for e in event.prev_event_ids + auth_ids if e not in known]
-    if missing:
-        raise ReceivedEventRefused(
-            f"unknown prev_events or auth_events ({', '.join(missing[:3])}); "
-            "they could not be fetched"
-        )
+    auth_ids, rejections = _inputs(resolver, version, event, known)
 
     def signed(ev: Event, server: str) -> bool:
         return server in signed_by
@@ -69,7 +56,7 @@ def authorise_received_event(
         resolver.states.reject(event, reason, now_ms())
         return ReceivedEventRefused(reason)
 
-    rejected = resolver.states.rejections(auth_ids)
+    rejected = [e for e in auth_ids if e in rejections]
     if rejected:  # rule 3.3
         raise reject(f"auth event {next(iter(rejected))} was rejected")
     try:
@@ -93,3 +80,29 @@ def authorise_received_event(
         return ResolvedPersist({event.event_id: before}, soft_failed=True)
     after = resolver.current_after(event, before)
     return ResolvedPersist({event.event_id: before}, False, after.state, after.change)
+
+
+def _inputs(
+    resolver: RoomResolver, version: RoomVersion, event: Event, known: dict[str, StoredEvent]
+) -> tuple[list[str], dict[str, str]]:
+    """The event's auth event IDs, and the rejections among it and them (one read). Refuses
+    an event rejected before, and one whose prev_events or auth_events are not all stored."""
+    auth_ids = auth_event_ids_to_check(version, event)
+    # The event's own rejection and its auth events', in one read.
+    rejections = resolver.states.rejections([event.event_id, *auth_ids])
+    refused = rejections.get(event.event_id)
+    if refused is not None:
+        raise ReceivedEventRefused(f"already rejected: {refused}")
+    # Not stored yet: a resolution that meets it (the current state beside the other
+    # forward extremities) must find it here, or it would drop it from the state as an
+    # event it does not know. A join arriving beside other joins was lost that way.
+    resolver.add([event])
+    # Read already: the state's events are mostly its auth events.
+    resolver.add(stored.event for stored in known.values())
+    missing = [e for e in event.prev_event_ids + auth_ids if e not in known]
+    if missing:
+        raise ReceivedEventRefused(
+            f"unknown prev_events or auth_events ({', '.join(missing[:3])}); "
+            "they could not be fetched"
+        )
+    return auth_ids, rejections

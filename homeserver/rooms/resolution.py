@@ -144,5 +144,8 @@ class RoomResolver:
         return CurrentAfter(state=self.resolve([after, *self.state_after(others)]))
 
     def events_of(self, state: Mapping[StateKey, str]) -> dict[StateKey, Event]:
-        found = self.store.events_in_room(self.room_id, state.values())
-        return {k: found[v].event for k, v in state.items() if v in found}
+        """Reads only those not read already (an event never changes once stored)."""
+        unread = [v for v in state.values() if self._events.get(v) is None]
+        for event_id, stored in self.store.events_in_room(self.room_id, unread).items():
+            self._events[event_id] = stored.event
+        return {k: e for k, v in state.items() if (e := self._events.get(v)) is not None}

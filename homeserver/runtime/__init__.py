@@ -264,7 +264,9 @@ class HomeserverRuntime(Infrastructure):
     @component
     def notifier(self) -> Notifier:
         collector = CollectorHold()
-        notifier = Notifier(self.room_store.joined_users, collector)
+        notifier = Notifier(
+            self.room_store.joined_users, collector, joined_among=self.room_store.joined_among
+        )
         self.metrics.track_gauge(
             "weir_sync_waiters", "Syncs registered to be woken", notifier.waiting
         )

@@ -22,6 +22,7 @@ from typing import Iterable, Mapping
 from homeserver.core.events import Event
 from homeserver.storage import room_stats
 from homeserver.storage.database import Database, in_lists
+from homeserver.storage.state_sql import keys_table
 
 StateKey = tuple[str, str]
 StateIds = Mapping[StateKey, str]
@@ -80,16 +81,19 @@ def read_group(tx, group: int, keys: Iterable[StateKey] | None = None) -> dict[S
     """The state of `group`: whole, or only those of `keys` it has."""
     chain = _chain(tx, group)
     wanted = None if keys is None else set(keys)
-    sql = (
-        "SELECT state_group, type, state_key, event_id FROM state_group_entries"
-        f" WHERE state_group IN ({', '.join('?' * len(chain))})"
-    )
+    in_chain = f"state_group IN ({', '.join('?' * len(chain))})"
+    sql = f"SELECT state_group, type, state_key, event_id FROM state_group_entries WHERE {in_chain}"
     params: list = list(chain)
     if wanted is not None and len(wanted) <= _KEYS_PER_QUERY:
         if not wanted:
             return {}
-        sql += " AND (" + " OR ".join("(type = ? AND state_key = ?)" for _ in wanted) + ")"
-        params += [part for key in wanted for part in key]
+        params = []
+        sql = keys_table(list(wanted), params) + (
+            "SELECT s.state_group, s.type, s.state_key, s.event_id FROM k"
+            " CROSS JOIN state_group_entries s"
+            f" WHERE s.type = k.type AND s.state_key = k.state_key AND s.{in_chain}"
+        )
+        params += chain
     by_group: dict[int, list[tuple]] = {}
     for row in tx.fetchall(sql, params) if chain else ():
         by_group.setdefault(row[0], []).append(row)

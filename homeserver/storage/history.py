@@ -65,6 +65,10 @@ class HistoryStore:
     def stored(self, event_ids: list[str]) -> set[str]:
         return self.db.read(_stored_ids, event_ids)
 
+    def stored_or_rejected(self, event_ids: list[str]) -> set[str]:
+        """Those of `event_ids` stored or rejected, in one read."""
+        return self.db.read(_stored_or_rejected_ids, event_ids)
+
 
 def store_history(tx, events: list[HistoryEvent]) -> list[str]:
     """`HistoryStore.store` inside a caller's transaction (a remote join's outliers)."""
@@ -99,6 +103,18 @@ def store_history(tx, events: list[HistoryEvent]) -> list[str]:
             ),
         )
     return [h.event.event_id for h in new]
+
+
+def _stored_or_rejected_ids(tx, event_ids: list[str]) -> set[str]:
+    found = _stored_ids(tx, event_ids)
+    for chunk, marks in in_lists([e for e in dict.fromkeys(event_ids) if e not in found]):
+        found.update(
+            r[0]
+            for r in tx.fetchall(
+                f"SELECT event_id FROM rejected_events WHERE event_id IN ({marks})", tuple(chunk)
+            )
+        )
+    return found
 
 
 def _stored_ids(tx, event_ids: list[str]) -> set[str]:

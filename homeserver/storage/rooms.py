@@ -19,6 +19,7 @@ from homeserver.storage.database import Database, in_lists
 from homeserver.storage.event_state import Delta, GroupRef
 from homeserver.storage.history import HistoryEvent, store_history
 from homeserver.storage.parsed_events import PARSED
+from homeserver.storage.state_sql import glob_match, keys_clause, keys_table
 
 EVENTS_STREAM = "events"
 
@@ -104,25 +105,6 @@ def _state_key_of(stored: StoredEvent) -> StateKey:
     if state_key is None:
         raise ValueError(f"{stored.event.event_id} was read as room state but has no state_key")
     return stored.event.type, state_key
-
-
-def _glob_match(dialect: str, column: str, glob: str) -> tuple[str, str]:
-    """SQL matching `column` against a filter glob (`*` is the only wildcard), case
-    sensitively on both engines: SQLite's LIKE ignores ASCII case, its GLOB does not."""
-    if dialect == "sqlite":
-        escaped = glob.replace("[", "[[]").replace("?", "[?]")
-        return f"{column} GLOB ?", escaped
-    escaped = glob.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-    return f"{column} LIKE ? ESCAPE '\\'", escaped.replace("*", "%")
-
-
-def _keys_clause(table: str, keys: list[StateKey], params: list) -> str:
-    """SQL keeping only the state `keys` of `table`; their values are appended to `params`."""
-    for event_type, state_key in keys:
-        params += [event_type, state_key]
-    return (
-        " AND (" + " OR ".join(f"({table}.type = ? AND {table}.state_key = ?)" for _ in keys) + ")"
-    )
 
 
 class RoomStore:
@@ -345,16 +327,22 @@ class RoomStore:
         self, room_id: str, keys: Iterable[StateKey] | None = None, event_type: str | None = None
     ) -> dict[StateKey, StoredEvent]:
         """The room's current state; only `keys`, or only `event_type`, when given."""
-        sql = (
-            f"SELECT {_EVENT_COLUMNS} FROM current_state c"
-            " JOIN events e ON e.event_id = c.event_id WHERE c.room_id = ?"
-        )
-        params: list = [room_id]
+        params: list = []
         if keys is not None:
-            keys = list(keys)
+            keys = list(dict.fromkeys(keys))
             if not keys:
                 return {}
-            sql += _keys_clause("c", keys, params)
+            sql = (
+                keys_table(keys, params) + f"SELECT {_EVENT_COLUMNS} FROM k"
+                " CROSS JOIN current_state c JOIN events e ON e.event_id = c.event_id"
+                " WHERE c.room_id = ? AND c.type = k.type AND c.state_key = k.state_key"
+            )
+        else:
+            sql = (
+                f"SELECT {_EVENT_COLUMNS} FROM current_state c"
+                " JOIN events e ON e.event_id = c.event_id WHERE c.room_id = ?"
+            )
+        params.append(room_id)
         if event_type is not None:
             sql += " AND c.type = ?"
             params.append(event_type)
@@ -417,7 +405,7 @@ class RoomStore:
             keys = list(keys)
             if not keys:
                 return {}
-            sql += _keys_clause("e", keys, params)
+            sql += keys_clause("e", keys, params)
         if event_type is not None:
             sql += " AND e.type = ?"
             params.append(event_type)
@@ -446,11 +434,11 @@ class RoomStore:
         if types is not None:
             if not types:
                 return []
-            matches = [_glob_match(dialect, "e.type", t) for t in types]
+            matches = [glob_match(dialect, "e.type", t) for t in types]
             sql += " AND (" + " OR ".join(m[0] for m in matches) + ")"
             params += [m[1] for m in matches]
         for pattern in not_types or ():
-            clause, param = _glob_match(dialect, "e.type", pattern)
+            clause, param = glob_match(dialect, "e.type", pattern)
             sql += f" AND NOT {clause}"
             params.append(param)
         if senders is not None:
@@ -503,36 +491,6 @@ class RoomStore:
 
     # Two reads for /sync, which runs them in one transaction with others (storage/sync.py).
 
-    @staticmethod
-    def memberships_in(tx, user_id: str) -> list[tuple[str, str, int]]:
-        """(room_id, membership, stream position of that member event) for every room the
-        user has a member event in, whatever it says now."""
-        return [
-            tuple(r)
-            for r in tx.fetchall(
-                "SELECT c.room_id, c.membership, e.stream_ordering FROM current_state c"
-                " JOIN events e ON e.event_id = c.event_id"
-                " WHERE c.state_key = ? AND c.type = 'm.room.member' ORDER BY c.room_id",
-                (user_id,),
-            )
-        ]
-
-    @staticmethod
-    def rooms_with_events_in(tx, room_ids: list[str], after: int, up_to: int) -> set[str]:
-        """Which of `room_ids` have events with `after < stream_ordering <= up_to`: one index
-        probe per room, however long the range."""
-        found: set[str] = set()
-        for chunk, marks in in_lists(room_ids):
-            found.update(
-                r[0]
-                for r in tx.fetchall(
-                    f"SELECT DISTINCT room_id FROM events WHERE room_id IN ({marks})"
-                    " AND stream_ordering > ? AND stream_ordering <= ? AND soft_failed = 0",
-                    (*chunk, after, up_to),
-                )
-            )
-        return found
-
     def member_counts(self, room_id: str) -> RoomCounts:
         row = self.db.read(
             lambda tx: tx.fetchone(
@@ -569,6 +527,26 @@ class RoomStore:
             )
         )
         return [r[0] for r in rows]
+
+    def joined_among(self, room_id: str, user_ids: Iterable[str]) -> list[str]:
+        """Those of `user_ids` joined to the room: a lookup each, whatever the room's size."""
+        users = list(dict.fromkeys(user_ids))
+
+        def read(tx) -> list[str]:
+            found: list[str] = []
+            for chunk, marks in in_lists(users):
+                found += [
+                    r[0]
+                    for r in tx.fetchall(
+                        "SELECT state_key FROM current_state WHERE room_id = ?"
+                        " AND type = 'm.room.member' AND membership = 'join'"
+                        f" AND state_key IN ({marks})",
+                        (room_id, *chunk),
+                    )
+                ]
+            return found
+
+        return self.db.read(read) if users else []
 
     # --- transaction IDs ----------------------------------------------------------------
 

@@ -97,7 +97,7 @@ class SyncStore:
         def read(tx):
             rows = dict(tx.fetchall("SELECT stream_name, position FROM stream_positions"))
             positions = StreamPositions(*(rows[name] for name in _STREAMS))
-            memberships = RoomStore.memberships_in(tx, user_id)
+            memberships = memberships_in(tx, user_id)
             with_events = moves = None
             history: dict[str, dict] = {}
             if events_after is not None:
@@ -110,9 +110,7 @@ class SyncStore:
                     for room_id, membership, at in memberships
                     if membership == "join" and at <= positions.events and keeps_room(room_id)
                 ]
-                with_events = RoomStore.rooms_with_events_in(
-                    tx, joined, events_after, positions.events
-                )
+                with_events = rooms_with_events_in(tx, joined, events_after, positions.events)
                 keys = RoomStore.history_keys(user_id)
                 history = {r: RoomStore.state_changes_in(tx, r, keys) for r in with_events}
             remote = [
@@ -273,3 +271,33 @@ class SyncStore:
             )
             found += [Receipt(*r) for r in rows]
         return found
+
+
+def memberships_in(tx, user_id: str) -> list[tuple[str, str, int]]:
+    """(room_id, membership, stream position of that member event) for every room the
+    user has a member event in, whatever it says now."""
+    return [
+        tuple(r)
+        for r in tx.fetchall(
+            "SELECT c.room_id, c.membership, e.stream_ordering FROM current_state c"
+            " JOIN events e ON e.event_id = c.event_id"
+            " WHERE c.state_key = ? AND c.type = 'm.room.member' ORDER BY c.room_id",
+            (user_id,),
+        )
+    ]
+
+
+def rooms_with_events_in(tx, room_ids: list[str], after: int, up_to: int) -> set[str]:
+    """Which of `room_ids` have events with `after < stream_ordering <= up_to`: one index
+    probe per room, however long the range."""
+    found: set[str] = set()
+    for chunk, marks in in_lists(room_ids):
+        found.update(
+            r[0]
+            for r in tx.fetchall(
+                f"SELECT DISTINCT room_id FROM events WHERE room_id IN ({marks})"
+                " AND stream_ordering > ? AND stream_ordering <= ? AND soft_failed = 0",
+                (*chunk, after, up_to),
+            )
+        )
+    return found

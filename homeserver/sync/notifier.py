@@ -36,6 +36,10 @@ log = logging.getLogger(__name__)
 # all parked, and one message).
 BURST_WAKES = 100
 
+# Up to this many users waiting, a room event reads their memberships alone (a lookup each),
+# not the room's whole member list (a row each, 2,000 in a room of 2,000).
+FEW_WAITING = 500
+
 
 class Waiter:
     """One registered sync, registered for as long as its `with` block runs. `woken` is set
@@ -84,10 +88,13 @@ class Notifier:
         self,
         joined_users: Callable[[str], Iterable[str]],
         collector: CollectorHold | None = None,
+        joined_among: Callable[[str, list[str]], Iterable[str]] | None = None,
     ):
         """`joined_users(room_id)`: the room's joined members now (a database read);
-        `collector`, held while a burst of woken syncs takes its wake-up."""
+        `collector`, held while a burst of woken syncs takes its wake-up; `joined_among(
+        room_id, user_ids)`: those of `user_ids` joined now (a read of their rows only)."""
         self._joined_users = joined_users
+        self._joined_among = joined_among
         self._collector = collector
         self.bursts = 0  # wake-ups that held the collector (weir_collector_holds_total)
         self._waiting: dict[str, set[Waiter]] = {}
@@ -140,7 +147,13 @@ class Notifier:
             reading = self._collector.begin(1)
         try:
             try:
-                members = self._joined_users(room_id)
+                # Only users waiting now can be woken: one who registers during the read
+                # registered after the events were stored, and computes with them.
+                waiting = list(self._waiting)
+                if self._joined_among is not None and len(waiting) <= FEW_WAITING:
+                    members = self._joined_among(room_id, waiting)
+                else:
+                    members = self._joined_users(room_id)
             except Exception:
                 # A wake-up, not the record: a sync that misses it still catches up from
                 # stream positions at its next wake-up or timeout.
