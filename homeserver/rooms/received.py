@@ -47,7 +47,7 @@ def authorise_received_event(
     on it were verified. Missing prev_events or auth_events are fetched before this, if
     they can be (rooms/gaps.py); an event still missing some is refused, and not remembered
     as rejected."""
-    auth_ids, rejections = _inputs(resolver, version, event, known)
+    auth_ids, rejections = _auth_ids_and_rejections(resolver, version, event, known)
 
     def signed(ev: Event, server: str) -> bool:
         return server in signed_by
@@ -82,7 +82,7 @@ def authorise_received_event(
     return ResolvedPersist({event.event_id: before}, False, after.state, after.change)
 
 
-def _inputs(
+def _auth_ids_and_rejections(
     resolver: RoomResolver, version: RoomVersion, event: Event, known: dict[str, StoredEvent]
 ) -> tuple[list[str], dict[str, str]]:
     """The event's auth event IDs, and the rejections among it and them (one read). Refuses
