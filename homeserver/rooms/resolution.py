@@ -12,7 +12,7 @@ from typing import Iterable, Mapping
 from homeserver.core.concurrency import let_io_run
 from homeserver.core.events import Event
 from homeserver.rooms.auth import StateKey
-from homeserver.rooms.state_res import auth_chain_from_lookup, resolve_state
+from homeserver.rooms.state_res import auth_chain_from_lookup, resolve_state, split_conflicted
 from homeserver.rooms.versions import RoomVersion
 from homeserver.storage.event_state import Delta, EventStateStore, GroupRef
 from homeserver.storage.room_graph import RoomGraphStore
@@ -79,8 +79,11 @@ class RoomResolver:
         return sets
 
     def resolve(self, state_sets: list[StateIds]) -> StateIds:
-        if len(state_sets) == 1:
-            return dict(state_sets[0])
+        if all(s == state_sets[0] for s in state_sets[1:]):
+            return dict(state_sets[0])  # forks of messages: one state, nothing to read
+        unconflicted, conflicted = split_conflicted(state_sets)
+        if not conflicted:
+            return unconflicted  # nothing to resolve, and no event to read for it
         ids = {e for s in state_sets for e in s.values()}
         # One read for the states' events and one for every auth chain the algorithm will
         # walk, not one per event: in a big room that is thousands.
@@ -135,13 +138,22 @@ class RoomResolver:
         key = (event.type, event.state_key) if event.state_key is not None else None
         if set(extremities) == set(event.prev_event_ids):
             return CurrentAfter(change={key: event.event_id} if key else {})
+        others = [e for e in extremities if e not in event.prev_event_ids]
+        if isinstance(before, GroupRef) and key is None and self._one_group(before, others):
+            return CurrentAfter(change={})  # a message beside others on one state: no change
         if isinstance(before, GroupRef):
             before = self.states.read(before.group)
         after = dict(before)
         if key is not None:
             after[key] = event.event_id
-        others = [e for e in extremities if e not in event.prev_event_ids]
         return CurrentAfter(state=self.resolve([after, *self.state_after(others)]))
+
+    def _one_group(self, before: GroupRef, others: list[str]) -> bool:
+        """Are the room's current state and the states at `others` all `before`'s group?
+        Then a message following `before` changes nothing, and nothing need be read."""
+        if self.states.current_group(self.room_id) != before.group:
+            return False
+        return all(self.states.group_of(e) == before.group for e in others)
 
     def events_of(self, state: Mapping[StateKey, str]) -> dict[StateKey, Event]:
         """Reads only those not read already (an event never changes once stored)."""

@@ -355,6 +355,9 @@ class EventStateStore:
     def group_of(self, event_id: str) -> int | None:
         return self.db.read(group_of, event_id)
 
+    def current_group(self, room_id: str) -> int | None:
+        return self.db.read(current_group, room_id)
+
     def read(self, group: int, keys: Iterable[StateKey] | None = None) -> dict[StateKey, str]:
         """The state of `group`, or only `keys` of it."""
         return self.db.read(read_group, group, keys)
