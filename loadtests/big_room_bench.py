@@ -1,9 +1,10 @@
 """What a big room costs Weir: joining one, and its inbound federation path. Prints figures
 and, beside them, the targets they are read against; it judges nothing (exit 0 either way).
 
-    .venv/bin/python -m loadtests.big_room_bench [--only a,b,c,d] [--members 2000]
+    .venv/bin/python -m loadtests.big_room_bench [--only a,b,c,d,e] [--members 2000]
         [--messages 1000] [--growth 5000] [--origins 20] [--database-url URL]
         [--join-members 10000] [--join-deadline 1200] [--no-synapse] [--weir-repo DIR]
+        [--flood-members 10000] [--flood-seconds 30] [--flood-senders 4]
 
 (a) Join (loadtests/big_room_join.py): a Weir process of its own joins a fake resident's
     public room of `--join-members` members and 20 messages, all on 127.78.X; then a real
@@ -12,7 +13,7 @@ and, beside them, the targets they are read against; it judges nothing (exit 0 e
     and what the first /sync and /messages then show of the room. `--weir-repo`: (a)'s
     Weir runs that checkout's app.py (an earlier build, to compare), not this one's.
 
-For (b) to (d), a real Weir process (TLS federation on 127.77.X.1:8448; a temporary SQLite
+For (b) to (e), a real Weir process (TLS federation on 127.77.X.1:8448; a temporary SQLite
 file, or the empty PostgreSQL database `--database-url` names) and, in this process, fake
 servers on 127.77.X.2-3: a test DNS server, and one TLS peer serving the keys of `--origins`
 origins (tests/peers/origins.py) and taking the transactions Weir sends them. Every PDU is
@@ -35,6 +36,13 @@ transaction, and every answer is checked to hold no error.
     keys of a custom type (100 conflicts), then one message's prev_events are both tips.
     Printed: the merge's /send round trip and the longest /versions request meanwhile;
     also branch b's, each of whose events meets branch a's tip in the current state.
+(e) Flood (loadtests/big_room_flood.py). The room of (b), grown to `--flood-members` if
+    smaller; its first remote member's origin sends messages as fast as it can for
+    `--flood-seconds`: `--flood-senders` (4) concurrent senders, transactions of 50 back to
+    back, each one a linear chain from that sender's last PDU (the chains fork from the
+    room's tip; signed in this process as it goes). Printed: PDUs accepted a second,
+    transactions answered, /send latency p50/p99, /versions p50/p99/max in the 5 s before
+    and during the flood, Weir's CPU and the bench's.
 
 /versions latency is measured from outside, by a probe process of its own
 (loadtests/stall_probe.py): a GET on a fresh connection every 20 ms (10 ms in (d)). The
@@ -67,6 +75,7 @@ from loadtests.big_room_common import (
     print_figures,
     probe_line,
 )
+from loadtests.big_room_flood import section_e
 from loadtests.big_room_join import section_a
 from tests.peers.dns import DnsServer
 from tests.peers.origins import FakeOrigin, OriginKeyServer, send_transaction
@@ -390,7 +399,12 @@ def fork_outcome(bench: Bench, room: Room, merge_id: str) -> str:
 
 # -- the run ---------------------------------------------------------------------------------
 
-SECTIONS = {"b": section_b, "c": section_c, "d": section_d}  # (a) runs apart: its own Weir
+SECTIONS = {
+    "b": section_b,
+    "c": section_c,
+    "d": section_d,
+    "e": section_e,
+}  # (a) runs apart: its own Weir
 
 
 def summary(figures: list[Figure], header: list[str]) -> None:
@@ -404,7 +418,8 @@ def summary(figures: list[Figure], header: list[str]) -> None:
     print(
         "targets: (a) /messages shows the latest messages, /sync no auth chain event;"
         " (b) >= 300 PDUs/s, /versions p99 <= 50 ms, <= 4 KB of database per message;"
-        " (c) state storage <= 30 MB at 5,000 members; (d) resolution < 1 s, no stall over 50 ms"
+        " (c) state storage <= 30 MB at 5,000 members; (d) resolution < 1 s, no stall over 50 ms;"
+        " (e) /versions p99 <= 50 ms during the flood"
     )
 
 
@@ -417,7 +432,7 @@ def revision() -> str:
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", default="a,b,c,d", help="sections, comma-separated")
+    parser.add_argument("--only", default="a,b,c,d,e", help="sections, comma-separated")
     parser.add_argument("--members", type=int, default=2000, help="the room of (b) and (d)")
     parser.add_argument("--messages", type=int, default=1000)
     parser.add_argument("--growth", type=int, default=5000, help="members (c) grows to")
@@ -427,6 +442,9 @@ def parse_args():
     parser.add_argument("--join-deadline", type=float, default=1200, help="seconds, for (a)")
     parser.add_argument("--no-synapse", action="store_true", help="(a) without Synapse")
     parser.add_argument("--weir-repo", default=None, help="(a): the checkout Weir runs from")
+    parser.add_argument("--flood-members", type=int, default=10_000, help="the room of (e)")
+    parser.add_argument("--flood-senders", type=int, default=4, help="(e)'s concurrent senders")
+    parser.add_argument("--flood-seconds", type=float, default=30, help="(e)'s flood")
     args = parser.parse_args()
     args.only = [s.strip() for s in args.only.split(",") if s.strip()]
     if any(s not in ["a", *SECTIONS] for s in args.only):
@@ -435,6 +453,8 @@ def parse_args():
         parser.error("--join-members at least 2")
     if args.members < 2 or args.growth < 2 or args.messages < 1 or args.origins < 1:
         parser.error("--members and --growth at least 2, --messages and --origins at least 1")
+    if args.flood_members < 2 or args.flood_seconds <= 0 or args.flood_senders < 1:
+        parser.error("--flood-members at least 2, --flood-seconds above 0, --flood-senders 1+")
     return args
 
 
@@ -458,20 +478,20 @@ def main() -> int:
 
 
 def inbound(args, directory: str, header: list[str]) -> list[Figure]:
-    """(b) to (d), on one Weir."""
+    """(b) to (e), on one Weir."""
     figures: list[Figure] = []
     os.makedirs(directory)
     with ExitStack() as stack:
         bench = Bench(stack, args, directory)
         header.append(
-            f"(b-d) Weir pid {bench.weir.proc.pid}, at {bench.weir.federation_url};"
+            f"(b-e) Weir pid {bench.weir.proc.pid}, at {bench.weir.federation_url};"
             f" {bench.sizes.kind()}; {args.origins} origins"
         )
         print(header[-1], flush=True)
         for name in sorted(set(args.only) - {"a"}):
             figures += SECTIONS[name](bench, args)
         problems = bench.log_problems()
-        header.append(f"(b-d) Weir's log at WARNING and above: {len(problems)} lines")
+        header.append(f"(b-e) Weir's log at WARNING and above: {len(problems)} lines")
         header += [f"  {line[:200]}" for line in problems[:10]]
     return figures
 
