@@ -135,13 +135,13 @@ def timed_join(joiner: Joiner, resident: BigResident, timeout: float) -> JoinRun
 def join_figures(name: str, run: JoinRun, sizes: Sizes) -> list[Figure]:
     before, peak, hwm, after = (kb / 1024 for kb in run.rss_kb)
     outcome = "200" if run.status == 200 else f"{run.status} {run.answer}"
+    rss = f"{before:.0f} / {peak:.0f} / {after:.0f} MB (peak sampled every 100 ms)"
     figures = [
         Figure("a", f"{name}: join", f"{run.seconds:.1f} s, {outcome}"),
         Figure("a", f"{name}: CPU during the join", f"{run.cpu:.1f} s"),
-        Figure("a", f"{name}: RSS before / peak / after", f"{before:.0f} / {peak:.0f} / "),
+        Figure("a", f"{name}: RSS before / peak / after", rss),
         Figure("a", f"{name}: VmHWM (its life's peak) after", f"{hwm:.0f} MB"),
     ]
-    figures[2].value += f"{after:.0f} MB (peak sampled every 100 ms)"
     for label, samples in (("5 s before", run.quiet), ("during the join", run.during)):
         p99 = percentile(samples, 0.99)
         line = f"p99 {p99:.1f} ms; p50 / max {probe_line(samples)}"
@@ -217,22 +217,31 @@ def sync_figures(joiner: Joiner, resident: BigResident) -> list[Figure]:
     in_chain, in_state = sum(i in chain for i in ids), sum(i in answer_state for i in ids)
     messages = sum(e.get("type") == "m.room.message" for e in events)
     name = joiner.name
+    kinds = runs([e.get("type", "?") for e in events])
+    shown = f"{len(events)} events: {kinds}; limited {timeline.get('limited')}"
+    of_answer = f"auth chain {in_chain}, state {in_state}; the room's messages {messages}"
+    state_kinds = f"{len(state)} events: {runs(sorted(e.get('type', '?') for e in state))}"
     figures = [
         Figure("a", f"{name}: first /sync", f"{r.status_code} in {took:.2f} s"),
-        Figure("a", f"{name}: /sync timeline", f"{len(events)} events: "),
-        Figure("a", f"{name}: /sync timeline, of the answer", f"auth chain {in_chain}, "),
-        Figure("a", f"{name}: /sync state section", f"{len(state)} events: "),
+        Figure("a", f"{name}: /sync timeline", shown),
+        # The issue names the auth chain; the answer's other state events are no timeline
+        # either.
+        Figure(
+            "a",
+            f"{name}: /sync timeline, of the answer",
+            of_answer,
+            "none (the issue: no auth chain event)",
+            in_chain == 0 and in_state == 0,
+        ),
+        # No lazy loading asked for: the whole state before the timeline, as Synapse sends.
+        Figure(
+            "a",
+            f"{name}: /sync state section",
+            state_kinds,
+            f"all {len(resident.events)} state events",
+            {e.get("event_id") for e in state} == answer_state,
+        ),
     ]
-    figures[1].value += f"{runs([e.get('type', '?') for e in events])}; "
-    figures[1].value += f"limited {timeline.get('limited')}"
-    figures[2].value += f"state {in_state}; the room's messages {messages}"
-    # The issue names the auth chain; the answer's other state events are no timeline either.
-    figures[2].target = "none (the issue: no auth chain event)"
-    figures[2].met = in_chain == 0 and in_state == 0
-    figures[3].value += runs(sorted(e.get("type", "?") for e in state))
-    # No lazy loading asked for: the whole state before the timeline, as Synapse sends.
-    figures[3].target = f"all {len(resident.events)} state events"
-    figures[3].met = {e.get("event_id") for e in state} == answer_state
     print_figures(figures)
     details([describe(e) for e in events])
     return figures

@@ -14,11 +14,10 @@ import json
 from dataclasses import dataclass
 from typing import Mapping
 
-from canonicaljson import encode_canonical_json
-
 from homeserver.core.events import Event
 from homeserver.storage import event_state, streams
 from homeserver.storage.database import Database, in_lists
+from homeserver.storage.event_rows import insert_event_row
 
 HISTORY_STREAM = "history"
 
@@ -83,25 +82,7 @@ def store_history(tx, events: list[HistoryEvent]) -> list[str]:
         event = item.event
         if item.state_before is not None:
             event_state.record_state(tx, event, item.state_before, local=False)
-        tx.execute(
-            "INSERT INTO events (stream_ordering, event_id, room_id, type, state_key, sender,"
-            " depth, origin_server_ts, membership, json, unsigned, soft_failed, outlier)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?, ?)",
-            (
-                position,
-                event.event_id,
-                event.room_id,
-                event.type,
-                event.state_key,
-                event.sender,
-                event.depth,
-                event.origin_server_ts,
-                event.membership,
-                encode_canonical_json(event.pdu).decode("utf-8"),
-                int(item.hidden),
-                int(item.outlier),
-            ),
-        )
+        insert_event_row(tx, event, position, None, item.hidden, item.outlier)
     return [h.event.event_id for h in new]
 
 

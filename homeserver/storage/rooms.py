@@ -11,10 +11,8 @@ import json
 from dataclasses import astuple, dataclass, field, replace
 from typing import Callable, Iterable, Mapping, Sequence
 
-from canonicaljson import encode_canonical_json
-
 from homeserver.core.events import Event
-from homeserver.storage import event_state, outbox, room_stats, streams
+from homeserver.storage import event_rows, event_state, outbox, room_stats, streams
 from homeserver.storage.database import Database, in_lists
 from homeserver.storage.event_state import Delta, GroupRef
 from homeserver.storage.history import HistoryEvent, store_history
@@ -219,25 +217,7 @@ class RoomStore:
                     "prev_sender": prev_pdu["sender"],
                 }
                 previous_membership = prev[2]
-        tx.execute(
-            "INSERT INTO events (stream_ordering, event_id, room_id, type, state_key, sender,"
-            " depth, origin_server_ts, membership, json, unsigned, soft_failed)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                position,
-                event.event_id,
-                room_id,
-                event.type,
-                event.state_key,
-                event.sender,
-                event.depth,
-                event.origin_server_ts,
-                event.membership,
-                encode_canonical_json(event.pdu).decode("utf-8"),
-                json.dumps(unsigned) if unsigned else None,
-                int(res.soft_failed),
-            ),
-        )
+        event_rows.insert_event_row(tx, event, position, unsigned, res.soft_failed)
         if res.soft_failed:  # stored for the graph only: no extremity, no current state
             return StoredEvent(event, position, unsigned, soft_failed=True)
         for prev_id in event.prev_event_ids:

@@ -84,9 +84,15 @@ class ResidentPeer(HonestPeer):
         self._add("m.room.join_rules", {"join_rule": "public"})
         self._add("m.room.name", {"name": "Resident"})
 
+    def _join_auth_events(self) -> list[str]:
+        by_type = {p["type"]: i for i, p in self.events}
+        return [by_type[t] for t in ("m.room.create", "m.room.power_levels", "m.room.join_rules")]
+
+    def _next_depth(self) -> int:
+        return len(self.events) + 1
+
     def _make_join(self, req: SeenRequest) -> tuple:
         user_id = unquote(req.path[len(self.make_join_prefix) :])
-        by_type = {p["type"]: i for i, p in self.events}
         template = {
             "room_id": self.room_id,
             "sender": user_id,
@@ -94,10 +100,8 @@ class ResidentPeer(HonestPeer):
             "state_key": user_id,
             "content": {"membership": "join"},
             "prev_events": [self.latest],
-            "auth_events": [
-                by_type[t] for t in ("m.room.create", "m.room.power_levels", "m.room.join_rules")
-            ],
-            "depth": len(self.events) + 1,
+            "auth_events": self._join_auth_events(),
+            "depth": self._next_depth(),
             "origin": self.server_name,
             "origin_server_ts": int(time.time() * 1000),
         }
