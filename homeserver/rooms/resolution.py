@@ -11,7 +11,7 @@ from typing import Iterable, Mapping
 
 from homeserver.core.concurrency import let_io_run
 from homeserver.core.events import Event
-from homeserver.rooms.auth import StateKey
+from homeserver.rooms.auth import POWER_LEVELS, StateKey, auth_types_for_event
 from homeserver.rooms.state_res import auth_chain_from_lookup, resolve_state, split_conflicted
 from homeserver.rooms.versions import RoomVersion
 from homeserver.storage.event_state import Delta, EventStateStore, GroupRef
@@ -84,11 +84,17 @@ class RoomResolver:
         unconflicted, conflicted = split_conflicted(state_sets)
         if not conflicted:
             return unconflicted  # nothing to resolve, and no event to read for it
-        ids = {e for s in state_sets for e in s.values()}
-        # One read for the states' events and one for every auth chain the algorithm will
-        # walk, not one per event: in a big room that is thousands.
-        self.add(s.event for s in self._graph.events(self.room_id, ids - self._events.keys()))
-        self.add(s.event for s in self._graph.auth_chain(self.room_id, ids, _AUTH_CHAIN_CAP))
+        # The index gives the auth difference without reading the states' events; only
+        # the full conflicted set's events and auth chains are read then. Without it (an
+        # event stored before its auth events were known), every event of the states is.
+        difference = self._graph.auth_difference(state_sets)
+        if difference is None:
+            ids = {e for s in state_sets for e in s.values()}
+        else:
+            ids = conflicted | difference
+        ids |= self._read_with_auth_chains(ids)
+        if difference is not None:
+            ids |= self._read_checked_state(unconflicted, conflicted | difference)
         rejected = self.states.rejections(ids)
         self._ran_since = time.monotonic()
         return resolve_state(
@@ -97,7 +103,32 @@ class RoomResolver:
             self.get,
             auth_chain_from_lookup(self.get),
             lambda e: e in rejected,
+            difference,
         )
+
+    def _read_with_auth_chains(self, ids: set[str]) -> set[str]:
+        """Reads the events and their auth chains, one read each, not one per event: in a
+        big room that is thousands. Returns the IDs of the chains' events."""
+        self.add(s.event for s in self._graph.events(self.room_id, ids - self._events.keys()))
+        chain = [s.event for s in self._graph.auth_chain(self.room_id, ids, _AUTH_CHAIN_CAP)]
+        self.add(chain)
+        return {e.event_id for e in chain}
+
+    def _read_checked_state(self, unconflicted: StateIds, full: set[str]) -> set[str]:
+        """Reads, in one go, the unconflicted state the iterative auth checks of the full
+        conflicted set's events will look up: the keys the auth rules read for each."""
+        keys = {(POWER_LEVELS, "")}
+        for event_id in full:
+            event = self._events.get(event_id)
+            if event is not None and event.state_key is not None:
+                keys.update(
+                    auth_types_for_event(
+                        self.version, event.type, event.sender, event.state_key, event.content
+                    )
+                )
+        wanted = {unconflicted[k] for k in keys if k in unconflicted} - self._events.keys()
+        self.add(s.event for s in self._graph.events(self.room_id, wanted))
+        return wanted
 
     def state_before(self, event: Event) -> StateIds:
         return self.resolve(self.state_after(list(event.prev_event_ids)))

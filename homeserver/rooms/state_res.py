@@ -60,14 +60,18 @@ def resolve_state(
     get_event: EventLookup,
     auth_chain: AuthChainLookup,
     rejected: RejectedCheck = _never_rejected,
+    difference: set[str] | None = None,
 ) -> dict[StateKey, str]:
-    """The resolution of `state_sets` (spec, "Algorithm", steps 1 to 5)."""
+    """The resolution of `state_sets` (spec, "Algorithm", steps 1 to 5). `difference`: their
+    auth difference when an index gave it (storage/auth_chains.py); else it is walked."""
     if not state_sets:
         return {}
     unconflicted, conflicted = split_conflicted(state_sets)
     if not conflicted:
         return unconflicted
-    full = full_conflicted_set(version, state_sets, conflicted, get_event, auth_chain)
+    if difference is None:
+        difference = auth_difference(state_sets, auth_chain)
+    full = full_conflicted_set(version, conflicted, difference, get_event)
     power = power_events_and_auth(full, get_event, auth_chain)  # 1
     ordered_power = reverse_topological_power_order(version, power, get_event, auth_chain)
     start = {} if version.state_resolution_v2_1 else unconflicted  # 2 (v2.1: empty)
@@ -94,15 +98,11 @@ def split_conflicted(state_sets: Sequence[StateIds]) -> tuple[dict[StateKey, str
 
 
 def full_conflicted_set(
-    version: RoomVersion,
-    state_sets: Sequence[StateIds],
-    conflicted: set[str],
-    get_event: EventLookup,
-    auth_chain: AuthChainLookup,
+    version: RoomVersion, conflicted: set[str], difference: set[str], get_event: EventLookup
 ) -> set[str]:
     """The conflicted state set with the auth difference (and in v2.1 the conflicted state
     subgraph); events the lookup does not know are left out."""
-    full = conflicted | auth_difference(state_sets, auth_chain)
+    full = conflicted | difference
     if version.state_resolution_v2_1:
         full |= conflicted_subgraph(conflicted, get_event)
     return {e for e in full if get_event(e) is not None}

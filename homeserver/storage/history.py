@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from homeserver.core.events import Event
-from homeserver.storage import event_state, streams
+from homeserver.storage import auth_chains, event_state, streams
 from homeserver.storage.database import Database, in_lists
 from homeserver.storage.event_rows import insert_event_row
 
@@ -83,6 +83,7 @@ def store_history(tx, events: list[HistoryEvent]) -> list[str]:
         if item.state_before is not None:
             event_state.record_state(tx, event, item.state_before, local=False)
         insert_event_row(tx, event, position, None, item.hidden, item.outlier)
+    auth_chains.index_events(tx, [h.event for h in new])
     return [h.event.event_id for h in new]
 
 

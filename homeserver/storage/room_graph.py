@@ -8,9 +8,10 @@ server can ask for is bounded by the room and by that cap, never by the request.
 from __future__ import annotations
 
 import heapq
-from typing import Iterable
+from typing import Iterable, Mapping, Sequence
 
 from homeserver.core.identifiers import server_of
+from homeserver.storage import auth_chains
 from homeserver.storage.database import Database, in_lists
 from homeserver.storage.parsed_events import PARSED
 from homeserver.storage.rooms import RoomStore, StoredEvent
@@ -43,6 +44,11 @@ class RoomGraphStore:
     def events(self, room_id: str, event_ids: Iterable[str]) -> list[StoredEvent]:
         """Those of `event_ids` stored in the room, read in chunks however many."""
         return self.db.read(self._events, room_id, list(event_ids))
+
+    def auth_difference(self, state_sets: Sequence[Mapping]) -> set[str] | None:
+        """The auth difference of the state sets, by the index (storage/auth_chains.py);
+        None when one of their events is not indexed."""
+        return self.db.read(auth_chains.auth_difference, state_sets)
 
     def event_in_room(self, room_id: str, event_id: str) -> StoredEvent | None:
         return self.rooms.events_in_room(room_id, [event_id]).get(event_id)

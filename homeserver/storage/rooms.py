@@ -12,7 +12,7 @@ from dataclasses import astuple, dataclass, field, replace
 from typing import Callable, Iterable, Mapping, Sequence
 
 from homeserver.core.events import Event
-from homeserver.storage import event_rows, event_state, outbox, room_stats, streams
+from homeserver.storage import auth_chains, event_rows, event_state, outbox, room_stats, streams
 from homeserver.storage.database import Database, in_lists
 from homeserver.storage.event_state import Delta, GroupRef
 from homeserver.storage.history import HistoryEvent, store_history
@@ -181,6 +181,7 @@ class RoomStore:
             if event.is_state and not res.decides_current and not res.soft_failed:
                 change = {(event.type, event.state_key or ""): event.event_id}
                 event_state.record_current(tx, room_id, position, change, event.event_id, True)
+        auth_chains.index_events(tx, events)
         if res.decides_current:
             position = stored[-1].stream_ordering
             whole, change = res.current, res.current_change

@@ -53,4 +53,60 @@ def _state_groups_to_deltas(tx) -> None:
     tx.execute("ALTER TABLE state_groups DROP COLUMN state")
 
 
-STEPS: dict[int, Callable] = {26: _state_groups_to_deltas}
+def _index_auth_chains(tx) -> None:
+    """Places every stored state event on the auth chain index (0028_auth_chain_index.sql),
+    room by room."""
+    chains = 0
+    for (room_id,) in tx.fetchall("SELECT DISTINCT room_id FROM events"):
+        chains = _index_room_auth_chains(tx, room_id, chains)
+    tx.execute(
+        "UPDATE stream_positions SET position = ? WHERE stream_name = 'auth_chains'", (chains,)
+    )
+
+
+def _index_room_auth_chains(tx, room_id: str, chains: int) -> int:
+    """One room's state events, each after its auth events (Kahn's order); chain IDs from
+    `chains` + 1. Returns the last chain ID taken."""
+    auth_of: dict[str, list[str]] = {}
+    for event_id, text in tx.fetchall(
+        "SELECT event_id, json FROM events WHERE room_id = ? AND state_key IS NOT NULL",
+        (room_id,),
+    ):
+        auth_of[event_id] = list(json.loads(text).get("auth_events", []))
+    waiting = {e: sum(1 for a in auths if a in auth_of) for e, auths in auth_of.items()}
+    dependants: dict[str, list[str]] = {}
+    for event_id, auths in auth_of.items():
+        for auth_id in (a for a in auths if a in auth_of):
+            dependants.setdefault(auth_id, []).append(event_id)
+    ready = [e for e, n in waiting.items() if n == 0]
+    placed: dict[str, tuple[int, int]] = {}
+    heads: dict[int, int] = {}
+    while ready:
+        event_id = ready.pop()
+        auth = [placed[a] for a in auth_of[event_id] if a in placed]
+        extend = [(c, s + 1) for c, s in auth if heads[c] == s]
+        if not extend:
+            chains += 1
+        chain, seq = extend[0] if extend else (chains, 1)
+        placed[event_id], heads[chain] = (chain, seq), seq
+        tx.execute(
+            "INSERT INTO event_auth_positions (event_id, chain_id, seq) VALUES (?, ?, ?)",
+            (event_id, chain, seq),
+        )
+        best: dict[int, int] = {}
+        for c, s in auth:
+            if c != chain:
+                best[c] = max(best.get(c, 0), s)
+        tx.executemany(
+            "INSERT INTO auth_chain_links (origin_chain, origin_seq, target_chain,"
+            " target_seq) VALUES (?, ?, ?, ?)",
+            [(chain, seq, c, s) for c, s in best.items()],
+        )
+        for dependant in dependants.get(event_id, []):
+            waiting[dependant] -= 1
+            if waiting[dependant] == 0:
+                ready.append(dependant)
+    return chains
+
+
+STEPS: dict[int, Callable] = {26: _state_groups_to_deltas, 28: _index_auth_chains}

@@ -6,6 +6,7 @@ under room versions 10, 11 and 12 (state resolution v2.1)."""
 
 from __future__ import annotations
 
+import tempfile
 from typing import Iterable
 
 import pytest
@@ -24,6 +25,9 @@ from homeserver.rooms.state_res import (
     split_conflicted,
 )
 from homeserver.rooms.versions import ROOM_V10, ROOM_V11, ROOM_V12, RoomVersion
+from homeserver.storage import auth_chains
+from homeserver.storage.database import Database, open_database
+from homeserver.storage.migrations import migrate
 
 ALICE, BOB, CHARLIE, EVELYN, ZARA = "@alice:a", "@bob:b", "@charlie:c", "@evelyn:e", "@zara:z"
 PL, JR, MEMBER, TOPIC, MSG = (
@@ -58,8 +62,17 @@ class Graph:
     origin_server_ts order), prev_events from `edges` (chains, newest first, as the
     scenarios are drawn), auth events from the (resolved) state before each event."""
 
-    def __init__(self, version: RoomVersion, events: list, edges: list[list[str]]):
+    def __init__(
+        self,
+        version: RoomVersion,
+        events: list,
+        edges: list[list[str]],
+        index: Database | None = None,
+    ):
         self.version = version
+        # With `index`, each event is put on the auth chain index of that database as it
+        # is built, and resolutions take their auth difference from it.
+        self.index = index
         self.events: dict[str, Event] = {}
         self.state_after: dict[str, dict] = {}
         self.room_id = "!CREATE" if version.room_id_is_create_event_id else "!room:a"
@@ -81,7 +94,12 @@ class Graph:
         return self.events.get(event_id)
 
     def resolve(self, state_sets: list[dict]) -> dict:
-        return resolve_state(self.version, state_sets, self.get, auth_chain_from_lookup(self.get))
+        chain = auth_chain_from_lookup(self.get)
+        difference = None
+        if self.index is not None:
+            difference = self.index.read(auth_chains.auth_difference, state_sets)
+            assert difference == auth_difference(state_sets, chain) & self.events.keys()
+        return resolve_state(self.version, state_sets, self.get, chain, difference=difference)
 
     def state_before(self, name: str) -> dict:
         event = self.events[eid(name)]
@@ -116,6 +134,8 @@ class Graph:
             if self.version.room_id_is_create_event_id:
                 del pdu["room_id"]
         self.events[eid(name)] = event = Event(eid(name), pdu)
+        if self.index is not None:
+            self.index.write(auth_chains.index_events, [event])
         after = dict(before)
         if state_key is not None:
             after[(event_type, state_key)] = event.event_id
@@ -150,8 +170,18 @@ def levels(name, sender, users, **extra):
 
 
 def check(version, events, edges, expected_names):
+    """Resolved walking the auth chains, and again with the auth chain index (a SQLite
+    file of its own, storage/auth_chains.py): the same state both ways."""
     graph = Graph(version, events, edges)
     assert graph.state_before("END") == graph.expect(expected_names)
+    with tempfile.TemporaryDirectory() as directory:
+        database = open_database(f"sqlite:///{directory}/index.db")
+        try:
+            migrate(database)
+            indexed = Graph(version, events, edges, index=database)
+            assert indexed.state_before("END") == indexed.expect(expected_names)
+        finally:
+            database.close()
 
 
 # --- the classic scenarios --------------------------------------------------------------
