@@ -42,6 +42,12 @@ from homeserver.federation.errors import (
     KeyResolutionRefused,
     MalformedResponse,
 )
+from homeserver.federation.key_documents import (
+    check_self_signed,
+    current_verify_keys,
+    expired_keys,
+    verify_with_keys,
+)
 from homeserver.federation.signing import decode_verify_key, verify_signature
 from homeserver.federation.signing_key import key_id as own_key_id
 from homeserver.federation.signing_key import own_key_document
@@ -60,8 +66,10 @@ KEY_RESPONSE_MAX_BYTES = 1024 * 1024
 MAX_KEY_VALIDITY_MS = 7 * 24 * 3600 * 1000
 # Retry-After for a fetch refused because the budget is full: fetches end within seconds.
 BUDGET_REFUSAL_RETRY_MS = 1000
-# Servers one notary query may ask about: each may cost a network fetch.
+# Servers one notary query may ask about: each may cost a network fetch. A join asks
+# another notary for as many at once (`prefetch`), each allowed this much of its answer.
 MAX_NOTARY_QUERY_SERVERS = 100
+NOTARY_BYTES_PER_SERVER = 64 * 1024
 # A server none of whose key documents could be fetched is not asked again for this long.
 # Without it, a transaction naming more unreachable servers than a shard's share of the
 # budget would be refused on every retry (each fetch holds a slot until it times out, and
@@ -298,6 +306,70 @@ class Keyring:
         known = set(doc.get("verify_keys", {})) | set(doc.get("old_verify_keys", {}))
         return all(k in known for k in key_ids)
 
+    # -- many servers at once -------------------------------------------------------------
+
+    def prefetch(
+        self, wanted: dict[str, set[str]], min_ts: int, deadline: OutboundDeadline
+    ) -> set[str]:
+        """Fetches through the notaries, `MAX_NOTARY_QUERY_SERVERS` servers a query, the
+        keys of those in `wanted` ({server: key_ids}) not stored valid at `min_ts`: a big
+        room's state names hundreds of servers, and one query for a hundred beats a hundred
+        fetches. Each query holds a key-budget slot, waiting for one within `deadline`.
+        What the notaries lack is left to each lookup's own fetch. Returns the servers whose
+        keys came."""
+        notaries = [n for n in self.trusted_key_servers if n.server_name != self.server_name]
+        missing: dict[str, list[str]] = {}
+        for server, key_ids in wanted.items():
+            if notaries and server != self.server_name:
+                stored = self._stored_keys(server, fresh=True)
+                lacking = self._usable(stored, sorted(key_ids), min_ts)[1]
+                if lacking:
+                    missing[server] = lacking
+        came: set[str] = set()
+        for notary in notaries:
+            servers = sorted(missing.keys() - came)
+            if not servers or deadline.expired:
+                break
+            jobs = [
+                gevent.spawn(
+                    with_request_context(self._notary_batch),
+                    notary,
+                    {s: missing[s] for s in servers[at : at + MAX_NOTARY_QUERY_SERVERS]},
+                    min_ts,
+                    deadline,
+                )
+                for at in range(0, len(servers), MAX_NOTARY_QUERY_SERVERS)
+            ]
+            try:
+                gevent.joinall(jobs)
+            finally:
+                gevent.killall([j for j in jobs if not j.ready()])
+            came.update(*(j.value for j in jobs if j.successful() and j.value))
+        return came
+
+    def _notary_batch(
+        self,
+        notary: TrustedKeyServer,
+        wanted: dict[str, list[str]],
+        min_ts: int,
+        deadline: OutboundDeadline,
+    ) -> set[str]:
+        slot = self.budget.try_acquire(notary.server_name)
+        while slot is None:
+            if deadline.remaining() <= BUDGET_REFUSAL_RETRY_MS / 1000:
+                return set()
+            gevent.sleep(BUDGET_REFUSAL_RETRY_MS / 1000)
+            slot = self.budget.try_acquire(notary.server_name)
+        current = gevent.getcurrent()
+        with slot:
+            self._budgeted_fetchers.add(current)
+            try:
+                seconds = min(self.fetch_seconds, deadline.remaining())
+                what = f"keys of {len(wanted)} servers from {notary.server_name}"
+                return self._query_notary(notary, wanted, min_ts, OutboundDeadline(seconds, what))
+            finally:
+                self._budgeted_fetchers.discard(current)
+
     # -- fetching --------------------------------------------------------------------------
 
     def _fetch_once(
@@ -379,7 +451,7 @@ class Keyring:
         for notary in notaries:
             if deadline.expired:
                 break
-            if self._fetch_from_notary(notary, server_name, key_ids, min_ts, deadline):
+            if self._query_notary(notary, {server_name: key_ids}, min_ts, deadline):
                 fetched = True
                 if self._satisfied(server_name, key_ids, min_ts):
                     return
@@ -415,46 +487,48 @@ class Keyring:
             log.info("keys of %s from itself: %s", server_name, e)
             return False
 
-    def _fetch_from_notary(
+    def _query_notary(
         self,
         notary: TrustedKeyServer,
-        server_name: str,
-        key_ids: list[str],
+        wanted: dict[str, list[str]],
         min_ts: int,
         deadline: OutboundDeadline,
-    ) -> bool:
+    ) -> set[str]:
+        """Asks `notary` for the keys of every server in `wanted` ({server: key_ids}, "*"
+        for any) in one query; stores each document it vouches for. Returns the servers
+        whose document was accepted."""
+        accepted: set[str] = set()
         try:
             notary_keys = self._notary_keys(notary, deadline)
             if not notary_keys:
                 raise InvalidSignature(f"no verify key for notary {notary.server_name}")
-            query = {k: {"minimum_valid_until_ts": min_ts} for k in key_ids if k != "*"}
+            query = {
+                server: {k: {"minimum_valid_until_ts": min_ts} for k in key_ids if k != "*"}
+                for server, key_ids in wanted.items()
+            }
             answer = self.client.post_json(
                 notary.server_name,
                 "/_matrix/key/v2/query",
-                {"server_keys": {server_name: query}},
+                {"server_keys": query},
                 deadline=deadline,
-                max_bytes=KEY_RESPONSE_MAX_BYTES,
+                max_bytes=KEY_RESPONSE_MAX_BYTES + NOTARY_BYTES_PER_SERVER * len(wanted),
             )
             documents = answer.get("server_keys") if isinstance(answer, dict) else None
             if not isinstance(documents, list):
                 raise MalformedResponse(notary.server_name, "no server_keys list")
-            accepted = False
             for document in documents:
-                if isinstance(document, dict) and document.get("server_name") == server_name:
-                    try:
-                        self._accept_document(
-                            server_name, document, notary.server_name, notary_keys
-                        )
-                        accepted = True
-                    except (InvalidSignature, MalformedResponse) as e:
-                        log.warning(
-                            "keys of %s from notary %s: %s", server_name, notary.server_name, e
-                        )
-            return accepted
+                server = document.get("server_name") if isinstance(document, dict) else None
+                if server not in wanted:
+                    continue
+                try:
+                    self._accept_document(server, document, notary.server_name, notary_keys)
+                    accepted.add(server)
+                except (InvalidSignature, MalformedResponse) as e:
+                    log.warning("keys of %s from notary %s: %s", server, notary.server_name, e)
         except (FederationError, DeadlineExceeded, InvalidSignature) as e:
             self._count_expiry(e)
-            log.info("keys of %s from notary %s: %s", server_name, notary.server_name, e)
-            return False
+            log.info("keys of %s from notary %s: %s", sorted(wanted), notary.server_name, e)
+        return accepted
 
     def _count_expiry(self, e: Exception) -> None:
         if isinstance(e, DeadlineExceeded):
@@ -491,15 +565,15 @@ class Keyring:
             or not isinstance(old_keys, dict)
         ):
             raise MalformedResponse(server_name, "malformed key document")
-        current = _current_verify_keys(server_name, verify_keys)
-        signatures = _check_self_signed(document, server_name, current)
+        current = current_verify_keys(server_name, verify_keys)
+        signatures = check_self_signed(document, server_name, current)
         if notary is not None:
             self._verify_by_any(document, notary, notary_keys or [])
 
         now = _now_ms()
         valid_until = min(valid_until, now + MAX_KEY_VALIDITY_MS)
         keys = [StoredKey(kid, verify_keys[kid]["key"], valid_until, None) for kid in current]
-        keys += _expired_keys(old_keys, current)
+        keys += expired_keys(old_keys, current)
         # Served again by our notary endpoint: keep only the origin's own signatures.
         kept = dict(document, signatures={server_name: signatures})
         self.store.store_document(
@@ -514,58 +588,3 @@ class Keyring:
                 verify_signature(document, signer, key)
                 return
         raise InvalidSignature(f"not signed by notary {signer}")
-
-
-# --- key documents ----------------------------------------------------------------------
-
-
-def verify_with_keys(obj: dict, server_name: str, keys: dict) -> None:
-    """Checks ``obj``'s signatures by ``server_name`` with each of ``keys``; raises
-    ``InvalidSignature``. Pure: safe on a native thread."""
-    for key in keys.values():
-        verify_signature(obj, server_name, key)
-
-
-def _current_verify_keys(server_name: str, verify_keys: dict) -> dict:
-    """A key document's `verify_keys`, decoded: the ed25519 ones must all be valid."""
-    current = {}
-    for kid, value in verify_keys.items():
-        try:
-            current[kid] = decode_verify_key(kid, value["key"])
-        except Exception:
-            if kid.startswith("ed25519:"):
-                raise MalformedResponse(server_name, f"bad verify key {kid}") from None
-            # Other algorithms are not ours to use; the document may still be good.
-    return current
-
-
-def _check_self_signed(document: dict, server_name: str, current: dict) -> dict:
-    """Checks that the document is signed by its server, with its own current keys only;
-    returns the server's signatures."""
-    # Any JSON may arrive here: a `signatures` of the wrong type is a bad document like
-    # any other, not an error that would stop the notaries from being asked.
-    all_signatures = document.get("signatures")
-    signatures = all_signatures.get(server_name) if isinstance(all_signatures, dict) else None
-    if not isinstance(signatures, dict):
-        raise InvalidSignature(f"key document of {server_name} is not self-signed")
-    signed_by = [k for k in signatures if k.startswith("ed25519:")]
-    if not signed_by:
-        raise InvalidSignature(f"key document of {server_name} is not self-signed")
-    for kid in signed_by:
-        if kid not in current:
-            raise InvalidSignature(f"{server_name} signed with {kid}, not one of its keys")
-        verify_signature(document, server_name, current[kid])
-    return signatures
-
-
-def _expired_keys(old_keys: dict, current: dict) -> list[StoredKey]:
-    """A document's `old_verify_keys` that are well formed and not also current, stored as
-    valid until they expired."""
-    keys = []
-    for kid, value in old_keys.items():
-        if kid in current or not isinstance(value, dict):
-            continue
-        expired = value.get("expired_ts")
-        if isinstance(expired, int) and isinstance(value.get("key"), str):
-            keys.append(StoredKey(kid, value["key"], expired, expired))
-    return keys

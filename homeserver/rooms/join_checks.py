@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import gevent
 
+from budget import OutboundDeadline
 from homeserver.core.concurrency import let_io_run
 from homeserver.core.events import Event
 from homeserver.federation.errors import MalformedResponse
@@ -28,7 +29,7 @@ from homeserver.rooms.auth import (
     check_auth_events,
 )
 from homeserver.rooms.events import InvalidEvent, check_pdu_format, event_id_for, room_id_of
-from homeserver.rooms.pdu_checks import CheckedPdu, PduChecker
+from homeserver.rooms.pdu_checks import CheckedPdu, PduChecker, signers
 from homeserver.rooms.versions import RoomVersion
 
 # Events identified (hashed) per native-thread task, and authorised between two pauses.
@@ -109,7 +110,14 @@ class JoinResponseChecker:
         self.max_events = max_events  # federation.joins.max_events
         self.junk = junk  # servers whose answers were mostly junk: asked last
 
-    def check(self, server: str, version: RoomVersion, our_join: Event, body: object) -> JoinedRoom:
+    def check(
+        self,
+        server: str,
+        version: RoomVersion,
+        our_join: Event,
+        body: object,
+        deadline: OutboundDeadline | None = None,
+    ) -> JoinedRoom:
         """The checked room, or `BadJoinResponse`. Run it under the join's deadline: a key
         fetch the keyring's budget refuses waits for a slot until then.
 
@@ -136,7 +144,7 @@ class JoinResponseChecker:
         everything[our_join.event_id] = join_pdu
         held = len(state_pdus) + len(_pdus(server, body, "auth_chain"))
         self.junk.note(server, held, len(everything) - 1)
-        checked = self._verified(server, version, everything)
+        checked = self._verified(server, version, everything, deadline)
         events = {i: c.event for i, c in checked.items() if c.event is not None}
         signed_by = {i: c.signed_by for i, c in checked.items()}
         for n, event in enumerate(events.values()):
@@ -157,11 +165,17 @@ class JoinResponseChecker:
             {k: e.event_id for k, e in state.items()},
         )
 
-    def _verified(self, server: str, version: RoomVersion, pdus: dict) -> dict[str, CheckedPdu]:
+    def _verified(
+        self, server: str, version: RoomVersion, pdus: dict, deadline: OutboundDeadline | None
+    ) -> dict[str, CheckedPdu]:
         """Signatures and content hashes of every event (on native threads, in batches:
-        rooms/pdu_checks.py). A key fetch the budget refuses waits for a slot, within the
-        join's deadline: a big room names more servers than the budget has slots."""
+        rooms/pdu_checks.py). The signers' keys come first through the notaries, a hundred
+        servers a query; a key fetch the budget refuses waits for a slot, within the join's
+        deadline: a big room names more servers than the budget has slots."""
         items = [CheckedPdu(event_id, pdu, version) for event_id, pdu in pdus.items()]
+        if deadline is not None:
+            wanted, newest = signers(items)
+            self._checker.keyring.prefetch(wanted, newest, deadline)
         checked: dict[str, CheckedPdu] = {}
         for result in self._checker.verify_all(items, None, wait_for_slots=True):
             if result.error is not None:

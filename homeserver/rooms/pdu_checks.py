@@ -25,7 +25,8 @@ from homeserver.core import strict_json
 from homeserver.core.events import Event
 from homeserver.core.identifiers import server_of
 from homeserver.federation.errors import InvalidSignature, KeyResolutionRefused
-from homeserver.federation.keyring import Keyring, verify_with_keys
+from homeserver.federation.key_documents import verify_with_keys
+from homeserver.federation.keyring import Keyring
 from homeserver.rooms.events import (
     InvalidEvent,
     check_pdu_format,
@@ -102,6 +103,28 @@ def signing_servers(pdu: dict, version: RoomVersion) -> list[str]:
     ):
         servers.append(server_of(authoriser))
     return servers
+
+
+def signers(items: list[CheckedPdu]) -> tuple[dict[str, set[str]], int]:
+    """({server: the key IDs its signatures name}, the newest origin_server_ts) over the
+    well-formed of `items`: the keys their checks will look up (`Keyring.prefetch`)."""
+    wanted: dict[str, set[str]] = {}
+    newest = 0
+    for item in items:
+        pdu = item.pdu
+        try:
+            servers = signing_servers(pdu, item.version)
+            signatures = pdu["signatures"]
+            newest = max(newest, int(pdu["origin_server_ts"]))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            continue  # malformed: its own check says so
+        for server in servers:
+            key_ids = signatures.get(server) if isinstance(signatures, dict) else None
+            if isinstance(key_ids, dict):
+                wanted.setdefault(server, set()).update(
+                    k for k in key_ids if isinstance(k, str) and k.startswith("ed25519:")
+                )
+    return wanted, newest
 
 
 class PduChecker:

@@ -264,7 +264,7 @@ class RemoteMembership:
             max_bytes=self._joins.max_bytes,
             target_health=self._cooldown,
         )
-        return self._checker.check(server, version, event, body)
+        return self._checker.check(server, version, event, body, deadline)
 
     # --- rejecting an invite, rescinding a knock -------------------------------------------
 

@@ -8,15 +8,16 @@ import pytest
 from signedjson.key import encode_verify_key_base64, generate_signing_key, get_verify_key
 from signedjson.sign import sign_json
 
-from budget import InFlightBudget, RateLimiter
+from budget import InFlightBudget, OutboundDeadline, RateLimiter
 from homeserver.config import TrustedKeyServer
 from homeserver.federation.errors import InvalidSignature, KeyResolutionRefused
-from homeserver.federation.keyring import Keyring
+from homeserver.federation.keyring import MAX_NOTARY_QUERY_SERVERS, Keyring
 from homeserver.metrics import Metrics
 from homeserver.storage.database import open_database
 from homeserver.storage.keys import ServerKeyStore, StoredKey
 from homeserver.storage.migrations import migrate
 from tests.peers.liar import LiarPeer
+from tests.peers.origins import FakeOrigin
 from tests.peers.tarpit import Tarpit
 from tests.support.federation import make_client
 
@@ -294,3 +295,74 @@ def test_a_key_document_whose_signatures_are_not_a_map_is_refused_like_any_bad_o
     for _ in range(2):
         assert alone.resolve(liar.server_name, [liar.key_id], now_ms(), "192.0.2.1") == {}
     assert liar.hits(KEYS) == 1
+
+
+# --- a join's keys through the notaries in batches (Keyring.prefetch) -------------------
+
+QUERY = "/_matrix/key/v2/query"
+
+
+def batch_notary(start_peer, ip, origins: dict[str, FakeOrigin]):
+    """A notary that vouches, in one answer, for every server it is asked about that it
+    knows, and records how many it was asked about each time."""
+    notary = start_peer(f"{ip}:8448", ip, 8448)
+    notary.asked = []
+
+    def query(req):
+        names = list(req.json()["server_keys"])
+        notary.asked.append(len(names))
+        docs = [notary_signed(origins[n].key_document(), notary) for n in names if n in origins]
+        return 200, {"server_keys": docs}
+
+    notary.route("POST", QUERY, query)
+    return notary
+
+
+def notary_signed(document: dict, notary) -> dict:
+    return sign_json(document, notary.server_name, notary.signing_key)
+
+
+def test_a_rooms_servers_keys_come_in_batches_and_nothing_is_fetched_one_by_one(
+    make_keyring, start_peer
+):
+    """150 servers that nobody could reach directly: two notary queries (100, then 50) bring
+    every key, and the lookups that follow go to no network at all."""
+    origins = {f"o{n}.prefetch.test": FakeOrigin(f"o{n}.prefetch.test") for n in range(150)}
+    notary = batch_notary(start_peer, "127.25.20.2", origins)
+    keyring = make_keyring(trusted=(TrustedKeyServer(notary.server_name, None),))
+    wanted = {name: {o.key_id} for name, o in origins.items()}
+    came = keyring.prefetch(wanted, now_ms(), OutboundDeadline(30, what="test"))
+    assert came == set(origins)
+    assert sorted(notary.asked) == [150 - MAX_NOTARY_QUERY_SERVERS, MAX_NOTARY_QUERY_SERVERS]
+    fetches = keyring.network_fetches
+    for name, origin in origins.items():
+        assert list(keyring.resolve(name, [origin.key_id], now_ms(), None)) == [origin.key_id]
+    assert keyring.network_fetches == fetches == 0
+    # Known now: a second prefetch asks nobody.
+    assert keyring.prefetch(wanted, now_ms(), OutboundDeadline(30, what="test")) == set()
+    assert len(notary.asked) == 2
+
+
+def test_a_batch_waits_for_a_key_budget_slot_within_the_deadline(make_keyring, start_peer):
+    """The budget's one slot is held: the query waits for it rather than failing, and goes
+    once it is free; with the slot never freed, the prefetch gives up at its deadline."""
+    origins = {"a.prefetch.test": FakeOrigin("a.prefetch.test")}
+    notary = batch_notary(start_peer, "127.25.21.2", origins)
+    keyring = make_keyring(max_in_flight=1, trusted=(TrustedKeyServer(notary.server_name, None),))
+    wanted = {"a.prefetch.test": {origins["a.prefetch.test"].key_id}}
+    held = keyring.budget.try_acquire("someone")
+    job = gevent.spawn(keyring.prefetch, wanted, now_ms(), OutboundDeadline(30, what="test"))
+    gevent.sleep(0)  # the prefetch is refused a slot and waits
+    assert not job.ready() and notary.asked == []
+    held.release()
+    assert job.get(timeout=10) == {"a.prefetch.test"}
+    assert notary.asked == [1]
+    assert keyring.budget.in_flight == 0
+
+    other = {"b.prefetch.test": {"ed25519:x"}}
+    held = keyring.budget.try_acquire("someone")
+    try:
+        assert keyring.prefetch(other, now_ms(), OutboundDeadline(1.5, what="test")) == set()
+    finally:
+        held.release()
+    assert notary.asked == [1]
