@@ -78,7 +78,8 @@ class RoomResolver:
             sets.append({k: s.event.event_id for k, s in at.items()})
         return sets
 
-    def resolve(self, state_sets: list[StateIds]) -> StateIds:
+    def resolve(self, state_sets: list[StateIds], pending: Event | None = None) -> StateIds:
+        """`pending`: an event of the sets not stored yet (the received one)."""
         if all(s == state_sets[0] for s in state_sets[1:]):
             return dict(state_sets[0])  # forks of messages: one state, nothing to read
         unconflicted, conflicted = split_conflicted(state_sets)
@@ -87,7 +88,8 @@ class RoomResolver:
         # The index gives the auth difference without reading the states' events; only
         # the full conflicted set's events and auth chains are read then. Without it (an
         # event stored before its auth events were known), every event of the states is.
-        difference = self._graph.auth_difference(state_sets)
+        unstored = {pending.event_id: pending.auth_event_ids} if pending is not None else {}
+        difference = self._graph.auth_difference(state_sets, unstored)
         if difference is None:
             ids = {e for s in state_sets for e in s.values()}
         else:
@@ -104,6 +106,7 @@ class RoomResolver:
             auth_chain_from_lookup(self.get),
             lambda e: e in rejected,
             difference,
+            (unconflicted, conflicted),
         )
 
     def _read_with_auth_chains(self, ids: set[str]) -> set[str]:
@@ -177,7 +180,7 @@ class RoomResolver:
         after = dict(before)
         if key is not None:
             after[key] = event.event_id
-        return CurrentAfter(state=self.resolve([after, *self.state_after(others)]))
+        return CurrentAfter(state=self.resolve([after, *self.state_after(others)], event))
 
     def _one_group(self, before: GroupRef, others: list[str]) -> bool:
         """Are the room's current state and the states at `others` all `before`'s group?

@@ -61,12 +61,14 @@ def resolve_state(
     auth_chain: AuthChainLookup,
     rejected: RejectedCheck = _never_rejected,
     difference: set[str] | None = None,
+    split: tuple[dict[StateKey, str], set[str]] | None = None,
 ) -> dict[StateKey, str]:
     """The resolution of `state_sets` (spec, "Algorithm", steps 1 to 5). `difference`: their
-    auth difference when an index gave it (storage/auth_chains.py); else it is walked."""
+    auth difference when an index gave it (storage/auth_chains.py), else it is walked;
+    `split`: their `split_conflicted`, when the caller made it already."""
     if not state_sets:
         return {}
-    unconflicted, conflicted = split_conflicted(state_sets)
+    unconflicted, conflicted = split or split_conflicted(state_sets)
     if not conflicted:
         return unconflicted
     if difference is None:
@@ -85,15 +87,18 @@ def resolve_state(
 def split_conflicted(state_sets: Sequence[StateIds]) -> tuple[dict[StateKey, str], set[str]]:
     """(the unconflicted state map, the conflicted state set): a key present in every set
     with one value is unconflicted; every value of any other key is conflicted."""
-    unconflicted: dict[StateKey, str] = {}
-    conflicted: set[str] = set()
-    keys = set().union(*(s.keys() for s in state_sets))
-    for key in keys:
-        values = {s.get(key) for s in state_sets}
-        if len(values) == 1 and None not in values:
-            unconflicted[key] = values.pop()  # type: ignore[assignment]
-        else:
-            conflicted.update(v for v in values if v is not None)
+    # A big room's states are 10,000 keys each and differ in a few: find those keys with
+    # one cheap pass per set, then look only at them (a set of values per key, or of the
+    # items, cost the hub some 10 ms a resolution).
+    first = state_sets[0]
+    differing: set[StateKey] = set()
+    for state in state_sets[1:]:
+        differing.update(k for k, v in state.items() if first.get(k) != v)
+        differing.update(first.keys() - state.keys())
+    unconflicted = dict(first)
+    for key in differing:
+        unconflicted.pop(key, None)
+    conflicted = {s[k] for s in state_sets for k in differing if k in s}
     return unconflicted, conflicted
 
 

@@ -68,28 +68,45 @@ def index_events(tx, events: Iterable[Event]) -> None:
     )
 
 
-def auth_difference(tx, state_sets: Sequence[Mapping]) -> set[str] | None:
+def auth_difference(
+    tx, state_sets: Sequence[Mapping], pending: Mapping[str, Sequence[str]] | None = None
+) -> set[str] | None:
     """The events in some state set's auth chain (the set's own events included) but not
-    in every one's; None when an event of the sets is not indexed (the caller then walks)."""
+    in every one's. `pending`: events of the sets not stored yet ({event_id: its auth event
+    IDs}), such as the received event whose resolution this is; no stored event cites them,
+    so each counts as its auth events plus itself. None when another event of the sets is
+    not indexed (the caller then walks)."""
+    pending = pending or {}
     values = [set(s.values()) for s in state_sets]
     every = set[str]().union(*values)
-    positions = _positions(tx, every)
-    if len(positions) < len(every):
+    positions = _positions(tx, every | {a for auths in pending.values() for a in auths})
+    unplaced = every - positions.keys()
+    if unplaced - pending.keys():
         return None
+
+    def starts(ids: Iterable[str]) -> list[Position]:
+        found = []
+        for event_id in ids:
+            if event_id in positions:
+                found.append(positions[event_id])
+            else:
+                found += [positions[a] for a in pending[event_id] if a in positions]
+        return found
+
     common = set.intersection(*values)
     base = Reach(_Links(tx))
-    base.add(positions[e] for e in common)
+    base.add(starts(common))
     tops = []
     for ids in values:
         reach = base.copy()
-        reach.add(positions[e] for e in ids - common)
+        reach.add(starts(ids - common))
         tops.append(reach.top)
     ranges = []
     for chain in set[int]().union(*tops):
         seqs = [top.get(chain, 0) for top in tops]
         if min(seqs) < max(seqs):
             ranges.append((chain, min(seqs), max(seqs)))
-    return _events_in(tx, ranges)
+    return _events_in(tx, ranges) | (unplaced - common)
 
 
 class Reach:

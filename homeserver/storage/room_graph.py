@@ -45,10 +45,13 @@ class RoomGraphStore:
         """Those of `event_ids` stored in the room, read in chunks however many."""
         return self.db.read(self._events, room_id, list(event_ids))
 
-    def auth_difference(self, state_sets: Sequence[Mapping]) -> set[str] | None:
+    def auth_difference(
+        self, state_sets: Sequence[Mapping], pending: Mapping[str, Sequence[str]]
+    ) -> set[str] | None:
         """The auth difference of the state sets, by the index (storage/auth_chains.py);
-        None when one of their events is not indexed."""
-        return self.db.read(auth_chains.auth_difference, state_sets)
+        `pending`: their events not stored yet, with their auth event IDs. None when one of
+        their other events is not indexed."""
+        return self.db.read(auth_chains.auth_difference, state_sets, pending)
 
     def event_in_room(self, room_id: str, event_id: str) -> StoredEvent | None:
         return self.rooms.events_in_room(room_id, [event_id]).get(event_id)

@@ -102,6 +102,21 @@ def test_the_difference_is_the_walked_one_whatever_the_batches(db, seed):
         assert db.read(auth_chains.auth_difference, sets) == walked_difference(events, sets)
 
 
+def test_an_event_not_stored_yet_counts_as_its_auth_events_and_itself(db):
+    """The received event whose resolution it is: in one set, not stored, not indexed."""
+    events = random_graph(5, 120)
+    db.write(auth_chains.index_events, events[:-1])
+    received = events[-1]
+    rng = random.Random(5)
+    for _ in range(20):
+        sets = random_state_sets(events[:-1], rng)
+        sets[0][("received", "")] = received.event_id
+        pending = {received.event_id: received.auth_event_ids}
+        found = db.read(auth_chains.auth_difference, sets, pending)
+        assert found == walked_difference(events, sets)
+        assert received.event_id in found
+
+
 def test_an_unindexed_event_asks_for_a_walk(db):
     events = random_graph(7, 20)
     db.write(auth_chains.index_events, events[:10])
