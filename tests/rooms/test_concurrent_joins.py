@@ -1,6 +1,7 @@
-"""Joins through make_join/send_join from many servers at once, a few in flight at a time,
-as a room fills up on the real network: every member ends in the room's current state, and
-that state is what the room's own resolver makes of its forward extremities."""
+"""Joins from many servers at once, a few in flight at a time, as a room fills up on the real
+network: through make_join/send_join, and sent in transactions, each fork of joins resolved
+(by the auth chain index, storage/auth_chains.py). Every member ends in the room's current
+state, and that state is what the room's own resolver makes of its forward extremities."""
 
 from urllib.parse import quote
 
@@ -12,7 +13,7 @@ from homeserver.rooms.resolution import RoomResolver
 from homeserver.rooms.versions import ROOM_V10
 from homeserver.storage.database import open_database
 from homeserver.storage.rooms import RoomStore
-from tests.peers.origins import OriginKeyServer, federation_request
+from tests.peers.origins import OriginKeyServer, federation_request, send_transaction
 from tests.support.federation import tls_weir
 from tests.support.remote_room import RemoteRoom
 from tests.support.server import MatrixClient
@@ -77,9 +78,37 @@ def test_joins_at_once_keep_every_member(weir, test_ca, keys):
             gevent.spawn(join, weir, test_ca, o, room.room_id) for o in origins[at : at + AT_ONCE]
         ]
         joined += [job.get(timeout=60) for job in batch]
+    assert_every_member_and_resolved(weir, room, joined)
+
+
+def test_joins_sent_at_once_in_transactions_keep_every_member(weir, test_ca, keys):
+    """Each batch of joins is built on one tip and sent by its servers at once, each in a
+    transaction of its own: forks of joins, every one resolved against the others."""
+    alice = MatrixClient(weir.client_url)
+    alice.register("alice-txn")
+    room = RemoteRoom.create(alice, room_version="10")
+    origins = [keys.add_origin(f"t{i}") for i in range(JOINERS)]
+
+    def send(origin, pdu) -> None:
+        r = send_transaction(
+            weir.federation_url, origin, WEIR, f"join-{origin.name}", [pdu], test_ca
+        )
+        assert r.status_code == 200 and r.json()["pdus"] == {event_id_for(ROOM_V10, pdu): {}}, (
+            r.text
+        )
+
+    for at in range(0, JOINERS, AT_ONCE):
+        tip = room.latest_event_id()
+        batch = [(o, room.join_pdu(o, "m", prev=tip)[1]) for o in origins[at : at + AT_ONCE]]
+        for job in [gevent.spawn(send, o, pdu) for o, pdu in batch]:
+            job.get(timeout=60)
+    assert_every_member_and_resolved(weir, room, [o.user("m") for o in origins])
+
+
+def assert_every_member_and_resolved(weir, room: RemoteRoom, joined: list[str]) -> None:
     state = room.state_ids()
     missing = [u for u in joined if ("m.room.member", u) not in state]
-    assert not missing, f"{len(missing)} of {JOINERS} joins left out of the room's state"
+    assert not missing, f"{len(missing)} of {len(joined)} joins left out of the room's state"
     # And the state is what the room's resolver makes of its forward extremities, read
     # from the database the server wrote.
     db = open_database(weir.database_url)
