@@ -224,6 +224,9 @@ class SenderConfig:
     live_window: float = setting(_seconds(), 300.0)
     # What an unproven destination's transaction has to answer in (never over remote_timeout).
     unproven_timeout: float = setting(_seconds(), 10.0)
+    # A transaction is late past 10 times its destination's last answer time, and never
+    # before this: while a live destination waits for a slot, a late one gives its slot up.
+    late_after: float = setting(_seconds(), 0.5)
 
 
 @dataclass(frozen=True)

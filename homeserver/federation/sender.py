@@ -17,7 +17,11 @@ The rules (server-server spec, "Transactions"; docs/architecture.md, "Processes"
   is unproven. Each lane waits its turn in arrival order. Live destinations are started
   first and a quarter of the slots is theirs alone; unproven ones share the rest, and an
   unproven attempt has `unproven_timeout` to answer, not the whole `remote_timeout`. An
-  inbound transaction from a server ends its backoff, and its backlog goes next.
+  inbound transaction from a server ends its backoff, and its backlog goes next;
+- a transaction is late once it has waited `late_after` (10 times its destination's last
+  answer time, at least the `late_after` setting, at most `unproven_timeout`). While a live
+  destination waits and every slot is taken, the most overdue late one gives up its slot:
+  it counts as a failure (backoff, unproven), its PDUs stay in the outbox.
 
 Runs in main only (homeserver/processes/main.py starts and stops it). With several instances
 on one database, each destination's row carries a lease (`owner`): only its holder sends.
@@ -57,11 +61,20 @@ BACKOFF_MAX = 3600.0
 # The lanes' defaults (federation.sender.live_window, federation.sender.unproven_timeout).
 LIVE_WINDOW_SECONDS = 300.0
 UNPROVEN_TIMEOUT_SECONDS = 10.0
+# federation.sender.late_after's default; a transaction is late past this many of its
+# destination's last answer times (docs/architecture.md, "The sender's lanes").
+LATE_AFTER_SECONDS = 0.5
+LATE_AFTER_ANSWERS = 10
 LIVE, UNPROVEN = "live", "unproven"
 LANES = (LIVE, UNPROVEN)
 # Answers meaning the peer refuses this content: retrying it would wedge the destination, so
 # its PDUs are dropped. Anything else (429, 5xx, no answer) is a failure to retry later.
 _REFUSED = (400, 403, 413)
+
+
+class Preempted(gevent.GreenletExit):
+    """Thrown into a late transaction's greenlet: its slot goes to a live destination. A
+    GreenletExit, so that a database call it lands in is cancelled as for any kill."""
 
 
 @dataclass
@@ -77,6 +90,11 @@ class _Destination:
     interval: float = 0.0  # the current backoff, 0 when none
     retry_at: float = 0.0  # monotonic
     timer: gevent.Greenlet | None = None
+    runner: gevent.Greenlet | None = None  # the greenlet sending to it
+    calling: bool = False  # its runner waits on the network for a transaction's answer
+    call_started: float = 0.0  # monotonic, when that wait began
+    answer_seconds: float | None = None  # how long its last successful transaction took
+    preempted: bool = False  # told to give its slot up
     edus: deque = field(default_factory=lambda: deque(maxlen=MAX_QUEUED_EDUS))
 
 
@@ -99,6 +117,7 @@ class FederationSender:
         backoff_max: float = BACKOFF_MAX,
         live_window: float = LIVE_WINDOW_SECONDS,
         unproven_timeout: float = UNPROVEN_TIMEOUT_SECONDS,
+        late_after: float = LATE_AFTER_SECONDS,
         on_outcome: Callable[[str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ):
@@ -111,11 +130,13 @@ class FederationSender:
         self.unproven_limit = max(1, max_in_flight - self.live_reserved)
         self.live_window = live_window
         self.unproven_timeout = min(unproven_timeout, client.remote_timeout)
+        self.late_after_floor = late_after
         self.owner = owner
         self.backoff_start = backoff_start
         self.backoff_max = backoff_max
         self.stats = SenderStats()
         self.revivals = 0  # destinations backing off whose transaction to us ended it
+        self.preempted = 0  # late transactions stopped to give their slot to a live one
         self._on_outcome = on_outcome
         self._clock = clock
         self.pool = Pool(max_in_flight)
@@ -124,6 +145,9 @@ class FederationSender:
         self._ready: dict[str, deque[str]] = {lane: deque() for lane in LANES}
         self._in_flight: dict[str, _Destination] = {}
         self._running = False
+        # Wakes _dispatch when the first transaction in flight becomes late, while a live
+        # destination waits for a slot: one at a time, never past stop().
+        self._late_watch: gevent.Greenlet | None = None
 
     # --- life cycle -----------------------------------------------------------------------
 
@@ -146,6 +170,7 @@ class FederationSender:
     def stop(self) -> None:
         """Stops sending; what is in flight is abandoned (the outbox still holds it)."""
         self._running = False
+        self._stop_late_watch()
         for dest in self._destinations.values():
             if dest.timer is not None:
                 dest.timer.kill(block=False)
@@ -244,6 +269,11 @@ class FederationSender:
             "Destinations backing off whose transaction to us ended the backoff",
             lambda: self.revivals,
         )
+        metrics.track_counter(
+            "weir_federation_sender_preempted",
+            "Late transactions stopped to give their slot to a waiting live destination",
+            lambda: self.preempted,
+        )
 
     # --- scheduling -----------------------------------------------------------------------
 
@@ -298,24 +328,91 @@ class FederationSender:
             elif self._ready[UNPROVEN] and self.in_flight_of(UNPROVEN) < self.unproven_limit:
                 dest = self._destinations[self._ready[UNPROVEN].popleft()]
             else:
-                return
+                break
             self._in_flight[dest.name] = dest
-            runner = self.pool.spawn(self._run, dest)  # never blocks: a place is free
+            dest.runner = self.pool.spawn(self._run, dest)  # never blocks: a place is free
             # The pool's own link (which frees the place) was made first, so it runs first.
-            runner.link(lambda _: self._dispatch())
+            dest.runner.link(lambda _: self._dispatch())
+        self._make_room_for_live()
 
     def _run(self, dest: _Destination) -> None:
         try:
             while self._running and self._send_one(dest):
                 pass
+        except Preempted:
+            # It landed after the call it was meant for had answered: nothing failed. The
+            # slot still goes to the live one; this destination queues again.
+            dest.pending = True
         except Exception:
             log.exception("federation sender: %s", dest.name)
             self._failed(dest)
         finally:
             self._in_flight.pop(dest.name, None)
-            dest.busy = False
+            dest.busy, dest.runner, dest.preempted = False, None, False
             if self._running and dest.retry_at <= time.monotonic():
                 self._kick(dest)  # something arrived while the last transaction ran
+
+    # --- late transactions -----------------------------------------------------------------
+
+    def late_after(self, dest: _Destination) -> float:
+        """Seconds after which `dest`'s transaction is late. One that never answered has
+        only its unproven deadline, which bounds it already."""
+        if dest.answer_seconds is None:
+            return self.unproven_timeout
+        late = max(self.late_after_floor, LATE_AFTER_ANSWERS * dest.answer_seconds)
+        return min(late, self.unproven_timeout)
+
+    def _make_room_for_live(self) -> None:
+        """Live destinations wait and every slot is taken: the most overdue late transaction
+        gives up its slot, its exit link dispatching the next live one. If none is late yet,
+        this runs again when the first becomes late."""
+        waiting = len(self._ready[LIVE]) - sum(d.preempted for d in self._in_flight.values())
+        # Fewer in flight than slots: one is ending, and its exit link dispatches.
+        if not self._running or waiting <= 0 or len(self._in_flight) < self.max_in_flight:
+            self._stop_late_watch()
+            return
+        now = time.monotonic()
+        overdue: dict[str, float] = {}  # seconds past late; negative: not late yet
+        for d in self._in_flight.values():
+            if not d.preempted:
+                # One in the database (not waiting on the network) is never stopped: it is
+                # looked at again once its call could be late.
+                since = d.call_started if d.calling else now
+                overdue[d.name] = now - since - self.late_after(d)
+        late = [n for n in overdue if overdue[n] >= 0 and self._in_flight[n].calling]
+        for name in sorted(late, key=lambda n: overdue[n], reverse=True)[:waiting]:
+            self._preempt(self._in_flight[name])
+        waiting -= min(waiting, len(late))
+        upcoming = [-o for n, o in overdue.items() if n not in late]
+        if waiting > 0 and upcoming:
+            self._watch_late(max(0.01, min(upcoming)))
+        else:
+            self._stop_late_watch()
+
+    def _preempt(self, dest: _Destination) -> None:
+        waited = time.monotonic() - dest.call_started
+        log.info(
+            "federation sender: %s late after %.1f s; its slot goes to a live destination",
+            dest.name,
+            waited,
+        )
+        dest.preempted = True
+        self.preempted += 1
+        if dest.runner is not None:
+            dest.runner.kill(Preempted, block=False)  # its socket is closed on the way out
+
+    def _watch_late(self, seconds: float) -> None:
+        self._stop_late_watch()
+        self._late_watch = gevent.spawn_later(seconds, self._late_watch_fired)
+
+    def _late_watch_fired(self) -> None:
+        self._late_watch = None
+        self._make_room_for_live()
+
+    def _stop_late_watch(self) -> None:
+        watch, self._late_watch = self._late_watch, None
+        if watch is not None and watch is not gevent.getcurrent():
+            watch.kill(block=False)
 
     # --- one transaction ------------------------------------------------------------------
 
@@ -341,28 +438,35 @@ class FederationSender:
             return False
         # Until it answers, a destination has the unproven lane's time, not the whole deadline.
         seconds = None if self.lane_of(dest) == LIVE else self.unproven_timeout
-        outcome = self._put(dest.name, str(txn_id), [p for _, p in pdus], edus, seconds)
-        self._count(outcome)
+        outcome = self._put(dest, str(txn_id), [p for _, p in pdus], edus, seconds)
         if outcome == "failure":
             # Typing is stale by the time a dead server returns; receipts still matter.
             dest.edus.extendleft(reversed([e for e in edus if e["edu_type"] != "m.typing"]))
             self._failed(dest)
+            self._count(outcome)
             return False
+        dest.answer_seconds = time.monotonic() - dest.call_started
         self.store.delivered(dest.name, [ordering for ordering, _ in pdus])
         self._succeeded(dest)
+        self._count(outcome)  # after the outbox and the lanes know it
         return dest.pending or bool(dest.edus)
 
     def _put(
-        self, destination: str, txn_id: str, pdus: list, edus: list, seconds: float | None
+        self, dest: _Destination, txn_id: str, pdus: list, edus: list, seconds: float | None
     ) -> str:
+        """One transaction: "success", "refused" or "failure" (a preempted one too)."""
+        destination = dest.name
         body = {"origin": self.server_name, "origin_server_ts": now_ms(), "pdus": pdus}
         if edus:
             body["edus"] = edus
         path = f"/_matrix/federation/v1/send/{quote(txn_id, safe='')}"
         deadline = self.client.deadline(seconds, what=f"transaction {txn_id} to {destination}")
+        dest.calling, dest.call_started = True, time.monotonic()
         try:
             self.client.put_json(destination, path, body, deadline=deadline)
             return "success"
+        except Preempted:  # _preempt logged it
+            return "failure"
         except RemoteError as e:
             if e.status in _REFUSED:
                 log.warning("transaction %s refused by %s: %s", txn_id, destination, e)
@@ -372,6 +476,8 @@ class FederationSender:
         except (FederationError, DeadlineExceeded) as e:  # unreachable, late, malformed
             log.info("transaction %s to %s failed: %s", txn_id, destination, e)
             return "failure"
+        finally:
+            dest.calling = False
 
     def _count(self, outcome: str) -> None:
         self.stats.outcomes[outcome] += 1

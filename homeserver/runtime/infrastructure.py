@@ -249,6 +249,7 @@ class Infrastructure:
             self.config.federation.sender.max_in_flight,
             live_window=self.config.federation.sender.live_window,
             unproven_timeout=self.config.federation.sender.unproven_timeout,
+            late_after=self.config.federation.sender.late_after,
             on_outcome=lambda outcome: outcomes.labels(outcome).inc(),
         )
         sender.track_figures(self.metrics)

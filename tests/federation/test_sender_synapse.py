@@ -7,6 +7,7 @@ WEIR_TEST_SYNAPSE_IP so that it never collides with the session's shared one."""
 
 import os
 import signal
+import socket
 import time
 from urllib.parse import quote
 
@@ -229,10 +230,11 @@ class AnsweringServers(DeadServersKeys):
 def test_servers_that_die_after_answering_delay_nobody_and_come_back_at_once(
     weir, synapse, test_ca
 ):
-    """200 members' servers answer our transactions, then all turn into TLS tarpits.
-    Once each has failed once (it is unproven then), every message reaches Synapse within
-    2 s, the tarpits never hold more than max_in_flight connections, and /versions stays
-    fast. Then 20 of them come back and each sends us a transaction: each has our latest
+    """200 members' servers answer our transactions, then all turn into TLS tarpits. From
+    the moment they die, while they are still live (their last transaction succeeded),
+    every message reaches Synapse within 2 s: their late transactions give their slots up.
+    The tarpits never hold more than max_in_flight connections, and /versions stays fast.
+    Then 20 of them come back and each sends us a transaction: each has our latest
     message within 15 s of it (homeserver/federation/sender.py, lanes)."""
     alice = MatrixClient(weir.client_url)
     alice.register("alice-died")
@@ -257,18 +259,8 @@ def test_servers_that_die_after_answering_delay_nobody_and_come_back_at_once(
     with Tarpit(DEAD_IPS[0], port) as tarpit:
         for ip in DEAD_IPS[1:]:
             tarpit.listen(ip, port)
-        # Dead now. The first message finds each of them live still (their last
-        # transaction succeeded): it is their first failure that makes them unproven.
-        failures = metric(weir.client_url, "weir_federation_transactions_total", outcome="failure")
-        say(alice, room.room_id, ["died-prime"])
-        since = wait_in_sync(bob, room.room_id, since, "died-prime", within=120)
-        assert tarpit.wait_accepted(len(dead), timeout=120), tarpit.counters()
-        # Each of them has failed once: unproven from now on.
-        with gevent.Timeout(60, AssertionError("the dead servers never all failed")):
-            while metric(
-                weir.client_url, "weir_federation_transactions_total", outcome="failure"
-            ) < failures + len(dead):
-                gevent.sleep(0.2)
+        # Dead now, and live still: the first message goes to each of them with the whole
+        # remote_timeout. Synapse must not wait for them: their late transactions yield.
         took = []
         with LatencyProbe(weir.client_url, "/_matrix/client/versions") as probe:
             for n in range(10):
@@ -279,9 +271,10 @@ def test_servers_that_die_after_answering_delay_nobody_and_come_back_at_once(
                 gevent.sleep(max(0.0, 1.0 - (time.monotonic() - started)))
         print("reached Synapse in (ms):", [round(t * 1000) for t in took])
         ours.stop()
-        assert 0 < ours.most <= 64, ours.most
+        assert 0 < ours.most <= 64, ours.peak_report()
+    preempted = metric(weir.client_url, "weir_federation_sender_preempted_total")
     print(f"/versions: {len(probe.samples)} samples, p99 {probe.p99():.1f} ms")
-    print(f"our connections to the tarpits: at most {ours.most}")
+    print(f"our connections to the tarpits: at most {ours.most}; preempted: {preempted}")
     assert probe.p99() <= 50, sorted(probe.samples)[-10:]
 
     # Twenty of them come back; the others stay dead.
@@ -312,13 +305,20 @@ def test_servers_that_die_after_answering_delay_nobody_and_come_back_at_once(
 
 class ConnectionsSampled:
     """The most TCP connections a process had open to one port, sampled from /proc every
-    tenth of a second: what the tarpits held of ours, whoever else they held."""
+    tenth of a second: what the tarpits held of ours, whoever else they held. The remote
+    addresses at that peak are kept (`peak`), to tell whose they were.
+
+    Sockets are counted by inode, once each: /proc/net/tcp is read a page at a time, and
+    a socket can show twice in one read while others come and go (a 65 seen with 64
+    sockets open: one connection listed twice)."""
 
     def __init__(self, pid: int, port: int):
         self.pid, self.port, self.most = pid, port, 0
+        self.peak: list[str] = []
         self._sampler = gevent.spawn(self._sample)
 
-    def now(self) -> int:
+    def now(self) -> list[str]:
+        """The remote addresses of the process's established connections to the port."""
         inodes = set()
         for fd in os.listdir(f"/proc/{self.pid}/fd"):
             try:
@@ -327,20 +327,28 @@ class ConnectionsSampled:
                 continue
             if target.startswith("socket:["):
                 inodes.add(target[8:-1])
-        count = 0
+        remotes = {}
         with open(f"/proc/{self.pid}/net/tcp") as f:
             for line in f.readlines()[1:]:
                 fields = line.split()
-                remote_port = int(fields[2].split(":")[1], 16)
+                remote_ip, remote_port = fields[2].split(":")
                 established = fields[3] == "01"  # not a pooled one the old server closed
-                if remote_port == self.port and established and fields[9] in inodes:
-                    count += 1
-        return count
+                if int(remote_port, 16) == self.port and established and fields[9] in inodes:
+                    ip = socket.inet_ntoa(bytes.fromhex(remote_ip)[::-1])  # little-endian
+                    local_port = int(fields[1].split(":")[1], 16)
+                    remotes[fields[9]] = f"{ip}:{self.port} from :{local_port}"
+        return list(remotes.values())
 
     def _sample(self) -> None:
         while True:
-            self.most = max(self.most, self.now())
+            remotes = self.now()
+            if len(remotes) > self.most:
+                self.most, self.peak = len(remotes), sorted(remotes)
             gevent.sleep(0.1)
+
+    def peak_report(self) -> str:
+        others = [r for r in self.peak if r.split(":")[0] not in DEAD_IPS]
+        return f"{self.most} at the peak, not the tarpits' {others}; all: {self.peak}"
 
     def stop(self) -> None:
         self._sampler.kill()
