@@ -169,6 +169,15 @@ class Metrics:
             registry=self.registry,
         )
 
+        # Every cyclic collection, timed (core/collector.py, watch_pauses): it holds the hub.
+        self.gc_pauses = Histogram(
+            "weir_gc_pause_seconds",
+            "Cyclic garbage collections, by generation, and how long each held the hub",
+            ["generation"],
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
+            registry=self.registry,
+        )
+
     def _federation_figures(self) -> None:
         """The federation sender's outcomes, address cool-downs and remote joins."""
         self.federation_transactions = Counter(

@@ -22,6 +22,7 @@ import gevent.pool
 from unpaddedbase64 import decode_base64
 
 from homeserver.core import strict_json
+from homeserver.core.concurrency import let_io_run
 from homeserver.core.events import Event
 from homeserver.core.identifiers import server_of
 from homeserver.federation.errors import InvalidSignature, KeyResolutionRefused
@@ -110,7 +111,9 @@ def signers(items: list[CheckedPdu]) -> tuple[dict[str, set[str]], int]:
     well-formed of `items`: the keys their checks will look up (`Keyring.prefetch`)."""
     wanted: dict[str, set[str]] = {}
     newest = 0
-    for item in items:
+    for n, item in enumerate(items):
+        if n % SIGNERS_PER_PAUSE == SIGNERS_PER_PAUSE - 1:
+            let_io_run()  # a big room's answer is 100,000 events
         pdu = item.pdu
         try:
             servers = signing_servers(pdu, item.version)
@@ -285,6 +288,8 @@ class PduChecker:
         return found
 
 
+# Events `signers` looks at between two pauses for the hub.
+SIGNERS_PER_PAUSE = 2_000
 # Key lookups running at once for one set of PDUs: each may wait on a fetch of another
 # server's keys (a room's state names many servers).
 KEY_LOOKUPS_AT_ONCE = 16

@@ -21,6 +21,7 @@ from urllib.parse import quote
 from budget import DeadlineExceeded, InFlightBudget, OutboundDeadline
 from homeserver.config import JoinsConfig
 from homeserver.core.clock import now_ms
+from homeserver.core.collector import without_full_passes
 from homeserver.core.errors import Codes, MatrixError, not_found
 from homeserver.core.events import Event
 from homeserver.core.identifiers import (
@@ -140,7 +141,8 @@ class RemoteMembership:
         started = time.monotonic()
         outcome = "error"
         try:
-            with admitted(self._budget, caller):
+            # A big room's answer is millions of live objects: no full collection walks them.
+            with admitted(self._budget, caller), without_full_passes():
                 room_id = self._admitted_join(user_id, room_id, via, content, alias)
             outcome = "ok"
             return room_id

@@ -16,11 +16,13 @@ whole (full state, latest events); one they left gets its events up to the leave
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from typing import Callable
 
 from homeserver.core.clock import now_ms
-from homeserver.core.json_text import EncodedJson
+from homeserver.core.collector import without_full_passes
+from homeserver.core.json_text import EncodedJson, encode
 from homeserver.core.requester import Requester
 from homeserver.e2ee.sync_part import E2eeSync, E2eeSyncPart, Range
 from homeserver.rooms.history import RoomHistory
@@ -125,11 +127,13 @@ class SyncService:
         self.woken = WokenAnswers(notifier.recent, e2ee, self.entries.lazy_members)
         self.on_wake = on_wake  # "recent_events" or "database", for each woken sync
 
-    def sync(self, *args, **kwargs) -> dict | EncodedJson:
+    def sync(self, *args, **kwargs) -> dict:
         """`begin`'s /sync response, waited for here when there is nothing to send yet, as
-        in-process callers want it (the HTTP layer waits outside Flask: api/client/sync.py)."""
+        in-process callers want it, decoded (the HTTP layer waits outside Flask:
+        api/client/sync.py)."""
         found = self.begin(*args, **kwargs)
-        return found.answer() if isinstance(found, WaitingSync) else found
+        found = found.answer() if isinstance(found, WaitingSync) else found
+        return json.loads(found.text) if isinstance(found, EncodedJson) else found
 
     def begin(
         self,
@@ -151,7 +155,12 @@ class SyncService:
             use_state_after,
         )
         timeout = min(timeout_ms, MAX_TIMEOUT_MS) / 1000
-        if request.since is None or full_state or timeout <= 0:
+        if request.since is None or full_state:
+            # A first sync of a big room is hundreds of thousands of objects, garbage once
+            # encoded: encoded here, with no full collection walking them meanwhile.
+            with without_full_passes():
+                return EncodedJson(encode(self._respond(request)[0]))
+        if timeout <= 0:
             return self._respond(request)[0]
         waiting = WaitingSync(self, request, time.monotonic() + timeout)
         try:
