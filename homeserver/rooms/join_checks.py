@@ -137,30 +137,25 @@ class JoinResponseChecker:
         join_pdu = body.get("event") if isinstance(body, dict) else None
         if not isinstance(join_pdu, dict) or event_id_for(version, join_pdu) != our_join.event_id:
             join_pdu = our_join.pdu  # v1 answers, or a server that did not countersign
-        starts = [Event(i, p) for i, p in state_ids.items()] + [our_join]
-        needed = _auth_chain_of(version, starts, {**chain_by_id, **state_ids})
-        everything = {i: chain_by_id[i] for i in needed if i in chain_by_id}
-        everything.update(state_ids)
-        everything[our_join.event_id] = join_pdu
+        # Passes over every event of the answer, pure work: on a native thread, so that the
+        # hub runs between the interpreter's switches (100,000 events are seconds of work).
+        threads = gevent.get_hub().threadpool
+        everything = threads.apply(_needed, (version, state_ids, chain_by_id, our_join, join_pdu))
         held = len(state_pdus) + len(_pdus(server, body, "auth_chain"))
         self.junk.note(server, held, len(everything) - 1)
         checked = self._verified(server, version, everything, deadline)
-        events = {i: c.event for i, c in checked.items() if c.event is not None}
-        signed_by = {i: c.signed_by for i, c in checked.items()}
+        events, signed_by = threads.apply(_events_and_signers, (checked,))
         for n, event in enumerate(events.values()):
             self._authorised(server, version, event, events, signed_by)
             if n % AUTHORISED_PER_PAUSE == AUTHORISED_PER_PAUSE - 1:
                 let_io_run()
-        if any(events[i].state_key is None for i in state_ids):
-            raise BadJoinResponse(server, "send_join answer's state holds a non-state event")
-        state = {(events[i].type, events[i].state_key or ""): events[i] for i in state_ids}
+        state, ordered = threads.apply(_state_and_order, (server, events, state_ids, our_join))
         join = events[our_join.event_id]
         self._join_allowed(server, version, join, state, signed_by[join.event_id])
-        others = {i: e for i, e in events.items() if i != join.event_id}
         return JoinedRoom(
             version,
             self._creator(server, state),
-            _ordered(others, state_ids),
+            ordered,
             join,
             {k: e.event_id for k, e in state.items()},
         )
@@ -172,7 +167,7 @@ class JoinResponseChecker:
         rooms/pdu_checks.py). The signers' keys come first through the notaries, a hundred
         servers a query; a key fetch the budget refuses waits for a slot, within the join's
         deadline: a big room names more servers than the budget has slots."""
-        items = [CheckedPdu(event_id, pdu, version) for event_id, pdu in pdus.items()]
+        items = gevent.get_hub().threadpool.apply(_checked_items, (version, pdus))
         if deadline is not None:
             wanted, newest = signers(items)
             self._checker.keyring.prefetch(wanted, newest, deadline)
@@ -214,6 +209,42 @@ class JoinResponseChecker:
         if not isinstance(creator, str):
             raise BadJoinResponse(server, "m.room.create has no creator")
         return creator
+
+
+def _needed(
+    version: RoomVersion, state_ids: dict, chain_by_id: dict, our_join: Event, join_pdu: dict
+) -> dict[str, dict]:
+    """{event_id: pdu} of the state, our join and the auth chain events they reach: all
+    of the answer that is checked. Safe on a native thread."""
+    starts = [Event(i, p) for i, p in state_ids.items()] + [our_join]
+    needed = _auth_chain_of(version, starts, {**chain_by_id, **state_ids})
+    everything = {i: chain_by_id[i] for i in needed if i in chain_by_id}
+    everything.update(state_ids)
+    everything[our_join.event_id] = join_pdu
+    return everything
+
+
+def _checked_items(version: RoomVersion, pdus: dict[str, dict]) -> list[CheckedPdu]:
+    return [CheckedPdu(event_id, pdu, version) for event_id, pdu in pdus.items()]
+
+
+def _events_and_signers(checked: dict[str, CheckedPdu]) -> tuple[dict, dict]:
+    """({event_id: event}, {event_id: the servers whose signatures verified}). Safe on a
+    native thread."""
+    events = {i: c.event for i, c in checked.items() if c.event is not None}
+    return events, {i: c.signed_by for i, c in checked.items()}
+
+
+def _state_and_order(
+    server: str, events: dict[str, Event], state_ids: dict, our_join: Event
+) -> tuple[dict[StateKey, Event], list[Event]]:
+    """The answer's state by key, and every event but our join in the order to store them
+    (`_ordered`). Safe on a native thread."""
+    if any(events[i].state_key is None for i in state_ids):
+        raise BadJoinResponse(server, "send_join answer's state holds a non-state event")
+    state = {(events[i].type, events[i].state_key or ""): events[i] for i in state_ids}
+    others = {i: e for i, e in events.items() if i != our_join.event_id}
+    return state, _ordered(others, state_ids)
 
 
 def _ordered(events: dict[str, Event], state_ids: dict) -> list[Event]:

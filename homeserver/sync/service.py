@@ -22,7 +22,8 @@ from typing import Callable
 
 from homeserver.core.clock import now_ms
 from homeserver.core.collector import without_full_passes
-from homeserver.core.json_text import EncodedJson, encode
+from homeserver.core.concurrency import let_io_run
+from homeserver.core.json_text import EncodedJson, encode_in_pieces
 from homeserver.core.requester import Requester
 from homeserver.e2ee.sync_part import E2eeSync, E2eeSyncPart, Range
 from homeserver.rooms.history import RoomHistory
@@ -159,7 +160,7 @@ class SyncService:
             # A first sync of a big room is hundreds of thousands of objects, garbage once
             # encoded: encoded here, with no full collection walking them meanwhile.
             with without_full_passes():
-                return EncodedJson(encode(self._respond(request)[0]))
+                return EncodedJson(encode_in_pieces(self._respond(request)[0], let_io_run))
         if timeout <= 0:
             return self._respond(request)[0]
         waiting = WaitingSync(self, request, time.monotonic() + timeout)

@@ -2,6 +2,7 @@
 
 import json
 
+from homeserver.core import json_text
 from homeserver.core.json_text import encode, object_text, utf8
 
 
@@ -18,3 +19,19 @@ def test_an_object_from_encoded_members_is_the_object_encoded_whole():
     text = object_text((name, encode(value)) for name, value in members.items())
     assert json.loads(text) == members
     assert text == encode(members)
+
+
+def test_encoded_in_pieces_is_the_same_text_and_pauses_between_pieces():
+    events = [
+        {"type": "m.room.member", "content": {"membership": "join", "n": n}} for n in range(1234)
+    ]
+    answer = {
+        "next_batch": "s1",
+        "rooms": {"join": {"!r:x": {"state": {"events": events}, "timeline": {"events": []}}}},
+        "empty": {},
+        "deep": {"a": {"b": {"c": {"d": {"e": {"f": [1, "é", None]}}}}}},
+    }
+    pauses = []
+    text = json_text.encode_in_pieces(answer, lambda: pauses.append(1))
+    assert text == json_text.encode(answer)
+    assert len(pauses) >= 1234 // json_text.PIECE_MEMBERS
