@@ -18,6 +18,7 @@ from tests.peers.honest import HonestPeer
 from tests.peers.origins import KEYS_PATH, FakeOrigin, send_transaction
 from tests.peers.receiver import TransactionSink
 from tests.peers.tarpit import Tarpit
+from tests.rooms.test_concurrent_joins import assert_every_member_and_resolved
 from tests.rooms.test_membership_synapse import SynapseUser, synapse_sync
 from tests.support.federation import tls_weir
 from tests.support.metrics import metric
@@ -62,6 +63,7 @@ def weir(test_ca, synapse, tmp_path_factory):
         security={"federation": keys_rate},
         federation={"remote_timeout": 10},
     ).start()
+    proc.database_url = f"sqlite:///{directory}/data/homeserver.db"
     yield proc
     proc.stop()
 
@@ -151,12 +153,34 @@ def wait_in_sync(user: SynapseUser, room_id: str, since: str, body: str, within:
 
 
 def members_join(weir, synapse, test_ca, room, origins, tag: str) -> SynapseUser:
-    """`@m` of each origin joins through a transaction, then `bob-<tag>` of Synapse; returns
-    bob."""
-    for i, origin in enumerate(origins):
-        join_id, join = room.join_pdu(origin, "m")
-        r = send_transaction(weir.federation_url, origin, WEIR_NAME, f"{tag}{i}", [join], test_ca)
+    """`@m` of each origin joins, 4 at a time, each in a transaction of its own: the 4 fork
+    from the same tips, and the next 4 merge them, as servers do that see each other's
+    joins a moment late. Then `bob-<tag>` of Synapse. Returns bob."""
+    auth = room.auth_ids(
+        ("m.room.create", ""), ("m.room.power_levels", ""), ("m.room.join_rules", "")
+    )
+
+    def join(i: int, origin, tips: list[str]) -> str:
+        user = origin.user("m")
+        join_id, pdu = room.pdu(
+            origin,
+            user,
+            "m.room.member",
+            {"membership": "join"},
+            state_key=user,
+            prev_events=tips,
+            auth_events=auth,
+        )
+        room.members[user] = join_id
+        r = send_transaction(weir.federation_url, origin, WEIR_NAME, f"{tag}{i}", [pdu], test_ca)
         assert r.json() == {"pdus": {join_id: {}}}, r.text
+        return join_id
+
+    tips = [room.latest_event_id()]
+    for at in range(0, len(origins), 4):
+        batch = origins[at : at + 4]
+        jobs = [gevent.spawn(join, at + n, origin, tips) for n, origin in enumerate(batch)]
+        tips = [job.get(timeout=60) for job in jobs]
     bob = SynapseUser(synapse, f"bob-{tag}")
     r = bob.call("POST", f"/join/{quote(room.room_id, safe='')}", params={"server_name": WEIR_NAME})
     assert r.status_code == 200, (r.text, synapse.log_tail())
@@ -245,6 +269,12 @@ def test_servers_that_die_after_answering_delay_nobody_and_come_back_at_once(
         servers.sink.trust(WEIR_NAME, weir.federation_url, test_ca)
         dead = [servers.add(ip) for ip in DEAD_IPS]
         bob = members_join(weir, synapse, test_ca, room, dead, "died")
+        members = room.client.get(
+            f"/_matrix/client/v3/rooms/{quote(room.room_id, safe='')}/members",
+            params={"membership": "join"},
+        )
+        assert len(members.json()["chunk"]) == len(dead) + 2, members.text[:300]
+        assert_every_member_and_resolved(weir, room, [o.user("m") for o in dead])
         since = synapse_sync(bob)(None, 0)["next_batch"]
         say(alice, room.room_id, ["died-warm"])  # every one of them answers it: live
         since = wait_in_sync(bob, room.room_id, since, "died-warm", within=30)
