@@ -16,7 +16,7 @@ import json
 import math
 import re
 from json.decoder import scanstring  # type: ignore[attr-defined]  # the C scanner's, unlisted
-from typing import Any, Callable
+from typing import Any, Callable, Collection, Iterable
 
 from canonicaljson import encode_canonical_json
 
@@ -148,6 +148,9 @@ _TO_BRACKET = re.compile(r'(?:[^"\[\]{}]++|"(?:[^"\\]++|\\.)*+")*+')
 # Inside a string: everything up to its closing quote (or the end of the window).
 _STRING_RUN = re.compile(r'(?:[^"\\]++|\\.)*+', re.DOTALL)
 _SPACE = re.compile(r"[ \t\n\r]*")
+# A whole string; a scalar (number, true, false, null) up to what may follow it.
+_STRING = re.compile(r'"(?:[^"\\]++|\\.)*+"', re.DOTALL)
+_SCALAR = re.compile(r"[^,\]}\s]*")
 _CONTROL = re.compile(r"[\x00-\x1f]")
 # One value at a given index, by the json module's C scanner with the strict rules' hooks.
 _SCANNER = json.JSONDecoder(
@@ -401,3 +404,157 @@ def _check_encodes(value: Any) -> None:
         (value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)).encode()
     except UnicodeEncodeError as e:
         raise NotJson(str(e)) from None
+
+
+# --- an object read as it streams ------------------------------------------------------
+
+
+def loads_streamed_object(
+    chunks: Iterable[bytes],
+    *,
+    arrays: Collection[str],
+    max_items: int,
+    item_max_chars: int,
+    value_max_chars: int,
+    pause: Callable[[], None],
+) -> dict[str, Any]:
+    """A JSON object decoded by `loads`' rules as its bytes arrive, never held whole: the
+    members named in `arrays` whose values are arrays are decoded an item at a time, each at
+    most `item_max_chars` long and at most `max_items` of them in all (`TooManyValues`);
+    any other member's value is at most `value_max_chars` long. Only the current chunk and
+    the value it cuts are held as text. `pause()` is called after each chunk."""
+    reader = _StreamReader(chunks, pause)
+    found: dict[str, Any] = {}
+    items = 0
+    reader.take("{")
+    first = True
+    while reader.peek() != "}":
+        if not first:
+            reader.take(",")
+        first = False
+        key = reader.value(value_max_chars, 0)
+        if not isinstance(key, str):
+            raise NotJson("expected a member name")
+        reader.take(":")
+        if key in arrays and reader.peek() == "[":
+            found[key] = reader.items(item_max_chars, max_items - items)
+            items += len(found[key])
+        else:  # a repeated name: the last wins, as in json.loads
+            found[key] = reader.value(value_max_chars, MAX_BODY_DEPTH - 1)
+    reader.take("}")
+    if reader.peek(at_end=True):
+        raise NotJson("extra data after the JSON value")
+    return found
+
+
+class _StreamReader:
+    """The text of a byte stream as far as it has come (`text`, from the next thing to
+    read, `at`); what was read before `at` is dropped whenever more is fetched."""
+
+    def __init__(self, chunks: Iterable[bytes], pause: Callable[[], None]):
+        self._chunks = iter(chunks)
+        self._pause = pause
+        self._decoder = codecs.getincrementaldecoder("utf-8")()
+        self.text = ""
+        self.at = 0
+        self._ended = False
+
+    def more(self) -> bool:
+        """Fetches the next chunk; False at the end of the stream."""
+        if self._ended:
+            return False
+        try:
+            raw = next(self._chunks, None)
+            piece = self._decoder.decode(raw if raw is not None else b"", final=raw is None)
+        except UnicodeDecodeError as e:  # also a character the stream ends inside
+            raise NotJson(str(e)) from None
+        self._ended = raw is None
+        self.text = self.text[self.at :] + piece
+        self.at = 0
+        self._pause()
+        return True
+
+    def peek(self, at_end: bool = False) -> str:
+        """The next character past white space; "" at the end only if `at_end`."""
+        while True:
+            self.at = _skip_space(self.text, self.at)
+            if self.at < len(self.text):
+                return self.text[self.at]
+            if not self.more() and self.at >= len(self.text):
+                if at_end:
+                    return ""
+                raise NotJson("the JSON text ends too early")
+
+    def take(self, mark: str) -> None:
+        if self.peek() != mark:
+            raise NotJson(f"expected {mark}")
+        self.at += 1
+
+    def items(self, max_chars: int, max_items: int) -> list:
+        """The array that starts next, decoded an item at a time."""
+        self.take("[")
+        values: list = []
+        if self.peek() == "]":
+            self.at += 1
+            return values
+        while True:
+            values.append(self.value(max_chars, MAX_BODY_DEPTH - 2))
+            if len(values) > max_items:
+                raise TooManyValues("too many items")
+            if self.peek() == "]":
+                self.at += 1
+                return values
+            self.take(",")
+
+    def value(self, max_chars: int, max_depth: int) -> Any:
+        """The value that starts next, at most `max_chars` long and nested at most
+        `max_depth` deep; fetched until it is whole, then decoded by the C scanner."""
+        self.peek()
+        walked, depth = 0, 0  # how far past `at` the walk has come, and how deep it is there
+        while True:
+            end, walked, depth = _value_end(self.text, self.at, walked, depth, max_depth)
+            if end is not None:
+                break
+            if len(self.text) - self.at > max_chars:
+                raise TooManyValues(f"a value longer than {max_chars} characters")
+            if not self.more():
+                raise NotJson("the JSON text ends too early")
+        if end - self.at > max_chars:
+            raise TooManyValues(f"a value longer than {max_chars} characters")
+        try:
+            value, stop = _SCANNER(self.text, self.at)
+        except StopIteration:
+            raise NotJson("no JSON value") from None
+        except ValueError as e:  # JSONDecodeError, a strict hook
+            raise NotJson(str(e)) from None
+        if stop != end:
+            raise NotJson("malformed value")
+        if _SURROGATE_ESCAPE_TEXT.search(self.text, self.at, end):
+            _check_encodes(value)
+        self.at = end
+        return value
+
+
+def _value_end(
+    text: str, start: int, walked: int, depth: int, max_depth: int
+) -> tuple[int | None, int, int]:
+    """Where the value at `start` ends, if the text holds all of it: (end, _, _); else
+    (None, how far past `start` to walk on from once more text has come, the depth there).
+    A container is walked bracket to bracket, strings skipped in C; a string the text ends
+    inside is walked again from its opening quote."""
+    if text[start] not in "[{":
+        m = _STRING.match(text, start) if text[start] == '"' else _SCALAR.match(text, start)
+        if m is None or m.end() == len(text):  # unterminated, or maybe cut short
+            return None, 0, 0
+        return m.end(), 0, 0
+    i = start + walked
+    while True:
+        i = _TO_BRACKET.match(text, i).end()  # type: ignore[union-attr]
+        if i >= len(text) or text[i] == '"':  # the text ends, maybe inside a string
+            return None, i - start, depth
+        depth += 1 if text[i] in "[{" else -1
+        i += 1
+        if depth > max_depth:
+            raise TooDeep(f"nested deeper than {MAX_BODY_DEPTH} levels")
+        if depth == 0:
+            return i, 0, 0

@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 
 # The largest JSON response read unless a call says otherwise.
 JSON_MAX_BYTES = 10 * 1024 * 1024
+# The longest item of an array `put_json_streamed` decodes an item at a time.
+STREAMED_ITEM_MAX_BYTES = 128 * 1024
 # How much of an error response is read to find its errcode.
 ERROR_BODY_MAX_BYTES = 64 * 1024
 
@@ -211,6 +213,43 @@ class FederationClient:
             raise MalformedResponse(destination, f"response refused: {e}") from None
         except ValueError:  # not strict JSON, or nested too deep
             raise MalformedResponse(destination, "response is not JSON") from None
+
+    def put_json_streamed(
+        self,
+        destination: str,
+        path: str,
+        content: Any,
+        *,
+        arrays: tuple[str, ...],
+        max_items: int,
+        deadline: OutboundDeadline,
+        max_bytes: int,
+        target_health: TargetHealth | None = None,
+    ) -> dict[str, Any]:
+        """`put_json` for an answer that is an object with long arrays of small values (a
+        send_join answer's state and auth chain): decoded as it arrives, an item of
+        `arrays` at a time, so that neither its bytes nor its text are ever held whole.
+        Each item is at most `STREAMED_ITEM_MAX_BYTES` (a PDU is at most 64 KiB), at most
+        `max_items` in all; any other member is at most `JSON_MAX_BYTES`."""
+        with deadline:
+            response = self._send(
+                "PUT", destination, path, None, content, deadline, True, target_health
+            )
+            self._raise_for_status(destination, response)
+            with StreamingResponse(destination, response, max_bytes, deadline) as stream:
+                try:
+                    return strict_json.loads_streamed_object(
+                        stream.stream(),
+                        arrays=arrays,
+                        max_items=max_items,
+                        item_max_chars=STREAMED_ITEM_MAX_BYTES,
+                        value_max_chars=JSON_MAX_BYTES,
+                        pause=let_io_run,
+                    )
+                except strict_json.TooManyValues as e:
+                    raise MalformedResponse(destination, f"response refused: {e}") from None
+                except ValueError:  # not strict JSON, or nested too deep
+                    raise MalformedResponse(destination, "response is not JSON") from None
 
     # -- streams (media) -------------------------------------------------------------------
 

@@ -258,10 +258,13 @@ class RemoteMembership:
         if isinstance(authoriser, str):
             content["join_authorised_via_users_server"] = authoriser  # a restricted room
         event = self._sign(server, version, template, content)
-        body = self._client.put_json(
+        # Decoded as it streams: the room's state and auth chain may be 100,000s of events.
+        body = self._client.put_json_streamed(
             server,
             f"{FED_V2}/send_join/{_q(room_id)}/{_q(event.event_id)}",
             event.pdu,
+            arrays=("state", "auth_chain"),
+            max_items=self._checker.max_events,
             deadline=deadline,
             max_bytes=self._joins.max_bytes,
             target_health=self._cooldown,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import sys
+import tracemalloc
 
 import pytest
 
@@ -221,3 +223,114 @@ def test_large_containers_of_real_sized_members_are_fine():
     raw = json.dumps({"pdu_ids": event_ids, "auth_chain_ids": event_ids}).encode()
     decoded = strict_json.loads_in_pieces(raw, 10, lambda: None)
     assert decoded.value["pdu_ids"] == event_ids
+
+
+# --- an object read as it streams (loads_streamed_object) -------------------------------
+
+
+def streamed(raw: bytes, chunk: int, **caps) -> dict:
+    limits = {"max_items": 1000, "item_max_chars": 10_000, "value_max_chars": 10_000} | caps
+    return strict_json.loads_streamed_object(
+        (raw[at : at + chunk] for at in range(0, len(raw), chunk)),
+        arrays=("state", "auth_chain"),
+        pause=lambda: None,
+        **limits,
+    )
+
+
+STREAMED = {
+    "origin": "x",
+    "state": [{"a": [1, -2.5e3, {"b": 'c"]}\\'}], "n": None, "t": True, "é": "\u2028\U0001f600"}]
+    * 4,
+    "auth_chain": [],
+    "event": {"k": [[], {}]},
+}
+
+
+@pytest.mark.parametrize("indent", [None, 2])
+def test_a_streamed_object_is_what_loads_gives_however_its_bytes_are_cut(indent):
+    raw = json.dumps(STREAMED, ensure_ascii=indent is None, indent=indent).encode()
+    for chunk in range(1, len(raw) + 1):
+        assert streamed(raw, chunk) == strict_json.loads(raw), chunk
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"a": 1,}',
+        b'{"a": 1 "b": 2}',
+        b'{"state": [1,]}',
+        b'{"state": [1 2]}',
+        b'{"state": [{"a": 1]}]}',
+        b'{"a": 12x}',
+        b'{"a": tru}',
+        b"{1: 2}",
+        b'{"a": 1',
+        b'{"a": 1}x',
+        b'{"a": NaN}',
+        b'{"a": 1e999}',
+        b'{"a": "\\ud800"}',
+        b'{"a": "\xed\xa0\x80"}',
+        b'{"a": "\xc3"}',
+        b'{"a": "x\x01"}',
+        b'{"state": [' + nested(strict_json.MAX_BODY_DEPTH - 1) + b"]}",
+    ],
+)
+def test_a_streamed_object_refuses_what_loads_refuses(raw):
+    for chunk in (1, 2, 3, 64):
+        with pytest.raises(ValueError):
+            streamed(raw, chunk)
+        with pytest.raises(ValueError):
+            strict_json.loads(raw)
+
+
+def test_a_streamed_answer_must_be_an_object():
+    with pytest.raises(strict_json.NotJson):
+        streamed(b"[1]", 64)
+
+
+def test_a_streamed_object_nests_as_deep_as_loads_allows():
+    raw = b'{"state": [' + nested(strict_json.MAX_BODY_DEPTH - 2) + b"]}"
+    assert streamed(raw, 7) == strict_json.loads(raw)
+
+
+def test_a_streamed_object_is_capped_in_items_and_lengths():
+    with pytest.raises(strict_json.TooManyValues):
+        streamed(json.dumps({"state": [1] * 600, "auth_chain": [1] * 401}).encode(), 64)
+    assert len(streamed(json.dumps({"state": [1] * 600, "auth_chain": [1] * 400}).encode(), 64))
+    with pytest.raises(strict_json.TooManyValues):
+        streamed(json.dumps({"state": ["x" * 999]}).encode(), 64, item_max_chars=1000)
+    with pytest.raises(strict_json.TooManyValues):
+        streamed(json.dumps({"origin": "x" * 999}).encode(), 64, value_max_chars=1000)
+    assert streamed(json.dumps({"state": ["x" * 997]}).encode(), 64, item_max_chars=1000)
+
+
+def test_a_streamed_object_is_never_held_whole_as_bytes_or_text():
+    """30 MB of items, made as they are read: the decoder's peak is the items it keeps
+    and a chunk, not the body's bytes and text beside them (loads_in_pieces holds both)."""
+    item = json.dumps({"content": "x" * 1000}).encode()
+    count = 30_000
+
+    def chunks():
+        yield b'{"state": ['
+        for i in range(count):
+            yield item + (b"," if i < count - 1 else b"]}")
+
+    tracemalloc.start()
+    try:
+        found = strict_json.loads_streamed_object(
+            chunks(),
+            arrays=("state",),
+            max_items=count,
+            item_max_chars=2000,
+            value_max_chars=2000,
+            pause=lambda: None,
+        )
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(found["state"]) == count
+    kept = sum(sys.getsizeof(i["content"]) + sys.getsizeof(i) for i in found["state"])
+    body = len(item) * count
+    print(f"body {body / 1e6:.1f} MB, kept {kept / 1e6:.1f} MB, peak {peak / 1e6:.1f} MB")
+    assert peak < kept + body / 4

@@ -407,6 +407,36 @@ def _connections_to(ip, port):
     ]
 
 
+def test_an_endless_answer_streamed_is_refused_at_its_item_cap(client, liar):
+    """put_json_streamed (a send_join answer): the items are counted as they come, so an
+    answer that never ends is refused at the cap, long before the byte cap, and the
+    connection is closed; a whole answer is what put_json would give."""
+    item = b'{"type": "m.room.member", "content": {"membership": "join"}}'
+    sent = []
+
+    def endless():
+        yield b'{"origin": "x", "state": ['
+        while True:
+            sent.append(1)
+            yield item + b","
+
+    liar.route("PUT", "/endless", lambda req: (200, endless()))
+    call = {"arrays": ("state", "auth_chain"), "max_items": 1000, "max_bytes": 1 << 30}
+    deadline = OutboundDeadline(30, what="endless")
+    with pytest.raises(MalformedResponse, match="more than 1000|too many"):
+        client.put_json_streamed(liar.server_name, "/endless", {}, deadline=deadline, **call)
+    # What the peer wrote before we hung up, the sockets' buffers included: far from 1 GiB.
+    assert len(sent) * len(item) < 16 << 20
+    assert _connections_to(liar.host, liar.port) == []
+
+    whole = {"origin": "x", "state": [{"a": i} for i in range(500)], "auth_chain": [[]]}
+    liar.route("PUT", "/whole", lambda req: (200, whole))
+    deadline = OutboundDeadline(30, what="whole")
+    assert client.put_json_streamed(liar.server_name, "/whole", {}, deadline=deadline, **call) == (
+        client.put_json(liar.server_name, "/whole", {})
+    )
+
+
 def test_open_url_is_unsigned_and_follows_checked_redirects(client, liar):
     liar.redirect("/go", "/file")
     liar.route("GET", "/file", lambda req: (200, b"content"))
