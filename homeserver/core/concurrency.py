@@ -17,7 +17,7 @@ let_io_run: the pause of a greenlet that works in turns.
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, contextmanager
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Hashable, Iterable, Iterator, TypeVar
 
 import gevent
 from gevent.event import AsyncResult
@@ -30,10 +30,21 @@ from gevent.lock import Semaphore
 # milliseconds (tests/federation/test_hostile_peer.py). A timer lets the hub poll in between.
 TURN_PAUSE_SECONDS = 0.001
 
+T = TypeVar("T")
+
 
 def let_io_run() -> None:
     """Pauses the current greenlet long enough for the hub to serve ready sockets."""
     gevent.sleep(TURN_PAUSE_SECONDS)
+
+
+def in_turns(items: Iterable[T], per_turn: int) -> Iterator[T]:
+    """`items`, with `let_io_run()` after every `per_turn` of them: a loop over a big room's
+    members holds the hub for one turn at most."""
+    for n, item in enumerate(items, 1):
+        yield item
+        if n % per_turn == 0:
+            let_io_run()
 
 
 class _LeaderGone(Exception):

@@ -9,8 +9,9 @@ from flask import Flask, Response
 from werkzeug.datastructures import Headers
 from werkzeug.exceptions import HTTPException
 
+from homeserver.core.concurrency import let_io_run
 from homeserver.core.errors import Codes, MatrixError
-from homeserver.core.json_text import EncodedJson, encode, utf8
+from homeserver.core.json_text import PIECE_MEMBERS, EncodedJson, encode, encode_in_pieces, utf8
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +36,21 @@ _WERKZEUG_ERRCODES = {
 def json_response(
     body: dict | list | EncodedJson, status: int = 200, headers: dict | None = None
 ) -> Response:
-    text = body.text if isinstance(body, EncodedJson) else encode(body)
+    if isinstance(body, EncodedJson):
+        text = body.text
+    elif _is_long(body):  # a big room's state or members: encoded with pauses for the hub
+        text = encode_in_pieces(body, let_io_run)
+    else:
+        text = encode(body)
     return JsonResponse(utf8(text), status, headers)
+
+
+def _is_long(body: dict | list) -> bool:
+    """Is it, or one of its members, a container of more than PIECE_MEMBERS members?"""
+    if len(body) > PIECE_MEMBERS:
+        return True
+    members = body.values() if isinstance(body, dict) else body
+    return any(isinstance(m, (dict, list)) and len(m) > PIECE_MEMBERS for m in members)
 
 
 class JsonResponse(Response):

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from homeserver.core.clock import now_ms
+from homeserver.core.concurrency import in_turns
 from homeserver.core.errors import forbidden, not_found
 from homeserver.core.requester import Requester
 from homeserver.federation.admission import Caller
@@ -25,6 +26,8 @@ from homeserver.storage.rooms import RoomStore, StoredEvent
 # /messages: the most events one request returns, and how many batches it may read while
 # skipping events the user may not see, so hidden history cannot make a request unbounded.
 MAX_MESSAGES_LIMIT = 1000
+# Events formatted for a client between two pauses: a big room's /state and /members.
+FORMATTED_PER_TURN = 500
 _MAX_SCAN_ROUNDS = 10
 # Below every position: history is stored at negative ones (storage/history.py).
 BOTTOM = -(2**62)
@@ -78,7 +81,7 @@ class RoomHistory:
             self._readable_state(room_id, requester.user_id).values(),
             key=lambda s: s.stream_ordering,
         )
-        return [client_event(s, now) for s in events]
+        return [client_event(s, now) for s in in_turns(events, FORMATTED_PER_TURN)]
 
     def state_event(
         self, requester: Requester, room_id: str, event_type: str, state_key: str
@@ -110,7 +113,8 @@ class RoomHistory:
             state = self.store.state_at(room_id, position, "m.room.member")
         now = now_ms()
         out = []
-        for stored in sorted(state.values(), key=lambda s: s.event.state_key or ""):
+        by_user = sorted(state.values(), key=lambda s: s.event.state_key or "")
+        for stored in in_turns(by_user, FORMATTED_PER_TURN):
             value = stored.event.membership
             if membership is None and not_membership is None:
                 wanted = True

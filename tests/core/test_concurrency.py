@@ -2,7 +2,7 @@ import gevent
 import pytest
 from gevent.event import Event
 
-from homeserver.core.concurrency import SingleFlight
+from homeserver.core.concurrency import SingleFlight, in_turns
 
 
 def test_concurrent_callers_share_one_call():
@@ -82,3 +82,14 @@ def test_a_waiter_times_out_on_its_own_deadline_without_disturbing_the_call():
             flight.run("k", fetch)
     release.set()
     assert leader.get() == "late"
+
+
+def test_in_turns_lets_other_greenlets_run_between_turns():
+    ran: list[int] = []
+    seen = []
+    gevent.spawn(ran.append, 1)
+    for n in in_turns(range(10), 4):
+        seen.append((n, len(ran)))
+    # The other greenlet ran after the 4th item, not before it.
+    assert seen[3] == (3, 0) and seen[4] == (4, 1)
+    assert [n for n, _ in seen] == list(range(10))

@@ -4,6 +4,7 @@ response, the OPTIONS preflight, the access log at INFO, and the thread pools' g
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import socket
 
@@ -279,3 +280,24 @@ def test_a_json_answer_whose_headers_are_read_is_made_from_them():
             ],
         )
     ]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        [{"type": "m.room.member", "n": i} for i in range(5000)],  # /state
+        {"chunk": [{"n": i} for i in range(5000)]},  # /members
+        {"joined": {f"@u{i}:x": {"displayname": None} for i in range(5000)}},
+    ],
+)
+def test_a_long_json_answer_lets_the_hub_run_while_it_is_encoded(body):
+    """A big room's /state or /members: another greenlet runs while it is encoded, and
+    the text is what the one encoder gives; a short answer is encoded in one go."""
+    ran: list[int] = []
+    gevent.spawn(ran.append, 1)
+    answer = json_response(body)
+    assert ran == [1]
+    assert answer.data == json.dumps(body, separators=(",", ":")).encode()
+    gevent.spawn(ran.append, 2)
+    json_response({"versions": ["v1.1"] * 20, "unstable_features": {}})
+    assert ran == [1]
