@@ -39,6 +39,9 @@ DECODED_GROUPS = 16
 # More keys than this are read as the whole group, then picked.
 _KEYS_PER_QUERY = 200
 
+# Events decoded at once when current state changes by many keys.
+_EVENTS_PER_READ = 1000
+
 
 @dataclass(frozen=True)
 class GroupRef:
@@ -240,18 +243,21 @@ def change_current_state(tx, room_id: str, delta: Delta, position: int) -> Delta
             "DELETE FROM current_state WHERE room_id = ? AND type = ? AND state_key = ?",
             (room_id, *key),
         )
-    changed = {k: v for k, v in delta.items() if v is not None}
-    found = _events_by_id(tx, [*changed.values()] + [old[k] for k in changed if k in old])
-    for key, event_id in changed.items():
-        event = found[event_id]
-        previous = found.get(old.get(key, ""))
-        tx.execute(
+    changed = [(k, v) for k, v in delta.items() if v is not None]
+    # A few events decoded at a time: a joined room's whole state is 100,000s of them.
+    for at in range(0, len(changed), _EVENTS_PER_READ):
+        part = changed[at : at + _EVENTS_PER_READ]
+        found = _events_by_id(tx, [v for _, v in part] + [old[k] for k, _ in part if k in old])
+        tx.executemany(
             "INSERT INTO current_state (room_id, type, state_key, event_id, membership)"
             " VALUES (?, ?, ?, ?, ?) ON CONFLICT (room_id, type, state_key) DO UPDATE"
             " SET event_id = excluded.event_id, membership = excluded.membership",
-            (room_id, *key, event.event_id, event.membership),
+            [(room_id, *key, event_id, found[event_id].membership) for key, event_id in part],
         )
-        room_stats.update_stats(tx, event, previous.membership if previous else None, position)
+        for key, event_id in part:
+            previous = found.get(old.get(key, ""))
+            membership = previous.membership if previous else None
+            room_stats.update_stats(tx, found[event_id], membership, position)
     return delta
 
 
