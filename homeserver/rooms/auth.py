@@ -219,12 +219,8 @@ def _check_rules(
     auth: dict[StateKey, Event],
     verify_server_signature: SignatureCheck | None,
 ) -> None:
-    create = auth[(CREATE, "")]
-    # Rule 4: m.federate false keeps other servers out.
-    if create.content.get("m.federate", True) is False and server_of(event.sender) != server_of(
-        create.sender
-    ):
-        raise AuthError("this room does not federate")
+    if _allowed_before_membership(version, event, auth[(CREATE, "")]):
+        return
 
     if event.type == MEMBER:
         _check_membership(version, event, auth, verify_server_signature)
@@ -256,6 +252,22 @@ def _check_rules(
             check_power_levels(version, event, auth, sender_level)
         except PowerLevelsError as e:
             raise AuthError(str(e)) from None
+
+
+def _allowed_before_membership(version: RoomVersion, event: Event, create: Event) -> bool:
+    """The rules before the membership rules: True if one allows the event outright."""
+    # Rule 4 (3 before v12): m.federate false keeps other servers out.
+    if create.content.get("m.federate", True) is False and server_of(event.sender) != server_of(
+        create.sender
+    ):
+        raise AuthError("this room does not federate")
+    if version.special_case_aliases and event.type == "m.room.aliases":  # v4 and v5: rule 4
+        if event.state_key is None:
+            raise AuthError("m.room.aliases needs a state_key")
+        if event.state_key != server_of(event.sender):
+            raise AuthError("m.room.aliases: the state key must be the sender's server")
+        return True
+    return False
 
 
 @dataclass(frozen=True)

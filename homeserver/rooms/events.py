@@ -77,6 +77,7 @@ _KEPT_CONTENT = {
         "users_default",
     ),
     "m.room.history_visibility": ("history_visibility",),
+    "m.room.aliases": ("aliases",),
 }
 
 
@@ -95,7 +96,7 @@ def redact(version: RoomVersion, pdu: dict) -> dict:
     if version.updated_redaction_rules and event_type == "m.room.create":
         out["content"] = copy.deepcopy(content)
         return out
-    keys = list(_KEPT_CONTENT.get(event_type, ()))
+    keys = [k for k in _KEPT_CONTENT.get(event_type, ()) if _kept_in(version, event_type, k)]
     if version.updated_redaction_rules:
         if event_type == "m.room.power_levels":
             keys.append("invite")
@@ -113,6 +114,18 @@ def redact(version: RoomVersion, pdu: dict) -> dict:
         }
     out["content"] = new_content
     return out
+
+
+def _kept_in(version: RoomVersion, event_type: str, key: str) -> bool:
+    """Whether the version's redaction keeps this content key: `allow` from v8,
+    `join_authorised_via_users_server` from v9, m.room.aliases' `aliases` before v6."""
+    if key == "allow":
+        return version.redaction_keeps_allow
+    if key == "join_authorised_via_users_server":
+        return version.redaction_keeps_join_authoriser
+    if event_type == "m.room.aliases":
+        return version.special_case_aliases
+    return True
 
 
 # --- hashes, IDs and signatures ---------------------------------------------------------

@@ -275,7 +275,7 @@ class PduChecker:
             server = servers[0]
             try:
                 found[server] = self.keyring.signing_keys(
-                    item.pdu, server, source_ip, at_ts=item.pdu["origin_server_ts"]
+                    item.pdu, server, source_ip, at_ts=_keys_valid_at(item)
                 )
             except InvalidSignature as e:
                 return _failed(item, f"signature of {server} not valid: {e}")
@@ -300,6 +300,12 @@ INLINE_VERIFY = 8
 # PDUs checked per native-thread task: each costs a redaction, a canonical encoding and a
 # signature check (about 0.1 ms), so a batch is a few milliseconds of work.
 VERIFY_BATCH = 64
+
+
+def _keys_valid_at(item: CheckedPdu) -> int:
+    """When the signing keys must still be valid: at the event's origin_server_ts from
+    room version 5 on; before it, any key the server ever had."""
+    return item.pdu["origin_server_ts"] if item.version.enforce_key_validity else 0
 
 
 def _verify_batch(batch: list[tuple[CheckedPdu, dict]]) -> list[CheckedPdu]:

@@ -8,6 +8,7 @@ power levels may not list a creator in `users`.
 
 from __future__ import annotations
 
+import re
 from typing import Mapping
 
 from homeserver.core.events import Event
@@ -69,14 +70,26 @@ def is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+# Before v10 a level may be a string holding an integer ("50", " -5 ").
+_INTEGER_TEXT = re.compile(r"\s*[+-]?[0-9]+\s*")
+
+
+def is_level(version: RoomVersion, value) -> bool:
+    """A power level value the version allows: an integer, or before v10 its text too."""
+    if is_int(value):
+        return True
+    return not version.integer_power_levels and (
+        isinstance(value, str) and _INTEGER_TEXT.fullmatch(value) is not None
+    )
+
+
 def as_int(value) -> int:
     """A power level value; older room versions allowed numeric strings."""
     if is_int(value):
         return value
-    try:
-        return int(str(value).strip())
-    except ValueError:
-        return 0
+    if isinstance(value, str) and _INTEGER_TEXT.fullmatch(value):
+        return int(value)
+    return 0
 
 
 def named_level(state: Mapping[StateKey, Event], name: str, default: int) -> int:
@@ -133,7 +146,7 @@ def check_power_levels(
         return
     old = old_event.content
     _check_named_level_changes(old, new, sender_level)  # 10.6
-    _check_level_map_changes(old, new, sender_level)  # 10.7, 10.8
+    _check_level_map_changes(version, old, new, sender_level)  # 10.7, 10.8
     _check_user_level_changes(old, new, event.sender, sender_level)  # 10.9, 10.10
 
 
@@ -149,7 +162,7 @@ def _check_format(version: RoomVersion, new: dict) -> None:
                 raise PowerLevelsError(f"power levels: {key} must map to integers")
     users = new.get("users", {})
     if not isinstance(users, dict) or not all(
-        is_valid_user_id(u) and is_int(v) for u, v in users.items()
+        is_valid_user_id(u) and is_level(version, v) for u, v in users.items()
     ):
         raise PowerLevelsError("power levels: users must map user IDs to integers")
 
@@ -164,8 +177,10 @@ def _check_named_level_changes(old: dict, new: dict, sender_level: int) -> None:
                     )
 
 
-def _check_level_map_changes(old: dict, new: dict, sender_level: int) -> None:
-    for key in _PL_MAP_KEYS:
+def _check_level_map_changes(version: RoomVersion, old: dict, new: dict, sender_level: int) -> None:
+    # `notifications` is checked from v6 on; before, anyone allowed to send power levels
+    # could change it.
+    for key in _PL_MAP_KEYS if version.notifications_power_levels else ("events",):
         old_map, new_map = old.get(key) or {}, new.get(key) or {}
         for name in set(old_map) | set(new_map):
             if old_map.get(name) == new_map.get(name):

@@ -4,10 +4,15 @@ Code that depends on the room version (event format, redaction, auth rules) asks
 `RoomVersion` a question (`version.updated_redaction_rules`), never compares identifiers.
 Adding a version is adding an entry here, plus code for any flag that is new.
 
+Versions 4 to 12 are known, each the one before with a few flags changed (the spec's room
+version pages). Versions 1 to 3 are not, and a room of them is refused with
+M_INCOMPATIBLE_ROOM_VERSION: event IDs of 1 and 2 carry a server part, version 1 resolves
+state by another algorithm, and version 3's IDs are standard base64, whose `/` a request
+path cannot carry through the WSGI server's decoded PATH_INFO.
+
 Room version 12 (spec v1.16, "Room Version 12") is 11 with three changes, one flag each:
 room IDs from the create event (MSC4291), creators with infinite power (MSC4289), and
-state resolution v2.1 (MSC4297). Weir has no state resolution yet; the third flag says
-which algorithm the room needs for whoever writes it.
+state resolution v2.1 (MSC4297).
 """
 
 from __future__ import annotations
@@ -35,6 +40,19 @@ class RoomVersion:
     # redaction's `redacts`, power levels' `invite` and third_party_invite.signed, and no
     # longer keeps the top-level `origin`, `membership` and `prev_state`.
     updated_redaction_rules: bool
+    # v5: a signature counts only with a key valid at the event's origin_server_ts.
+    enforce_key_validity: bool = True
+    # Before v6: m.room.aliases has an auth rule of its own (the sender's server is its
+    # state key), and redaction keeps its `aliases`.
+    special_case_aliases: bool = False
+    # v6: power levels' `notifications` map is checked as `events` is.
+    notifications_power_levels: bool = True
+    # v8: redaction keeps the join rules' `allow`; v9: a member event's
+    # `join_authorised_via_users_server`.
+    redaction_keeps_allow: bool = True
+    redaction_keeps_join_authoriser: bool = True
+    # A version the spec marks stable; 4 and 5 are listed as unstable, as Synapse lists them.
+    stable: bool = True
     # v12: the room ID is the create event's ID with `!` for `$` (no server part); the
     # create event has no room_id and is never listed in auth_events (the room ID implies
     # it); an event whose room ID names no accepted create event is rejected.
@@ -47,18 +65,42 @@ class RoomVersion:
     state_resolution_v2_1: bool = False
 
 
-ROOM_V10 = RoomVersion(
-    identifier="10",
+# Room version 4: events refer to each other by URL-safe reference hashes; state
+# resolution v2.
+ROOM_V4 = RoomVersion(
+    identifier="4",
     event_id_is_reference_hash=True,
-    strict_canonical_json=True,
-    integer_power_levels=True,
-    knock_join_rule=True,
-    restricted_join_rule=True,
-    knock_restricted_join_rule=True,
+    strict_canonical_json=False,
+    integer_power_levels=False,
+    knock_join_rule=False,
+    restricted_join_rule=False,
+    knock_restricted_join_rule=False,
     implicit_room_creator=False,
     updated_redaction_rules=False,
+    enforce_key_validity=False,
+    special_case_aliases=True,
+    notifications_power_levels=False,
+    redaction_keeps_allow=False,
+    redaction_keeps_join_authoriser=False,
+    stable=False,
 )
-
+ROOM_V5 = dataclasses.replace(ROOM_V4, identifier="5", enforce_key_validity=True)
+ROOM_V6 = dataclasses.replace(
+    ROOM_V5,
+    identifier="6",
+    special_case_aliases=False,
+    strict_canonical_json=True,
+    notifications_power_levels=True,
+    stable=True,
+)
+ROOM_V7 = dataclasses.replace(ROOM_V6, identifier="7", knock_join_rule=True)
+ROOM_V8 = dataclasses.replace(
+    ROOM_V7, identifier="8", restricted_join_rule=True, redaction_keeps_allow=True
+)
+ROOM_V9 = dataclasses.replace(ROOM_V8, identifier="9", redaction_keeps_join_authoriser=True)
+ROOM_V10 = dataclasses.replace(
+    ROOM_V9, identifier="10", integer_power_levels=True, knock_restricted_join_rule=True
+)
 # Room version 11 is version 10 with the clarified redaction rules and no `creator`.
 ROOM_V11 = dataclasses.replace(
     ROOM_V10, identifier="11", implicit_room_creator=True, updated_redaction_rules=True
@@ -75,7 +117,18 @@ ROOM_V12 = dataclasses.replace(
 )
 
 KNOWN_ROOM_VERSIONS: dict[str, RoomVersion] = {
-    v.identifier: v for v in (ROOM_V10, ROOM_V11, ROOM_V12)
+    v.identifier: v
+    for v in (
+        ROOM_V4,
+        ROOM_V5,
+        ROOM_V6,
+        ROOM_V7,
+        ROOM_V8,
+        ROOM_V9,
+        ROOM_V10,
+        ROOM_V11,
+        ROOM_V12,
+    )
 }
 
 # createRoom's default stays 10 for now, though the spec says servers SHOULD default to 12:

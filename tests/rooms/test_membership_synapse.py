@@ -75,7 +75,7 @@ def synapse_sync(user: SynapseUser):
     return once
 
 
-@pytest.mark.parametrize("version", ["10", "12"])
+@pytest.mark.parametrize("version", ["4", "9", "10", "12"])
 def test_a_synapse_user_joins_our_room_and_messages_flow_both_ways(weir, synapse, version):
     alice = MatrixClient(weir.client_url)
     alice.register(f"alice{version}")

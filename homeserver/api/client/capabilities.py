@@ -20,7 +20,10 @@ def capabilities():
             "capabilities": {
                 "m.room_versions": {
                     "default": DEFAULT_ROOM_VERSION.identifier,
-                    "available": {v: "stable" for v in KNOWN_ROOM_VERSIONS},
+                    "available": {
+                        v: "stable" if version.stable else "unstable"
+                        for v, version in KNOWN_ROOM_VERSIONS.items()
+                    },
                 },
                 # No password change, third-party identifiers or login tokens yet.
                 "m.change_password": {"enabled": False},
