@@ -149,7 +149,7 @@ _TO_BRACKET = re.compile(r'(?:[^"\[\]{}]++|"(?:[^"\\]++|\\.)*+")*+')
 _STRING_RUN = re.compile(r'(?:[^"\\]++|\\.)*+', re.DOTALL)
 _SPACE = re.compile(r"[ \t\n\r]*")
 # A whole string; a scalar (number, true, false, null) up to what may follow it.
-_STRING = re.compile(r'"(?:[^"\\]++|\\.)*+"', re.DOTALL)
+_STRING = re.compile(f'"{_STRING_RUN.pattern}"', re.DOTALL)
 _SCALAR = re.compile(r"[^,\]}\s]*")
 _CONTROL = re.compile(r"[\x00-\x1f]")
 # One value at a given index, by the json module's C scanner with the strict rules' hooks.

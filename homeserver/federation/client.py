@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 from urllib.parse import urlencode, urlsplit
 
 from canonicaljson import encode_canonical_json
@@ -205,14 +206,10 @@ class FederationClient:
             )
             self._raise_for_status(destination, response)
             body = read_body(destination, response, max_bytes)
-        try:
+        with _decoding(destination):
             # A large answer (a room's state) is decoded a piece at a time, the hub free
             # in between; one of tiny values is refused early (core/strict_json.py).
             return strict_json.loads_in_pieces(body, strict_json.MAX_BODY_DEPTH, let_io_run).value
-        except strict_json.TooManyValues as e:
-            raise MalformedResponse(destination, f"response refused: {e}") from None
-        except ValueError:  # not strict JSON, or nested too deep
-            raise MalformedResponse(destination, "response is not JSON") from None
 
     def put_json_streamed(
         self,
@@ -237,7 +234,7 @@ class FederationClient:
             )
             self._raise_for_status(destination, response)
             with StreamingResponse(destination, response, max_bytes, deadline) as stream:
-                try:
+                with _decoding(destination):
                     return strict_json.loads_streamed_object(
                         stream.stream(),
                         arrays=arrays,
@@ -246,10 +243,6 @@ class FederationClient:
                         value_max_chars=JSON_MAX_BYTES,
                         pause=let_io_run,
                     )
-                except strict_json.TooManyValues as e:
-                    raise MalformedResponse(destination, f"response refused: {e}") from None
-                except ValueError:  # not strict JSON, or nested too deep
-                    raise MalformedResponse(destination, "response is not JSON") from None
 
     # -- streams (media) -------------------------------------------------------------------
 
@@ -347,3 +340,14 @@ class FederationClient:
         raise RemoteError(
             destination, response.status, errcode, body, response.headers.get("Location")
         )
+
+
+@contextmanager
+def _decoding(destination: str) -> Iterator[None]:
+    """A JSON answer that does not decode by the strict rules is a `MalformedResponse`."""
+    try:
+        yield
+    except strict_json.TooManyValues as e:
+        raise MalformedResponse(destination, f"response refused: {e}") from None
+    except ValueError:  # not strict JSON, or nested too deep
+        raise MalformedResponse(destination, "response is not JSON") from None

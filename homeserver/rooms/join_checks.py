@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import gevent
 
 from budget import OutboundDeadline
-from homeserver.core.concurrency import let_io_run
+from homeserver.core.concurrency import in_turns
 from homeserver.core.events import Event
 from homeserver.federation.errors import MalformedResponse
 from homeserver.federation.junk import JunkAnswers
@@ -145,10 +145,8 @@ class JoinResponseChecker:
         self.junk.note(server, held, len(everything) - 1)
         checked = self._verified(server, version, everything, deadline)
         events, signed_by = threads.apply(_events_and_signers, (checked,))
-        for n, event in enumerate(events.values()):
+        for event in in_turns(events.values(), AUTHORISED_PER_PAUSE):
             self._authorised(server, version, event, events, signed_by)
-            if n % AUTHORISED_PER_PAUSE == AUTHORISED_PER_PAUSE - 1:
-                let_io_run()
         state, ordered = threads.apply(_state_and_order, (server, events, state_ids, our_join))
         join = events[our_join.event_id]
         self._join_allowed(server, version, join, state, signed_by[join.event_id])

@@ -22,7 +22,7 @@ import gevent.pool
 from unpaddedbase64 import decode_base64
 
 from homeserver.core import strict_json
-from homeserver.core.concurrency import let_io_run
+from homeserver.core.concurrency import in_turns
 from homeserver.core.events import Event
 from homeserver.core.identifiers import server_of
 from homeserver.federation.errors import InvalidSignature, KeyResolutionRefused
@@ -111,9 +111,7 @@ def signers(items: list[CheckedPdu]) -> tuple[dict[str, set[str]], int]:
     well-formed of `items`: the keys their checks will look up (`Keyring.prefetch`)."""
     wanted: dict[str, set[str]] = {}
     newest = 0
-    for n, item in enumerate(items):
-        if n % SIGNERS_PER_PAUSE == SIGNERS_PER_PAUSE - 1:
-            let_io_run()  # a big room's answer is 100,000 events
+    for item in in_turns(items, SIGNERS_PER_PAUSE):  # a big room's answer: 100,000 events
         pdu = item.pdu
         try:
             servers = signing_servers(pdu, item.version)

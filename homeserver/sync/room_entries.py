@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from homeserver.core.concurrency import let_io_run
+from homeserver.core.concurrency import in_turns
 from homeserver.core.requester import Requester
 from homeserver.rooms.format import client_event
 from homeserver.rooms.history import RoomHistory
@@ -363,9 +363,8 @@ class RoomEntries:
                 else {}
             )
             out = []
-            for n, stored in enumerate(events):
-                if n % FORMATTED_PER_PAUSE == FORMATTED_PER_PAUSE - 1:
-                    let_io_run()  # a big room's first sync is thousands of state events
+            # A big room's first sync is thousands of state events.
+            for stored in in_turns(events, FORMATTED_PER_PAUSE):
                 event = client_event(
                     stored,
                     now,
