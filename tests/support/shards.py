@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 
+import gevent
 import psutil
 
 from tests.support.federation import federation_settings, tls_listener_settings
@@ -52,9 +53,19 @@ def shard_holding_connection(weir: WeirProcess, local_port: int) -> int | None:
     return None
 
 
-def access_lines(weir: WeirProcess, path_part: str) -> list[tuple[str, str]]:
+def access_lines(
+    weir: WeirProcess, path_part: str, at_least: int = 1, timeout: float = 5.0
+) -> list[tuple[str, str]]:
     """(process label or "main", status) of each access log line whose path has
-    ``path_part``."""
+    ``path_part``, once there are ``at_least`` of them. A line is written after its response
+    is sent, and by another process, so the file is re-read until it has them."""
+    with gevent.Timeout(timeout, AssertionError(f"fewer than {at_least} lines for {path_part}")):
+        while len(lines := _access_lines(weir, path_part)) < at_least:
+            gevent.sleep(0.02)
+    return lines
+
+
+def _access_lines(weir: WeirProcess, path_part: str) -> list[tuple[str, str]]:
     out = []
     with open(weir.stderr_path, errors="replace") as f:
         for line in f:
