@@ -227,6 +227,9 @@ class SenderConfig:
     # A transaction is late past 10 times its destination's last answer time, and never
     # before this: while a live destination waits for a slot, a late one gives its slot up.
     late_after: float = setting(_seconds(), 0.5)
+    # Durable EDUs (to-device messages, device list updates) owed to one server: past this,
+    # new ones for it are dropped and counted (weir_federation_edus_dropped).
+    max_queued_edus: int = setting(_int(100), 10_000)
 
 
 @dataclass(frozen=True)

@@ -186,6 +186,13 @@ class Metrics:
             ["outcome"],
             registry=self.registry,
         )
+        self.federation_edus_dropped = Counter(
+            "weir_federation_edus_dropped",
+            "Durable EDUs (to-device, device list updates) dropped: past a destination's"
+            " backlog (federation.sender.max_queued_edus), or refused too often",
+            ["edu_type", "reason"],
+            registry=self.registry,
+        )
         self.cooldown_refusals = Counter(
             "weir_cooldown_refusals",
             "Calls refused at once because the address is cooling down",

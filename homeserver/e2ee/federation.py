@@ -12,7 +12,9 @@ Device list updates: each change of a user's devices takes a position in the dev
 stream (storage/e2ee.py); its EDUs carry that position as `stream_id` and the previous one
 sent as `prev_id` (storage/e2ee_remote.py), which is also what `/user/devices` answers as
 its `stream_id`, so a server that holds our list applies the update, and one that missed
-one fetches the list again. They go to every server with a user in a room with ours.
+one fetches the list again. They go to every server with a user in a room with ours, as
+durable EDUs (homeserver/federation/sender.py): queued in the write that takes their
+position, sent in order, kept across restarts.
 """
 
 from __future__ import annotations
@@ -25,15 +27,13 @@ from homeserver.e2ee.inbound_edus import DeviceListResync, E2eeEdus
 from homeserver.e2ee.keys import KeyService
 from homeserver.e2ee.to_device import ToDeviceService
 from homeserver.federation.client import FederationClient
+from homeserver.federation.sender import FederationSender
 from homeserver.metrics import Metrics
 from homeserver.storage.e2ee import E2eeStore
 from homeserver.storage.e2ee_remote import RemoteDeviceStore
 
 MAX_USERS = 1000
 MAX_DEVICES = 1000
-
-# send_edu(destinations, edu_type, content): the federation sender's queue.
-SendEdu = Callable[[Iterable[str], str, dict], None]
 
 
 def _too_large(what: str) -> MatrixError:
@@ -51,13 +51,13 @@ class FederationKeys:
         store: E2eeStore,
         remote_store: RemoteDeviceStore,
         server_name: str,
-        send_edu: SendEdu,
+        outbound: FederationSender,
     ):
         self.keys = keys
         self.store = store
         self.remote_store = remote_store
         self.server_name = server_name
-        self.send_edu = send_edu
+        self.outbound = outbound
 
     def _ours(self, user_id: object) -> bool:
         if not isinstance(user_id, str) or not is_valid_user_id(user_id):
@@ -129,11 +129,17 @@ class FederationKeys:
         servers that share a room with them."""
         devices = sorted(set(devices))
         servers = self._servers_sharing(user_id)
-        if devices:
+        if devices and not servers:
             # Taken even with no server to tell, so the chain of prev_ids stays whole.
-            stream_id, prev_id = self.remote_store.next_outbound(user_id)
-            if servers:
-                self._send_device_updates(servers, user_id, devices, stream_id, prev_id)
+            self.remote_store.next_outbound(user_id)
+        elif devices:
+            edus, left_out = self.remote_store.queue_device_updates(
+                user_id,
+                servers,
+                self._device_updates(user_id, devices),
+                self.outbound.max_queued_edus,
+            )
+            self.outbound.durable_edus_queued(edus, left_out)
         if signing and servers:
             out = _empty_query()
             self.keys.query_local("", user_id, {""}, out, display_names=False)
@@ -141,27 +147,25 @@ class FederationKeys:
             for key_type in ("master", "self_signing"):
                 if user_id in out[f"{key_type}_keys"]:
                     content[f"{key_type}_key"] = out[f"{key_type}_keys"][user_id]
-            self.send_edu(servers, "m.signing_key_update", content)
+            self.outbound.queue_durable_edus(
+                [(server, "m.signing_key_update", content) for server in servers]
+            )
 
-    def _send_device_updates(
-        self, servers: list[str], user_id: str, devices: list[str], stream_id: int, prev: list
-    ) -> None:
+    def _device_updates(self, user_id: str, devices: list[str]) -> list[dict]:
+        """Each device's part of its m.device_list_update: its keys, or that it is gone."""
         out = _empty_query()
         self.keys.query_local("", user_id, set(devices), out, display_names=False)
         shown = out["device_keys"].get(user_id, {})
         existing = {row[0] for row in self.store.devices(user_id)}
+        updates = []
         for device_id in devices:
-            content: dict = {
-                "user_id": user_id,
-                "device_id": device_id,
-                "stream_id": stream_id,
-                "prev_id": prev,
-            }
+            update: dict = {"device_id": device_id}
             if device_id in shown:
-                content["keys"] = shown[device_id]
+                update["keys"] = shown[device_id]
             elif device_id not in existing:
-                content["deleted"] = True
-            self.send_edu(servers, "m.device_list_update", content)
+                update["deleted"] = True
+            updates.append(update)
+        return updates
 
 
 class E2eeFederation:
@@ -175,11 +179,11 @@ class E2eeFederation:
         store: E2eeStore,
         remote_store: RemoteDeviceStore,
         client: FederationClient,
-        send_edu: SendEdu,
+        outbound: FederationSender,
         on_changed: Callable[[str], None],
         metrics: Metrics,
     ):
-        self.server = FederationKeys(keys, store, remote_store, keys.server_name, send_edu)
+        self.server = FederationKeys(keys, store, remote_store, keys.server_name, outbound)
         self.resync = DeviceListResync(client, remote_store, on_changed)
         metrics.track_budget(self.resync.budget)
         counter = metrics.inbound_edu_items

@@ -5,8 +5,10 @@ device's /sync `to_device`, and deleted when that device syncs again with a `sin
 it (storage/e2ee.py).
 
 Other servers' users get theirs in an m.direct_to_device EDU to their server, one per server
-and transaction; other servers' EDUs to our users arrive in `receive_remote`
-(e2ee/inbound_edus.py checks the sender's server first).
+and transaction, queued in the federation sender's outbox in the write that stores the local
+ones (homeserver/federation/sender.py: durable EDUs, in order, kept across restarts); other
+servers' EDUs to our users arrive in `receive_remote` (e2ee/inbound_edus.py checks the
+sender's server first).
 
 The bound: a device holds at most MAX_PENDING_PER_DEVICE undelivered messages. Past it, new
 messages to that device are dropped (counted in `dropped`, logged), and the request still
@@ -21,7 +23,7 @@ import base64
 import hashlib
 import json
 import logging
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from homeserver.core.clock import now_ms
 from homeserver.core.errors import invalid_param
@@ -29,6 +31,9 @@ from homeserver.core.identifiers import is_valid_user_id, server_of
 from homeserver.core.requester import Requester
 from homeserver.metrics import Metrics
 from homeserver.storage.e2ee import E2eeStore
+
+if TYPE_CHECKING:
+    from homeserver.federation.sender import FederationSender
 
 log = logging.getLogger(__name__)
 
@@ -40,25 +45,21 @@ MAX_TXN_ID = 255
 MAX_REMOTE_MESSAGES = 10_000
 
 
-def _no_federation(destinations: Iterable[str], edu_type: str, content: dict) -> None:
-    log.info("%s not sent to %s: no federation sender", edu_type, list(destinations))
-
-
 class ToDeviceService:
     def __init__(
         self,
         store: E2eeStore,
         server_name: str,
         notify_users: Callable[[Iterable[str]], None],
+        outbound: FederationSender,
         max_pending: int = MAX_PENDING_PER_DEVICE,
     ):
         self.store = store
         self.server_name = server_name
         self.notify_users = notify_users
+        self.outbound = outbound
         self.max_pending = max_pending
         self.dropped = 0
-        # send_edu(destinations, edu_type, content): the federation sender's, in the runtime.
-        self.send_edu: Callable[[Iterable[str], str, dict], None] = _no_federation
 
     def track_figures(self, metrics: Metrics) -> None:
         metrics.track_counter(
@@ -84,30 +85,52 @@ class ToDeviceService:
                 continue
             local += self._expand(user_id, by_device)
         sender = (requester.user_id, requester.device_id)
-        if self._store(sender, txn_id, event_type, local) and remote:
-            # The message ID is the transaction's: a server that gets it twice (our retry
-            # after a lost answer) stores it once.
-            digest = hashlib.sha256(json.dumps([*sender, txn_id]).encode()).digest()
-            message_id = base64.urlsafe_b64encode(digest[:18]).decode()
-            for server, by_user in remote.items():
-                content = {
+        # The message ID is the transaction's: a server that gets it twice (our retry after
+        # a lost answer) stores it once.
+        digest = hashlib.sha256(json.dumps([*sender, txn_id]).encode()).digest()
+        message_id = base64.urlsafe_b64encode(digest[:18]).decode()
+        edus = [
+            (
+                server,
+                "m.direct_to_device",
+                {
                     "sender": requester.user_id,
                     "type": event_type,
                     "message_id": message_id,
                     "messages": by_user,
-                }
-                self.send_edu([server], "m.direct_to_device", content)
+                },
+            )
+            for server, by_user in sorted(remote.items())
+        ]
+        self._store(sender, txn_id, event_type, local, edus)
 
-    def _store(self, sender: tuple[str, str], txn_id: str, event_type: str, local: list) -> bool:
-        """Stores the messages once per transaction ID: False if it was seen before."""
-        stored, full = self.store.send_to_device(
-            sender, txn_id, event_type, local, self.max_pending, now_ms()
+    def _store(
+        self,
+        sender: tuple[str, str],
+        txn_id: str,
+        event_type: str,
+        local: list,
+        edus: list[tuple[str, str, dict]] | None = None,
+    ) -> bool:
+        """Stores the messages, and queues the EDUs for other servers, once per transaction
+        ID: False if it was seen before."""
+        stored, full, left_out = self.store.send_to_device(
+            sender,
+            txn_id,
+            event_type,
+            local,
+            self.max_pending,
+            now_ms(),
+            edus or (),
+            self.outbound.max_queued_edus,
         )
         if full:
             self.dropped += len(full)
             log.warning("to-device messages dropped, devices full: %s", full[:10])
         if stored:
             self.notify_users({user_id for user_id, _, _ in local})
+            if edus:
+                self.outbound.durable_edus_queued(edus, left_out)
         return stored
 
     def receive_remote(self, sender: str, content: dict) -> bool:

@@ -2,7 +2,11 @@
 
 PDUs come from the outbox (homeserver/storage/outbox.py), written in the transaction that
 stored the event, so nothing is lost to a restart or a `kill -9`; the sender only reads and
-clears it. EDUs (typing, receipts) are ephemeral and wait in memory, per destination.
+clears it. EDUs other servers must not miss (to-device messages, device list and signing key
+updates) are durable the same way: written with the local change that made them, sent in
+order, gone only once delivered or refused `MAX_EDU_REFUSALS` times, and a destination owed
+`max_queued_edus` of them gets no more (counted, never silent). Typing and receipts are
+ephemeral and wait in memory, per destination.
 
 The rules (server-server spec, "Transactions"; docs/architecture.md, "Processes"):
 - one transaction in flight per destination, at most 50 PDUs and 100 EDUs, oldest first;
@@ -51,8 +55,12 @@ log = logging.getLogger(__name__)
 # Spec: "Transactions are limited in size; they can have at most 50 PDUs and 100 EDUs."
 MAX_PDUS = 50
 MAX_EDUS = 100
-# EDUs waiting for one destination; past this the oldest go (they are ephemeral).
+# Ephemeral EDUs (typing, receipts) waiting for one destination; past this the oldest go.
 MAX_QUEUED_EDUS = 1000
+# federation.sender.max_queued_edus's default: durable EDUs owed to one destination.
+MAX_QUEUED_DURABLE_EDUS = 10_000
+# A durable EDU in this many refused transactions goes: its content is what the peer refuses.
+MAX_EDU_REFUSALS = 3
 # Catching up after a failure: a room with more PDUs owed than this sends only its newest
 # this many, and the peer fetches the gap (/get_missing_events, /state_ids).
 CATCH_UP_ROOM_LIMIT = 50
@@ -95,13 +103,14 @@ class _Destination:
     call_started: float = 0.0  # monotonic, when that wait began
     answer_seconds: float | None = None  # how long its last successful transaction took
     preempted: bool = False  # told to give its slot up
-    edus: deque = field(default_factory=lambda: deque(maxlen=MAX_QUEUED_EDUS))
+    edus: deque = field(default_factory=lambda: deque(maxlen=MAX_QUEUED_EDUS))  # ephemeral
 
 
 @dataclass
 class SenderStats:
     outcomes: dict = field(default_factory=lambda: {"success": 0, "failure": 0, "refused": 0})
     dropped_for_catch_up: int = 0
+    edus_dropped: dict = field(default_factory=dict)  # (edu_type, reason) -> count
 
 
 class FederationSender:
@@ -118,7 +127,9 @@ class FederationSender:
         live_window: float = LIVE_WINDOW_SECONDS,
         unproven_timeout: float = UNPROVEN_TIMEOUT_SECONDS,
         late_after: float = LATE_AFTER_SECONDS,
+        max_queued_edus: int = MAX_QUEUED_DURABLE_EDUS,
         on_outcome: Callable[[str], None] | None = None,
+        on_edu_dropped: Callable[[str, str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ):
         self.server_name = server_name
@@ -134,10 +145,12 @@ class FederationSender:
         self.owner = owner
         self.backoff_start = backoff_start
         self.backoff_max = backoff_max
+        self.max_queued_edus = max_queued_edus
         self.stats = SenderStats()
         self.revivals = 0  # destinations backing off whose transaction to us ended it
         self.preempted = 0  # late transactions stopped to give their slot to a live one
         self._on_outcome = on_outcome
+        self._on_edu_dropped = on_edu_dropped
         self._clock = clock
         self.pool = Pool(max_in_flight)
         self._destinations: dict[str, _Destination] = {}
@@ -186,13 +199,36 @@ class FederationSender:
             self._kick(dest)
 
     def send_edu(self, destinations: Iterable[str], edu_type: str, content: dict) -> None:
-        """Queues an EDU for each destination (in memory: EDUs are ephemeral)."""
+        """Queues an ephemeral EDU (typing, a receipt) for each destination, in memory."""
         for name in destinations:
             if name == self.server_name:
                 continue
             dest = self._destination(name)
             dest.edus.append({"edu_type": edu_type, "content": content})
             self._kick(dest)
+
+    def queue_durable_edus(self, edus: list[tuple[str, str, dict]]) -> None:
+        """Durable (destination, edu_type, content) EDUs that no other write makes (a
+        signing key update): queued in a write of their own."""
+        edus = [edu for edu in edus if edu[0] != self.server_name]
+        self.durable_edus_queued(edus, self.store.queue_edus(edus, self.max_queued_edus))
+
+    def durable_edus_queued(
+        self, edus: list[tuple[str, str, dict]], left_out: list[tuple[str, str]]
+    ) -> None:
+        """A write committed durable EDUs (storage/outbox.py, `queue_edus`) but `left_out`,
+        whose destinations were owed `max_queued_edus` already: those are counted, and
+        the destinations woken."""
+        for _, edu_type in left_out:
+            self._edus_dropped(edu_type, "backlog")
+        if left_out:
+            log.warning(
+                "%d EDUs not queued: their destinations are owed %d already (%s)",
+                len(left_out),
+                self.max_queued_edus,
+                sorted({d for d, _ in left_out})[:10],
+            )
+        self.wake(sorted({destination for destination, _, _ in edus}))
 
     def on_inbound_transaction(self, origin: str) -> None:
         """`origin` sent us a transaction: it is up. Its backoff ends, and what we owe it
@@ -242,6 +278,11 @@ class FederationSender:
             "weir_federation_sender_queue",
             "PDU deliveries to other servers still owed (the outbox's rows)",
             self.store.depth,
+        )
+        metrics.track_gauge(
+            "weir_federation_sender_edu_queue",
+            "Durable EDUs (to-device, device list updates) to other servers still owed",
+            self.store.edu_depth,
         )
         metrics.track_gauge(
             "weir_federation_sender_backoff",
@@ -424,29 +465,42 @@ class FederationSender:
             dest.catching_up = False
         dest.pending = False
         pdus = self.store.pending(dest.name, MAX_PDUS)
-        edus = [dest.edus.popleft() for _ in range(min(MAX_EDUS, len(dest.edus)))]
-        if not pdus and not edus:
+        durable = self.store.pending_edus(dest.name, MAX_EDUS)
+        room = MAX_EDUS - len(durable)
+        ephemeral = [dest.edus.popleft() for _ in range(min(room, len(dest.edus)))]
+        if not pdus and not durable and not ephemeral:
             return False
-        if len(pdus) == MAX_PDUS:
+        if len(pdus) == MAX_PDUS or len(durable) == MAX_EDUS:
             dest.pending = True  # never cleared here: a wake-up during the read stands
         txn_id = self.store.begin_transaction(
             dest.name, self.owner, now_ms(), int(self.client.remote_timeout * 1000) + 10_000
         )
         if txn_id is None:  # another instance holds the destination
-            dest.edus.extendleft(reversed(edus))
+            dest.edus.extendleft(reversed(ephemeral))
             self._back_off(dest, persist=False)
             return False
         # Until it answers, a destination has the unproven lane's time, not the whole deadline.
         seconds = None if self.lane_of(dest) == LIVE else self.unproven_timeout
+        edus = [edu for _, edu in durable] + ephemeral
         outcome = self._put(dest, str(txn_id), [p for _, p in pdus], edus, seconds)
         if outcome == "failure":
-            # Typing is stale by the time a dead server returns; receipts still matter.
-            dest.edus.extendleft(reversed([e for e in edus if e["edu_type"] != "m.typing"]))
+            # Typing is stale by the time a dead server returns; receipts still matter. The
+            # durable EDUs are still in the outbox.
+            dest.edus.extendleft(reversed([e for e in ephemeral if e["edu_type"] != "m.typing"]))
             self._failed(dest)
             self._count(outcome)
             return False
         dest.answer_seconds = time.monotonic() - dest.call_started
         self.store.delivered(dest.name, [ordering for ordering, _ in pdus])
+        durable_ids = [edu_id for edu_id, _ in durable]
+        if outcome == "refused":
+            # Its PDUs went (above); its durable EDUs go again, alone if the PDUs were what
+            # the peer refused, until they were refused MAX_EDU_REFUSALS times.
+            for edu_type in self.store.edus_refused(dest.name, durable_ids, MAX_EDU_REFUSALS):
+                self._edus_dropped(edu_type, "refused")
+            dest.pending = dest.pending or bool(durable)
+        else:
+            self.store.edus_delivered(dest.name, durable_ids)
         self._succeeded(dest)
         self._count(outcome)  # after the outbox and the lanes know it
         return dest.pending or bool(dest.edus)
@@ -478,6 +532,12 @@ class FederationSender:
             return "failure"
         finally:
             dest.calling = False
+
+    def _edus_dropped(self, edu_type: str, reason: str) -> None:
+        key = (edu_type, reason)
+        self.stats.edus_dropped[key] = self.stats.edus_dropped.get(key, 0) + 1
+        if self._on_edu_dropped is not None:
+            self._on_edu_dropped(edu_type, reason)
 
     def _count(self, outcome: str) -> None:
         self.stats.outcomes[outcome] += 1

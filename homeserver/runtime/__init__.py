@@ -385,7 +385,7 @@ class HomeserverRuntime(Infrastructure):
             self.e2ee_store,
             RemoteDeviceStore(self.db),
             self.federation_client,
-            self.federation_sender.send_edu,
+            self.federation_sender,
             self._keys_changed,
             self.metrics,
         )
@@ -396,8 +396,9 @@ class HomeserverRuntime(Infrastructure):
 
     @component
     def to_device(self) -> ToDeviceService:
-        service = ToDeviceService(self.e2ee_store, self.server_name, self.notifier.notify_users)
-        service.send_edu = self.federation_sender.send_edu
+        service = ToDeviceService(
+            self.e2ee_store, self.server_name, self.notifier.notify_users, self.federation_sender
+        )
         service.track_figures(self.metrics)
         return service
 

@@ -242,6 +242,7 @@ class Infrastructure:
         """Our PDUs and EDUs to other servers, in a pool of its own. Built everywhere, so
         that a wake-up is always safe; only main starts it (processes/main.py)."""
         outcomes = self.metrics.federation_transactions
+        dropped = self.metrics.federation_edus_dropped
         sender = FederationSender(
             self.server_name,
             OutboxStore(self.db),
@@ -250,7 +251,9 @@ class Infrastructure:
             live_window=self.config.federation.sender.live_window,
             unproven_timeout=self.config.federation.sender.unproven_timeout,
             late_after=self.config.federation.sender.late_after,
+            max_queued_edus=self.config.federation.sender.max_queued_edus,
             on_outcome=lambda outcome: outcomes.labels(outcome).inc(),
+            on_edu_dropped=lambda edu_type, reason: dropped.labels(edu_type, reason).inc(),
         )
         sender.track_figures(self.metrics)
         return sender

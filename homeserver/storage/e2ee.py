@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Sequence
 
 from homeserver.storage import streams
 from homeserver.storage.database import Database, in_lists
+from homeserver.storage.outbox import queue_edus
 
 DEVICE_LISTS_STREAM = "device_lists"
 TO_DEVICE_STREAM = "to_device"
@@ -413,10 +415,15 @@ class E2eeStore:
         messages: list[tuple[str, str, dict]],
         max_pending: int,
         now_ms: int,
-    ) -> tuple[bool, list[tuple[str, str]]]:
+        remote_edus: Sequence[tuple[str, str, dict]] = (),
+        max_queued_edus: int = 0,
+    ) -> tuple[bool, list[tuple[str, str]], list[tuple[str, str]]]:
         """Stores (user_id, device_id, content) messages from `sender` (user, device) once
-        per transaction ID. Returns (stored now, devices skipped as full): a device that
-        already holds `max_pending` undelivered messages gets no more."""
+        per transaction ID, and queues the `remote_edus` (destination, type, content) for
+        other servers' devices in the same write. Returns (stored now, devices skipped as
+        full, EDUs left out): a device that already holds `max_pending` undelivered messages
+        gets no more, and a server owed `max_queued_edus` EDUs neither
+        (storage/outbox.py, `queue_edus`)."""
 
         def write(tx):
             fresh = tx.fetchone(
@@ -425,7 +432,7 @@ class E2eeStore:
                 (*sender, txn_id, now_ms),
             )
             if fresh is None:
-                return False, []
+                return False, [], []
             rows, full = [], []
             for user_id, device_id, content in messages:
                 pending = tx.fetchone(
@@ -446,7 +453,7 @@ class E2eeStore:
                         for i, (u, d, c) in enumerate(rows)
                     ],
                 )
-            return True, full
+            return True, full, queue_edus(tx, remote_edus, max_queued_edus)
 
         return self.db.write(write)
 

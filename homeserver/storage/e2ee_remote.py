@@ -14,6 +14,7 @@ import json
 
 from homeserver.storage.database import Database
 from homeserver.storage.e2ee import mark_changed
+from homeserver.storage.outbox import queue_edus
 
 
 def _dumps(value) -> str:
@@ -39,27 +40,28 @@ class RemoteDeviceStore:
     def next_outbound(self, user_id: str) -> tuple[int, list[int]]:
         """(stream_id, prev_id) for the m.device_list_update EDUs of the user's newest
         change. Several changes read at once share the newest position and its prev_id."""
+        return self.db.write(lambda tx: _next_outbound(tx, user_id))
+
+    def queue_device_updates(
+        self, user_id: str, servers: list[str], updates: list[dict], max_queued_edus: int
+    ) -> tuple[list[tuple[str, str, dict]], list[tuple[str, str]]]:
+        """`next_outbound`, and in the same write an m.device_list_update EDU per update
+        (its device_id, and keys or deleted) to each server, in the federation sender's
+        outbox: the chain of prev_ids never names an update that was not queued. Returns
+        the EDUs, and those left out (storage/outbox.py, `queue_edus`)."""
 
         def write(tx):
-            row = tx.fetchone(
-                "SELECT MAX(stream_position) FROM device_list_changes WHERE user_id = ?",
-                (user_id,),
-            )
-            latest = int(row[0]) if row and row[0] is not None else 0
-            sent = tx.fetchone(
-                "SELECT stream_id, prev_id FROM e2e_device_list_outbound WHERE user_id = ?",
-                (user_id,),
-            )
-            if sent is not None and int(sent[0]) >= latest:
-                return int(sent[0]), json.loads(sent[1])
-            prev = [int(sent[0])] if sent is not None else []
-            tx.execute(
-                "INSERT INTO e2e_device_list_outbound (user_id, stream_id, prev_id)"
-                " VALUES (?, ?, ?) ON CONFLICT (user_id) DO UPDATE"
-                " SET stream_id = excluded.stream_id, prev_id = excluded.prev_id",
-                (user_id, latest, _dumps(prev)),
-            )
-            return latest, prev
+            stream_id, prev = _next_outbound(tx, user_id)
+            edus = [
+                (
+                    server,
+                    "m.device_list_update",
+                    {"user_id": user_id, **update, "stream_id": stream_id, "prev_id": prev},
+                )
+                for update in updates
+                for server in servers
+            ]
+            return edus, queue_edus(tx, edus, max_queued_edus)
 
         return self.db.write(write)
 
@@ -113,3 +115,25 @@ class RemoteDeviceStore:
         """The users' keys changed and we cache nothing of them: clients ask again."""
         if user_ids:
             self.db.write(lambda tx: mark_changed(tx, user_ids))
+
+
+def _next_outbound(tx, user_id: str) -> tuple[int, list[int]]:
+    row = tx.fetchone(
+        "SELECT MAX(stream_position) FROM device_list_changes WHERE user_id = ?",
+        (user_id,),
+    )
+    latest = int(row[0]) if row and row[0] is not None else 0
+    sent = tx.fetchone(
+        "SELECT stream_id, prev_id FROM e2e_device_list_outbound WHERE user_id = ?",
+        (user_id,),
+    )
+    if sent is not None and int(sent[0]) >= latest:
+        return int(sent[0]), json.loads(sent[1])
+    prev = [int(sent[0])] if sent is not None else []
+    tx.execute(
+        "INSERT INTO e2e_device_list_outbound (user_id, stream_id, prev_id)"
+        " VALUES (?, ?, ?) ON CONFLICT (user_id) DO UPDATE"
+        " SET stream_id = excluded.stream_id, prev_id = excluded.prev_id",
+        (user_id, latest, _dumps(prev)),
+    )
+    return latest, prev

@@ -1,9 +1,11 @@
-"""The federation sender's queue and per-destination state (0010_federation_outbox.sql).
+"""The federation sender's queues and per-destination state (0010_federation_outbox.sql,
+0029_federation_edu_outbox.sql).
 
 `queue_pdus` runs inside the write transaction that stores the events (RoomStore's
-`persist_events`), so an event is queued exactly when it is stored. `OutboxStore` is what the
-sender (homeserver/federation/sender.py) reads and clears; PDUs are handed to it as the JSON
-stored in `events`, opaque to it.
+`persist_events`), so an event is queued exactly when it is stored; `queue_edus` likewise
+inside the write that made a durable EDU (a to-device message, a device list update).
+`OutboxStore` is what the sender (homeserver/federation/sender.py) reads and clears; PDUs are
+handed to it as the JSON stored in `events`, opaque to it.
 """
 
 from __future__ import annotations
@@ -28,6 +30,32 @@ def queue_pdus(tx, destinations: Iterable[str], stored: Iterable[tuple[int, str,
             " VALUES (?, ?, ?, ?)",
             rows,
         )
+
+
+def queue_edus(
+    tx, edus: Iterable[tuple[str, str, dict]], max_backlog: int
+) -> list[tuple[str, str]]:
+    """Queues (destination, edu_type, content) EDUs, in order. A destination already owed
+    `max_backlog` EDUs gets no more: returns (destination, edu_type) of each left out."""
+    backlog: dict[str, int] = {}
+    rows, left_out = [], []
+    for destination, edu_type, content in edus:
+        if destination not in backlog:
+            backlog[destination] = tx.fetchone(
+                "SELECT COUNT(*) FROM federation_edu_outbox WHERE destination = ?",
+                (destination,),
+            )[0]
+        if backlog[destination] >= max_backlog:
+            left_out.append((destination, edu_type))
+            continue
+        backlog[destination] += 1
+        rows.append((destination, edu_type, json.dumps(content, separators=(",", ":"))))
+    if rows:
+        tx.executemany(
+            "INSERT INTO federation_edu_outbox (destination, edu_type, content) VALUES (?, ?, ?)",
+            rows,
+        )
+    return left_out
 
 
 @dataclass(frozen=True)
@@ -104,14 +132,67 @@ class OutboxStore:
         return self.db.write(write)
 
     def destinations_with_pending(self) -> list[str]:
+        """Every destination owed a PDU or a durable EDU."""
         rows = self.db.read(
-            lambda tx: tx.fetchall("SELECT DISTINCT destination FROM federation_outbox")
+            lambda tx: tx.fetchall(
+                "SELECT destination FROM federation_outbox"
+                " UNION SELECT destination FROM federation_edu_outbox"
+            )
         )
         return sorted(row[0] for row in rows)
 
     def depth(self) -> int:
         """PDU deliveries still owed, all destinations together."""
         return self.db.read(lambda tx: tx.fetchone("SELECT COUNT(*) FROM federation_outbox"))[0]
+
+    # --- durable EDUs ------------------------------------------------------------------------
+
+    def queue_edus(
+        self, edus: list[tuple[str, str, dict]], max_backlog: int
+    ) -> list[tuple[str, str]]:
+        """`queue_edus` in a write of its own: for an EDU no other write makes."""
+        return self.db.write(lambda tx: queue_edus(tx, edus, max_backlog))
+
+    def pending_edus(self, destination: str, limit: int) -> list[tuple[int, dict]]:
+        """The oldest `limit` durable EDUs owed to `destination`: (id, edu)."""
+        rows = self.db.read(
+            lambda tx: tx.fetchall(
+                "SELECT id, edu_type, content FROM federation_edu_outbox"
+                " WHERE destination = ? ORDER BY id LIMIT ?",
+                (destination, limit),
+            )
+        )
+        return [(row[0], {"edu_type": row[1], "content": json.loads(row[2])}) for row in rows]
+
+    def edus_delivered(self, destination: str, ids: list[int]) -> None:
+        if ids:
+            self.db.write(lambda tx: _delete_edus(tx, destination, ids))
+
+    def edus_refused(self, destination: str, ids: list[int], max_refusals: int) -> list[str]:
+        """`destination` refused a transaction holding these EDUs: each counts a refusal,
+        and those refused `max_refusals` times go. Returns the edu_type of each that went."""
+
+        def write(tx) -> list[str]:
+            gone = []
+            for chunk, marks in in_lists(ids):
+                tx.execute(
+                    "UPDATE federation_edu_outbox SET refusals = refusals + 1"
+                    f" WHERE destination = ? AND id IN ({marks})",
+                    [destination, *chunk],
+                )
+                gone += tx.fetchall(
+                    "SELECT id, edu_type FROM federation_edu_outbox"
+                    f" WHERE destination = ? AND id IN ({marks}) AND refusals >= ?",
+                    [destination, *chunk, max_refusals],
+                )
+            _delete_edus(tx, destination, [row[0] for row in gone])
+            return [row[1] for row in gone]
+
+        return self.db.write(write) if ids else []
+
+    def edu_depth(self) -> int:
+        """Durable EDUs still owed, all destinations together."""
+        return self.db.read(lambda tx: tx.fetchone("SELECT COUNT(*) FROM federation_edu_outbox"))[0]
 
     # --- per destination ------------------------------------------------------------------
 
@@ -156,3 +237,11 @@ class OutboxStore:
             )
         )
         return [DestinationRow(*row) for row in rows]
+
+
+def _delete_edus(tx, destination: str, ids: list[int]) -> None:
+    for chunk, marks in in_lists(ids):
+        tx.execute(
+            f"DELETE FROM federation_edu_outbox WHERE destination = ? AND id IN ({marks})",
+            [destination, *chunk],
+        )

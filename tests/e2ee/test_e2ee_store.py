@@ -24,11 +24,11 @@ def store(database_url):
 def test_a_full_device_gets_no_more_messages_and_others_still_do(store):
     sender = ("@alice:x", "A")
     for n in range(3):
-        stored, full = store.send_to_device(
+        stored, full, _ = store.send_to_device(
             sender, f"t{n}", "m.x", [("@bob:x", "PHONE", {"n": n})], 3, 1
         )
         assert stored and full == []
-    stored, full = store.send_to_device(
+    stored, full, _ = store.send_to_device(
         sender, "t3", "m.x", [("@bob:x", "PHONE", {"n": 3}), ("@bob:x", "LAPTOP", {"n": 3})], 3, 1
     )
     assert stored and full == [("@bob:x", "PHONE")]  # past the bound: the newest is dropped
