@@ -172,13 +172,13 @@ class FederationSender:
             # Before the restart is no recent evidence: every destination starts unproven.
             dest.failing = row.retry_interval_ms > 0
             dest.interval = row.retry_interval_ms / 1000
-        for name in self.store.destinations_with_pending():
+        owed = self.store.destinations_with_pending()
+        for name in owed:
             dest = self._destination(name)
             dest.catching_up = True
             dest.pending = True
             self._kick(dest)
-        queued = sum(len(q) for q in self._ready.values())
-        log.info("federation sender started: %d destinations to resume", queued)
+        log.info("federation sender started: %d destinations to resume", len(owed))
 
     def stop(self) -> None:
         """Stops sending; what is in flight is abandoned (the outbox still holds it)."""

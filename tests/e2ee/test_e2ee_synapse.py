@@ -4,6 +4,7 @@ protocol level: a Weir user and a Synapse user in one room see each other's devi
 new devices in /sync device_lists.changed, and get each other's to-device messages."""
 
 import os
+import signal
 import time
 from urllib.parse import quote
 
@@ -15,6 +16,7 @@ from unpaddedbase64 import encode_base64
 from tests.e2ee.conftest import Device, new_signing_key, public
 from tests.rooms.test_membership_synapse import SynapseUser
 from tests.support.federation import tls_weir
+from tests.support.metrics import metric, wait_for_metric
 from tests.support.server import MatrixClient
 
 pytestmark = pytest.mark.synapse
@@ -186,3 +188,58 @@ def test_keys_device_lists_and_to_device_cross_both_ways(weir, synapse):
     sync_until(lambda s, t: at_weir(s or since, t), changed(bob.user_id))
     r = client.post(f"{V3}/keys/query", json={"device_keys": {bob.user_id: []}})
     assert bob2.device_id in r.json()["device_keys"][bob.user_id], r.json()
+
+
+def test_to_device_and_a_new_device_reach_synapse_after_it_was_down_and_we_restarted(weir, synapse):
+    """Synapse is down (stopped: it accepts connections and answers nothing) while our user
+    sends to-device messages to its device and adds a device. We restart; Synapse comes
+    back; every message arrives in order, and Synapse's /keys/query has the new device."""
+    client = MatrixClient(weir.client_url)
+    client.user_id = client.register("carol")["user_id"]
+    phone = Device(client)
+    assert phone.upload(device_keys=phone.device_keys()).status_code == 200
+    r = client.post(f"{V3}/createRoom", json={"preset": "public_chat", "room_version": "10"})
+    room = quote(r.json()["room_id"], safe="")
+    dan = SynapseDevice(synapse, "dandown")
+    dan.upload_keys()
+    r = dan.user.call("POST", f"/join/{room}", params={"server_name": WEIR_NAME}, json={})
+    assert r.status_code == 200, (r.text, synapse.log_tail())
+    # Synapse now holds carol's device list: only an update tells it of a new device.
+    r = dan.user.call("POST", "/keys/query", json={"device_keys": {client.user_id: []}})
+    assert list(r.json()["device_keys"][client.user_id]) == [phone.device_id]
+    since = synapse_sync(dan.user)(None, 0)["next_batch"]
+
+    os.kill(synapse.proc.pid, signal.SIGSTOP)
+    try:
+        for n in range(5):
+            messages = {dan.user_id: {dan.device_id: {"marker": f"down{n}"}}}
+            r = client.put(f"{V3}/sendToDevice/m.test/down{n}", json={"messages": messages})
+            assert r.status_code == 200, r.text
+        second = MatrixClient(weir.client_url)
+        second.login("carol")
+        second.user_id = client.user_id
+        laptop = Device(second)
+        assert laptop.upload(device_keys=laptop.device_keys()).status_code == 200
+        # Queued, and a transaction to Synapse is on its way: then we restart.
+        wait_for_metric(weir.client_url, "weir_pool_greenlets", 1, pool="federation_sender")
+        assert metric(weir.client_url, "weir_federation_sender_edu_queue") >= 6
+        weir.stop()
+        weir.start()
+    finally:
+        os.kill(synapse.proc.pid, signal.SIGCONT)
+
+    markers: list[str] = []
+
+    def all_arrived(body) -> bool:
+        markers.extend(
+            e["content"]["marker"]
+            for e in body.get("to_device", {}).get("events", [])
+            if e["sender"] == client.user_id
+        )
+        return len(markers) >= 5
+
+    sync_until(lambda s, t: synapse_sync(dan.user)(s or since, t), all_arrived, within=30)
+    assert markers == [f"down{n}" for n in range(5)]
+    r = dan.user.call("POST", "/keys/query", json={"device_keys": {client.user_id: []}})
+    assert laptop.device_id in r.json()["device_keys"][client.user_id], r.json()
+    wait_for_metric(weir.client_url, "weir_federation_sender_edu_queue", 0)
