@@ -378,4 +378,6 @@ def answer_relay(processor, body: dict) -> dict:
         answer = processor.receive(origin, txn_id, pdus, source_ip, results, edus)
     except KeyResolutionRefused as e:
         return {"refused": {"server": e.destination, "retry_after_ms": e.retry_after_ms}}
+    except MatrixError as e:  # too many of the origin's transactions at once
+        return {"error": {"status": e.status, "body": e.to_json()}}
     return {"answer": answer}

@@ -7,6 +7,11 @@ then relays the PDUs that passed, with the source IP of the request, to main's
 :class:`TransactionProcessor` (over IPC), which checks them again under its own budget,
 authorises and stores them, and records the answer.
 
+Order: one transaction at a time per origin, as the spec has a server send them (the next
+only once the last was answered 200); a retry of one still running, arriving through another
+shard, waits for it and gets its recorded answer. More than ``MAX_TRANSACTIONS_PER_ORIGIN``
+at once is not a retry but a misbehaving server: 429.
+
 Idempotency: the answer to ``(origin, txn_id)`` is recorded once given, and a retry gets it
 back without anything being applied again (and a PDU already stored is never stored twice,
 even if the answer was lost). A refused key resolution anywhere refuses the whole
@@ -27,12 +32,12 @@ its EDUs (spec: EDUs have no answer).
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Callable
 
 from homeserver.core.clock import now_ms
 from homeserver.core.concurrency import KeyedLocks
+from homeserver.core.errors import limit_exceeded
 from homeserver.core.events import Event
 from homeserver.rooms.gaps import GapFiller
 from homeserver.rooms.out_of_room import OutOfRoomEnds
@@ -43,6 +48,9 @@ from homeserver.storage.transactions import ReceivedTransactionStore
 
 log = logging.getLogger(__name__)
 
+# Transactions of one origin running or waiting for its lock: the one running, its retry
+# through another connection, and one more.
+MAX_TRANSACTIONS_PER_ORIGIN = 3
 # Spec: "Transactions are limited in size; they can have at most 50 PDUs and 100 EDUs."
 MAX_PDUS = 50
 MAX_EDUS = 100
@@ -113,9 +121,9 @@ class TransactionProcessor:
             # are idempotent, so a retry applying them again changes nothing.
             self._apply_edus(origin, edus)
             return {"pdus": {}}
-        # One at a time per transaction: a retry arriving through another shard while the
-        # first attempt runs waits for its answer.
-        with self._locks.hold(json.dumps([origin, txn_id])):
+        if self._locks.holding(origin) >= MAX_TRANSACTIONS_PER_ORIGIN:
+            raise limit_exceeded(1000, "This server's earlier transactions are still being applied")
+        with self._locks.hold(origin):
             answer = self.store.answer(origin, txn_id)
             if answer is not None:
                 return answer
@@ -123,6 +131,10 @@ class TransactionProcessor:
             self.store.record(origin, txn_id, answer, now_ms())
         self._apply_edus(origin, edus)
         return answer
+
+    def waiting(self) -> int:
+        """Transactions waiting for their origin's previous one."""
+        return self._locks.waiting()
 
     def _apply_edus(self, origin: str, edus: list | None) -> None:
         applied = applied_edus(edus or [])

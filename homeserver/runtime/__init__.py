@@ -212,7 +212,7 @@ class HomeserverRuntime(Infrastructure):
         checker = PduChecker(self.keyring, self.rooms, self.out_of_room_ends, self.server_acls)
         received = ReceivedTransactionStore(self.db)
         if self._transaction_relay is None:
-            return TransactionProcessor(
+            processor = TransactionProcessor(
                 checker,
                 self.rooms,
                 received,
@@ -221,6 +221,12 @@ class HomeserverRuntime(Infrastructure):
                 gaps=self.gaps,
                 out_of_room=self.out_of_room_ends,
             )
+            self.metrics.track_gauge(
+                "weir_inbound_transactions_waiting",
+                "Inbound transactions waiting for their server's previous one to be applied",
+                processor.waiting,
+            )
+            return processor
         return ShardTransactionReceiver(checker, received, self._transaction_relay)
 
     @component

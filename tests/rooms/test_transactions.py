@@ -320,3 +320,38 @@ def test_a_refused_key_fetch_refuses_the_whole_transaction(weir, test_ca, alice,
     assert r.json() == {"pdus": {i: {} for i in [ids[0], *(i for i, _ in joins)]}}
     stored = [e["event_id"] for e in room.timeline()]
     assert all(stored.count(i) == 1 for i in [ids[0], *(i for i, _ in joins)])
+
+
+def test_a_servers_transactions_are_applied_one_at_a_time(weir, test_ca, alice, origin, slow_keys):
+    """The spec has a server send its next transaction only once the last was answered; we
+    apply them in that order. A transaction whose PDU waits for a key holds the origin's
+    next two (waiting, counted), and one more at once is refused with 429 at once."""
+    if weir.shards:
+        pytest.skip("a shard fetches keys before main takes the origin's turn")
+    room, join_id = room_joined_by(weir, test_ca, alice, origin)
+    server = slow_keys.add_origin("serial")
+    _, join = room.join_pdu(server, "erin", prev=join_id)
+    finished: list[str] = []
+    said = {n: room.messages(origin, "bob", [f"serial {n}"], prev=join_id)[1] for n in (2, 3, 4)}
+
+    def send_and_note(txn_id, pdus):
+        r = send(weir, test_ca, origin, txn_id, pdus)
+        finished.append(txn_id)
+        return r
+
+    fetched = slow_keys.hits("/_matrix/key/v2/server")
+    slow_keys.hold()
+    try:
+        first = gevent.spawn(send_and_note, "serial-1", [join])
+        assert slow_keys.wait_hits("/_matrix/key/v2/server", fetched + 1)
+        later = [gevent.spawn(send_and_note, f"serial-{n}", said[n]) for n in (2, 3)]
+        wait_for_metric(weir.client_url, "weir_inbound_transactions_waiting", 2)
+        r = send(weir, test_ca, origin, "serial-4", said[4])
+        assert (r.status_code, r.json()["errcode"]) == (429, "M_LIMIT_EXCEEDED"), r.text
+        assert finished == []
+    finally:
+        slow_keys.release()
+    gevent.joinall([first, *later], raise_error=True)
+    assert [job.value.status_code for job in (first, *later)] == [200, 200, 200]
+    assert finished[0] == "serial-1"
+    assert metric(weir.client_url, "weir_inbound_transactions_waiting") == 0
