@@ -4,9 +4,10 @@ fake origins whose federation API a real TLS peer serves.
 - A PDU whose predecessors we never received: they are fetched with /get_missing_events
   and stored in order; or, when the origin gives none, the state at the gap is fetched with
   /state_ids and /event.
-- Abuse: a hostile origin's PDUs point at events its own server never gives (it holds the
-  request): at most `event_resolution_max_in_flight` fetches at once, the rest refused with
-  429 at once, then its rate; meanwhile another origin's PDUs and local requests are served.
+- Abuse: a hostile server's PDUs point at events it never gives (it holds the request): one
+  origin's transactions go one at a time, at most `event_resolution_max_in_flight` fetches
+  are held across its origins, the rest refused with 429 at once, then its rate; meanwhile
+  another origin's PDUs and local requests are served.
 """
 
 import json
@@ -19,6 +20,7 @@ from gevent.event import Event
 
 from tests.peers.origins import OriginKeyServer, send_transaction
 from tests.support.federation import federation_settings, tls_listener_settings
+from tests.support.metrics import wait_for_metric
 from tests.support.remote_room import room_joined_by
 from tests.support.server import MatrixClient, WeirProcess, base_settings, merge
 from tests.sync.conftest import sync
@@ -206,34 +208,50 @@ def test_without_missing_events_the_state_at_the_gap_is_fetched(weir, test_ca, a
     assert len(origins.requests) == before
 
 
-def test_a_hostile_origin_gets_its_budget_and_no_more(
+def test_a_hostile_server_gets_its_budget_and_no_more(
     weir, test_ca, alice, origins, hostile_server
 ):
-    hostile = hostile_server.add_origin("h1")
+    """One origin's transactions are applied one at a time: of 100 sent at once, one
+    fetches, two wait their turn, the rest are refused at once. Across the server's other
+    origins, at most IN_FLIGHT fetches are held in all; one past them is refused."""
+    names = [hostile_server.add_origin(f"h{i}") for i in range(IN_FLIGHT + 1)]
+    hostile = names[0]
     room, _ = room_joined_by(weir, test_ca, alice, hostile, "mallory")
-    auth = room.auth_for(hostile.user("mallory"))
+    for other in names[1:]:
+        join_id, join = room.join_pdu(other, "mallory")
+        r = send(weir, test_ca, other, f"join-{other.name}", [join])
+        assert r.json() == {"pdus": {join_id: {}}}, r.text
 
-    def tarpit_pdu(n):
-        return hostile.pdu(
+    def tarpit_pdu(n, origin=hostile):
+        return origin.pdu(
             room.room_id,
-            hostile.user("mallory"),
+            origin.user("mallory"),
             "m.room.message",
             {"msgtype": "m.text", "body": f"bait {n}"},
             prev_events=[f"$tarpit{n}"],
-            auth_events=auth,
+            auth_events=room.auth_for(origin.user("mallory")),
             depth=200 + n,
         )[1]
 
-    # 100 PDUs, one transaction each, all at once.
+    # 100 PDUs, one transaction each, all at once, from one origin.
     jobs = [
         gevent.spawn(send, weir, test_ca, hostile, f"bait-{n}", [tarpit_pdu(n)]) for n in range(100)
     ]
-    hostile_server.wait_held(IN_FLIGHT)
-    refused = [job.get() for job in gevent.iwait(jobs, count=100 - IN_FLIGHT, timeout=60)]
-    assert len(refused) == 100 - IN_FLIGHT
+    hostile_server.wait_held(1)
+    refused = [job.get() for job in gevent.iwait(jobs, count=97, timeout=60)]
     assert {r.status_code for r in refused} == {429}
     assert {r.json()["errcode"] for r in refused} == {"M_LIMIT_EXCEEDED"}
+    wait_for_metric(weir.client_url, "weir_inbound_transactions_waiting", 2)
+    # Its other origins, one transaction each: the budget holds IN_FLIGHT in all.
+    others = [
+        gevent.spawn(send, weir, test_ca, o, "bait", [tarpit_pdu(500 + i, o)])
+        for i, o in enumerate(names[1:])
+    ]
+    hostile_server.wait_held(IN_FLIGHT)
+    [over] = [job.get() for job in gevent.iwait(others, count=1, timeout=60)]
+    assert (over.status_code, over.json()["errcode"]) == (429, "M_LIMIT_EXCEEDED"), over.text
     assert hostile_server.held == hostile_server.max_held == IN_FLIGHT
+    jobs += others
 
     # Meanwhile, with the tarpit still holding its fetches: another origin's PDUs in
     # another room are taken at once, and local requests answer.
@@ -249,19 +267,19 @@ def test_a_hostile_origin_gets_its_budget_and_no_more(
     hostile_server.open.set()
     gevent.joinall(jobs, timeout=60, raise_error=True)
     held = [job.value for job in jobs if job.value.status_code == 200]
-    assert len(held) == IN_FLIGHT
+    assert len(held) == IN_FLIGHT + 2  # the first origin's three, its other origins' rest
     for r in held:
         (answer,) = r.json()["pdus"].values()
         assert "unknown prev_events" in answer["error"]
 
-    # Its rate: IN_FLIGHT tokens spent; the rest go, then 429 for the rate.
+    # Its rate: three tokens spent; the rest go, then 429 for the rate.
     answers = [
         send(weir, test_ca, hostile, f"rate-{n}", [tarpit_pdu(1000 + n)]) for n in range(RATE)
     ]
     statuses = [a.status_code for a in answers]
-    assert statuses == [200] * (RATE - IN_FLIGHT) + [429] * IN_FLIGHT, statuses
+    assert statuses == [200] * (RATE - 3) + [429] * 3, statuses
     assert "rate" in answers[-1].json()["error"]
-    assert hostile_server.asked == RATE
+    assert hostile_server.asked == RATE + IN_FLIGHT - 1
     # A refused transaction is not recorded: the same one retried is refused again, not
     # answered from a record.
     assert send(weir, test_ca, hostile, "rate-9", [tarpit_pdu(1009)]).status_code == 429
