@@ -131,7 +131,5 @@ KNOWN_ROOM_VERSIONS: dict[str, RoomVersion] = {
     )
 }
 
-# createRoom's default stays 10 for now, though the spec says servers SHOULD default to 12:
-# joins across servers and state resolution (v2, and v12's v2.1) are not in Weir yet, and a
-# room made today should be one every peer can join. Switch to ROOM_V12 once they are.
-DEFAULT_ROOM_VERSION = ROOM_V10
+# createRoom's default, as the spec recommends and Synapse does.
+DEFAULT_ROOM_VERSION = ROOM_V12

@@ -34,7 +34,7 @@ def test_a_join_and_an_invite_through_a_shard_are_stored_by_main(weir, test_ca, 
     alice = MatrixClient(weir.client_url)
     alice.register("alice")
     origin = keys.add_origin("s1")
-    room = RemoteRoom.create(alice, name="Sharded")
+    room = RemoteRoom.create(alice, room_version="10", name="Sharded")
     event_id, r = join(weir, test_ca, origin, room.room_id)
     assert r.status_code == 200, r.text
     assert r.json()["event"]["content"]["membership"] == "join"

@@ -75,16 +75,18 @@ def synapse_sync(user: SynapseUser):
     return once
 
 
-@pytest.mark.parametrize("version", ["4", "9", "10", "12"])
+@pytest.mark.parametrize("version", ["4", "9", "10", None])  # None: our default, v12
 def test_a_synapse_user_joins_our_room_and_messages_flow_both_ways(weir, synapse, version):
     alice = MatrixClient(weir.client_url)
     alice.register(f"alice{version}")
+    chosen = {"room_version": version} if version else {}
     r = alice.post(
-        f"{V3}/createRoom",
-        json={"preset": "public_chat", "room_version": version, "name": "Weir side"},
+        f"{V3}/createRoom", json={"preset": "public_chat", "name": "Weir side", **chosen}
     )
     assert r.status_code == 200, r.text
     room_id = r.json()["room_id"]
+    r = alice.get(f"{V3}/rooms/{quote(room_id, safe='')}/state/m.room.create/")
+    assert r.json()["room_version"] == (version or "12")
     bob = SynapseUser(synapse, f"member_bob{version}")
     # Synapse's make_join and send_join against us.
     r = bob.call(

@@ -500,7 +500,7 @@ def test_capabilities_and_default_push_rules(server, user):
     assert_matches_spec(caps, "get", "/_matrix/client/v3/capabilities")
     versions = caps.json()["capabilities"]["m.room_versions"]
     assert versions == {
-        "default": "10",
+        "default": "12",
         "available": {
             **{v: "unstable" for v in ("4", "5")},
             **{str(v): "stable" for v in range(6, 13)},
