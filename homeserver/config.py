@@ -347,6 +347,12 @@ class LoggingConfig:
 
 
 @dataclass(frozen=True)
+class PresenceConfig:
+    # Whether users' presence is tracked, shown in /sync and exchanged with other servers.
+    enabled: bool = setting(_bool(), True)
+
+
+@dataclass(frozen=True)
 class MetricsConfig:
     enabled: bool = setting(_bool(), True)
     # Matched against the client's address (after trusted_proxies), not the direct peer, so
@@ -371,6 +377,7 @@ class Config:
     ratelimiting: RateLimitingConfig = section(RateLimitingConfig)
     logging: LoggingConfig = section(LoggingConfig)
     metrics: MetricsConfig = section(MetricsConfig)
+    presence: PresenceConfig = section(PresenceConfig)
 
 
 def _first_error(messages: Any, prefix: str = "") -> tuple[str, str]:

@@ -77,6 +77,7 @@ def serve(config: Config, config_path: str) -> int:
     if federation_url:
         # Main alone sends to other servers; shards only receive.
         runtime.federation_sender.start()
+        runtime.presence.start()
         # One parseable line: tests and scripts wait for it instead of polling.
         print(f"weir ready client={server.client_url} federation={federation_url}", flush=True)
         log.info(
@@ -85,6 +86,10 @@ def serve(config: Config, config_path: str) -> int:
             server.client_url,
             federation_url,
         )
-    before = [runtime.federation_sender.stop, *([shards.stop] if shards else [])]
+    before = [
+        runtime.federation_sender.stop,
+        runtime.presence.stop,
+        *([shards.stop] if shards else []),
+    ]
     wait_then_drain(stop, server, runtime, before=before)
     return 0 if federation_url else 1

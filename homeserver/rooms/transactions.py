@@ -55,13 +55,11 @@ MAX_TRANSACTIONS_PER_ORIGIN = 3
 MAX_PDUS = 50
 MAX_EDUS = 100
 
-# The EDU types main applies. Every other type is accepted and dropped:
-# - m.presence: Weir has no presence (no presence API, no presence in /sync), so there is
-#   nothing to show it in;
-# - anything else is unknown to us (spec: a server ignores EDUs it does not understand).
-# End-to-end encryption's go to homeserver/e2ee/inbound_edus.py, the others to sync/edus.py.
+# The EDU types main applies; any other is unknown to us, accepted and dropped (spec: a server
+# ignores EDUs it does not understand). End-to-end encryption's go to
+# homeserver/e2ee/inbound_edus.py, presence to sync/presence.py, the others to sync/edus.py.
 E2EE_EDU_TYPES = frozenset({"m.device_list_update", "m.signing_key_update", "m.direct_to_device"})
-APPLIED_EDU_TYPES = frozenset({"m.typing", "m.receipt"}) | E2EE_EDU_TYPES
+APPLIED_EDU_TYPES = frozenset({"m.typing", "m.receipt", "m.presence"}) | E2EE_EDU_TYPES
 
 # relay(origin, txn_id, pdus, results, source_ip, edus) -> answer: hands checked PDUs, and
 # the EDUs main applies, to main. `results` are the shard's answers for the PDUs it dropped.

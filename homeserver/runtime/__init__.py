@@ -67,6 +67,7 @@ from homeserver.storage.e2ee import E2eeStore
 from homeserver.storage.e2ee_remote import RemoteDeviceStore
 from homeserver.storage.key_backup import KeyBackupStore
 from homeserver.storage.media import MediaStore
+from homeserver.storage.presence import PresenceStore
 from homeserver.storage.profiles import ProfileStore
 from homeserver.storage.remote_invites import RemoteInviteStore
 from homeserver.storage.room_graph import RoomGraphStore
@@ -77,6 +78,7 @@ from homeserver.sync.account_data import AccountDataService
 from homeserver.sync.edus import InboundEdus
 from homeserver.sync.filters import Filters
 from homeserver.sync.notifier import Notifier
+from homeserver.sync.presence import PresenceService
 from homeserver.sync.receipts import ReceiptService
 from homeserver.sync.service import SyncService
 from homeserver.sync.typing import TypingNotifications
@@ -327,9 +329,27 @@ class HomeserverRuntime(Infrastructure):
         )
 
     def _receive_edus(self, origin: str, edus: list) -> None:
-        """Typing and receipts (sync/edus.py), then end-to-end encryption's (e2ee/)."""
+        """Typing and receipts (sync/edus.py), presence, then end-to-end encryption's (e2ee/)."""
         self.inbound_edus.receive(origin, edus)
+        applied, dropped = self.presence.receive_remote(origin, edus)
+        counter = self.metrics.inbound_edu_items
+        if applied:
+            counter.labels("m.presence", "accepted").inc(applied)
+        if dropped:
+            counter.labels("m.presence", "dropped").inc(dropped)
         self.e2ee_federation.inbound.receive(origin, edus)
+
+    @component
+    def presence(self) -> PresenceService:
+        """Presence: our users' and other servers' (main tracks it; shards relay EDUs)."""
+        return PresenceService(
+            PresenceStore(self.db),
+            self.server_name,
+            self.config.presence.enabled,
+            self.e2ee_store.users_sharing_a_room,
+            self.notifier.notify_users,
+            self.federation_sender.send_edu,
+        )
 
     @component
     def inbound_edus(self) -> InboundEdus:
@@ -356,6 +376,7 @@ class HomeserverRuntime(Infrastructure):
             self.filters,
             E2eeSync(self.e2ee_store),
             on_wake=lambda answered_from: wakes[answered_from].inc(),
+            presence=self.presence,
         )
 
     # --- end-to-end encryption: keys, devices, to-device messages ------------------------

@@ -16,6 +16,7 @@ from homeserver.core.events import Event
 from homeserver.storage import streams
 from homeserver.storage.database import Database, in_lists
 from homeserver.storage.e2ee import DEVICE_LISTS_STREAM, TO_DEVICE_STREAM, E2eeStore
+from homeserver.storage.presence import PRESENCE_STREAM
 from homeserver.storage.remote_invites import RemoteInviteStore
 from homeserver.storage.rooms import EVENTS_STREAM, RoomStore
 
@@ -27,6 +28,7 @@ _STREAMS = (
     RECEIPTS_STREAM,
     TO_DEVICE_STREAM,
     DEVICE_LISTS_STREAM,
+    PRESENCE_STREAM,
 )
 
 
@@ -39,6 +41,7 @@ class StreamPositions:
     receipts: int
     to_device: int
     device_lists: int
+    presence: int
 
 
 @dataclass(frozen=True)

@@ -128,6 +128,7 @@ class SyncFilter:
     event_fields: tuple | None = None
     event_format: str = "client"
     account_data: EventFilter = field(default_factory=EventFilter)
+    presence: EventFilter = field(default_factory=EventFilter)
     room: RoomFilter = field(default_factory=RoomFilter)
 
 
@@ -185,6 +186,7 @@ def parse_filter(data) -> SyncFilter:
         event_fields=_tuple(body, "event_fields"),
         event_format=body.get("event_format", "client"),
         account_data=_event_filter(body.get("account_data", {}), EventFilter),
+        presence=_event_filter(body.get("presence", {}), EventFilter),
         room=RoomFilter(
             rooms=_tuple(room, "rooms"),
             not_rooms=tuple(room.get("not_rooms", ())),

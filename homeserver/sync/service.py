@@ -32,6 +32,7 @@ from homeserver.storage.sync import SyncSnapshot, SyncStore
 from homeserver.sync.filters import Filters
 from homeserver.sync.notifier import Notifier, Waiter
 from homeserver.sync.out_of_room import out_of_room
+from homeserver.sync.presence import PresenceService
 from homeserver.sync.room_entries import RoomEntries, SyncBatch, SyncRequest
 from homeserver.sync.side_streams import global_account_data
 from homeserver.sync.tokens import SyncToken
@@ -116,6 +117,7 @@ class SyncService:
         filters: Filters,
         e2ee: E2eeSync | None = None,
         on_wake: Callable[[str], None] = lambda answered_from: None,
+        presence: PresenceService | None = None,
     ):
         self.rooms = rooms
         self.history = history
@@ -124,6 +126,7 @@ class SyncService:
         self.typing = typing
         self.filters = filters
         self.e2ee = e2ee
+        self.presence = presence
         self.entries = RoomEntries(rooms, history)
         self.woken = WokenAnswers(notifier.recent, e2ee, self.entries.lazy_members)
         self.on_wake = on_wake  # "recent_events" or "database", for each woken sync
@@ -196,7 +199,8 @@ class SyncService:
             request.filter.account_data, batch.account_data, request.user_id, since is None
         )
         e2ee = self._e2ee_part(request, batch)
-        has_updates = bool(account_data or any(rooms.values()) or e2ee.has_updates)
+        presence, presence_position = self._presence_part(request, batch)
+        has_updates = bool(account_data or any(rooms.values()) or e2ee.has_updates or presence)
         next_batch = since
         if since is None or has_updates:
             positions = batch.positions
@@ -208,6 +212,7 @@ class SyncService:
                 self.typing.epoch,
                 e2ee.to_device_position,
                 positions.device_lists,
+                presence_position,
             )
         body = {
             "next_batch": str(next_batch),
@@ -215,6 +220,8 @@ class SyncService:
             "rooms": rooms,
             **e2ee.fields(),
         }
+        if self.presence is not None and self.presence.enabled:
+            body["presence"] = {"events": presence}
         seen = None
         if (
             not has_updates
@@ -274,6 +281,20 @@ class SyncService:
             positions.to_device,
         )
         return self.e2ee.part(request.requester, span, batch.read_ahead.member_moves)
+
+    def _presence_part(self, request: SyncRequest, batch: SyncBatch) -> tuple[list, int]:
+        """The m.presence events the filter keeps, and the presence position they reach."""
+        after = request.since.presence if request.since and not request.full_state else 0
+        if self.presence is None:
+            return [], after
+        events, reached = self.presence.sync_events(
+            request.user_id, after, batch.positions.presence
+        )
+        kept = request.filter.presence
+        events = [
+            e for e in events if kept.keeps_type(e["type"]) and kept.keeps_sender(e["sender"])
+        ]
+        return (events[: kept.limit] if kept.limit else events), reached
 
     def _memberships_at(
         self, request: SyncRequest, snapshot: SyncSnapshot

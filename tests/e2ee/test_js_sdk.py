@@ -1,6 +1,7 @@
 """matrix-js-sdk with its Rust crypto (tests/e2ee/js, installed by `make test`) against the real
 server, on both engines: two users share an encrypted room and a second device added later
-decrypts; cross-signing and a key backup set up as Element does, restored on a new device."""
+decrypts; cross-signing and a key backup set up as Element does, restored on a new device;
+presence set by one client and seen by another."""
 
 import itertools
 import json
@@ -126,3 +127,18 @@ def test_cross_signing_and_key_backup_restore_history_on_a_new_device(server, no
     (session,) = r.json()["rooms"][result["room_id"]]["sessions"].values()
     assert set(session) == {"first_message_index", "forwarded_count", "is_verified", "session_data"}
     assert set(session["session_data"]) == {"ciphertext", "ephemeral", "mac"}
+
+
+@pytest.mark.parametrize("server", ["sqlite"], indirect=True)  # both: tests/sync/test_presence.py
+def test_presence_through_matrix_js_sdk(server, node, tmp_path):
+    """alice's client sets a presence; bob's client sees it in its sync and by asking."""
+    scenario = {
+        "alice": registered(server, "alice"),
+        "bob": registered(server, "bob"),
+        "status": "back in five",
+    }
+    result = run_node(
+        node, "presence.mjs", server.client_url, json.dumps(scenario), tmp_path=tmp_path
+    )
+    expected = {"presence": "unavailable", "status_msg": "back in five"}
+    assert result["synced"] == expected and result["fetched"] == expected

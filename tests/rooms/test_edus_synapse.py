@@ -1,6 +1,7 @@
 """Typing and read receipts cross both ways with a real Synapse 1.163 (TLS both ways) within
 5 s: a Synapse user joined to our room types and reads, and our user sees it in /sync
-ephemeral; our user types and reads, and Synapse's user sees it in Synapse's /sync."""
+ephemeral; our user types and reads, and Synapse's user sees it in Synapse's /sync. Presence
+crosses both ways within 10 s, in each side's /sync and GET /presence."""
 
 import time
 from urllib.parse import quote
@@ -111,3 +112,61 @@ def test_typing_and_receipts_cross_both_ways_with_synapse(weir, synapse):
     r = alice.post(f"{V3}/rooms/{room}/receipt/m.read/{quote(theirs, safe='')}", json={})
     assert r.status_code == 200, r.text
     ephemeral_until(at_synapse, since, room_id, has_read(theirs, alice_id))
+
+
+def presence_until(call, since: str, user_id: str, seen, within: float = 10.0) -> dict:
+    """Long-polls /sync (with set_presence=offline, so the poll itself changes nothing)
+    until `user_id`'s m.presence content satisfies `seen`; returns it."""
+    deadline = time.monotonic() + within
+    while (left := deadline - time.monotonic()) > 0:
+        params = {"since": since, "timeout": int(left * 1000), "set_presence": "offline"}
+        r = call("GET", "/sync", params=params)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        for event in body.get("presence", {}).get("events", []):
+            if event["sender"] == user_id and seen(event["content"]):
+                return event["content"]
+        since = body["next_batch"]
+    raise AssertionError(f"{user_id}'s presence not seen within {within} s")
+
+
+def test_presence_crosses_both_ways_with_synapse(weir, synapse):
+    """The issue's bar: within 10 s each way, status message included."""
+    carol = MatrixClient(weir.client_url)
+    carol_id = carol.register("carol")["user_id"]
+    r = carol.post(f"{V3}/createRoom", json={"preset": "public_chat"})
+    assert r.status_code == 200, r.text
+    room = quote(r.json()["room_id"], safe="")
+    dave = SynapseUser(synapse, "presence_dave")
+    r = dave.call("POST", f"/join/{room}", params={"server_name": WEIR_NAME}, json={})
+    assert r.status_code == 200, (r.text, synapse.log_tail())
+    at_weir, at_synapse = weir_call(carol), dave.call
+
+    # Synapse -> Weir.
+    since = next_batch(at_weir)
+    r = dave.call(
+        "PUT",
+        f"/presence/{quote(dave.user_id)}/status",
+        json={"presence": "unavailable", "status_msg": "in a meeting"},
+    )
+    assert r.status_code == 200, r.text
+    seen = presence_until(
+        at_weir, since, dave.user_id, lambda c: c.get("status_msg") == "in a meeting"
+    )
+    assert seen["presence"] == "unavailable"
+    r = carol.get(f"{V3}/presence/{quote(dave.user_id)}/status")
+    assert r.status_code == 200 and r.json()["status_msg"] == "in a meeting", r.text
+
+    # Weir -> Synapse.
+    since = next_batch(at_synapse)
+    r = carol.put(
+        f"{V3}/presence/{quote(carol_id)}/status",
+        json={"presence": "online", "status_msg": "writing tests"},
+    )
+    assert r.status_code == 200, r.text
+    seen = presence_until(
+        at_synapse, since, carol_id, lambda c: c.get("status_msg") == "writing tests"
+    )
+    assert seen["presence"] == "online"
+    r = dave.call("GET", f"/presence/{quote(carol_id)}/status")
+    assert r.status_code == 200 and r.json()["presence"] == "online", r.text

@@ -11,23 +11,24 @@ from homeserver.http.later import LaterResponse
 from homeserver.http.parsing import json_object, query_bool, query_int, query_str
 from homeserver.http.responses import json_response
 from homeserver.sync.filters import MAX_FILTER_BYTES
+from homeserver.sync.presence import STATES as PRESENCE_STATES
 from homeserver.sync.service import WaitingSync
 
 bp = Blueprint("sync", __name__, url_prefix="/_matrix/client/v3")
-
-PRESENCE_STATES = ("offline", "online", "unavailable")
 
 
 @bp.get("/sync")
 @requires_auth
 def sync():
-    # Accepted as the spec allows; presence itself is not tracked yet.
-    if query_str("set_presence") not in (None, *PRESENCE_STATES):
+    set_presence = query_str("set_presence")
+    if set_presence not in (None, *PRESENCE_STATES):
         raise invalid_param("set_presence must be one of " + ", ".join(PRESENCE_STATES))
+    requester, timeout_ms = current_requester(), query_int("timeout", 0, minimum=0)
+    runtime().presence.syncing(requester.user_id, set_presence, timeout_ms)
     found = runtime().sync.begin(
-        current_requester(),
+        requester,
         query_str("since") or None,
-        query_int("timeout", 0, minimum=0),
+        timeout_ms,
         query_bool("full_state", False),
         query_str("filter"),
         query_bool("use_state_after", False),
