@@ -3,13 +3,15 @@
 Spec (server-server, "Backfilling and retrieving missing events"), as Synapse does it:
 
 1. Ask the origin for the events between our forward extremities and the PDU with
-   `/get_missing_events`, at most `MAX_LEVELS` requests and `MAX_MISSING_EVENTS` events in
-   all. Those that connect to what we have are received like any PDU, oldest first (they are
-   part of the live room: they become extremities, current state, and wake /sync).
+   `/get_missing_events`, each request going further back (Synapse gives 20 at a time), at
+   most `MAX_MISSING_EVENTS` events and `MAX_MISSING_BYTES` in all: a netsplit of a few
+   hundred events is fetched whole. Those that connect to what we have are received like any
+   PDU, oldest first (they are part of the live room: they become extremities, current
+   state, and wake /sync).
 2. Where the gap is still open (an event whose prev_events are still unknown), fetch the
    state before each unknown prev_event with `/state_ids`, and the events it names that we
-   lack (the prev_event itself, the state, the auth chain) with `/event`, at most
-   `MAX_STATE_EVENTS`. They are checked like any PDU and stored as history
+   lack (the prev_event itself, the state, the auth chain) with `/event`, `STATE_FETCHES_AT_ONCE`
+   at a time, at most `MAX_STATE_EVENTS`. They are checked like any PDU and stored as history
    (rooms/fetched.py), the state and auth events hidden from clients; the prev_event gets
    the fetched state as the state before it. The PDU is then received as usual: the state
    before it is the resolution (RoomResolver) of the states after its prev_events.
@@ -23,8 +25,11 @@ prev_events, and not remembered as rejected, so a later retry may fill it.
 
 from __future__ import annotations
 
+import json
 import logging
 from urllib.parse import quote
+
+from gevent.pool import Pool
 
 from budget import DeadlineExceeded, OutboundDeadline
 from homeserver.core.events import Event
@@ -44,12 +49,16 @@ from homeserver.storage.history import HistoryStore
 log = logging.getLogger(__name__)
 
 FED_V1 = "/_matrix/federation/v1"
-# The issue's bounds for /get_missing_events: requests made, and events taken, per gap.
-MAX_LEVELS = 10
-MAX_MISSING_EVENTS = 100
-# Events fetched one by one with /event for the state at a gap; a room whose state is
-# larger is left with the gap open (the PDU is refused).
-MAX_STATE_EVENTS = 100
+# /get_missing_events per gap: events taken, and their JSON's bytes, in all; requests made
+# (each asks for at most 20, what Synapse gives, so the events take 50 requests).
+MAX_MISSING_EVENTS = 1000
+MAX_MISSING_BYTES = 8 * 1024 * 1024
+MAX_LEVELS = 60
+PER_REQUEST = 20
+# Events fetched with /event for the state at a gap, so many at once; a gap whose state
+# lacks more is left open (the PDU is refused).
+MAX_STATE_EVENTS = 1000
+STATE_FETCHES_AT_ONCE = 8
 # Unknown prev_events of one event whose state is fetched.
 MAX_PREV_EVENTS_FETCHED = 5
 # An answer of /get_missing_events is read up to what its limit allows (events of at most
@@ -134,20 +143,22 @@ class GapFiller:
         earliest = [e.event_id for e in self.rooms.store.forward_extremities(room_id)]
         found: dict[str, Event] = {}
         latest = [event.event_id]
-        per_request = JUNK_PEER_LIMIT if self.junk.is_junk(origin) else 20
+        per_request = JUNK_PEER_LIMIT if self.junk.is_junk(origin) else PER_REQUEST
+        bytes_left = MAX_MISSING_BYTES
         for _ in range(MAX_LEVELS):
             limit = min(MAX_MISSING_EVENTS - len(found), per_request)
-            if limit <= 0 or not latest:
+            if limit <= 0 or not latest or bytes_left <= 0:
                 break
             body = self.client.post_json(
                 origin,
                 f"{FED_V1}/get_missing_events/{_q(room_id)}",
                 {"earliest_events": earliest, "latest_events": latest, "limit": limit},
                 deadline=deadline,
-                max_bytes=limit * MAX_PDU_BYTES + ENVELOPE_BYTES,
+                max_bytes=min(limit * MAX_PDU_BYTES, bytes_left) + ENVELOPE_BYTES,
             )
             pdus = body.get("events") if isinstance(body, dict) else None
             pdus = pdus if isinstance(pdus, list) else []
+            bytes_left -= sum(len(json.dumps(p)) for p in pdus[:limit])
             checked = checked_events(self.checker, room_id, pdus, source_ip, limit=limit)
             new = [e for e in checked if e.event_id not in found]
             self.junk.note(origin, len(pdus), len(new))
@@ -183,7 +194,7 @@ class GapFiller:
         unknown = self.writer.unknown(wanted)
         if len(unknown) > MAX_STATE_EVENTS:
             raise GapNotFilled(f"{len(unknown)} events of state to fetch, over the cap")
-        pdus = [self._event(origin, event_id, deadline) for event_id in unknown]
+        pdus = self._events(origin, unknown, deadline)
         fetched = {
             e.event_id: e
             for e in checked_events(self.checker, event.room_id, pdus, source_ip, set(unknown))
@@ -193,6 +204,26 @@ class GapFiller:
         }
         # Only the prev_events are the room's timeline; the rest is for checking them.
         self.writer.store(version, list(fetched.values()), befores, frozenset(fetched) - set(prevs))
+
+    def _events(self, origin: str, event_ids: list[str], deadline: OutboundDeadline) -> list:
+        """The events of `event_ids` (None for one not given), STATE_FETCHES_AT_ONCE at a
+        time, all under the gap's one deadline; a failure of any fails them all."""
+
+        def attempt(event_id: str) -> dict | None | Exception:
+            try:
+                return self._event(origin, event_id, deadline)
+            except (FederationError, DeadlineExceeded) as e:
+                return e
+
+        pool = Pool(STATE_FETCHES_AT_ONCE)
+        try:
+            found = list(pool.imap(attempt, event_ids))
+        finally:
+            pool.kill(block=True)
+        failure = next((f for f in found if isinstance(f, Exception)), None)
+        if failure is not None:
+            raise failure
+        return found
 
     def _event(self, origin: str, event_id: str, deadline: OutboundDeadline) -> dict | None:
         body = self.client.get_json(

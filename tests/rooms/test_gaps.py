@@ -49,7 +49,7 @@ def _missing_events(server):
             return 200, {"events": []}
         stop = set(body["earliest_events"]) | set(body["latest_events"])
         found, frontier = [], [p for e in body["latest_events"] for p in _prevs(server, e)]
-        while frontier and len(found) < body["limit"]:
+        while frontier and len(found) < min(body["limit"], 20):  # Synapse's cap
             event_id = frontier.pop()
             if event_id in stop or event_id not in server.events:
                 continue
@@ -179,6 +179,32 @@ def test_a_gap_of_five_is_fetched_and_read_in_order(weir, test_ca, alice, origin
         f"/_matrix/client/v3/rooms/{room.room_id}/messages", params={"dir": "b", "limit": 6}
     )
     assert [e["event_id"] for e in r.json()["chunk"]] == ids[::-1]
+
+
+def test_a_gap_of_three_hundred_is_fetched_whole_and_read_in_order(weir, test_ca, alice, origins):
+    """A netsplit's worth: the origin sends its newest event alone, as a server catching us
+    up does; the 299 before it are fetched 20 at a time, received oldest first, and
+    /messages reads all 300 in order, with no state fetched."""
+    origin = origins.add_origin("o300")
+    room, join_id = room_joined_by(weir, test_ca, alice, origin)
+    texts = [f"n{i}" for i in range(300)]
+    ids, pdus = room.messages(origin, "bob", texts, prev=join_id)
+    origins.events.update(zip(ids, pdus))
+    before = {path: len(asked(origins, path)) for path in ("get_missing_events", "state_ids")}
+    r = send(weir, test_ca, origin, "gap-300", [pdus[-1]])
+    assert r.json() == {"pdus": {ids[-1]: {}}}, r.text
+    assert len(asked(origins, "get_missing_events")) - before["get_missing_events"] == 15
+    assert len(asked(origins, "state_ids")) == before["state_ids"]
+    read, token = [], None
+    while True:
+        params = {"dir": "b", "limit": 100, **({"from": token} if token else {})}
+        page = alice.get(f"/_matrix/client/v3/rooms/{room.room_id}/messages", params=params)
+        chunk = page.json()["chunk"]
+        read += [e["content"]["body"] for e in chunk if e["type"] == "m.room.message"]
+        token = page.json().get("end")
+        if not chunk or not token:
+            break
+    assert read[::-1] == texts
 
 
 def test_without_missing_events_the_state_at_the_gap_is_fetched(weir, test_ca, alice, origins):
