@@ -7,8 +7,9 @@ after its prev_events, `resolution.py`), then against the current state. Each ch
 only the few keys the rules look at, so a PDU costs the same in a room of any size unless
 it forks the room. Failing either of
 the first two rejects the event, and the rejection is remembered (a retry is refused from
-the record, without fetching or checking anything); failing only the third soft-fails it:
-stored, never shown to clients, never a forward extremity.
+the record, without fetching or checking anything) with the state after it, which is the
+state before it: a later event may build on a rejected one, as the spec allows. Failing
+only the third soft-fails it: stored, never shown to clients, never a forward extremity.
 """
 
 from __future__ import annotations
@@ -52,8 +53,10 @@ def authorise_received_event(
     def signed(ev: Event, server: str) -> bool:
         return server in signed_by
 
-    def reject(reason: str) -> ReceivedEventRefused:
-        resolver.states.reject(event, reason, now_ms())
+    def reject(reason: str, before=None) -> ReceivedEventRefused:
+        # With the state after it (the state before it), it may stand as a prev_event.
+        before = before if before is not None else resolver.before_of(event)
+        resolver.states.reject(event, reason, now_ms(), before)
         return ReceivedEventRefused(reason)
 
     rejected = [e for e in auth_ids if e in rejections]
@@ -72,7 +75,7 @@ def authorise_received_event(
     try:
         check_against_state(version, event, resolver.events_at(before, keys), signed)
     except AuthError as e:
-        raise reject(f"rejected by the state before it: {e}") from None
+        raise reject(f"rejected by the state before it: {e}", before) from None
     current = {k: s.event for k, s in resolver.store.current_state(event.room_id, keys).items()}
     try:
         check_against_state(version, event, current, signed)
@@ -88,18 +91,22 @@ def _auth_ids_and_rejections(
     """The event's auth event IDs, and the rejections among it and them (one read). Refuses
     an event rejected before, and one whose prev_events or auth_events are not all stored."""
     auth_ids = auth_event_ids_to_check(version, event)
-    # The event's own rejection and its auth events', in one read.
-    rejections = resolver.states.rejections([event.event_id, *auth_ids])
+    # The event's own rejection, its auth events' and prev_events', in one read.
+    prevs = [p for p in event.prev_event_ids if p not in known]
+    rejections = resolver.states.rejections([event.event_id, *auth_ids, *prevs])
     refused = rejections.get(event.event_id)
     if refused is not None:
         raise ReceivedEventRefused(f"already rejected: {refused}")
+    # A rejected prev_event stands for the state before it, when that was kept.
+    rejected_prevs = [p for p in prevs if p in rejections]
+    standing = set(resolver.states.state_after(rejected_prevs)) if rejected_prevs else set()
     # Not stored yet: a resolution that meets it (the current state beside the other
     # forward extremities) must find it here, or it would drop it from the state as an
     # event it does not know. A join arriving beside other joins was lost that way.
     resolver.add([event])
     # Read already: the state's events are mostly its auth events.
     resolver.add(stored.event for stored in known.values())
-    missing = [e for e in event.prev_event_ids + auth_ids if e not in known]
+    missing = [e for e in event.prev_event_ids + auth_ids if e not in known and e not in standing]
     if missing:
         raise ReceivedEventRefused(
             f"unknown prev_events or auth_events ({', '.join(missing[:3])}); "

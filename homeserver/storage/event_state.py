@@ -165,16 +165,19 @@ def current_ids(tx, room_id: str) -> dict[StateKey, str]:
 # --- writes, inside the persist transaction ---------------------------------------------
 
 
-def record_state(tx, event: Event, before: StateIds | GroupRef | None, local: bool) -> None:
+def record_state(
+    tx, event: Event, before: StateIds | GroupRef | None, local: bool, applied: bool = True
+) -> None:
     """Points `event` at the group of the state after it. `before` is the state before it
     when the caller resolved it; a local event's is the current state (the resolved state
     of the extremities it follows). A received event with no `before` (an auth chain
-    event) gets no group."""
+    event) gets no group. A rejected event is not `applied`: the state after it is the
+    state before it."""
     found = _state_before(tx, event, before, local)
     if found is None:
         return
     base, delta = found
-    if event.is_state:
+    if event.is_state and applied:
         delta[(event.type, event.state_key or "")] = event.event_id
     group = base if base is not None and not delta else new_group(tx, event.room_id, base, delta)
     tx.execute(
@@ -205,12 +208,19 @@ def _state_before(
     return None, dict(before)
 
 
-def record_rejection(tx, event: Event, reason: str, now_ms: int) -> None:
-    tx.execute(
+def record_rejection(
+    tx, event: Event, reason: str, now_ms: int, before: StateIds | GroupRef | None = None
+) -> None:
+    """Remembers the rejection; with the state `before` the event, also the state after it
+    (the same: a rejected event changes nothing), so that it can stand as a prev_event
+    (spec: "rejected events ... may be referenced as prev_events")."""
+    row = tx.fetchone(
         "INSERT INTO rejected_events (event_id, room_id, reason, rejected_ts) VALUES (?, ?, ?, ?)"
-        " ON CONFLICT (event_id) DO NOTHING",
+        " ON CONFLICT (event_id) DO NOTHING RETURNING event_id",
         (event.event_id, event.room_id, reason[:500], now_ms),
     )
+    if row is not None and before is not None:
+        record_state(tx, event, before, local=False, applied=False)
 
 
 def update_current(
@@ -402,5 +412,7 @@ class EventStateStore:
 
         return self.db.read(read)
 
-    def reject(self, event: Event, reason: str, now_ms: int) -> None:
-        self.db.write(record_rejection, event, reason, now_ms)
+    def reject(
+        self, event: Event, reason: str, now_ms: int, before: StateIds | GroupRef | None = None
+    ) -> None:
+        self.db.write(record_rejection, event, reason, now_ms, before)

@@ -355,3 +355,31 @@ def test_a_servers_transactions_are_applied_one_at_a_time(weir, test_ca, alice, 
     assert [job.value.status_code for job in (first, *later)] == [200, 200, 200]
     assert finished[0] == "serial-1"
     assert metric(weir.client_url, "weir_inbound_transactions_waiting") == 0
+
+
+def test_an_event_built_on_a_rejected_one_is_accepted(weir, test_ca, alice, origin):
+    """The spec lets a rejected event stand as a prev_event: the state after it is the
+    state before it. bob may not name the room (his power is 0), so his m.room.name is
+    rejected; his next message, built on it, is stored, and the name is unchanged."""
+    room, join_id = room_joined_by(weir, test_ca, alice, origin)
+    bob = origin.user("bob")
+    name_id, name = room.pdu(
+        origin,
+        bob,
+        "m.room.name",
+        {"name": "bob's now"},
+        state_key="",
+        prev_events=[join_id],
+        auth_events=room.auth_for(bob),
+    )
+    ids, after = room.messages(origin, "bob", ["still here"], prev=name_id)
+    r = send(weir, test_ca, origin, "t-rejected-prev", [name, *after])
+    assert r.status_code == 200, r.text
+    answers = r.json()["pdus"]
+    assert "error" in answers[name_id], answers
+    assert answers[ids[0]] == {}, answers
+    assert ids[0] in [e["event_id"] for e in room.timeline()]
+    assert room.state_events().get(("m.room.name", "")) is None
+    # The rejection stands: the same event again is refused from the record.
+    r = send(weir, test_ca, origin, "t-rejected-again", [name])
+    assert "already rejected" in r.json()["pdus"][name_id]["error"]
