@@ -220,7 +220,7 @@ class SyncService:
             "rooms": rooms,
             **e2ee.fields(),
         }
-        if self.presence is not None and self.presence.enabled:
+        if presence:  # optional in the spec; left out when empty, as woken answers do
             body["presence"] = {"events": presence}
         seen = None
         if (

@@ -48,7 +48,9 @@ class Served:
     def park(self) -> socket.socket:
         sock = socket.create_connection(("127.0.0.1", self.server.server_port), timeout=10)
         sock.sendall(
-            f"GET {SYNC}?since={quote(self.since)}&timeout=60000 HTTP/1.1\r\nHost: t\r\n"
+            # set_presence=offline: the sync itself changes nothing that would answer it.
+            f"GET {SYNC}?since={quote(self.since)}&timeout=60000&set_presence=offline"
+            " HTTP/1.1\r\nHost: t\r\n"
             f"Authorization: Bearer {self.token}\r\n\r\n".encode()
         )
         self.socks.append(sock)

@@ -129,11 +129,12 @@ def test_a_collector_turned_off_before_a_burst_stays_off():
 
 
 def test_sync_tokens_round_trip_and_refuse_garbage():
-    token = SyncToken(12, 3, 4, 5, "0a1b2c3d", 6, 7)
-    assert str(token) == "s12_3_4_5_0a1b2c3d_6_7"
+    token = SyncToken(12, 3, 4, 5, "0a1b2c3d", 6, 7, 8)
+    assert str(token) == "s12_3_4_5_0a1b2c3d_6_7_8"
     assert SyncToken.parse(str(token)) == token
-    # A token from before the to-device and device-list parts reads them as 0.
+    # A token from before the to-device, device-list and presence parts reads them as 0.
     assert SyncToken.parse("s12_3_4_5_0a1b2c3d") == SyncToken(12, 3, 4, 5, "0a1b2c3d", 0, 0)
+    assert SyncToken.parse("s12_3_4_5_0a1b2c3d_6_7") == SyncToken(12, 3, 4, 5, "0a1b2c3d", 6, 7, 0)
     assert token.typing_since("0a1b2c3d") == 5 and token.typing_since("ffffffff") == 0
     for bad in ("", "s12", "s1_2_3_4", "s1_2_3_4_XYZ", "x1_2_3_4_0a1b2c3d", "s1_2_3_4_0a1b2c3d_5"):
         with pytest.raises(MatrixError):

@@ -15,7 +15,8 @@ from tests.sync.conftest import V3, sync
 
 
 def presence_of(body: dict, user_id: str) -> list[dict]:
-    return [e["content"] for e in body["presence"]["events"] if e["sender"] == user_id]
+    events = body.get("presence", {}).get("events", [])
+    return [e["content"] for e in events if e["sender"] == user_id]
 
 
 @pytest.mark.parametrize("server", ["sqlite", "postgres"], indirect=True)
@@ -56,6 +57,9 @@ def test_presence_is_set_read_and_synced_to_those_who_share_a_room(server, user)
     assert seen["status_msg"] == "out to lunch"  # a sync keeps the message
     again = sync(bob, since=body["next_batch"], set_presence="offline")
     assert presence_of(again, alice.user_id) == []
+    # A user's first sync brings them online, and shows them their own presence.
+    dave = user("dave")
+    assert presence_of(sync(dave), dave.user_id)[0]["presence"] == "online"
 
 
 def test_presence_can_be_turned_off(start_weir):
@@ -64,7 +68,7 @@ def test_presence_can_be_turned_off(start_weir):
     user_id = alice.register("alice")["user_id"]
     r = alice.put(f"{V3}/presence/{user_id}/status", json={"presence": "online"})
     assert (r.status_code, r.json()["errcode"]) == (403, "M_FORBIDDEN")
-    assert "presence" not in sync(alice)
+    assert "presence" not in sync(alice)  # enabled, a first sync has the user's own
 
 
 class Clock:
