@@ -6,12 +6,17 @@ user-signing keys signed by the master key (uploaded with them, or the stored on
 signature on one's own device by the self-signing key; on one's own master key by one of
 one's devices; on another user's master key by one's user-signing key. A signature that
 fails lands in `failures`, the others are stored.
+
+Another server's user is signed against their master key as their server gives it
+(`remote_master`: our copy of their device list, or a /keys/query of their server). The
+signature stays here, shown to its signer in /keys/query: the spec keeps a user-signing
+key's signatures the signer's own business, and Synapse sends them to no server either.
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Iterable, Protocol
+from typing import Any, Callable, Iterable, Protocol
 
 from homeserver.core.errors import Codes, MatrixError, invalid_param
 from homeserver.core.identifiers import server_of
@@ -45,6 +50,9 @@ class CrossSigning:
         self.store = store
         self.server_name = server_name
         self.on_keys_changed = on_keys_changed
+        # remote_master(user_id, caller): another server's user's master key, or None
+        # (KeyService sets it: e2ee/keys.py).
+        self.remote_master: Callable[[str, Any], dict | None] = lambda user_id, caller: None
 
     # --- reading ------------------------------------------------------------------------
 
@@ -120,7 +128,9 @@ class CrossSigning:
 
     # --- signatures/upload --------------------------------------------------------------
 
-    def upload_signatures(self, requester: Requester, body: dict) -> dict:
+    def upload_signatures(self, requester: Requester, body: dict, caller: Any = None) -> dict:
+        """`caller`: the client's admission, for asking another server for its user's
+        master key (federation/admission.py)."""
         failures: dict[str, dict] = {}
         accepted: list[Signature] = []
         for user_id, by_key in body.items():
@@ -128,7 +138,7 @@ class CrossSigning:
                 raise invalid_param("Each user maps key IDs to signed objects")
             for key_id, signed in by_key.items():
                 try:
-                    accepted += self._check_signed(requester, user_id, key_id, signed)
+                    accepted += self._check_signed(requester, user_id, key_id, signed, caller)
                 except MatrixError as e:
                     failures.setdefault(user_id, {})[key_id] = _failure(e.errcode, e.error)
         self.store.put_signatures(accepted)
@@ -141,16 +151,12 @@ class CrossSigning:
         return {"failures": failures}
 
     def _check_signed(
-        self, requester: Requester, user_id: str, key_id: str, signed: object
+        self, requester: Requester, user_id: str, key_id: str, signed: object, caller: Any
     ) -> list[Signature]:
         if not isinstance(signed, dict):
             raise invalid_param("A signed object must be an object")
-        if server_of(user_id) != self.server_name:
-            # Federation hook: signatures on remote users' keys go out as
-            # m.signing_key_update; not supported yet.
-            raise MatrixError(400, Codes.UNRECOGNIZED, "Users of other servers not supported yet")
         me = requester.user_id
-        stored, signer, what = self._target(me, user_id, key_id)
+        stored, signer, what = self._target(me, user_id, key_id, caller)
         if _unsigned(signed) != _unsigned(stored):
             raise invalid_signature(f"The signed object is not the stored {what}")
         out = []
@@ -163,7 +169,9 @@ class CrossSigning:
             out.append(Signature(user_id, key_id, me, signer_key_id, signature))
         return out
 
-    def _target(self, me: str, user_id: str, key_id: str) -> tuple[dict, dict | None, str]:
+    def _target(
+        self, me: str, user_id: str, key_id: str, caller: Any
+    ) -> tuple[dict, dict | None, str]:
         """(the stored key signed, the cross-signing key that must have signed it or None
         for one of `me`'s devices, what it is)."""
         own = self.store.cross_signing_keys(me)
@@ -173,7 +181,10 @@ class CrossSigning:
             if signer is None:
                 raise invalid_signature("No self-signing key to sign a device with")
         else:
-            master = self.store.cross_signing_keys(user_id).get("master")
+            if server_of(user_id) == self.server_name:
+                master = self.store.cross_signing_keys(user_id).get("master")
+            else:
+                master = self.remote_master(user_id, caller)
             if master is None or single_key(master, "master_key")[1] != key_id:
                 raise MatrixError(404, Codes.NOT_FOUND, "No such key")
             stored, signer, what = master, None, "master key"

@@ -16,7 +16,7 @@ from homeserver.core.errors import Codes, MatrixError, invalid_param
 from homeserver.core.identifiers import is_valid_user_id, server_of
 from homeserver.core.requester import Requester
 from homeserver.e2ee.cross_signing import CrossSigning, KeysChanged
-from homeserver.e2ee.signatures import has_valid_signature, invalid_signature
+from homeserver.e2ee.signatures import has_valid_signature, invalid_signature, single_key
 from homeserver.e2ee.sync_part import E2eeSync, Range
 from homeserver.federation.admission import Caller
 from homeserver.storage.e2ee import E2eeStore
@@ -47,6 +47,7 @@ class KeyService:
     ):
         self.store = store
         self.cross_signing = CrossSigning(store, server_name, on_keys_changed)
+        self.cross_signing.remote_master = self._remote_master
         self.server_name = server_name
         self.on_keys_changed = on_keys_changed
         self.device_lists = E2eeSync(store)
@@ -156,7 +157,33 @@ class KeyService:
                 continue
             self.query_local(requester.user_id, user_id, set(wanted), out)
         self._remote_query(caller or Caller(requester.user_id), remote, out)
+        for server_users in remote.values():
+            for user_id in server_users:
+                self._with_own_signatures(requester.user_id, user_id, out)
         return out
+
+    def _with_own_signatures(self, viewer: str, user_id: str, out: dict) -> None:
+        """Another server's user's master key as it came, with `viewer`'s signatures on it
+        (made with their user-signing key: e2ee/cross_signing.py)."""
+        master = out["master_keys"].get(user_id)
+        if not isinstance(master, dict):
+            return
+        signatures = self.cross_signing.visible_signatures(viewer, user_id)
+        try:
+            _, public = single_key(master, "master_key")
+        except MatrixError:
+            return
+        if signatures.get(public):
+            out["master_keys"][user_id] = self.cross_signing.with_signatures(
+                master, signatures[public]
+            )
+
+    def _remote_master(self, user_id: str, caller: Caller | None) -> dict | None:
+        """Another server's user's master key, as their server gives it now."""
+        out: dict = {"device_keys": {}, "failures": {}, "master_keys": {}, "self_signing_keys": {}}
+        self._remote_query(caller or Caller(user_id), {server_of(user_id): {user_id: []}}, out)
+        master = out["master_keys"].get(user_id)
+        return master if isinstance(master, dict) else None
 
     def query_local(
         self, viewer: str, user_id: str, wanted: set, out: dict, display_names: bool = True

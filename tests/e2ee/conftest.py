@@ -63,6 +63,28 @@ class Device:
         return self.client.post(f"{V3}/keys/upload", json=body)
 
 
+def cross_signing_keys(user_id: str):
+    """(the device_signing/upload body, master, self-signing and user-signing keys) of a
+    fresh set for `user_id`, the other two signed by the master key."""
+    master, ssk, usk = (new_signing_key(n) for n in ("m", "s", "u"))
+    for key in (master, ssk, usk):
+        key.version = public(key)
+
+    def key_body(key, usage):
+        return {
+            "user_id": user_id,
+            "usage": [usage],
+            "keys": {f"ed25519:{public(key)}": public(key)},
+        }
+
+    body = {
+        "master_key": key_body(master, "master"),
+        "self_signing_key": sign_json(key_body(ssk, "self_signing"), user_id, master),
+        "user_signing_key": sign_json(key_body(usk, "user_signing"), user_id, master),
+    }
+    return body, master, ssk, usk
+
+
 def password_auth(client, session: str | None = None) -> dict:
     auth = {
         "type": "m.login.password",

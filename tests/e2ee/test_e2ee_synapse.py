@@ -13,7 +13,7 @@ import requests
 from signedjson.sign import sign_json
 from unpaddedbase64 import encode_base64
 
-from tests.e2ee.conftest import Device, new_signing_key, public
+from tests.e2ee.conftest import Device, cross_signing_keys, new_signing_key, public
 from tests.rooms.test_membership_synapse import SynapseUser
 from tests.support.federation import tls_weir
 from tests.support.metrics import metric, wait_for_metric
@@ -243,3 +243,38 @@ def test_to_device_and_a_new_device_reach_synapse_after_it_was_down_and_we_resta
     r = dan.user.call("POST", "/keys/query", json={"device_keys": {client.user_id: []}})
     assert laptop.device_id in r.json()["device_keys"][client.user_id], r.json()
     wait_for_metric(weir.client_url, "weir_federation_sender_edu_queue", 0)
+
+
+def test_our_user_cross_signs_a_synapse_user(weir, synapse):
+    """What Element does once our user has verified another server's user: sign their
+    master key with our user's user-signing key. The signature is checked against the key
+    their server gives, stored, and shown to our user in /keys/query; a forged one fails."""
+    client = MatrixClient(weir.client_url)
+    client.user_id = client.register("erin")["user_id"]
+    erin = Device(client)
+    assert erin.upload(device_keys=erin.device_keys()).status_code == 200
+    ours, _, _, usk = cross_signing_keys(client.user_id)
+    r = client.post(f"{V3}/keys/device_signing/upload", json=ours)
+    assert r.status_code == 200, r.text
+    frank = SynapseDevice(synapse, "frank_xsign")
+    frank.upload_keys()
+    theirs, frank_master, _, _ = cross_signing_keys(frank.user_id)
+    r = frank.user.call("POST", "/keys/device_signing/upload", json=theirs)
+    assert r.status_code == 200, r.text
+
+    master_id = public(frank_master)
+    forged = sign_json(dict(theirs["master_key"]), client.user_id, new_signing_key(public(usk)))
+    r = client.post(f"{V3}/keys/signatures/upload", json={frank.user_id: {master_id: forged}})
+    assert r.json()["failures"][frank.user_id][master_id]["errcode"] == "M_INVALID_SIGNATURE"
+    signed = sign_json(dict(theirs["master_key"]), client.user_id, usk)
+    r = client.post(f"{V3}/keys/signatures/upload", json={frank.user_id: {master_id: signed}})
+    assert r.status_code == 200 and r.json() == {"failures": {}}, r.text
+
+    r = client.post(f"{V3}/keys/query", json={"device_keys": {frank.user_id: []}})
+    shown = r.json()["master_keys"][frank.user_id]
+    assert shown["signatures"][client.user_id] == signed["signatures"][client.user_id]
+    # Another of our users sees their master key without erin's signature.
+    other = MatrixClient(weir.client_url)
+    other.register("erin_friend")
+    r = other.post(f"{V3}/keys/query", json={"device_keys": {frank.user_id: []}})
+    assert client.user_id not in r.json()["master_keys"][frank.user_id].get("signatures", {})

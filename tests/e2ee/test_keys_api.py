@@ -7,7 +7,7 @@ from signedjson.sign import sign_json
 from tests.e2ee.conftest import (
     V3,
     Device,
-    new_signing_key,
+    cross_signing_keys,
     password_auth,
     public,
 )
@@ -162,36 +162,16 @@ def test_delete_devices_in_one_request(server, device):
     ]
 
 
-def _cross_signing_keys(alice: Device):
-    master, ssk, usk = (new_signing_key(n) for n in ("m", "s", "u"))
-    for key in (master, ssk, usk):
-        key.version = public(key)
-
-    def key_body(key, usage):
-        return {
-            "user_id": alice.user_id,
-            "usage": [usage],
-            "keys": {f"ed25519:{public(key)}": public(key)},
-        }
-
-    body = {
-        "master_key": key_body(master, "master"),
-        "self_signing_key": sign_json(key_body(ssk, "self_signing"), alice.user_id, master),
-        "user_signing_key": sign_json(key_body(usk, "user_signing"), alice.user_id, master),
-    }
-    return body, master, ssk, usk
-
-
 def test_cross_signing_upload_replace_with_auth_and_sign_a_device(server, device):
     alice, bob = device("alice"), device("bob")
     alice.upload(device_keys=alice.device_keys())
-    body, master, ssk, usk = _cross_signing_keys(alice)
+    body, master, ssk, usk = cross_signing_keys(alice.user_id)
     # The first master key needs no password; the same keys again neither.
     for _ in range(2):
         r = alice.client.post(f"{V3}/keys/device_signing/upload", json=body)
         assert r.status_code == 200, r.text
 
-    badly_signed, _, _, _ = _cross_signing_keys(alice)
+    badly_signed, _, _, _ = cross_signing_keys(alice.user_id)
     badly_signed["master_key"] = body["master_key"]  # the other keys signed by another master
     r = alice.client.post(f"{V3}/keys/device_signing/upload", json=badly_signed)
     assert r.status_code == 401  # a change asks for the password first

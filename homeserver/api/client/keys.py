@@ -76,7 +76,9 @@ def upload_cross_signing_keys():
 @requires_auth
 def upload_signatures():
     return json_response(
-        runtime().keys.cross_signing.upload_signatures(current_requester(), json_object())
+        runtime().keys.cross_signing.upload_signatures(
+            current_requester(), json_object(), outbound_caller()
+        )
     )
 
 
