@@ -2,12 +2,15 @@
 spec, "End-to-End Encryption"), under ADR-0079 (homeserver/federation/admission.py).
 
 A query answers a user from our cache of their device list when we hold one (we share a
-room, and their server keeps it current with EDUs: e2ee/device_lists.py); the others are
-asked of their servers. One request takes one `client_outbound_budget` slot (429 at once
-when none is free) and one 10 s deadline for all its servers, asked in parallel, at most
-`MAX_PARALLEL_SERVERS` at a time. A server that fails, is cooling down or does not answer in
-time is in `failures` (the spec's "could not be reached"), its users absent: the request
-still answers within its deadline, and the slot and every greenlet are freed on every path.
+room, and their server keeps it current with EDUs: e2ee/inbound_edus.py); the others are
+asked of their servers, and a user we share a room with but hold nothing of is then
+cached (`cache_user`: their whole list, with the stream ID its EDUs continue from), so the
+next query is answered here, their server up or not. One request takes one
+`client_outbound_budget` slot (429 at once when none is free) and one 10 s deadline for all
+its servers, asked in parallel, at most `MAX_PARALLEL_SERVERS` at a time. A server that
+fails, is cooling down or does not answer in time is in `failures` (the spec's "could not
+be reached"), its users absent: the request still answers within its deadline, and the slot
+and every greenlet are freed on every path.
 """
 
 from __future__ import annotations
@@ -58,12 +61,14 @@ class RemoteKeys:
         cooldown: AddressCooldown,
         metrics: Metrics,
         cache: RemoteDeviceStore,
+        cache_user: Callable[[str], None] = lambda user_id: None,
     ):
         self._client = client
         self._budget = budget
         self._cooldown = cooldown
         self._metrics = metrics
         self._cache = cache
+        self._cache_user = cache_user
 
     # --- /keys/query ----------------------------------------------------------------------
 
@@ -77,6 +82,9 @@ class RemoteKeys:
             caller, "keys_query", ask, self._ask(QUERY_PATH, "device_keys"), out
         ):
             _merge_query(body, ask[server], out)
+            for user_id in ask[server]:
+                if self._cache.is_joined_anywhere(user_id):
+                    self._cache_user(user_id)
 
     def _from_cache(self, user_id: str, wanted: list, out: dict) -> bool:
         cached = self._cache.cached(user_id)

@@ -399,7 +399,13 @@ class HomeserverRuntime(Infrastructure):
         keys = KeyService(self.e2ee_store, self.server_name, self._keys_changed)
         budget, cooldown = self.client_outbound_budget, self.address_cooldown
         keys.remote = RemoteKeys(
-            self.federation_client, budget, cooldown, self.metrics, RemoteDeviceStore(self.db)
+            self.federation_client,
+            budget,
+            cooldown,
+            self.metrics,
+            RemoteDeviceStore(self.db),
+            # Their whole list, fetched in the background (e2ee/inbound_edus.py).
+            cache_user=lambda user_id: self.e2ee_federation.resync.request(user_id),
         )
         return keys
 

@@ -13,7 +13,7 @@ import requests
 from signedjson.sign import sign_json
 from unpaddedbase64 import encode_base64
 
-from tests.e2ee.conftest import Device, cross_signing_keys, new_signing_key, public
+from tests.e2ee.conftest import Device, count_rows, cross_signing_keys, new_signing_key, public
 from tests.rooms.test_membership_synapse import SynapseUser
 from tests.support.federation import tls_weir
 from tests.support.metrics import metric, wait_for_metric
@@ -32,6 +32,7 @@ WITHIN = 15.0
 def weir(test_ca, synapse, tmp_path_factory):
     directory = str(tmp_path_factory.mktemp("weir-e2ee"))
     with tls_weir(test_ca, directory, WEIR_IP, WEIR_NAME) as proc:
+        proc.database_url = f"sqlite:///{directory}/data/homeserver.db"
         yield proc
 
 
@@ -278,3 +279,34 @@ def test_our_user_cross_signs_a_synapse_user(weir, synapse):
     other.register("erin_friend")
     r = other.post(f"{V3}/keys/query", json={"device_keys": {frank.user_id: []}})
     assert client.user_id not in r.json()["master_keys"][frank.user_id].get("signatures", {})
+
+
+def test_a_synapse_users_keys_are_answered_from_our_copy_while_synapse_is_down(weir, synapse):
+    """The first query of a user we share a room with goes to their server, and their
+    whole device list is then kept here (updated by their EDUs): the next query is answered
+    from it, though their server answers nothing."""
+    client = MatrixClient(weir.client_url)
+    client.register("gina")
+    r = client.post(f"{V3}/createRoom", json={"preset": "public_chat"})
+    room = quote(r.json()["room_id"], safe="")
+    henry = SynapseDevice(synapse, "henry_cache")
+    henry.upload_keys()
+    r = henry.user.call("POST", f"/join/{room}", params={"server_name": WEIR_NAME}, json={})
+    assert r.status_code == 200, (r.text, synapse.log_tail())
+    query = {"device_keys": {henry.user_id: []}}
+    r = client.post(f"{V3}/keys/query", json=query)
+    assert henry.device_id in r.json()["device_keys"][henry.user_id], r.json()
+    kept = "SELECT COUNT(*) FROM e2e_remote_device_lists WHERE user_id = ?"
+    deadline = time.monotonic() + WITHIN
+    while count_rows(weir, kept, (henry.user_id,)) == 0:  # fetched in the background
+        assert time.monotonic() < deadline, "their device list was never kept"
+        time.sleep(0.05)
+
+    os.kill(synapse.proc.pid, signal.SIGSTOP)
+    try:
+        r = client.post(f"{V3}/keys/query", json=query)
+    finally:
+        os.kill(synapse.proc.pid, signal.SIGCONT)
+    assert r.status_code == 200 and r.json()["failures"] == {}, r.text
+    shown = r.json()["device_keys"][henry.user_id][henry.device_id]
+    assert shown["keys"][f"ed25519:{henry.device_id}"] == public(henry.key)
