@@ -309,6 +309,10 @@ class FederationSecurityConfig:
     # state, auth events.
     event_resolution_max_in_flight: int = setting(_int(1), 16)
     event_resolution_per_origin_rate: RateConfig = section(RateConfig)
+    # Inbound transactions answered before they were applied (rooms/staging.py), per origin:
+    # past either, the origin's next transaction is refused with 429.
+    staged_per_origin_max_pdus: int = setting(_int(50), 1000)
+    staged_per_origin_max_bytes: int = setting(_int(1024 * 1024), 16 * 1024 * 1024)
     trusted_key_servers: tuple = setting(_Tuple(fields.Nested(schema_for(TrustedKeyServer))), ())
 
 

@@ -13,6 +13,7 @@ from homeserver.core.collector import watch_pauses
 from homeserver.processes.lifecycle import stop_on_signals, wait_then_drain
 from homeserver.processes.listeners import HomeserverServer
 from homeserver.processes.shards import FederationShards
+from homeserver.rooms.transactions import TransactionProcessor
 from homeserver.runtime import HomeserverRuntime
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,9 @@ def serve(config: Config, config_path: str) -> int:
         # Main alone sends to other servers; shards only receive.
         runtime.federation_sender.start()
         runtime.presence.start()
+        inbound = runtime.inbound_transactions
+        if isinstance(inbound, TransactionProcessor):  # main's, always: shards relay to it
+            inbound.resume()
         # One parseable line: tests and scripts wait for it instead of polling.
         print(f"weir ready client={server.client_url} federation={federation_url}", flush=True)
         log.info(

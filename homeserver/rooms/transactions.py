@@ -8,9 +8,10 @@ then relays the PDUs that passed, with the source IP of the request, to main's
 authorises and stores them, and records the answer.
 
 Order: one transaction at a time per origin, as the spec has a server send them (the next
-only once the last was answered 200); a retry of one still running, arriving through another
-shard, waits for it and gets its recorded answer. More than ``MAX_TRANSACTIONS_PER_ORIGIN``
-at once is not a retry but a misbehaving server: 429.
+only once the last was answered 200), applied by the origin's worker (rooms/staging.py). A
+transaction not applied within a second, or whose fetches a budget refused, is staged and
+answered 200, and applied after; a retry of one still in hand is answered so too. More than
+``MAX_ANSWERING_PER_ORIGIN`` at once is not a retry but a misbehaving server: 429.
 
 Idempotency: the answer to ``(origin, txn_id)`` is recorded once given, and a retry gets it
 back without anything being applied again (and a PDU already stored is never stored twice,
@@ -36,7 +37,6 @@ import logging
 from typing import Callable
 
 from homeserver.core.clock import now_ms
-from homeserver.core.concurrency import KeyedLocks
 from homeserver.core.errors import limit_exceeded
 from homeserver.core.events import Event
 from homeserver.rooms.gaps import GapFiller
@@ -44,13 +44,11 @@ from homeserver.rooms.out_of_room import OutOfRoomEnds
 from homeserver.rooms.pdu_checks import PduChecker
 from homeserver.rooms.received import ReceivedEventRefused
 from homeserver.rooms.service import RoomService
+from homeserver.rooms.staging import DEFERRED, OriginQueues, Work, answered_or_deferred
 from homeserver.storage.transactions import ReceivedTransactionStore
 
 log = logging.getLogger(__name__)
 
-# Transactions of one origin running or waiting for its lock: the one running, its retry
-# through another connection, and one more.
-MAX_TRANSACTIONS_PER_ORIGIN = 3
 # Spec: "Transactions are limited in size; they can have at most 50 PDUs and 100 EDUs."
 MAX_PDUS = 50
 MAX_EDUS = 100
@@ -87,6 +85,8 @@ class TransactionProcessor:
         on_edus: EduHandler | None = None,
         gaps: GapFiller | None = None,
         out_of_room: OutOfRoomEnds | None = None,
+        staged_max_pdus: int = 1000,
+        staged_max_bytes: int = 16 * 1024 * 1024,
     ):
         self.checker = checker
         # Ends of our users' invites and knocks in rooms we are not in (out_of_room.py).
@@ -98,7 +98,22 @@ class TransactionProcessor:
         # Told of every transaction's origin: it is up, so the sender's backoff for it ends.
         self._on_origin = on_origin
         self._on_edus = on_edus
-        self._locks = KeyedLocks()
+        self._queues = OriginQueues(self._apply)
+        self.staged_max_pdus = staged_max_pdus
+        self.staged_max_bytes = staged_max_bytes
+        self.staging_refused = 0  # transactions answered 429 past their origin's caps
+
+    def resume(self) -> int:
+        """Applies, in the background, every transaction staged before a restart."""
+        staged = self.store.staged()
+        for origin, txn_id, body in staged:
+            self._queues.submit(Work.from_body(origin, txn_id, body))
+        if staged:
+            log.info("resuming %d staged inbound transactions", len(staged))
+        return len(staged)
+
+    def close(self) -> None:
+        self._queues.close()
 
     def receive(
         self,
@@ -109,9 +124,9 @@ class TransactionProcessor:
         results: dict | None = None,
         edus: list | None = None,
     ) -> dict:
-        """The answer, ``{"pdus": {event_id: {} | {"error": ...}}}``. ``results`` are answers
-        already decided for PDUs not passed in (a shard's). Raises ``KeyResolutionRefused``
-        with nothing applied, EDUs included."""
+        """The answer, ``{"pdus": {event_id: {} | {"error": ...}}}``, or ``DEFERRED`` for
+        a transaction staged to be applied after. ``results`` are answers already decided
+        for PDUs not passed in (a shard's)."""
         if self._on_origin is not None:
             self._on_origin(origin)
         if not pdus and not results:
@@ -119,20 +134,39 @@ class TransactionProcessor:
             # are idempotent, so a retry applying them again changes nothing.
             self._apply_edus(origin, edus)
             return {"pdus": {}}
-        if self._locks.holding(origin) >= MAX_TRANSACTIONS_PER_ORIGIN:
+        answer = self.store.answer(origin, txn_id)
+        if answer is not None:
+            return answer
+        if self._queues.holds(origin, txn_id):  # a retry of one in hand
+            return DEFERRED
+        if self._queues.full(origin):
             raise limit_exceeded(1000, "This server's earlier transactions are still being applied")
-        with self._locks.hold(origin):
-            answer = self.store.answer(origin, txn_id)
-            if answer is not None:
-                return answer
-            answer = self._apply_pdus(origin, pdus, source_ip, dict(results or {}))
-            self.store.record(origin, txn_id, answer, now_ms())
-        self._apply_edus(origin, edus)
-        return answer
+        work = Work(origin, txn_id, pdus, dict(results or {}), source_ip, list(edus or []))
+        self._queues.submit(work)
+        if answered_or_deferred(work):
+            return work.answer.get()
+        # Answered now, applied after: kept first, so a restart loses nothing.
+        body = work.body()
+        if not self.store.stage(
+            origin, txn_id, body, self.staged_max_pdus, self.staged_max_bytes, now_ms()
+        ):
+            self.staging_refused += 1
+            self._queues.withdraw(work)
+            raise limit_exceeded(10_000, "Too much of this server's work is waiting to be applied")
+        if work.answer.ready():  # applied while it was being kept: not staged after all
+            self.store.record(origin, txn_id, work.answer.get(), now_ms())
+        return DEFERRED
 
     def waiting(self) -> int:
-        """Transactions waiting for their origin's previous one."""
-        return self._locks.waiting()
+        """Transactions waiting behind their origin's one being applied."""
+        return self._queues.waiting()
+
+    def _apply(self, work: Work) -> dict:
+        """Applies a transaction, and records its answer (which ends its staging)."""
+        answer = self._apply_pdus(work.origin, work.pdus, work.source_ip, dict(work.results))
+        self.store.record(work.origin, work.txn_id, answer, now_ms())
+        self._apply_edus(work.origin, work.edus)
+        return answer
 
     def _apply_edus(self, origin: str, edus: list | None) -> None:
         applied = applied_edus(edus or [])
@@ -185,6 +219,9 @@ class ShardTransactionReceiver:
         self.checker = checker
         self.store = store
         self.relay = relay
+
+    def close(self) -> None:
+        """Nothing of its own to stop: main applies what it relays."""
 
     def receive(
         self,

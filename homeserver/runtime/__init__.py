@@ -222,11 +222,23 @@ class HomeserverRuntime(Infrastructure):
                 on_edus=self._receive_edus,
                 gaps=self.gaps,
                 out_of_room=self.out_of_room_ends,
+                staged_max_pdus=self.config.security.federation.staged_per_origin_max_pdus,
+                staged_max_bytes=self.config.security.federation.staged_per_origin_max_bytes,
             )
             self.metrics.track_gauge(
                 "weir_inbound_transactions_waiting",
                 "Inbound transactions waiting for their server's previous one to be applied",
                 processor.waiting,
+            )
+            self.metrics.track_gauge(
+                "weir_inbound_staged",
+                "Inbound transactions answered 200 and not applied yet (rooms/staging.py)",
+                received.staged_count,
+            )
+            self.metrics.track_counter(
+                "weir_inbound_staging_refused",
+                "Inbound transactions refused (429) past their server's staging caps",
+                lambda: processor.staging_refused,
             )
             return processor
         return ShardTransactionReceiver(checker, received, self._transaction_relay)

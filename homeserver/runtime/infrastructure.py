@@ -73,6 +73,7 @@ class Infrastructure:
         """Closes what was built, and only that."""
         built = self.__dict__
         for name, close in (
+            ("inbound_transactions", "close"),
             ("federation_client", "close"),
             ("notifier", "close"),
             ("typing", "close"),

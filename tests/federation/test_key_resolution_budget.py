@@ -11,6 +11,7 @@ re-check of relayed PDUs) and fails if any key request was made without a slot, 
 path made none (so a path that stopped resolving keys does not pass unnoticed).
 """
 
+import gevent
 import pytest
 import requests
 from gevent.event import Event
@@ -18,7 +19,6 @@ from signedjson.sign import sign_json
 
 from homeserver.api.app import FEDERATION
 from homeserver.config import parse_config
-from homeserver.federation.errors import KeyResolutionRefused
 from homeserver.processes.ipc import FrameType, IpcServer
 from homeserver.processes.listeners import HomeserverServer
 from homeserver.processes.shard import MainLink
@@ -195,10 +195,10 @@ def test_every_key_resolution_holds_a_budget_slot(composed, test_ca):
     assert shard_calls.unbudgeted() == [(stray.name, "/_matrix/key/v2/server")]
 
 
-def test_a_refusal_by_mains_budget_refuses_the_relayed_transaction(composed):
-    """Main's budget refusing a relayed PDU's key fetch refuses the whole transaction: the
-    shard's relay raises KeyResolutionRefused (its sender gets 429) and nothing is stored
-    or recorded, so the retry loses nothing."""
+def test_a_refusal_by_mains_budget_stages_the_relayed_transaction(composed):
+    """Main's budget refusing a relayed PDU's key fetch no longer refuses the sender: main
+    stages the transaction and answers 200 at once with nothing applied (rooms/staging.py),
+    and its worker applies both PDUs once the budget frees; the answer is then recorded."""
     main, shard, federation_url, notary, keys, link = composed
     room_id = joined_room(main)
     sender, late = keys.add_origin("sender"), keys.add_origin("late")
@@ -206,15 +206,18 @@ def test_a_refusal_by_mains_budget_refuses_the_relayed_transaction(composed):
     late_id, late_join = join_pdu(main, room_id, late, "lou")
     held = [main.key_resolution_budget.try_acquire(f"busy{i}") for i in range(16)]
     try:
-        with pytest.raises(KeyResolutionRefused):
-            link.relay(sender.name, "t1", [bob_join, late_join], {}, "198.51.100.9")
+        answer = link.relay(sender.name, "t1", [bob_join, late_join], {}, "198.51.100.9")
+        assert answer == {"pdus": {}}
+        assert main.rooms.store.get_event(bob_id) is None
+        assert main.rooms.store.get_event(late_id) is None
+        assert main.inbound_transactions.store.staged_count() == 1
     finally:
         for slot in held:
             slot.release()
-    assert main.rooms.store.get_event(bob_id) is None
-    assert main.rooms.store.get_event(late_id) is None
-    assert main.inbound_transactions.store.answer(sender.name, "t1") is None
-    # The retry, with the budget free again, applies both.
-    assert link.relay(sender.name, "t1", [bob_join, late_join], {}, "198.51.100.9") == {
+    with gevent.Timeout(30, AssertionError("the staged transaction was never applied")):
+        while main.inbound_transactions.store.answer(sender.name, "t1") is None:
+            gevent.sleep(0.05)
+    assert main.inbound_transactions.store.answer(sender.name, "t1") == {
         "pdus": {bob_id: {}, late_id: {}}
     }
+    assert main.inbound_transactions.store.staged_count() == 0
