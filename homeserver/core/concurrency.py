@@ -133,12 +133,3 @@ class KeyedLocks:
 
     def __len__(self) -> int:
         return len(self._entries)
-
-    def holding(self, key: str) -> int:
-        """Greenlets holding or waiting for `key`'s lock."""
-        entry = self._entries.get(key)
-        return 0 if entry is None else entry[1]
-
-    def waiting(self) -> int:
-        """Greenlets waiting for a lock, all keys together."""
-        return sum(entry[1] - 1 for entry in self._entries.values())

@@ -110,7 +110,6 @@ class _Destination:
 class SenderStats:
     outcomes: dict = field(default_factory=lambda: {"success": 0, "failure": 0, "refused": 0})
     dropped_for_catch_up: int = 0
-    edus_dropped: dict = field(default_factory=dict)  # (edu_type, reason) -> count
 
 
 class FederationSender:
@@ -534,8 +533,6 @@ class FederationSender:
             dest.calling = False
 
     def _edus_dropped(self, edu_type: str, reason: str) -> None:
-        key = (edu_type, reason)
-        self.stats.edus_dropped[key] = self.stats.edus_dropped.get(key, 0) + 1
         if self._on_edu_dropped is not None:
             self._on_edu_dropped(edu_type, reason)
 

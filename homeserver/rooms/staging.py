@@ -6,8 +6,8 @@ budget that refuses those fetches, or a key server that never answers, used to e
 or a long wait. Synapse takes a 429 from /send as a failed destination and stops sending to
 us for ten minutes at first. So a transaction is answered within `ANSWER_WITHIN_SECONDS`:
 applied by then, it gets its per-PDU results; if not, or if a budget refused what it needs,
-it is staged (storage/transactions.py, `stage`) and answered 200 with no results (`DEFERRED`:
-senders do not act on them), and its origin's worker goes on applying it.
+it is staged (storage/transactions.py, `stage`) and answered 200 with no results
+(`deferred()`: senders do not act on them), and its origin's worker goes on applying it.
 
 A worker applies its origin's transactions one after another. A budget's refusal
 (`KeyResolutionRefused`, `EventResolutionRefused`) is waited out, its retry_after at least,
@@ -42,8 +42,11 @@ ANSWER_WITHIN_SECONDS = 1.0
 RETRY_MIN_SECONDS = 0.5
 RETRY_MAX_SECONDS = 60.0
 MAX_ANSWERING_PER_ORIGIN = 3
-# The answer of a transaction staged before it was applied: 200, no per-PDU results.
-DEFERRED: dict = {"pdus": {}}
+
+
+def deferred() -> dict:
+    """The answer of a transaction staged before it was applied: 200, no per-PDU results."""
+    return {"pdus": {}}
 
 
 @dataclass(eq=False)
@@ -59,7 +62,6 @@ class Work:
     answer: AsyncResult = field(default_factory=AsyncResult)
     # Set when a budget refused what it needs: its request answers now, not at the second.
     refused: Event = field(default_factory=Event)
-    running: bool = False
     answering: bool = False  # its request waits for its answer
 
     def body(self) -> dict:
@@ -106,9 +108,10 @@ class OriginQueues:
         queue.append(work)
 
     def withdraw(self, work: Work) -> bool:
-        """Takes back a transaction its worker has not begun; whether it did."""
+        """Takes back a transaction its worker has not begun (the head of the queue is the
+        one it applies); whether it did."""
         queue = self._queues.get(work.origin)
-        if queue is None or work.running or work not in queue:
+        if not queue or queue[0] is work or work not in queue:
             return False
         queue.remove(work)
         return True
@@ -124,7 +127,6 @@ class OriginQueues:
         try:
             while queue:
                 work = queue[0]
-                work.running = True
                 try:
                     work.answer.set(self._until_applied(work))
                 except Exception as e:  # a fault, not a refusal: its request gets a 500

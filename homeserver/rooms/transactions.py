@@ -44,7 +44,7 @@ from homeserver.rooms.out_of_room import OutOfRoomEnds
 from homeserver.rooms.pdu_checks import PduChecker
 from homeserver.rooms.received import ReceivedEventRefused
 from homeserver.rooms.service import RoomService
-from homeserver.rooms.staging import DEFERRED, OriginQueues, Work, answered_or_deferred
+from homeserver.rooms.staging import OriginQueues, Work, answered_or_deferred, deferred
 from homeserver.storage.transactions import ReceivedTransactionStore
 
 log = logging.getLogger(__name__)
@@ -124,7 +124,7 @@ class TransactionProcessor:
         results: dict | None = None,
         edus: list | None = None,
     ) -> dict:
-        """The answer, ``{"pdus": {event_id: {} | {"error": ...}}}``, or ``DEFERRED`` for
+        """The answer, ``{"pdus": {event_id: {} | {"error": ...}}}``, or ``deferred()`` for
         a transaction staged to be applied after. ``results`` are answers already decided
         for PDUs not passed in (a shard's)."""
         if self._on_origin is not None:
@@ -138,7 +138,7 @@ class TransactionProcessor:
         if answer is not None:
             return answer
         if self._queues.holds(origin, txn_id):  # a retry of one in hand
-            return DEFERRED
+            return deferred()
         if self._queues.full(origin):
             raise limit_exceeded(1000, "This server's earlier transactions are still being applied")
         work = Work(origin, txn_id, pdus, dict(results or {}), source_ip, list(edus or []))
@@ -155,7 +155,7 @@ class TransactionProcessor:
             raise limit_exceeded(10_000, "Too much of this server's work is waiting to be applied")
         if work.answer.ready():  # applied while it was being kept: not staged after all
             self.store.record(origin, txn_id, work.answer.get(), now_ms())
-        return DEFERRED
+        return deferred()
 
     def waiting(self) -> int:
         """Transactions waiting behind their origin's one being applied."""
