@@ -24,7 +24,8 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class RoomVersion:
     identifier: str
-    # Event IDs are `$` + the URL-safe reference hash (v4 and later).
+    # Event IDs are `$` + the reference hash (v3 and later); before, the event carries its
+    # own `event_id`, `$opaque:server`, and names prev and auth events as [id, hashes] pairs.
     event_id_is_reference_hash: bool
     # Integers outside +-(2**53 - 1), and floats, are rejected (v6 and later).
     strict_canonical_json: bool
@@ -63,6 +64,10 @@ class RoomVersion:
     # v12: state resolution v2.1 (iterative auth checks start from an empty state, and the
     # full conflicted set includes the conflicted state subgraph).
     state_resolution_v2_1: bool = False
+    # v4: the reference hash is URL-safe base64; v3's is standard base64 (it may hold `/`).
+    url_safe_event_ids: bool = True
+    # v1: state resolution v1 (rooms/state_res_v1.py) instead of v2.
+    state_resolution_v1: bool = False
 
 
 # Room version 4: events refer to each other by URL-safe reference hashes; state
@@ -84,6 +89,12 @@ ROOM_V4 = RoomVersion(
     redaction_keeps_join_authoriser=False,
     stable=False,
 )
+# Room version 3: event IDs are the standard-base64 reference hash.
+ROOM_V3 = dataclasses.replace(ROOM_V4, identifier="3", url_safe_event_ids=False)
+# Room version 2: events carry their IDs; state resolution v2.
+ROOM_V2 = dataclasses.replace(ROOM_V3, identifier="2", event_id_is_reference_hash=False)
+# Room version 1: as 2, with state resolution v1.
+ROOM_V1 = dataclasses.replace(ROOM_V2, identifier="1", state_resolution_v1=True)
 ROOM_V5 = dataclasses.replace(ROOM_V4, identifier="5", enforce_key_validity=True)
 ROOM_V6 = dataclasses.replace(
     ROOM_V5,
