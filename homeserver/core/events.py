@@ -55,11 +55,11 @@ class Event:
 
     @property
     def prev_event_ids(self) -> list[str]:
-        return self.pdu["prev_events"]
+        return referenced_ids(self.pdu["prev_events"])
 
     @property
     def auth_event_ids(self) -> list[str]:
-        return self.pdu["auth_events"]
+        return referenced_ids(self.pdu["auth_events"])
 
     @property
     def membership(self) -> str | None:
@@ -67,3 +67,10 @@ class Event:
             value = self.content.get("membership")
             return value if isinstance(value, str) else None
         return None
+
+
+def referenced_ids(references: list) -> list[str]:
+    """Room versions 1 and 2 name events as [ID, hashes] pairs, later ones by ID alone."""
+    if references and isinstance(references[0], list):
+        return [r[0] for r in references]
+    return references

@@ -69,6 +69,12 @@ def is_valid_user_id(user_id: str) -> bool:
     return parse_user_id(user_id) is not None
 
 
+def is_server_event_id(event_id: str) -> bool:
+    """`$opaque:server`: an event ID of room versions 1 and 2, which names its server."""
+    parts = _split(event_id, "$")
+    return parts is not None and bool(parts[0])
+
+
 def parse_room_alias(alias: str) -> tuple[str, str] | None:
     """(localpart, server) of `#localpart:server`; the localpart may not be empty."""
     parts = _split(alias, "#")

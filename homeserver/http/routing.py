@@ -10,14 +10,22 @@ Most requests are for a path without variables (/sync above all, /versions, /key
 /publicRooms): such a match depends on the path, the method and the domain alone, so it is
 remembered and answered without the matcher. A path with variables (a room ID, an event ID)
 is matched by werkzeug each time, as before.
+
+A room version 3 event ID is standard base64 and may hold `/`, sent escaped as `%2F`. The
+WSGI server decodes the path before routing would see it, so the escaped `/` would split the
+segment: `routed_path` keeps `%2F` (and `%25`, so that the two stay apart) escaped, and the
+map's converters decode each variable once it is matched.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import MutableMapping
 from typing import Any
+from urllib.parse import unquote
 
-from werkzeug.routing import Map, Rule
+from gevent.pywsgi import unquote_latin1
+from werkzeug.routing import Map, PathConverter, Rule, UnicodeConverter
 from werkzeug.routing.matcher import StateMachineMatcher
 
 # Fixed-path matches remembered, at most. Each rule has only a few keys (its methods, with and
@@ -56,8 +64,35 @@ class FixedPathMatcher(StateMachineMatcher):
         return rule, values
 
 
+_KEPT_ESCAPED = re.compile(r"(%2[fF]|%25)")
+
+
+def routed_path(target_path: str) -> str:
+    """PATH_INFO for a request path as sent: decoded but for `%2F` and `%25`."""
+    parts = _KEPT_ESCAPED.split(target_path)
+    return "".join(p if i % 2 else unquote_latin1(p) for i, p in enumerate(parts))
+
+
+class _Segment(UnicodeConverter):
+    def to_python(self, value: str) -> str:
+        return unquote(value) if "%" in value else value
+
+
+class _Path(PathConverter):
+    def to_python(self, value: str) -> str:
+        return unquote(value) if "%" in value else value
+
+
 class RouteMap(Map):
-    """The app's URL map (api/app.py): werkzeug's, with FixedPathMatcher."""
+    """The app's URL map (api/app.py): werkzeug's, with FixedPathMatcher, and converters
+    that decode what `routed_path` left escaped."""
+
+    default_converters = {
+        **Map.default_converters,
+        "default": _Segment,
+        "string": _Segment,
+        "path": _Path,
+    }
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -27,6 +27,7 @@ from homeserver.http.handoff import HANDED_OFF
 from homeserver.http.heads import read_head
 from homeserver.http.later import end_unreturned
 from homeserver.http.places import PLACES, WorkPlaces, WorkPool
+from homeserver.http.routing import routed_path
 from homeserver.http.reading import HEAD_TIMEOUT_RESPONSE, HeadTimeout, RequestBody
 
 # pywsgi reads the rest of every request body after the response, to keep the connection in
@@ -161,9 +162,11 @@ class WeirHandler(WSGIHandler):
         environ[PLACES] = self.server.places
         # Handlers that wait on a remote peer watch this socket for the client hanging up.
         environ["weir.socket"] = self.socket
-        # The request target as sent (PATH_INFO is percent-decoded): federation signatures
+        # The request target as sent (PATH_INFO is decoded): federation signatures
         # cover it byte for byte.
         environ["weir.raw_uri"] = self.path
+        # An escaped `/` (a room version 3 event ID's) must not split a route's segment.
+        environ["PATH_INFO"] = routed_path(self.path.split("?", 1)[0])
         # Shutting down: /health answers 503 (HomeserverServer.stop).
         environ["weir.draining"] = self.server.draining
         return environ

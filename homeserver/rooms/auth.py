@@ -252,6 +252,11 @@ def _check_rules(
             check_power_levels(version, event, auth, sender_level)
         except PowerLevelsError as e:
             raise AuthError(str(e)) from None
+    if event.type == "m.room.redaction" and not version.event_id_is_reference_hash:  # v1, v2: 11
+        redacts = event.pdu.get("redacts")
+        same_server = isinstance(redacts, str) and server_of(redacts) == server_of(event.event_id)
+        if not same_server and sender_level < named_level(auth, "redact", 50):
+            raise AuthError("redacting another server's event needs the redact power level")
 
 
 def _allowed_before_membership(version: RoomVersion, event: Event, create: Event) -> bool:

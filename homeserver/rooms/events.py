@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import secrets
 from typing import Any
 
 from canonicaljson import encode_canonical_json
@@ -19,6 +20,7 @@ from homeserver.core.events import Event
 from homeserver.core.identifiers import (
     create_event_id_for_room,
     is_hash_room_id,
+    is_server_event_id,
     is_valid_room_id,
     is_valid_user_id,
     room_id_for_create_event,
@@ -146,7 +148,27 @@ def compute_reference_hash(version: RoomVersion, pdu: dict) -> bytes:
 
 
 def event_id_for(version: RoomVersion, pdu: dict) -> str:
-    return "$" + encode_base64(compute_reference_hash(version, pdu), urlsafe=True)
+    """v3 and later: `$` and the reference hash (v3 standard base64, v4 on URL-safe). v1 and
+    v2: the event's own `event_id` (its server's signature vouches for it, pdu_checks.py),
+    or "" when it has none, which `check_pdu_format` refuses."""
+    if not version.event_id_is_reference_hash:
+        event_id = pdu.get("event_id")
+        return event_id if isinstance(event_id, str) and is_server_event_id(event_id) else ""
+    reference = compute_reference_hash(version, pdu)
+    return "$" + encode_base64(reference, urlsafe=version.url_safe_event_ids)
+
+
+def new_event_id(server_name: str) -> str:
+    """A v1 or v2 event's ID: `$opaque:server`, as unguessable as a room ID."""
+    return f"${secrets.token_urlsafe(18)}:{server_name}"
+
+
+def event_references(version: RoomVersion, events: list[Event]) -> list:
+    """How an event names its prev or auth events: by ID (v3 and later); in v1 and v2 as
+    [ID, {"sha256": the event's content hash}] pairs, the hash as the event carries it."""
+    if version.event_id_is_reference_hash:
+        return [e.event_id for e in events]
+    return [[e.event_id, {"sha256": e.pdu.get("hashes", {}).get("sha256", "")}] for e in events]
 
 
 def room_id_of(version: RoomVersion, pdu: dict) -> str:
@@ -219,7 +241,7 @@ def build_event(
     content: dict,
     state_key: str | None,
     prev_events: list[Event],
-    auth_event_ids: list[str],
+    auth_events: list[Event],
     origin_server_ts: int,
     server_name: str,
     signing_key,
@@ -228,7 +250,7 @@ def build_event(
     """A signed event of ours. `prev_events` are the room's forward extremities. `room_id`
     is None only for the create event of a room whose ID it will give (v12). `redacts` is a
     redaction's top-level target (room versions before 11)."""
-    if len(prev_events) > MAX_PREV_EVENTS or len(auth_event_ids) > MAX_AUTH_EVENTS:
+    if len(prev_events) > MAX_PREV_EVENTS or len(auth_events) > MAX_AUTH_EVENTS:
         raise InvalidEvent("too many prev_events or auth_events")
     if (room_id is None) != (version.room_id_is_create_event_id and event_type == "m.room.create"):
         raise InvalidEvent("only a v12 create event, and every one, has no room_id")
@@ -239,11 +261,13 @@ def build_event(
         "sender": sender,
         "type": event_type,
         "content": copy.deepcopy(content),
-        "prev_events": [e.event_id for e in prev_events],
-        "auth_events": list(auth_event_ids),
+        "prev_events": event_references(version, prev_events),
+        "auth_events": event_references(version, auth_events),
         "depth": depth,
         "origin_server_ts": origin_server_ts,
     }
+    if not version.event_id_is_reference_hash:
+        pdu["event_id"] = new_event_id(server_name)
     if room_id is not None:
         pdu["room_id"] = room_id
     if state_key is not None:
@@ -286,6 +310,8 @@ def event_from_template(
     pdu = {k: copy.deepcopy(template[k]) for k in _TEMPLATE_FIELDS if k in template}
     pdu["content"] = copy.deepcopy(content)
     pdu["origin_server_ts"] = origin_server_ts
+    if not version.event_id_is_reference_hash:
+        pdu["event_id"] = new_event_id(server_name)
     pdu["hashes"] = {"sha256": ""}  # replaced below; the format check wants the field
     pdu["signatures"] = {}
     event = Event(event_id_for(version, pdu), pdu)
@@ -313,10 +339,12 @@ _PDU_FIELDS = {
 
 
 def check_pdu_format(version: RoomVersion, event: Event) -> None:
-    """A PDU received over federation has the event format of its room version (v4 and
+    """A PDU received over federation has the event format of its room version (v3 and
     later: no `event_id`, events named by reference hash), within the size limits.
     Raises `InvalidEvent`."""
     pdu = event.pdu
+    if not event.event_id:
+        raise InvalidEvent("event_id is missing or not a valid event ID")
     for name, kind in _PDU_FIELDS.items():
         value = pdu.get(name)
         if not isinstance(value, kind) or isinstance(value, bool):
@@ -330,10 +358,22 @@ def check_pdu_format(version: RoomVersion, event: Event) -> None:
         raise InvalidEvent("hashes.sha256 is missing")
     if not 0 <= pdu["depth"] <= MAX_DEPTH:
         raise InvalidEvent("depth is out of range")
-    _check_event_references(pdu)
+    _check_event_references(version, pdu)
     if version.strict_canonical_json:
         check_canonical_values(pdu, "event")
     check_size_limits(event)
+
+
+def _is_reference(version: RoomVersion, ref: Any) -> bool:
+    if version.event_id_is_reference_hash:
+        return isinstance(ref, str) and ref.startswith("$")
+    return (
+        isinstance(ref, list)
+        and len(ref) == 2
+        and isinstance(ref[0], str)
+        and is_server_event_id(ref[0])
+        and isinstance(ref[1], dict)
+    )
 
 
 def _check_room_id(version: RoomVersion, pdu: dict) -> None:
@@ -353,12 +393,13 @@ def _check_room_id(version: RoomVersion, pdu: dict) -> None:
         raise InvalidEvent("auth_events must not list the create event")
 
 
-def _check_event_references(pdu: dict) -> None:
-    """`prev_events` and `auth_events` are lists of event IDs, no longer than an event may
-    name; only the create event, which starts the room, has no prev_events."""
+def _check_event_references(version: RoomVersion, pdu: dict) -> None:
+    """`prev_events` and `auth_events` are lists of event IDs (v1, v2: of [ID, hashes]
+    pairs), no longer than an event may name; only the create event, which starts the
+    room, has no prev_events."""
     for name, limit in (("prev_events", MAX_PREV_EVENTS), ("auth_events", MAX_AUTH_EVENTS)):
-        ids = pdu[name]
-        if len(ids) > limit or not all(isinstance(i, str) and i.startswith("$") for i in ids):
+        refs = pdu[name]
+        if len(refs) > limit or not all(_is_reference(version, r) for r in refs):
             raise InvalidEvent(f"{name} must be at most {limit} event IDs")
     if not pdu["prev_events"] and pdu["type"] != "m.room.create":
         raise InvalidEvent("prev_events is empty")

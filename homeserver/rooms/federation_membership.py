@@ -33,6 +33,7 @@ from homeserver.rooms.events import (
     InvalidEvent,
     check_pdu_format,
     event_id_for,
+    event_references,
     redact,
 )
 from homeserver.rooms.pdu_checks import CheckedPdu, PduChecker
@@ -149,8 +150,8 @@ class FederationMembership:
             "state_key": user_id,
             "type": "m.room.member",
             "content": content,
-            "prev_events": [e.event_id for e in prev],
-            "auth_events": [e.event_id for e in auth_events],
+            "prev_events": event_references(version, prev),
+            "auth_events": event_references(version, auth_events),
             "depth": max((e.depth for e in prev), default=0) + 1,
             "origin_server_ts": now_ms(),
             "origin": self.rooms.server_name,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterable
 
-from homeserver.core.events import Event
+from homeserver.core.events import Event, referenced_ids
 from homeserver.rooms.versions import KNOWN_ROOM_VERSIONS, RoomVersion
 from homeserver.storage.remote_invites import RemoteInvite, RemoteInviteStore
 
@@ -46,7 +46,11 @@ class OutOfRoomEnds:
         if kept.membership == "invite" and pdu.get("sender") != kept.event.sender:
             return None  # who else may rescind it we cannot tell without the room's state
         auth_events = pdu.get("auth_events")
-        if not isinstance(auth_events, list) or kept.event.event_id not in auth_events:
+        if not isinstance(auth_events, list) or not all(
+            isinstance(a, (str, list)) and a for a in auth_events
+        ):
+            return None
+        if kept.event.event_id not in referenced_ids(auth_events):
             return None
         return kept
 

@@ -89,9 +89,12 @@ def _failed(checked: CheckedPdu, error: str) -> CheckedPdu:
 
 
 def signing_servers(pdu: dict, version: RoomVersion) -> list[str]:
-    """The servers that must have signed the event: the sender's, and for a restricted join
-    the server of the user named as authorising it."""
+    """The servers that must have signed the event: the sender's, in v1 and v2 the server
+    its event ID names (it chose the ID), and for a restricted join the server of the user
+    named as authorising it."""
     servers = [server_of(pdu["sender"])]
+    if not version.event_id_is_reference_hash and server_of(pdu["event_id"]) not in servers:
+        servers.append(server_of(pdu["event_id"]))
     content = pdu["content"]
     authoriser = content.get("join_authorised_via_users_server")
     if (

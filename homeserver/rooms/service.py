@@ -194,7 +194,7 @@ class RoomService:
                 content=planned.content,
                 state_key=planned.state_key,
                 prev_events=prev_events,
-                auth_event_ids=[e.event_id for e in auth_events],
+                auth_events=auth_events,
                 origin_server_ts=ts,
                 server_name=self.server_name,
                 signing_key=self.signing_key,

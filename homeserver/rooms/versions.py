@@ -4,11 +4,11 @@ Code that depends on the room version (event format, redaction, auth rules) asks
 `RoomVersion` a question (`version.updated_redaction_rules`), never compares identifiers.
 Adding a version is adding an entry here, plus code for any flag that is new.
 
-Versions 4 to 12 are known, each the one before with a few flags changed (the spec's room
-version pages). Versions 1 to 3 are not, and a room of them is refused with
-M_INCOMPATIBLE_ROOM_VERSION: event IDs of 1 and 2 carry a server part, version 1 resolves
-state by another algorithm, and version 3's IDs are standard base64, whose `/` a request
-path cannot carry through the WSGI server's decoded PATH_INFO.
+Versions 1 to 12 are known, each the one after or before with a few flags changed (the
+spec's room version pages). Versions 1 and 2 events carry their own `$opaque:server` IDs
+and name other events as [ID, hashes] pairs (rooms/events.py); version 1 resolves state by
+the first algorithm (rooms/state_res_v1.py); version 3's IDs are standard base64, whose `/`
+request paths carry escaped (http/routing.py).
 
 Room version 12 (spec v1.16, "Room Version 12") is 11 with three changes, one flag each:
 room IDs from the create event (MSC4291), creators with infinite power (MSC4289), and
@@ -52,7 +52,7 @@ class RoomVersion:
     # `join_authorised_via_users_server`.
     redaction_keeps_allow: bool = True
     redaction_keeps_join_authoriser: bool = True
-    # A version the spec marks stable; 4 and 5 are listed as unstable, as Synapse lists them.
+    # Listed as stable in /capabilities; 1 to 5 are unstable: new rooms should not use them.
     stable: bool = True
     # v12: the room ID is the create event's ID with `!` for `$` (no server part); the
     # create event has no room_id and is never listed in auth_events (the room ID implies
@@ -130,6 +130,9 @@ ROOM_V12 = dataclasses.replace(
 KNOWN_ROOM_VERSIONS: dict[str, RoomVersion] = {
     v.identifier: v
     for v in (
+        ROOM_V1,
+        ROOM_V2,
+        ROOM_V3,
         ROOM_V4,
         ROOM_V5,
         ROOM_V6,

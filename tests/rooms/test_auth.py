@@ -30,7 +30,7 @@ class Room:
         self.send(creator, "m.room.create", content, "")
         self.send(creator, "m.room.member", {"membership": "join"}, creator)
 
-    def build(self, sender, event_type, content, state_key=None, auth_events=None):
+    def build(self, sender, event_type, content, state_key=None, auth_events=None, redacts=None):
         auth = (
             auth_events
             if auth_events is not None
@@ -46,14 +46,15 @@ class Room:
             content=content,
             state_key=state_key,
             prev_events=[self.last] if self.last else [],
-            auth_event_ids=[e.event_id for e in auth],
+            auth_events=auth,
             origin_server_ts=1,
             server_name="hs",
             signing_key=KEY,
+            redacts=redacts,
         ), auth
 
-    def send(self, sender, event_type, content, state_key=None, verify=None):
-        event, auth = self.build(sender, event_type, content, state_key)
+    def send(self, sender, event_type, content, state_key=None, verify=None, redacts=None):
+        event, auth = self.build(sender, event_type, content, state_key, redacts=redacts)
         check_auth_events(self.version, event, auth, verify)
         check_against_state(self.version, event, self.state, verify)
         self.last = event
@@ -61,9 +62,9 @@ class Room:
             self.state[(event_type, state_key)] = event
         return event
 
-    def refused(self, sender, event_type, content, state_key=None, verify=None):
+    def refused(self, sender, event_type, content, state_key=None, verify=None, redacts=None):
         with pytest.raises(AuthError) as info:
-            self.send(sender, event_type, content, state_key, verify)
+            self.send(sender, event_type, content, state_key, verify, redacts)
         return str(info.value)
 
     def power_levels(self, users, **extra):
@@ -178,7 +179,7 @@ def test_create_event_rules():
         content={"room_version": "10"},
         state_key="",
         prev_events=[],
-        auth_event_ids=[],
+        auth_events=[],
         origin_server_ts=1,
         server_name="hs",
         signing_key=KEY,
@@ -194,7 +195,7 @@ def test_create_event_rules():
         content={},
         state_key="",
         prev_events=[],
-        auth_event_ids=[],
+        auth_events=[],
         origin_server_ts=1,
         server_name="hs",
         signing_key=KEY,

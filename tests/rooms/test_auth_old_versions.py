@@ -1,12 +1,24 @@
-"""Room versions 4 to 9: what each changes, checked on events built and signed for real
+"""Room versions 1 to 9: what each changes, checked on events built and signed for real
 (homeserver/rooms/versions.py). Versions 10 and later are tests/rooms/test_auth.py's."""
 
 import pytest
 
-from homeserver.rooms.events import redact
-from homeserver.rooms.pdu_checks import CheckedPdu, _keys_valid_at
+from unpaddedbase64 import encode_base64
+
+from homeserver.core.events import Event
+from homeserver.rooms.events import (
+    InvalidEvent,
+    check_pdu_format,
+    compute_reference_hash,
+    event_id_for,
+    redact,
+)
+from homeserver.rooms.pdu_checks import CheckedPdu, _keys_valid_at, signing_servers
 from homeserver.rooms.versions import (
     KNOWN_ROOM_VERSIONS,
+    ROOM_V1,
+    ROOM_V2,
+    ROOM_V3,
     ROOM_V4,
     ROOM_V5,
     ROOM_V6,
@@ -20,9 +32,58 @@ from tests.rooms.test_auth import ALICE, BOB, Room, member
 OUTSIDER = "@mallory:elsewhere"
 
 
-def test_versions_4_to_12_are_known_and_1_to_3_are_not():
-    assert list(KNOWN_ROOM_VERSIONS) == [str(v) for v in range(4, 13)]
-    assert [v.identifier for v in KNOWN_ROOM_VERSIONS.values() if not v.stable] == ["4", "5"]
+def test_versions_1_to_12_are_known_and_1_to_5_unstable():
+    assert list(KNOWN_ROOM_VERSIONS) == [str(v) for v in range(1, 13)]
+    unstable = [v.identifier for v in KNOWN_ROOM_VERSIONS.values() if not v.stable]
+    assert unstable == ["1", "2", "3", "4", "5"]
+
+
+@pytest.mark.parametrize("version", [ROOM_V1, ROOM_V2])
+def test_v1_and_v2_events_carry_their_id_and_name_others_with_hashes(version):
+    room = Room(version)
+    message = room.send(ALICE, "m.room.message", {"body": "hi"})
+    assert message.pdu["event_id"] == message.event_id and message.event_id.endswith(":hs")
+    # [ID, {"sha256": the content hash the named event carries}] pairs.
+    prev = message.pdu["prev_events"]
+    assert prev == [[room.state[("m.room.member", ALICE)].event_id, prev[0][1]]]
+    assert prev[0][1] == {"sha256": room.state[("m.room.member", ALICE)].pdu["hashes"]["sha256"]}
+    assert message.prev_event_ids == [prev[0][0]]
+    assert set(message.auth_event_ids) == {e[0] for e in message.pdu["auth_events"]}
+    check_pdu_format(version, message)
+    # The server its ID names signs it too: it chose the ID.
+    other = {**message.pdu, "event_id": "$x:elsewhere"}
+    assert signing_servers(other, version) == ["hs", "elsewhere"]
+    without_id = {k: v for k, v in message.pdu.items() if k != "event_id"}
+    with pytest.raises(InvalidEvent, match="event_id"):
+        check_pdu_format(version, Event(event_id_for(version, without_id), without_id))
+    ids_only = {**message.pdu, "prev_events": message.prev_event_ids}
+    with pytest.raises(InvalidEvent, match="prev_events"):
+        check_pdu_format(version, Event(message.event_id, ids_only))
+
+
+def test_v3_event_ids_are_standard_base64_and_v4_url_safe():
+    room = Room(ROOM_V3)
+    event = room.send(ALICE, "m.room.message", {"body": "hi"})
+    reference = compute_reference_hash(ROOM_V3, event.pdu)
+    assert event.event_id == "$" + encode_base64(reference)
+    assert event_id_for(ROOM_V4, event.pdu) == "$" + encode_base64(reference, urlsafe=True)
+    assert "event_id" not in event.pdu and event.pdu["prev_events"][0].startswith("$")
+    with pytest.raises(InvalidEvent, match="prev_events"):
+        pairs = {**event.pdu, "prev_events": [[event.pdu["prev_events"][0], {}]]}
+        check_pdu_format(ROOM_V3, Event(event_id_for(ROOM_V3, pairs), pairs))
+
+
+@pytest.mark.parametrize("version", [ROOM_V1, ROOM_V2])
+def test_v1_and_v2_redact_another_servers_event_only_with_power(version):
+    room = Room(version)
+    room.power_levels({ALICE: 100})
+    room.join_rule("public")
+    room.send(BOB, "m.room.member", member("join"), BOB)
+    theirs = "$their-event:elsewhere"
+    assert "redact power level" in room.refused(BOB, "m.room.redaction", {}, redacts=theirs)
+    # Rule 11.2: the redaction's ID and its target's name the same server.
+    room.send(BOB, "m.room.redaction", {}, redacts="$ours:hs")
+    room.send(ALICE, "m.room.redaction", {}, redacts=theirs)
 
 
 @pytest.mark.parametrize("version", [ROOM_V4, ROOM_V5])

@@ -75,7 +75,8 @@ def synapse_sync(user: SynapseUser):
     return once
 
 
-@pytest.mark.parametrize("version", ["4", "9", "10", None])  # None: our default, v12
+# 1: IDs carried by events, state resolution v1; 3: IDs with `/`; None: our default, v12.
+@pytest.mark.parametrize("version", ["1", "3", "4", "9", "10", None])
 def test_a_synapse_user_joins_our_room_and_messages_flow_both_ways(weir, synapse, version):
     alice = MatrixClient(weir.client_url)
     alice.register(f"alice{version}")
@@ -127,7 +128,8 @@ def _invited(carol, room_id: str) -> dict:
     raise AssertionError("the invite never showed in /sync")
 
 
-@pytest.mark.parametrize("version", ["10", None])  # None: Synapse's default (v12)
+# Every version Synapse can create; None: Synapse's default (v12).
+@pytest.mark.parametrize("version", [*map(str, range(1, 11)), None])
 def test_synapse_invites_and_our_user_joins_then_messages_flow(weir, synapse, version):
     erin = MatrixClient(weir.client_url)
     erin_id = erin.register(f"erin{version or 'default'}")["user_id"]
