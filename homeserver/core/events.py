@@ -55,11 +55,12 @@ class Event:
 
     @property
     def prev_event_ids(self) -> list[str]:
-        return self.pdu["prev_events"]
+        # Room versions 1 and 2 name events as [event_id, {"sha256": ...}] pairs.
+        return [p[0] if isinstance(p, list) else p for p in self.pdu["prev_events"]]
 
     @property
     def auth_event_ids(self) -> list[str]:
-        return self.pdu["auth_events"]
+        return [p[0] if isinstance(p, list) else p for p in self.pdu["auth_events"]]
 
     @property
     def membership(self) -> str | None:
