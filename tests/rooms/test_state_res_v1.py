@@ -187,6 +187,21 @@ def test_power_levels_of_a_user_who_kept_his_power_win_by_depth():
     assert room.v1("PA2", "PB") == room.expect("PB")
 
 
+def test_the_walk_stops_at_the_first_refused_event():
+    """Three forks: Alice demotes Bob (PA, depth 8); Bob changes the levels (PB, 9); Alice
+    gives Zara 10 (PC, 10, after two messages). Walked oldest first: PA unchecked, then PB
+    refused (Bob has 0 in PA): the walk stops there, though PC would have passed: PA.
+    v2 replays Alice's events first (more power), PA then PC, and refuses PB: PC."""
+    room = Room()
+    room.chain("START", levels("P50", {ALICE: 100, BOB: 50}))
+    room.chain("P50", levels("PA", {ALICE: 100}))
+    room.chain("P50", message("M1", BOB), ("PB", BOB, PL, "", {"users": {
+        ALICE: 100, BOB: 50, "@charlie:c": 50}}))  # fmt: skip
+    room.chain("P50", message("M2"), message("M3"), levels("PC", {ALICE: 100, "@zara:z": 10}))
+    assert room.v1("PA", "PB", "PC") == room.expect("PA")
+    assert room.v2("PA", "PB", "PC") == room.expect("PC")
+
+
 # --- other state: depth, then SHA-1 ---------------------------------------------------------
 
 
@@ -288,3 +303,17 @@ def test_unknown_and_rejected_conflicted_events_are_left_out():
     assert room.v1("T3", "PA") == room.expect("PA", "T1")
     del room.events[eid("T1")]
     assert room.v1("T3", "PA") == room.expect("PA", without=((TOPIC, ""),))
+
+
+def test_a_conflicted_create_event_is_always_allowed():
+    """Two create events naming room version 1 (which `auth.py`'s create rule does not
+    know): a create event has no rule that depends on the state, so both are allowed, and
+    the normal rule takes the first in order, equal depth, the lowest SHA-1: CREATE3's."""
+    assert sha1("CREATE3") < sha1("CREATE2")  # 1256... < bab0...
+    room = Room()
+    for name in ("CREATE2", "CREATE3"):
+        content = {"creator": ALICE, "room_version": "1"}
+        room.chain(None, (name, ALICE, "m.room.create", "", content))
+    key = ("m.room.create", "")
+    sets = [{key: eid("CREATE3")}, {key: eid("CREATE2")}]
+    assert resolve_state_v1(ROOM_V1, sets, room.get) == {key: eid("CREATE3")}
