@@ -88,6 +88,8 @@ class RoomResolver:
         # The index gives the auth difference without reading the states' events; only
         # the full conflicted set's events and auth chains are read then. Without it (an
         # event stored before its auth events were known), every event of the states is.
+        # State resolution v1 (room version 1) reads fewer: its conflicted events, which
+        # these include, and the unconflicted state at the keys their auth rules read.
         unstored = {pending.event_id: pending.auth_event_ids} if pending is not None else {}
         difference = self._graph.auth_difference(state_sets, unstored)
         if difference is None:

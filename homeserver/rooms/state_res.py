@@ -1,4 +1,5 @@
-"""State resolution v2 (room versions 2 to 11) and v2.1 (room version 12), as pure functions.
+"""State resolution v2 (room versions 2 to 11) and v2.1 (room version 12), as pure functions;
+`resolve_state` hands room version 1 to state resolution v1 (`state_res_v1.py`).
 
 The spec's algorithm (room version 2 page, "State resolution"; the v12 page for v2.1): split
 the state sets into the unconflicted state map and the conflicted state set, widen the latter
@@ -28,6 +29,7 @@ from homeserver.rooms.auth import (
     check_against_state,
 )
 from homeserver.rooms.power_levels import user_power_level
+from homeserver.rooms.state_res_v1 import resolve_state_v1
 from homeserver.rooms.versions import RoomVersion
 
 JOIN_RULES = "m.room.join_rules"
@@ -65,7 +67,10 @@ def resolve_state(
 ) -> dict[StateKey, str]:
     """The resolution of `state_sets` (spec, "Algorithm", steps 1 to 5). `difference`: their
     auth difference when an index gave it (storage/auth_chains.py), else it is walked;
-    `split`: their `split_conflicted`, when the caller made it already."""
+    `split`: their `split_conflicted`, when the caller made it already. Room version 1
+    resolves by state resolution v1 (`state_res_v1.py`), which needs neither."""
+    if version.state_resolution_v1:
+        return resolve_state_v1(version, state_sets, get_event, rejected)
     if not state_sets:
         return {}
     unconflicted, conflicted = split or split_conflicted(state_sets)
