@@ -15,11 +15,9 @@ answered 200, and applied after; a retry of one still in hand is answered so too
 
 Idempotency: the answer to ``(origin, txn_id)`` is recorded once given, and a retry gets it
 back without anything being applied again (and a PDU already stored is never stored twice,
-even if the answer was lost). A refused key resolution anywhere refuses the whole
-transaction with 429 before anything is applied or recorded, so the sender's retry loses
-nothing. So does a refused event resolution (a PDU's missing events, rooms/gaps.py), before
-anything is recorded; PDUs of the transaction stored before it are found stored on the
-retry.
+even if the answer was lost). A budget's refusal of a PDU's keys or missing events never
+refuses the transaction: main's worker waits it out (rooms/staging.py), and a shard whose
+share refuses its check relays the PDUs unchecked, for main to check.
 
 EDUs: the ones we apply (``APPLIED_EDU_TYPES``: typing, read receipts, and end-to-end
 encryption's device list, signing key and to-device EDUs) go to main with the
@@ -39,6 +37,7 @@ from typing import Callable
 from homeserver.core.clock import now_ms
 from homeserver.core.errors import limit_exceeded
 from homeserver.core.events import Event
+from homeserver.federation.errors import KeyResolutionRefused
 from homeserver.rooms.gaps import GapFiller
 from homeserver.rooms.out_of_room import OutOfRoomEnds
 from homeserver.rooms.pdu_checks import PduChecker
@@ -242,7 +241,12 @@ class ShardTransactionReceiver:
         answer = self.store.answer(origin, txn_id)
         if answer is not None:
             return answer
-        checked = self.checker.check(pdus, source_ip, origin)
+        try:
+            checked = self.checker.check(pdus, source_ip, origin)
+        except KeyResolutionRefused:
+            # Main checks every relayed PDU again under its own budget, and stages what must
+            # wait for it: the sender is answered 200, never 429 for our budget's sake.
+            return self.relay(origin, txn_id, pdus, {}, source_ip, applied)
         passed = [item.pdu for item in checked if item.error is None]
         dropped = {
             item.event_id: {"error": item.error} for item in checked if item.error is not None

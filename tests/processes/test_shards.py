@@ -238,6 +238,25 @@ def test_main_checks_relayed_pdus_under_its_own_budget(sharded, test_ca, dns, ta
     assert join_id == room.timeline()[-1]["event_id"]
 
 
+def test_a_shard_whose_share_refuses_a_check_relays_and_the_sender_gets_200(
+    sharded, test_ca, dns, tarpit, keys
+):
+    """A transaction whose PDUs name six servers with unfetched keys, more than the shard's
+    share of the key budget (two): the shard relays them unchecked, main stages them, and
+    the sender is answered 200 at once, not 429 (Synapse would stop sending for minutes)."""
+    origin = keys.add_origin("overshare")
+    room, join_id = room_joined_by(sharded, test_ca, registered(sharded, "share-alice"), origin)
+    pdus = [
+        room.join_pdu(server, "eve", prev=join_id)[1]
+        for server in tarpit_origins(dns, tarpit, "share-", 6)
+    ]
+    r = send(sharded, test_ca, origin, "t-overshare", pdus, timeout=30)
+    assert (r.status_code, r.json()) == (200, {"pdus": {}}), r.text
+    wait_for_metric(sharded.client_url, "weir_inbound_staged", 0, timeout=60)
+    assert tarpit.wait_current(0, timeout=10)
+    assert join_id == room.timeline()[-1]["event_id"]  # keys never came: nothing applied
+
+
 def test_bad_frames_to_main_are_refused_and_main_carries_on(sharded, test_ca, keys):
     shard = rogue_shard(sharded)
     try:
