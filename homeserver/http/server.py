@@ -27,8 +27,8 @@ from homeserver.http.handoff import HANDED_OFF
 from homeserver.http.heads import read_head
 from homeserver.http.later import end_unreturned
 from homeserver.http.places import PLACES, WorkPlaces, WorkPool
-from homeserver.http.routing import routed_path
 from homeserver.http.reading import HEAD_TIMEOUT_RESPONSE, HeadTimeout, RequestBody
+from homeserver.http.routing import routed_path
 
 # pywsgi reads the rest of every request body after the response, to keep the connection in
 # step. An unread rest up to DRAIN_MAX_BYTES (past the largest JSON body a route takes, 10 MiB

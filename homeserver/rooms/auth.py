@@ -253,10 +253,15 @@ def _check_rules(
         except PowerLevelsError as e:
             raise AuthError(str(e)) from None
     if event.type == "m.room.redaction" and not version.event_id_is_reference_hash:  # v1, v2: 11
-        redacts = event.pdu.get("redacts")
-        same_server = isinstance(redacts, str) and server_of(redacts) == server_of(event.event_id)
-        if not same_server and sender_level < named_level(auth, "redact", 50):
-            raise AuthError("redacting another server's event needs the redact power level")
+        _check_v1_redaction(event, auth, sender_level)
+
+
+def _check_v1_redaction(event: Event, auth: dict[StateKey, Event], sender_level: int) -> None:
+    """Rule 11 of room versions 1 and 2: the redact level, or the same server in both IDs."""
+    redacts = event.pdu.get("redacts")
+    same_server = isinstance(redacts, str) and server_of(redacts) == server_of(event.event_id)
+    if not same_server and sender_level < named_level(auth, "redact", 50):
+        raise AuthError("redacting another server's event needs the redact power level")
 
 
 def _allowed_before_membership(version: RoomVersion, event: Event, create: Event) -> bool:

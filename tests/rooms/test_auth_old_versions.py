@@ -2,7 +2,6 @@
 (homeserver/rooms/versions.py). Versions 10 and later are tests/rooms/test_auth.py's."""
 
 import pytest
-
 from unpaddedbase64 import encode_base64
 
 from homeserver.core.events import Event
