@@ -247,21 +247,24 @@ def _check_rules(
     ):  # 9
         raise AuthError("state keys starting with @ are reserved for that user")
 
-    if event.type == POWER_LEVELS:  # 10
+    _check_type_rules(version, event, auth, sender_level)
+
+
+def _check_type_rules(
+    version: RoomVersion, event: Event, auth: dict[StateKey, Event], sender_level: int
+) -> None:
+    """Rule 10, power levels; in room versions 1 and 2, rule 11, redactions."""
+    if event.type == POWER_LEVELS:
         try:
             check_power_levels(version, event, auth, sender_level)
         except PowerLevelsError as e:
             raise AuthError(str(e)) from None
-    if event.type == "m.room.redaction" and not version.event_id_is_reference_hash:  # v1, v2: 11
-        _check_v1_redaction(event, auth, sender_level)
-
-
-def _check_v1_redaction(event: Event, auth: dict[StateKey, Event], sender_level: int) -> None:
-    """Rule 11 of room versions 1 and 2: the redact level, or the same server in both IDs."""
-    redacts = event.pdu.get("redacts")
-    same_server = isinstance(redacts, str) and server_of(redacts) == server_of(event.event_id)
-    if not same_server and sender_level < named_level(auth, "redact", 50):
-        raise AuthError("redacting another server's event needs the redact power level")
+    elif event.type == "m.room.redaction" and not version.event_id_is_reference_hash:
+        # The redact level, or the same server in both IDs.
+        redacts = event.pdu.get("redacts")
+        same = isinstance(redacts, str) and server_of(redacts) == server_of(event.event_id)
+        if not same and sender_level < named_level(auth, "redact", 50):
+            raise AuthError("redacting another server's event needs the redact power level")
 
 
 def _allowed_before_membership(version: RoomVersion, event: Event, create: Event) -> bool:
