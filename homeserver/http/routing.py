@@ -25,6 +25,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from gevent.pywsgi import unquote_latin1
+from werkzeug.datastructures import ImmutableDict
 from werkzeug.routing import Map, PathConverter, Rule, UnicodeConverter
 from werkzeug.routing.matcher import StateMachineMatcher
 
@@ -87,12 +88,9 @@ class RouteMap(Map):
     """The app's URL map (api/app.py): werkzeug's, with FixedPathMatcher, and converters
     that decode what `routed_path` left escaped."""
 
-    default_converters = {
-        **Map.default_converters,
-        "default": _Segment,
-        "string": _Segment,
-        "path": _Path,
-    }
+    default_converters = ImmutableDict(
+        {**Map.default_converters, "default": _Segment, "string": _Segment, "path": _Path}
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
