@@ -296,19 +296,22 @@ METRICS_TARGETS = [
     "//metrics",
     "/%6detrics",
     "/%6Detrics",
-    "/metrics%2F",
-    "/%2fmetrics",
 ]
+# An escaped `/` is no separator to Weir (http/routing.py): these are not its /metrics.
+ESCAPED_SLASH_TARGETS = ["/metrics%2F", "/%2fmetrics"]
 
 
-@pytest.mark.parametrize("target", METRICS_TARGETS)
+@pytest.mark.parametrize("target", METRICS_TARGETS + ESCAPED_SLASH_TARGETS)
 def test_metrics_is_refused_through_the_balancer(stack, test_ca, target):
     weir, lb = stack
     # Weir would serve this client (127.0.0.0/8 may scrape): the balancer is what refuses.
     status, body = raw_request(
         weir.client_url, "GET", target, source_ip=CLIENTS[0], ca_path=test_ca.ca_path
     )
-    assert status == 200 and body.startswith(b"# HELP"), (status, body[:80])
+    if target in ESCAPED_SLASH_TARGETS:
+        assert status == 404 and b"M_UNRECOGNIZED" in body, (status, body[:80])
+    else:
+        assert status == 200 and body.startswith(b"# HELP"), (status, body[:80])
     for frontend in (lb.client_url, lb.federation_url):
         status, body = raw_request(
             frontend, "GET", target, source_ip=CLIENTS[0], ca_path=test_ca.ca_path
