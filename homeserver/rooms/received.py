@@ -34,6 +34,11 @@ class ReceivedEventRefused(Exception):
     what the sender is told for it."""
 
 
+class MissingEventsRefused(ReceivedEventRefused):
+    """Refused only because some of its prev_events or auth_events are neither stored nor
+    could be fetched: not the event's fault, so it is held and tried again (rooms/held.py)."""
+
+
 def authorise_received_event(
     resolver: RoomResolver,
     version: RoomVersion,
@@ -108,7 +113,7 @@ def _auth_ids_and_rejections(
     resolver.add(stored.event for stored in known.values())
     missing = [e for e in event.prev_event_ids + auth_ids if e not in known and e not in standing]
     if missing:
-        raise ReceivedEventRefused(
+        raise MissingEventsRefused(
             f"unknown prev_events or auth_events ({', '.join(missing[:3])}); "
             "they could not be fetched"
         )
