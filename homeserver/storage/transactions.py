@@ -61,7 +61,8 @@ class ReceivedTransactionStore:
         count = len(body.get("pdus", ()))
 
         def write(tx) -> bool:
-            held, size = _origin_load(tx, origin)
+            # Its PDUs held already (while it was applied) are in `count`.
+            held, size = _origin_load(tx, origin, held_except=txn_id)
             if held + count > max_pdus or size + len(text) > max_bytes:
                 return False
             tx.execute(
@@ -97,15 +98,16 @@ class ReceivedTransactionStore:
                 (held.origin, held.event_id),
             ):
                 return True
-            count, size = _origin_load(tx, held.origin, except_txn=txn_id)
+            count, size = _origin_load(tx, held.origin, staged_except=txn_id)
             if count + 1 > max_pdus or size + len(text) > max_bytes:
                 return False
             tx.execute(
-                "INSERT INTO inbound_held (origin, event_id, pdu, source_ip, bytes, held_ts,"
-                " next_try_ts, tries) VALUES (?, ?, ?, ?, ?, ?, ?, 0)",
+                "INSERT INTO inbound_held (origin, event_id, txn_id, pdu, source_ip, bytes,"
+                " held_ts, next_try_ts, tries) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0)",
                 (
                     held.origin,
                     held.event_id,
+                    txn_id,
                     text,
                     held.source_ip,
                     len(text),
@@ -170,15 +172,19 @@ class HeldPdu:
     row_id: int = 0
 
 
-def _origin_load(tx, origin: str, except_txn: str | None = None) -> tuple[int, int]:
-    """PDUs and bytes of the origin's staged transactions (but `except_txn`) and held PDUs:
-    what its caps count."""
+def _origin_load(
+    tx, origin: str, staged_except: str = "", held_except: str = ""
+) -> tuple[int, int]:
+    """PDUs and bytes of the origin's staged transactions and held PDUs, what its caps count;
+    a transaction staged and held from is counted once (its staged row, or its held PDUs)."""
     staged, staged_bytes = tx.fetchone(
         "SELECT COALESCE(SUM(pdus), 0), COALESCE(SUM(bytes), 0) FROM inbound_staging"
         " WHERE origin = ? AND txn_id <> ?",
-        (origin, except_txn or ""),
+        (origin, staged_except),
     )
     held, held_bytes = tx.fetchone(
-        "SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM inbound_held WHERE origin = ?", (origin,)
+        "SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM inbound_held"
+        " WHERE origin = ? AND txn_id <> ?",
+        (origin, held_except),
     )
     return int(staged) + int(held), int(staged_bytes) + int(held_bytes)

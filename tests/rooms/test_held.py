@@ -19,6 +19,7 @@ from tests.sync.conftest import sync, timeline
 
 FED_V1 = "/_matrix/federation/v1"
 FIRST_RETRY = 0.3  # held_pdu_first_retry here: retries come fast, doubling
+CAP = 50  # staged_per_origin_max_pdus: the least it may be
 
 
 class FlakyOrigins(OriginKeyServer):
@@ -73,7 +74,12 @@ def origins(test_ca, dns):
 def start_weir(test_ca, dns, directory, max_age=3600.0):
     fed = federation_settings(test_ca, dns, remote_timeout=10)
     fed.update(tls_listener_settings(test_ca, "weir.test", "127.64.0.1", port=0))
-    limits = {"held_pdu_first_retry": FIRST_RETRY, "held_pdu_max_age": max_age}
+    limits = {
+        "held_pdu_first_retry": FIRST_RETRY,
+        "held_pdu_max_age": max_age,
+        "staged_per_origin_max_pdus": CAP,
+        "event_resolution_per_origin_rate": {"max_requests": 1000, "per_seconds": 60},
+    }
     settings = merge(
         base_settings(os.path.join(directory, "data")),
         {"federation": fed, "security": {"federation": limits}},
@@ -147,6 +153,30 @@ def test_a_held_pdu_does_not_hold_up_its_origins_later_transactions(weir, test_c
     origins.broken = False
     wait_for_metric(weir.client_url, "weir_inbound_held", 0, timeout=30)
     assert [e["event_id"] for e in room.timeline()][-2:] == ids
+
+
+def test_held_pdus_count_against_their_origins_cap(weir, test_ca, alice, origins):
+    """CAP PDUs held fill the origin's cap: its next transaction that needs one more held
+    is answered 429, as staged work past the cap is, and applied once the held are stored."""
+    origin = origins.add_origin("o5")
+    room, join_id = room_joined_by(weir, test_ca, alice, origin)
+    ids, pdus = room.messages(origin, "bob", [f"m{i}" for i in range(CAP + 2)], prev=join_id)
+    origins.events.update(zip(ids, pdus))
+    origins.broken = True
+    r = send(weir, test_ca, origin, "cap-1", pdus[1 : CAP + 1])  # the first is lost
+    assert r.status_code == 200 and r.json() in ({"pdus": {i: {} for i in ids[1:-1]}}, {"pdus": {}})
+    wait_for_metric(weir.client_url, "weir_inbound_held", CAP, timeout=60)
+    r = send(weir, test_ca, origin, "cap-2", pdus[-1:])
+    assert (r.status_code, r.json()["errcode"]) == (429, "M_LIMIT_EXCEEDED"), r.text
+    origins.broken = False
+    wait_for_metric(weir.client_url, "weir_inbound_held", 0, timeout=60)
+    for _attempt in range(300):  # the sender's retries, as its backoff would send them
+        r = send(weir, test_ca, origin, "cap-2", pdus[-1:])
+        if r.status_code == 200 and r.json() != {"pdus": {}}:
+            break
+        gevent.sleep(0.1)
+    assert r.json() == {"pdus": {ids[-1]: {}}}, r.text
+    assert [e["event_id"] for e in room.timeline()][-len(ids) :] == ids
 
 
 def test_a_held_pdu_survives_a_restart(weir, test_ca, alice, origins):

@@ -5,6 +5,7 @@ CREATE TABLE inbound_held (
     id {serial},
     origin TEXT NOT NULL,
     event_id TEXT NOT NULL,
+    txn_id TEXT NOT NULL,        -- the transaction it came in: its staging counts it already
     pdu TEXT NOT NULL,           -- JSON, as received
     source_ip TEXT,
     bytes BIGINT NOT NULL,
