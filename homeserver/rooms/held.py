@@ -135,9 +135,13 @@ class HeldPdus:
     def _retry_origin(self, due: list[HeldPdu]) -> None:
         """The origin's due PDUs, the last held first (filling its gap may fetch the
         others); the first still missing its events puts the rest off with it."""
-        for held in sorted(due, key=lambda h: -h.row_id):
-            if not self._retry_one(held):
-                return
+        try:
+            for held in sorted(due, key=lambda h: -h.row_id):
+                if not self._retry_one(held):
+                    return
+        except Exception:  # a fault of ours (the database): the next look tries again
+            log.exception("retrying held PDUs of %s", due[0].origin)
+            gevent.sleep(IDLE_LOOK_SECONDS)
 
     def _retry_one(self, held: HeldPdu) -> bool:
         """Whether the origin's next held PDU is worth trying now."""

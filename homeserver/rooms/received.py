@@ -51,8 +51,9 @@ def authorise_received_event(
     Run under the room's lock; `known` are those of the event's prev_events and
     `auth_event_ids_to_check` that are stored, and `signed_by` the servers whose signatures
     on it were verified. Missing prev_events or auth_events are fetched before this, if
-    they can be (rooms/gaps.py); an event still missing some is refused, and not remembered
-    as rejected."""
+    they can be (rooms/gaps.py); an event still missing some is refused
+    (`MissingEventsRefused`: held and tried again, rooms/held.py), and not remembered as
+    rejected."""
     auth_ids, rejections = _auth_ids_and_rejections(resolver, version, event, known)
 
     def signed(ev: Event, server: str) -> bool:

@@ -20,8 +20,8 @@ gets the answer and a restart resumes exactly what was not applied (`resume`).
 Bounds: `MAX_ANSWERING_PER_ORIGIN` requests of one origin waiting for their answer at once
 (the one applied, a retry, one more: a sender sends the next only once the last was
 answered), and staged work per origin up to `[security.federation]
-staged_per_origin_max_pdus` and `_max_bytes`. Past either the answer is 429, the second
-counted in `weir_inbound_staging_refused_total`.
+staged_per_origin_max_pdus` and `_max_bytes`, together with its held PDUs (rooms/held.py).
+Past either the answer is 429, the second counted in `weir_inbound_staging_refused_total`.
 """
 
 from __future__ import annotations
