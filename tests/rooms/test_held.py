@@ -155,6 +155,19 @@ def test_a_held_pdu_does_not_hold_up_its_origins_later_transactions(weir, test_c
     assert [e["event_id"] for e in room.timeline()][-2:] == ids
 
 
+def test_a_later_event_built_on_a_held_one_fetches_it(weir, test_ca, alice, origins):
+    """Once the origin is back, an event built on the held one fills its gap through the
+    gap machinery, the held one with it, whether or not its retry came first."""
+    room, ids, origin = netsplit(weir, test_ca, alice, origins, "o6")
+    origins.wait_asked(origins.missing_asks() + 2)  # two retries: the next is seconds off
+    origins.broken = False
+    later_ids, later = room.messages(origin, "bob", ["later"], prev=ids[1])
+    origins.events.update(zip(later_ids, later))
+    assert send(weir, test_ca, origin, "later", later).json() == {"pdus": {later_ids[0]: {}}}
+    assert [e["event_id"] for e in room.timeline()][-3:] == [*ids, *later_ids]
+    wait_for_metric(weir.client_url, "weir_inbound_held", 0, timeout=30)
+
+
 def test_held_pdus_count_against_their_origins_cap(weir, test_ca, alice, origins):
     """CAP PDUs held fill the origin's cap: its next transaction that needs one more held
     is answered 429, as staged work past the cap is, and applied once the held are stored."""
