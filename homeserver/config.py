@@ -313,6 +313,12 @@ class FederationSecurityConfig:
     # past either, the origin's next transaction is refused with 429.
     staged_per_origin_max_pdus: int = setting(_int(50), 1000)
     staged_per_origin_max_bytes: int = setting(_int(1024 * 1024), 16 * 1024 * 1024)
+    # A received PDU whose missing events its origin could not give is held and retried
+    # (rooms/held.py). First retry after 30 s: a restarting server is back by then, and a
+    # blip costs a user half a minute; doubling to an hour. Dropped after a day: past that
+    # Synapse's catch-up sends the room's latest event, whose gap is filled then.
+    held_pdu_first_retry: float = setting(_seconds(), 30.0)
+    held_pdu_max_age: float = setting(_seconds(), 86400.0)
     trusted_key_servers: tuple = setting(_Tuple(fields.Nested(schema_for(TrustedKeyServer))), ())
 
 

@@ -20,7 +20,8 @@ All of it is one fetch of the event-resolution budget (federation/event_resoluti
 slot, one rate token for the origin, one total deadline. Refused, `EventResolutionRefused`
 goes up and the transaction gets 429. A fetch that fails (the origin is down, slow, or
 answers nonsense) only leaves the gap open: the PDU is then refused for its unknown
-prev_events, and not remembered as rejected, so a later retry may fill it.
+prev_events (`MissingEventsRefused`), not remembered as rejected, and held to be tried
+again later (rooms/held.py).
 """
 
 from __future__ import annotations

@@ -34,6 +34,11 @@ class ReceivedEventRefused(Exception):
     what the sender is told for it."""
 
 
+class MissingEventsRefused(ReceivedEventRefused):
+    """Refused only because some of its prev_events or auth_events are neither stored nor
+    could be fetched: not the event's fault, so it is held and tried again (rooms/held.py)."""
+
+
 def authorise_received_event(
     resolver: RoomResolver,
     version: RoomVersion,
@@ -46,8 +51,9 @@ def authorise_received_event(
     Run under the room's lock; `known` are those of the event's prev_events and
     `auth_event_ids_to_check` that are stored, and `signed_by` the servers whose signatures
     on it were verified. Missing prev_events or auth_events are fetched before this, if
-    they can be (rooms/gaps.py); an event still missing some is refused, and not remembered
-    as rejected."""
+    they can be (rooms/gaps.py); an event still missing some is refused
+    (`MissingEventsRefused`: held and tried again, rooms/held.py), and not remembered as
+    rejected."""
     auth_ids, rejections = _auth_ids_and_rejections(resolver, version, event, known)
 
     def signed(ev: Event, server: str) -> bool:
@@ -108,7 +114,7 @@ def _auth_ids_and_rejections(
     resolver.add(stored.event for stored in known.values())
     missing = [e for e in event.prev_event_ids + auth_ids if e not in known and e not in standing]
     if missing:
-        raise ReceivedEventRefused(
+        raise MissingEventsRefused(
             f"unknown prev_events or auth_events ({', '.join(missing[:3])}); "
             "they could not be fetched"
         )

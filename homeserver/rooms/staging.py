@@ -10,7 +10,8 @@ it is staged (storage/transactions.py, `stage`) and answered 200 with no results
 (`deferred()`: senders do not act on them), and its origin's worker goes on applying it.
 
 A worker applies its origin's transactions one after another. A budget's refusal
-(`KeyResolutionRefused`, `EventResolutionRefused`) is waited out, its retry_after at least,
+(`KeyResolutionRefused`, `EventResolutionRefused`), or the origin's caps refusing to hold a
+PDU whose gap is open (`HoldRefused`, rooms/held.py), is waited out, its retry_after at least,
 doubling to `RETRY_MAX_SECONDS`, and the transaction tried again: its PDUs already stored
 are found stored. The budgets still bound every fetch; they no longer refuse the sender.
 Once applied, the answer is recorded and the staged row deleted in one write, so a retry
@@ -19,8 +20,8 @@ gets the answer and a restart resumes exactly what was not applied (`resume`).
 Bounds: `MAX_ANSWERING_PER_ORIGIN` requests of one origin waiting for their answer at once
 (the one applied, a retry, one more: a sender sends the next only once the last was
 answered), and staged work per origin up to `[security.federation]
-staged_per_origin_max_pdus` and `_max_bytes`. Past either the answer is 429, the second
-counted in `weir_inbound_staging_refused_total`.
+staged_per_origin_max_pdus` and `_max_bytes`, together with its held PDUs (rooms/held.py).
+Past either the answer is 429, the second counted in `weir_inbound_staging_refused_total`.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from gevent.event import AsyncResult, Event
 from gevent.pool import Group
 
 from homeserver.federation.errors import KeyResolutionRefused
+from homeserver.rooms.held import HoldRefused
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +144,7 @@ class OriginQueues:
         while True:
             try:
                 return self._apply(work)
-            except KeyResolutionRefused as e:
+            except (KeyResolutionRefused, HoldRefused) as e:
                 work.refused.set()
                 wait = max(delay, e.retry_after_ms / 1000)
                 log.info(

@@ -19,6 +19,11 @@ even if the answer was lost). A budget's refusal of a PDU's keys or missing even
 refuses the transaction: main's worker waits it out (rooms/staging.py), and a shard whose
 share refuses its check relays the PDUs unchecked, for main to check.
 
+A PDU whose missing events its origin could not give is held and tried again later
+(rooms/held.py): the sender is told it was accepted, since a per-PDU error would make it
+drop the event for good. Past the origin's caps it is not held, and the transaction waits
+(429 if not answered yet). Auth rejections and malformed PDUs keep their per-PDU errors.
+
 EDUs: the ones we apply (``APPLIED_EDU_TYPES``: typing, read receipts, and end-to-end
 encryption's device list, signing key and to-device EDUs) go to main with the
 PDUs, since typing lives in main's memory and main wakes the syncs; main hands them to its
@@ -39,9 +44,10 @@ from homeserver.core.errors import limit_exceeded
 from homeserver.core.events import Event
 from homeserver.federation.errors import KeyResolutionRefused
 from homeserver.rooms.gaps import GapFiller
+from homeserver.rooms.held import HeldPdus
 from homeserver.rooms.out_of_room import OutOfRoomEnds
-from homeserver.rooms.pdu_checks import PduChecker
-from homeserver.rooms.received import ReceivedEventRefused
+from homeserver.rooms.pdu_checks import CheckedPdu, PduChecker
+from homeserver.rooms.received import MissingEventsRefused, ReceivedEventRefused
 from homeserver.rooms.service import RoomService
 from homeserver.rooms.staging import OriginQueues, Work, answered_or_deferred, deferred
 from homeserver.storage.transactions import ReceivedTransactionStore
@@ -86,6 +92,7 @@ class TransactionProcessor:
         out_of_room: OutOfRoomEnds | None = None,
         staged_max_pdus: int = 1000,
         staged_max_bytes: int = 16 * 1024 * 1024,
+        held: HeldPdus | None = None,
     ):
         self.checker = checker
         # Ends of our users' invites and knocks in rooms we are not in (out_of_room.py).
@@ -101,9 +108,14 @@ class TransactionProcessor:
         self.staged_max_pdus = staged_max_pdus
         self.staged_max_bytes = staged_max_bytes
         self.staging_refused = 0  # transactions answered 429 past their origin's caps
+        # PDUs whose gap could not be filled, kept and retried (rooms/held.py).
+        self.held = held
 
     def resume(self) -> int:
-        """Applies, in the background, every transaction staged before a restart."""
+        """Applies, in the background, every transaction staged before a restart, and
+        starts retrying the held PDUs."""
+        if self.held is not None:
+            self.held.start(self._retry_held)
         staged = self.store.staged()
         for origin, txn_id, body in staged:
             self._queues.submit(Work.from_body(origin, txn_id, body))
@@ -112,6 +124,8 @@ class TransactionProcessor:
         return len(staged)
 
     def close(self) -> None:
+        if self.held is not None:
+            self.held.close()
         self._queues.close()
 
     def receive(
@@ -162,7 +176,7 @@ class TransactionProcessor:
 
     def _apply(self, work: Work) -> dict:
         """Applies a transaction, and records its answer (which ends its staging)."""
-        answer = self._apply_pdus(work.origin, work.pdus, work.source_ip, dict(work.results))
+        answer = self._apply_pdus(work, dict(work.results))
         self.store.record(work.origin, work.txn_id, answer, now_ms())
         self._apply_edus(work.origin, work.edus)
         return answer
@@ -172,11 +186,11 @@ class TransactionProcessor:
         if applied and self._on_edus is not None:
             self._on_edus(origin, applied)
 
-    def _apply_pdus(
-        self, origin: str, pdus: list[dict], source_ip: str | None, results: dict
-    ) -> dict:
-        """Checks, authorises and stores the PDUs: the transaction's answer."""
-        checked = self.checker.check(pdus, source_ip, origin)
+    def _apply_pdus(self, work: Work, results: dict) -> dict:
+        """Checks, authorises and stores (or holds) the PDUs: the transaction's answer.
+        Raises `HoldRefused` past the origin's caps, for its worker to wait out."""
+        origin, source_ip = work.origin, work.source_ip
+        checked = self.checker.check(work.pdus, source_ip, origin)
         # Parents before children (a child is deeper), whatever order they were sent in.
         for item in sorted(checked, key=lambda c: c.pdu["depth"] if c.error is None else 0):
             if item.error is not None:
@@ -184,18 +198,50 @@ class TransactionProcessor:
                 continue
             if item.event is None:  # the checker sets one or the other, never neither
                 raise ValueError(f"checked PDU {item.event_id} has no event and no error")
-            if self._out_of_room_end(item.event):
-                results[item.event_id] = {}
-                continue
-            if self._gaps is not None:  # raises EventResolutionRefused: 429, retried
-                self._gaps.fill(origin, item.version, item.event, source_ip)
             try:
-                self.rooms.receive_event(item.version, item.event, item.signed_by)
+                self._take(origin, item, source_ip)
                 results[item.event_id] = {}
+            except MissingEventsRefused as e:
+                results[item.event_id] = self._hold(work, item, e)
             except ReceivedEventRefused as e:
                 log.info("event %s from %s refused: %s", item.event_id, origin, e)
                 results[item.event_id] = {"error": str(e)}
         return {"pdus": results}
+
+    def _hold(self, work: Work, item: CheckedPdu, refused: MissingEventsRefused) -> dict:
+        """The answer for a PDU whose gap is still open: accepted and held, since a per-PDU
+        error makes the sender drop it for good. Raises `HoldRefused` past the caps."""
+        if self.held is None:
+            return {"error": str(refused)}
+        self.held.hold(work.origin, work.txn_id, item.event_id, item.pdu, work.source_ip)
+        return {}
+
+    def _take(self, origin: str, item: CheckedPdu, source_ip: str | None) -> None:
+        """Fills the checked PDU's gap, then authorises and stores it. Raises
+        `ReceivedEventRefused` (`MissingEventsRefused` when its gap is still open)."""
+        event = item.event
+        if event is None or self._out_of_room_end(event):
+            return
+        if self._gaps is not None:  # raises EventResolutionRefused: waited out, retried
+            self._gaps.fill(origin, item.version, event, source_ip)
+        self.rooms.receive_event(item.version, event, item.signed_by)
+
+    def _retry_held(self, origin: str, pdu: dict, source_ip: str | None) -> bool | None:
+        """A held PDU tried again (rooms/held.py): True stored, False its events still
+        missing, None refused for good. Raises a budget's refusal."""
+        checked = self.checker.check([pdu], source_ip, origin)
+        item = checked[0] if checked else None
+        if item is None or item.error is not None or item.event is None:
+            log.info("held PDU from %s refused: %s", origin, item and item.error)
+            return None
+        try:
+            self._take(origin, item, source_ip)
+            return True
+        except MissingEventsRefused:
+            return False
+        except ReceivedEventRefused as e:
+            log.info("held event %s from %s refused: %s", item.event_id, origin, e)
+            return None
 
     def _out_of_room_end(self, event: Event) -> bool:
         """A leave or ban in a room none of our users is in, which ends a kept invite or

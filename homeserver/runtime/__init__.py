@@ -49,6 +49,7 @@ from homeserver.rooms.creation import RoomCreator
 from homeserver.rooms.federation_membership import FederationMembership
 from homeserver.rooms.federation_reads import FederationReads
 from homeserver.rooms.gaps import GapFiller
+from homeserver.rooms.held import HeldPdus
 from homeserver.rooms.history import RoomHistory
 from homeserver.rooms.join_checks import JoinResponseChecker
 from homeserver.rooms.out_of_room import OutOfRoomEnds
@@ -214,6 +215,7 @@ class HomeserverRuntime(Infrastructure):
         checker = PduChecker(self.keyring, self.rooms, self.out_of_room_ends, self.server_acls)
         received = ReceivedTransactionStore(self.db)
         if self._transaction_relay is None:
+            limits = self.config.security.federation
             processor = TransactionProcessor(
                 checker,
                 self.rooms,
@@ -222,8 +224,9 @@ class HomeserverRuntime(Infrastructure):
                 on_edus=self._receive_edus,
                 gaps=self.gaps,
                 out_of_room=self.out_of_room_ends,
-                staged_max_pdus=self.config.security.federation.staged_per_origin_max_pdus,
-                staged_max_bytes=self.config.security.federation.staged_per_origin_max_bytes,
+                staged_max_pdus=limits.staged_per_origin_max_pdus,
+                staged_max_bytes=limits.staged_per_origin_max_bytes,
+                held=self._held_pdus(received),
             )
             self.metrics.track_gauge(
                 "weir_inbound_transactions_waiting",
@@ -242,6 +245,31 @@ class HomeserverRuntime(Infrastructure):
             )
             return processor
         return ShardTransactionReceiver(checker, received, self._transaction_relay)
+
+    def _held_pdus(self, received: ReceivedTransactionStore) -> HeldPdus:
+        """PDUs whose missing events could not be fetched, kept and retried."""
+        limits = self.config.security.federation
+        held = HeldPdus(
+            received,
+            limits.staged_per_origin_max_pdus,
+            limits.staged_per_origin_max_bytes,
+            limits.held_pdu_first_retry,
+            limits.held_pdu_max_age,
+        )
+        self.metrics.track_gauge(
+            "weir_inbound_held",
+            "Received PDUs held because their missing events could not be fetched yet",
+            received.held_count,
+        )
+        self.metrics.track_counter(
+            "weir_inbound_held_retries", "Tries of held PDUs again", lambda: held.retries
+        )
+        self.metrics.track_counter(
+            "weir_inbound_held_given_up",
+            "Held PDUs dropped past held_pdu_max_age, their events never fetched",
+            lambda: held.given_up,
+        )
+        return held
 
     @component
     def room_graph(self) -> RoomGraphStore:

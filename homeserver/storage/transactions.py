@@ -1,9 +1,12 @@
-"""Inbound federation transactions already answered (the idempotency record of /send), and
-those answered before they were applied (staged: homeserver/rooms/staging.py)."""
+"""Inbound federation transactions already answered (the idempotency record of /send), those
+answered before they were applied (staged: homeserver/rooms/staging.py), and received PDUs
+kept until their missing events can be fetched (held: homeserver/rooms/held.py). Staged and
+held work share one cap per origin."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 from homeserver.storage.database import Database
 
@@ -58,11 +61,8 @@ class ReceivedTransactionStore:
         count = len(body.get("pdus", ()))
 
         def write(tx) -> bool:
-            held, size = tx.fetchone(
-                "SELECT COALESCE(SUM(pdus), 0), COALESCE(SUM(bytes), 0) FROM inbound_staging"
-                " WHERE origin = ?",
-                (origin,),
-            )
+            # Its PDUs held already (while it was applied) are in `count`.
+            held, size = _origin_load(tx, origin, held_except=txn_id)
             if held + count > max_pdus or size + len(text) > max_bytes:
                 return False
             tx.execute(
@@ -83,3 +83,108 @@ class ReceivedTransactionStore:
 
     def staged_count(self) -> int:
         return self.db.read(lambda tx: tx.fetchone("SELECT COUNT(*) FROM inbound_staging"))[0]
+
+    # --- held: PDUs whose missing events could not be fetched yet -----------------------
+
+    def hold(self, held: HeldPdu, txn_id: str, max_pdus: int, max_bytes: int) -> bool:
+        """Keeps `held` (once per origin and event) unless the origin's staged and held work,
+        its transaction `txn_id`'s staging aside, would then pass `max_pdus` or `max_bytes`;
+        whether it is held now."""
+        text = json.dumps(held.pdu, separators=(",", ":"))
+
+        def write(tx) -> bool:
+            if tx.fetchone(
+                "SELECT 1 FROM inbound_held WHERE origin = ? AND event_id = ?",
+                (held.origin, held.event_id),
+            ):
+                return True
+            count, size = _origin_load(tx, held.origin, staged_except=txn_id)
+            if count + 1 > max_pdus or size + len(text) > max_bytes:
+                return False
+            tx.execute(
+                "INSERT INTO inbound_held (origin, event_id, txn_id, pdu, source_ip, bytes,"
+                " held_ts, next_try_ts, tries) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0)",
+                (
+                    held.origin,
+                    held.event_id,
+                    txn_id,
+                    text,
+                    held.source_ip,
+                    len(text),
+                    held.held_ms,
+                    held.next_try_ms,
+                ),
+            )
+            return True
+
+        return self.db.write(write)
+
+    def held_due(self, now_ms: int, limit: int) -> list[HeldPdu]:
+        """Held PDUs whose next try is due, the longest due first."""
+        rows = self.db.read(
+            lambda tx: tx.fetchall(
+                "SELECT id, origin, event_id, pdu, source_ip, held_ts, next_try_ts, tries"
+                " FROM inbound_held WHERE next_try_ts <= ? ORDER BY next_try_ts, id LIMIT ?",
+                (now_ms, limit),
+            )
+        )
+        return [HeldPdu(r[1], r[2], json.loads(r[3]), r[4], r[5], r[6], r[7], r[0]) for r in rows]
+
+    def held_next_try(self) -> int | None:
+        """When the next held PDU is due, if any is held."""
+        return self.db.read(lambda tx: tx.fetchone("SELECT MIN(next_try_ts) FROM inbound_held"))[0]
+
+    def retry_held_later(self, row_id: int, tries: int, next_try_ms: int) -> None:
+        self.db.write(
+            lambda tx: tx.execute(
+                "UPDATE inbound_held SET tries = ?, next_try_ts = ? WHERE id = ?",
+                (tries, next_try_ms, row_id),
+            )
+        )
+
+    def postpone_held(self, origin: str, until_ms: int) -> None:
+        """The origin's held PDUs due before `until_ms` wait until then."""
+        self.db.write(
+            lambda tx: tx.execute(
+                "UPDATE inbound_held SET next_try_ts = ? WHERE origin = ? AND next_try_ts < ?",
+                (until_ms, origin, until_ms),
+            )
+        )
+
+    def release_held(self, row_id: int) -> None:
+        self.db.write(lambda tx: tx.execute("DELETE FROM inbound_held WHERE id = ?", (row_id,)))
+
+    def held_count(self) -> int:
+        return self.db.read(lambda tx: tx.fetchone("SELECT COUNT(*) FROM inbound_held"))[0]
+
+
+@dataclass(frozen=True)
+class HeldPdu:
+    """A received PDU kept until its missing events are fetched; `row_id` once stored."""
+
+    origin: str
+    event_id: str
+    pdu: dict
+    source_ip: str | None
+    held_ms: int
+    next_try_ms: int
+    tries: int = 0
+    row_id: int = 0
+
+
+def _origin_load(
+    tx, origin: str, staged_except: str = "", held_except: str = ""
+) -> tuple[int, int]:
+    """PDUs and bytes of the origin's staged transactions and held PDUs, what its caps count;
+    a transaction staged and held from is counted once (its staged row, or its held PDUs)."""
+    staged, staged_bytes = tx.fetchone(
+        "SELECT COALESCE(SUM(pdus), 0), COALESCE(SUM(bytes), 0) FROM inbound_staging"
+        " WHERE origin = ? AND txn_id <> ?",
+        (origin, staged_except),
+    )
+    held, held_bytes = tx.fetchone(
+        "SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM inbound_held"
+        " WHERE origin = ? AND txn_id <> ?",
+        (origin, held_except),
+    )
+    return int(staged) + int(held), int(staged_bytes) + int(held_bytes)

@@ -520,7 +520,7 @@ def test_a_junk_get_missing_events_answer_is_refused_unchecked_and_remembered(
         gevent.sleep(0.2)
         answered = send(weir, test_ca, hostile, f"gme-{room.room_id}", [pdus[2]])
         gevent.sleep(0.2)
-    assert "could not be fetched" in answered[ids[2]]["error"]
+    assert answered in ({ids[2]: {}}, {})  # its gap still open: held, tried again later
     print(f"/versions: {len(probe.samples)} samples, p99 {probe.p99():.1f} ms")
     assert probe.p99() <= 50, sorted(probe.samples)[-10:]
 
