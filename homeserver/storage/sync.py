@@ -213,7 +213,9 @@ class SyncStore:
                 "SELECT content FROM account_data WHERE user_id = ? AND room_id = ? AND type = ?",
                 (user_id, room_id, TAG_TYPE),
             )
-            tags = dict(json.loads(row[0]).get("tags") or {}) if row else {}
+            # Written whole through the account data API, it may hold anything.
+            found = json.loads(row[0]).get("tags") if row else None
+            tags = dict(found) if isinstance(found, dict) else {}
             if tags.get(tag) == content:
                 return False
             if content is None:

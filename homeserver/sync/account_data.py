@@ -17,9 +17,9 @@ from homeserver.storage.sync import TAG_TYPE, SyncStore
 # Types the server writes itself: clients set them through their own APIs (receipts and
 # read markers, push rules), never through the account data endpoints.
 SERVER_CONTROLLED_GLOBAL = frozenset({"m.push_rules"})
-# m.tag is the room's tags, set one at a time through /tags (client-server spec, "Room
-# Tagging"), so that two clients' tags never overwrite each other.
-SERVER_CONTROLLED_ROOM = frozenset({"m.fully_read", TAG_TYPE})
+# Not m.tag, the room's tags: clients set them a tag at a time through /tags (client-server
+# spec, "Room Tagging"), but may write them whole, as Synapse lets them.
+SERVER_CONTROLLED_ROOM = frozenset({"m.fully_read"})
 
 # The spec's limit on a tag's name (its UTF-8 bytes), as Synapse applies it.
 MAX_TAG_BYTES = 255

@@ -65,11 +65,15 @@ def test_tag_refusals(server, user):
     refused(alice.put(tags_url(alice, room_id, "u.x"), json={"order": True}), 400, "M_BAD_JSON")
     refused(alice.put(tags_url(alice, room_id, "u.x"), json=[1]), 400, "M_NOT_JSON")
     refused(alice.get(tags_url(alice, "not-a-room")), 400, "M_INVALID_PARAM")
-    # m.tag is the tags API's, not set whole through account data.
-    r = alice.put(
-        f"{V3}/user/{alice.user_id}/rooms/{room_id}/account_data/m.tag", json={"tags": {}}
-    )
-    refused(r, 405, "M_BAD_JSON")
+    # m.tag written whole through account data (as Synapse allows), even a malformed one,
+    # is what the tags API reads and changes.
+    data = f"{V3}/user/{alice.user_id}/rooms/{room_id}/account_data/m.tag"
+    assert alice.put(data, json={"tags": {"u.whole": {}}}).status_code == 200
+    assert alice.get(tags_url(alice, room_id)).json() == {"tags": {"u.whole": {}}}
+    assert alice.put(data, json={"tags": ["not", "a", "map"]}).status_code == 200
+    assert alice.get(tags_url(alice, room_id)).json() == {"tags": {}}
+    assert alice.put(tags_url(alice, room_id, "u.x"), json={}).status_code == 200
+    assert alice.get(data).json() == {"tags": {"u.x": {}}}
 
 
 def test_tags_in_sync_and_a_waiting_sync_wakes(server, user):
