@@ -587,13 +587,6 @@ class RoomService:
             except MatrixError as e:
                 log.warning("profile update not sent to %s: %s", room_id, e)
 
-    def kick(self, requester: Requester, room_id: str, target: str, reason: str | None) -> str:
-        self.room_version(room_id)
-        if self.membership(room_id, target) not in ("join", "invite", "knock"):
-            raise forbidden(f"{target} is not in the room")
-        content = {"reason": reason} if reason is not None else {}
-        return self.update_membership(requester.user_id, room_id, target, "leave", content)
-
     def authorise_restricted_join(self, room_id: str, user_id: str, content: dict) -> None:
         """Names the local authoriser of a join to a restricted room (restricted_joins.py)."""
         version = self.room_version(room_id)

@@ -52,9 +52,11 @@ from homeserver.rooms.gaps import GapFiller
 from homeserver.rooms.held import HeldPdus
 from homeserver.rooms.history import RoomHistory
 from homeserver.rooms.join_checks import JoinResponseChecker
+from homeserver.rooms.moderation import RoomModeration
 from homeserver.rooms.out_of_room import OutOfRoomEnds
 from homeserver.rooms.pdu_checks import PduChecker
 from homeserver.rooms.remote_membership import RemoteMembership
+from homeserver.rooms.reports import ReportService
 from homeserver.rooms.server_acl import ServerAcls
 from homeserver.rooms.service import RoomService
 from homeserver.rooms.transactions import (
@@ -71,6 +73,7 @@ from homeserver.storage.media import MediaStore
 from homeserver.storage.presence import PresenceStore
 from homeserver.storage.profiles import ProfileStore
 from homeserver.storage.remote_invites import RemoteInviteStore
+from homeserver.storage.reports import ReportStore
 from homeserver.storage.room_graph import RoomGraphStore
 from homeserver.storage.rooms import RoomStore
 from homeserver.storage.sync import SyncStore
@@ -138,6 +141,16 @@ class HomeserverRuntime(Infrastructure):
         rooms.add_persist_listener(self.notifier.on_events_persisted)
         rooms.add_outbox_listener(self.federation_sender.wake)
         return rooms
+
+    @component
+    def moderation(self) -> RoomModeration:
+        """Kick, ban, unban, forget and the joined members' list."""
+        return RoomModeration(self.rooms, self.sync_store)
+
+    @component
+    def reports(self) -> ReportService:
+        """Reports of events, rooms and users, kept for the admins."""
+        return ReportService(ReportStore(self.db), self.rooms, self.room_history, self.accounts)
 
     @component
     def room_history(self) -> RoomHistory:

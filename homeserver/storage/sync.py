@@ -21,6 +21,8 @@ from homeserver.storage.remote_invites import RemoteInviteStore
 from homeserver.storage.rooms import EVENTS_STREAM, RoomStore
 
 ACCOUNT_DATA_STREAM = "account_data"
+# A room's tags are its `m.tag` account data (client-server spec, "Room Tagging").
+TAG_TYPE = "m.tag"
 RECEIPTS_STREAM = "receipts"
 _STREAMS = (
     EVENTS_STREAM,
@@ -100,13 +102,16 @@ class SyncStore:
         def read(tx):
             rows = dict(tx.fetchall("SELECT stream_name, position FROM stream_positions"))
             positions = StreamPositions(*(rows[name] for name in _STREAMS))
-            memberships = memberships_in(tx, user_id)
+            every = memberships_in(tx, user_id)
+            # A forgotten room is out of the sync; its member moves still count for device
+            # lists (the user's leave is one).
+            memberships = [(r, m, at) for r, m, at, forgotten in every if not forgotten]
             with_events = moves = None
             history: dict[str, dict] = {}
             if events_after is not None:
                 # Read here rather than by the e2ee part, to save each woken sync a hop.
                 moves = E2eeStore.member_moves(
-                    tx, [room_id for room_id, _, _ in memberships], events_after, positions.events
+                    tx, [r[0] for r in every], events_after, positions.events
                 )
                 joined = [
                     room_id
@@ -116,11 +121,7 @@ class SyncStore:
                 with_events = rooms_with_events_in(tx, joined, events_after, positions.events)
                 keys = RoomStore.history_keys(user_id)
                 history = {r: RoomStore.state_changes_in(tx, r, keys) for r in with_events}
-            remote = [
-                r
-                for r in RemoteInviteStore.invites_in(tx, user_id)
-                if r.stream_ordering <= positions.events
-            ]
+            remote = _remote_memberships(tx, user_id, positions.events)
             memberships += [(r.room_id, r.membership, r.stream_ordering) for r in remote]
             out_of_room = {
                 r.room_id: (
@@ -202,6 +203,62 @@ class SyncStore:
         )
         return [AccountData(r[0], r[1], json.loads(r[2])) for r in rows]
 
+    def update_room_tag(self, user_id: str, room_id: str, tag: str, content: dict | None) -> bool:
+        """Sets (`content`) or removes (None) one tag of the room's `m.tag` account data, in
+        one write; returns whether anything changed. Concurrent updates for one user must be
+        serialised by the caller: on PostgreSQL two writes could each miss the other's tag."""
+
+        def write(tx) -> bool:
+            row = tx.fetchone(
+                "SELECT content FROM account_data WHERE user_id = ? AND room_id = ? AND type = ?",
+                (user_id, room_id, TAG_TYPE),
+            )
+            # Written whole through the account data API, it may hold anything.
+            found = json.loads(row[0]).get("tags") if row else None
+            tags = dict(found) if isinstance(found, dict) else {}
+            if tags.get(tag) == content:
+                return False
+            if content is None:
+                del tags[tag]
+            else:
+                tags[tag] = content
+            text = json.dumps({"tags": tags}, separators=(",", ":"))
+            tx.execute(
+                "INSERT INTO account_data (user_id, room_id, type, content, stream_position)"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (user_id, room_id, type) DO UPDATE"
+                " SET content = excluded.content, stream_position = excluded.stream_position",
+                (user_id, room_id, TAG_TYPE, text, streams.advance(tx, ACCOUNT_DATA_STREAM)),
+            )
+            return True
+
+        return self.db.write(write)
+
+    def membership_of(self, user_id: str, room_id: str) -> str | None:
+        """The user's latest membership in the room (`latest_membership`), if any."""
+        found = self.db.read(lambda tx: latest_membership(tx, user_id, room_id))
+        return found[0] if found else None
+
+    # --- forgotten rooms ----------------------------------------------------------------
+
+    def forget_room(self, user_id: str, room_id: str, now_ms: int) -> str | None:
+        """Forgets the room for the user at their latest member event, unless it says they
+        are in the room (join), invited or knocking; returns that membership (None when
+        they have never had one: nothing to forget)."""
+
+        def write(tx) -> str | None:
+            latest = latest_membership(tx, user_id, room_id)
+            if latest is None or latest[0] in ("join", "invite", "knock"):
+                return latest[0] if latest else None
+            tx.execute(
+                "INSERT INTO forgotten_rooms (user_id, room_id, event_id, forgotten_ts)"
+                " VALUES (?, ?, ?, ?) ON CONFLICT (user_id, room_id) DO UPDATE"
+                " SET event_id = excluded.event_id, forgotten_ts = excluded.forgotten_ts",
+                (user_id, room_id, latest[1], now_ms),
+            )
+            return latest[0]
+
+        return self.db.write(write)
+
     # --- receipts -----------------------------------------------------------------------
 
     def put_receipt(self, receipt: Receipt) -> int | None:
@@ -276,18 +333,51 @@ class SyncStore:
         return found
 
 
-def memberships_in(tx, user_id: str) -> list[tuple[str, str, int]]:
-    """(room_id, membership, stream position of that member event) for every room the
-    user has a member event in, whatever it says now."""
+def memberships_in(tx, user_id: str) -> list[tuple[str, str, int, bool]]:
+    """(room_id, membership, stream position of that member event, whether the user forgot
+    the room at that event) for every room the user has a member event in, whatever it
+    says now."""
     return [
-        tuple(r)
+        (r[0], r[1], r[2], bool(r[3]))
         for r in tx.fetchall(
-            "SELECT c.room_id, c.membership, e.stream_ordering FROM current_state c"
+            "SELECT c.room_id, c.membership, e.stream_ordering, EXISTS (SELECT 1"
+            " FROM forgotten_rooms f WHERE f.user_id = c.state_key AND f.room_id = c.room_id"
+            " AND f.event_id = c.event_id) FROM current_state c"
             " JOIN events e ON e.event_id = c.event_id"
             " WHERE c.state_key = ? AND c.type = 'm.room.member' ORDER BY c.room_id",
             (user_id,),
         )
     ]
+
+
+def _remote_memberships(tx, user_id: str, up_to: int) -> list:
+    """The user's remote invites and knocks, and their ends, at or before `up_to`, but for
+    an end the user has forgotten."""
+    remote = [r for r in RemoteInviteStore.invites_in(tx, user_id) if r.stream_ordering <= up_to]
+    if not any(r.membership == "leave" for r in remote):
+        return remote
+    forgotten = {
+        row[0]
+        for row in tx.fetchall("SELECT event_id FROM forgotten_rooms WHERE user_id = ?", (user_id,))
+    }
+    return [r for r in remote if r.event.event_id not in forgotten]
+
+
+def latest_membership(tx, user_id: str, room_id: str) -> tuple[str, str] | None:
+    """(membership, event_id) of the user's latest member event in the room: their event in
+    its state, or a remote invite's or knock's (or its end's) when that is newer."""
+    found = tx.fetchall(
+        "SELECT c.membership, c.event_id, e.stream_ordering FROM current_state c"
+        " JOIN events e ON e.event_id = c.event_id"
+        " WHERE c.room_id = ? AND c.type = 'm.room.member' AND c.state_key = ?"
+        " UNION ALL SELECT membership, event_id, stream_ordering FROM remote_invites"
+        " WHERE room_id = ? AND user_id = ?",
+        (room_id, user_id, room_id, user_id),
+    )
+    if not found:
+        return None
+    membership, event_id, _ = max(found, key=lambda r: r[2])
+    return membership, event_id
 
 
 def rooms_with_events_in(tx, room_ids: list[str], after: int, up_to: int) -> set[str]:

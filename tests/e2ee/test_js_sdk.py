@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from tests.e2ee.conftest import PASSWORD, V3
+from tests.e2ee.conftest import PASSWORD, V3, count_rows
 from tests.support.server import MatrixClient
 
 JS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "js")
@@ -142,3 +142,32 @@ def test_presence_through_matrix_js_sdk(server, node, tmp_path):
     )
     expected = {"presence": "unavailable", "status_msg": "back in five"}
     assert result["synced"] == expected and result["fetched"] == expected
+
+
+@pytest.mark.parametrize("server", ["sqlite"], indirect=True)  # both: tests/rooms, tests/sync
+def test_everyday_screens_through_matrix_js_sdk(server, node, tmp_path):
+    """Element's member list, report dialog, favourites and moderation, through the SDK:
+    joined_members, reportEvent, setRoomTag (seen back through sync), ban, unban and forget
+    (the room gone from the client and from a new device's syncs, left rooms included)."""
+    alice, bob = registered(server, "alice"), registered(server, "bob")
+    scenario = {"alice": alice, "bob": bob, "tag": "m.favourite", "reason": "spam"}
+    result = run_node(
+        node, "everyday.mjs", server.client_url, json.dumps(scenario), tmp_path=tmp_path
+    )
+    joined = sorted(f"@{who['user']}:weir.test" for who in (alice, bob))
+    assert result["joined"] == joined
+    assert result["report"] == {}
+    assert (
+        count_rows(
+            server,
+            "SELECT COUNT(*) FROM reports WHERE reporter = ? AND event_id = ? AND score = -100"
+            " AND reason = 'spam'",
+            (f"@{bob['user']}:weir.test", result["eventId"]),
+        )
+        == 1
+    )
+    assert result["tags"] == {"m.favourite": {"order": 0.5}}
+    assert result["tagAccountData"] == {"tags": {"m.favourite": {"order": 0.5}}}
+    assert result["leftBeforeForget"] is True
+    assert result["forgottenHere"] is True
+    assert result["leftAfterForget"] is False

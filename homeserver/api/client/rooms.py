@@ -216,8 +216,39 @@ def invite(room_id: str):
 @requires_auth
 def kick(room_id: str):
     body = validated_json(TargetBody())
-    runtime().rooms.kick(current_requester(), room_id, body["user_id"], body.get("reason"))
+    runtime().moderation.kick(current_requester(), room_id, body["user_id"], body.get("reason"))
     return json_response({})
+
+
+@bp.post("/rooms/<room_id>/ban")
+@requires_auth
+def ban(room_id: str):
+    body = validated_json(TargetBody())
+    runtime().moderation.ban(current_requester(), room_id, body["user_id"], body.get("reason"))
+    return json_response({})
+
+
+@bp.post("/rooms/<room_id>/unban")
+@requires_auth
+def unban(room_id: str):
+    body = validated_json(TargetBody())
+    runtime().moderation.unban(current_requester(), room_id, body["user_id"], body.get("reason"))
+    return json_response({})
+
+
+@bp.post("/rooms/<room_id>/forget")
+@requires_auth
+def forget(room_id: str):
+    json_object(allow_empty=True)  # the spec's body is empty; any JSON object is let be
+    runtime().moderation.forget(current_requester(), room_id)
+    return json_response({})
+
+
+@bp.get("/rooms/<room_id>/joined_members")
+@requires_auth
+def joined_members(room_id: str):
+    joined = runtime().moderation.joined_members(current_requester(), room_id)
+    return json_response({"joined": joined})
 
 
 @bp.get("/joined_rooms")
