@@ -2,6 +2,8 @@
 per related event written with the event (never for a soft-failed one), gone with a
 redaction, and a whole page's aggregations in a fixed number of queries."""
 
+import json
+
 import pytest
 
 from homeserver.core.events import Event
@@ -83,6 +85,45 @@ def test_rows_are_written_with_events_and_dropped_by_redaction(db):
     assert store.edits(ROOM, [parent.event.event_id])[parent.event.event_id] == first
     rows = db.read(lambda tx: tx.fetchall("SELECT event_id FROM event_relations"))
     assert sorted(r[0] for r in rows) == ["$e2", "$e5"]
+
+
+def test_the_migration_indexes_events_stored_before_it(database_url):
+    db = open_database(database_url)
+    try:
+        migrate(db, until=49)
+        Events(db)  # the room's row
+        parent = Event("$parent", {"room_id": ROOM, "type": "m.room.message", "sender": ALICE})
+        rows = [
+            (1, "$parent", {"body": "hi"}, 0),
+            (2, "$edit", edit(StoredEvent(parent, 1), "hello"), 0),
+            (3, "$hidden", relates("m.thread", StoredEvent(parent, 1)), 1),  # soft-failed
+            (4, "$reply", relates("m.thread", StoredEvent(parent, 1), body="re"), 0),
+        ]
+        for position, event_id, content, soft_failed in rows:
+            pdu = {
+                "type": "m.room.message",
+                "sender": ALICE,
+                "origin_server_ts": position,
+                "content": content,
+                "room_id": ROOM,
+            }
+            db.write(
+                lambda tx, p=position, e=event_id, d=pdu, f=soft_failed: tx.execute(
+                    "INSERT INTO events (stream_ordering, event_id, room_id, type, sender, depth,"
+                    " origin_server_ts, json, soft_failed, outlier)"
+                    " VALUES (?, ?, ?, 'm.room.message', ?, ?, ?, ?, ?, 0)",
+                    (p, e, ROOM, ALICE, p, p, json.dumps(d), f),
+                )
+            )
+        migrate(db)
+        indexed = db.read(
+            lambda tx: tx.fetchall(
+                "SELECT event_id, rel_type, thread_root FROM event_relations ORDER BY event_id"
+            )
+        )
+        assert indexed == [("$edit", "m.replace", None), ("$reply", "m.thread", "$parent")]
+    finally:
+        db.close()
 
 
 def test_a_page_of_fifty_costs_four_queries(db, monkeypatch):

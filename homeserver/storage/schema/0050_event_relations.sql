@@ -3,7 +3,7 @@
 -- written with the event's row (storage/event_rows.py). Soft-failed events and outliers are
 -- never shown to clients and have none. A redacted event's row is deleted: its relation
 -- stops counting. `thread_root` is the root of an m.thread relation, NULL for the others.
--- Events stored before this migration have no rows (no backfill of older rows).
+-- Events stored before this migration are indexed by its step (storage/schema_steps.py).
 CREATE TABLE event_relations (
     event_id TEXT PRIMARY KEY,
     relates_to_id TEXT NOT NULL,
