@@ -11,6 +11,7 @@ from homeserver.core.concurrency import in_turns
 from homeserver.core.errors import forbidden, not_found
 from homeserver.core.requester import Requester
 from homeserver.federation.admission import Caller
+from homeserver.rooms.aggregations import Aggregations
 from homeserver.rooms.format import client_event
 from homeserver.rooms.pagination import (
     EventFilter,
@@ -21,6 +22,7 @@ from homeserver.rooms.pagination import (
 )
 from homeserver.rooms.versions import RoomVersion
 from homeserver.rooms.visibility import HistoryView
+from homeserver.storage.relations import RelationStore
 from homeserver.storage.rooms import RoomStore, StoredEvent
 
 # /messages: the most events one request returns, and how many batches it may read while
@@ -46,6 +48,8 @@ class RoomHistory:
         self.store = store
         self.room_version = room_version
         self._backfill = backfill
+        # Bundled with the events of /event, /messages, /sync, /relations and /threads.
+        self.aggregations = Aggregations(RelationStore(store.db))
 
     # --- reading ------------------------------------------------------------------------
 
@@ -57,7 +61,7 @@ class RoomHistory:
             changes = self.store.state_changes(room_id, [member, visibility])
         return HistoryView(user_id, changes[member], changes[visibility])
 
-    def _readable_state_position(self, room_id: str, user_id: str, view: HistoryView) -> int | None:
+    def readable_state_position(self, room_id: str, user_id: str, view: HistoryView) -> int | None:
         """Where the state a user may read is taken: None for the current state, or the
         position they left at. Raises 403 when they may read none."""
         if view.current_membership == "join" or view.world_readable_now:
@@ -68,7 +72,7 @@ class RoomHistory:
 
     def _readable_state(self, room_id: str, user_id: str, event_type: str | None = None) -> dict:
         self.room_version(room_id)
-        position = self._readable_state_position(
+        position = self.readable_state_position(
             room_id, user_id, self.history_view(room_id, user_id)
         )
         if position is None:
@@ -103,7 +107,7 @@ class RoomHistory:
     ) -> list[dict]:
         self.room_version(room_id)
         view = self.history_view(room_id, requester.user_id)
-        position = self._readable_state_position(room_id, requester.user_id, view)
+        position = self.readable_state_position(room_id, requester.user_id, view)
         if at is not None:
             at_position = parse_stream_token(at, "at")
             position = at_position if position is None else min(position, at_position)
@@ -132,13 +136,7 @@ class RoomHistory:
         view = self.history_view(room_id, requester.user_id)
         if stored is None or stored.event.room_id != room_id or not view.can_see(stored):
             raise not_found("Event not found")
-        txn_ids = self.store.txn_ids_for(requester.user_id, requester.device_id, [event_id])
-        return client_event(
-            stored,
-            now_ms(),
-            txn_ids.get(event_id),
-            view.membership_after(stored.stream_ordering) or "leave",
-        )
+        return self.client_chunk(requester, view, [stored])[0]
 
     def visible_events(
         self,
@@ -181,16 +179,17 @@ class RoomHistory:
                 break
         return EventScan(found, position, False)
 
-    def _client_chunk(
+    def client_chunk(
         self, requester: Requester, view: HistoryView, visible: list[StoredEvent]
     ) -> list[dict]:
-        """Events as the client sees them: its own transaction IDs, and the membership the
-        user had at each event (for the spec's `unsigned.membership`)."""
+        """Events as the client sees them: its own transaction IDs, the membership the
+        user had at each event (for the spec's `unsigned.membership`) and their bundled
+        aggregations."""
         now = now_ms()
         txn_ids = self.store.txn_ids_for(
             requester.user_id, requester.device_id, [s.event.event_id for s in visible]
         )
-        return [
+        chunk = [
             client_event(
                 s,
                 now,
@@ -199,6 +198,8 @@ class RoomHistory:
             )
             for s in visible
         ]
+        self.aggregations.add_to(requester.user_id, view, visible, chunk, now)
+        return chunk
 
     def _history_ends(
         self, scan: EventScan, bound: int | None, limit: int, caller: Caller | None, room_id: str
@@ -225,7 +226,7 @@ class RoomHistory:
         client's admission) lets us backfill from a server in the room first."""
         self.room_version(room_id)
         view = self.history_view(room_id, requester.user_id)
-        self._readable_state_position(room_id, requester.user_id, view)  # 403 if none
+        self.readable_state_position(room_id, requester.user_id, view)  # 403 if none
         if event_filter.limit is not None:
             limit = min(limit, event_filter.limit)
         limit = max(1, min(limit, MAX_MESSAGES_LIMIT))
@@ -259,7 +260,7 @@ class RoomHistory:
             )
         visible, position, exhausted = scan.events, scan.position, scan.exhausted
 
-        chunk = self._client_chunk(requester, view, visible)
+        chunk = self.client_chunk(requester, view, visible)
         # Going back, running out means the start of the room (no `end`), unless it was
         # the `to` token that stopped us: older events remain. Going forward, more may come
         # later, so a page with events always says where to resume.

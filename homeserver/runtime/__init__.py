@@ -55,6 +55,7 @@ from homeserver.rooms.join_checks import JoinResponseChecker
 from homeserver.rooms.moderation import RoomModeration
 from homeserver.rooms.out_of_room import OutOfRoomEnds
 from homeserver.rooms.pdu_checks import PduChecker
+from homeserver.rooms.relations import Relations
 from homeserver.rooms.remote_membership import RemoteMembership
 from homeserver.rooms.reports import ReportService
 from homeserver.rooms.server_acl import ServerAcls
@@ -156,6 +157,11 @@ class HomeserverRuntime(Infrastructure):
     def room_history(self) -> RoomHistory:
         """What a user may read of a room, as its history visibility allows."""
         return RoomHistory(self.room_store, self.rooms.room_version, self.backfiller.backfill)
+
+    @component
+    def relations(self) -> Relations:
+        """An event's children and a room's threads, as the reader may see them."""
+        return Relations(self.room_history)
 
     @component
     def gaps(self) -> GapFiller:

@@ -98,6 +98,8 @@ class RedactionStore:
             (target.event_id, redaction_id, target.room_id, now_ms),
         )
         PARSED.drop(target.event_id)  # the text check would catch it too; this frees it now
+        # A redacted event's relation stops counting (its m.relates_to is redacted away).
+        tx.execute("DELETE FROM event_relations WHERE event_id = ?", (target.event_id,))
         tx.execute(
             "UPDATE events SET json = ?, unsigned = ? WHERE event_id = ?",
             (

@@ -109,4 +109,52 @@ def _index_room_auth_chains(tx, room_id: str, chains: int) -> int:
     return chains
 
 
-STEPS: dict[int, Callable] = {26: _state_groups_to_deltas, 28: _index_auth_chains}
+def _index_relations(tx) -> None:
+    """0050: a relation row for every stored event shown to clients whose content has an
+    `m.relates_to` with a string rel_type and event_id (as storage/event_rows.py writes them
+    from then on), read 1,000 events at a time in stream order. Redacted events have lost
+    theirs and get none."""
+    after = -(2**63)
+    while True:
+        rows = tx.fetchall(
+            "SELECT stream_ordering, event_id, json, room_id, type, sender FROM events"
+            " WHERE stream_ordering > ? AND soft_failed = 0 AND outlier = 0"
+            " ORDER BY stream_ordering LIMIT 1000",
+            (after,),
+        )
+        if not rows:
+            return
+        after = rows[-1][0]
+        for position, event_id, text, room_id, event_type, sender in rows:
+            if '"m.relates_to"' not in text:
+                continue
+            pdu = json.loads(text)
+            relates_to = (pdu.get("content") or {}).get("m.relates_to")
+            if not isinstance(relates_to, dict):
+                continue
+            rel_type, parent = relates_to.get("rel_type"), relates_to.get("event_id")
+            if not (isinstance(rel_type, str) and isinstance(parent, str)):
+                continue
+            tx.execute(
+                "INSERT INTO event_relations (event_id, relates_to_id, rel_type, type, sender,"
+                " room_id, stream_ordering, origin_server_ts, thread_root)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (event_id) DO NOTHING",
+                (
+                    event_id,
+                    parent,
+                    rel_type,
+                    event_type,
+                    sender,
+                    room_id,
+                    position,
+                    pdu.get("origin_server_ts", 0),
+                    parent if rel_type == "m.thread" else None,
+                ),
+            )
+
+
+STEPS: dict[int, Callable] = {
+    26: _state_groups_to_deltas,
+    28: _index_auth_chains,
+    50: _index_relations,
+}

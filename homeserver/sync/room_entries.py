@@ -159,7 +159,7 @@ class RoomEntries:
         self, request: SyncRequest, now: int, view: HistoryView, timeline: Timeline
     ) -> dict:
         return {
-            "events": self._format(request, now, view, timeline.events),
+            "events": self._format(request, now, view, timeline.events, bundle=True),
             "limited": timeline.limited,
             "prev_batch": timeline.prev_batch,
         }
@@ -343,8 +343,15 @@ class RoomEntries:
         return summary
 
     def _format(
-        self, request: SyncRequest, now: int, view: HistoryView, events: list[StoredEvent]
+        self,
+        request: SyncRequest,
+        now: int,
+        view: HistoryView,
+        events: list[StoredEvent],
+        bundle: bool = False,
     ) -> list[dict]:
+        """Events as the filter's format says; `bundle`: with their bundled aggregations
+        (a timeline's, not a state section's)."""
         sync_filter = request.filter
         if sync_filter.event_format == "federation":
             out = [dict(s.event.pdu) for s in events]
@@ -373,6 +380,8 @@ class RoomEntries:
                 )
                 del event["room_id"]  # implied by where the event is in the response
                 out.append(event)
+            if bundle and events:
+                self.history.aggregations.add_to(requester.user_id, view, events, out, now)
         if sync_filter.event_fields is not None:
             out = [project(event, sync_filter.event_fields) for event in out]
         return out

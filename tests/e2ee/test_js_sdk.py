@@ -171,3 +171,26 @@ def test_everyday_screens_through_matrix_js_sdk(server, node, tmp_path):
     assert result["leftBeforeForget"] is True
     assert result["forgottenHere"] is True
     assert result["leftAfterForget"] is False
+
+
+@pytest.mark.parametrize(
+    "server", ["sqlite"], indirect=True
+)  # both: tests/rooms/test_relations_api.py
+def test_edits_reactions_and_threads_through_matrix_js_sdk(server, node, tmp_path):
+    """alice edits a message, bob reacts and both reply in a thread; bob's client, started
+    afterwards, shows the edit (from /event's bundled edit alone too), the reaction through
+    /relations, and the thread from /threads with its replies."""
+    scenario = {"alice": registered(server, "alice"), "bob": registered(server, "bob")}
+    result = run_node(
+        node, "relations.mjs", server.client_url, json.dumps(scenario), tmp_path=tmp_path
+    )
+    assert result["edited"] == {"timeline": "hello world", "fetched": "hello world"}
+    assert result["replaced_by"]
+    assert result["reactions"] == {"timeline": ["👍"], "served": ["👍"]}
+    root, last = result["ids"]["root"], result["ids"]["last"]
+    assert result["threads"] == [root]
+    assert result["thread_list"] == [root] and result["my_threads"] == [root]
+    thread = result["thread"]
+    assert thread["length"] == 2 and thread["latest"] == last
+    assert thread["latest_body"] == "alice replies last" and thread["participated"] is True
+    assert thread["replies"][-2:] == ["bob replies in the thread", "alice replies last"]

@@ -9,7 +9,19 @@ from homeserver.http.responses import JsonResponse, json_response
 
 bp = Blueprint("versions", __name__)
 
-SUPPORTED_VERSIONS = ["v1.11", "v1.12", "v1.13", "v1.14", "v1.15", "v1.16"]
+# Every version of the client-server spec, as Synapse lists them: clients pick features by
+# the versions listed (matrix-js-sdk uses the stable /threads only with v1.4).
+SUPPORTED_VERSIONS = [
+    "r0.0.1",
+    "r0.1.0",
+    "r0.2.0",
+    "r0.3.0",
+    "r0.4.0",
+    "r0.5.0",
+    "r0.6.0",
+    "r0.6.1",
+    *(f"v1.{minor}" for minor in range(1, 17)),
+]
 # Clients ask this before anything else, and often; its answer never changes, so it is
 # encoded once.
 _VERSIONS_BODY = json_response({"versions": SUPPORTED_VERSIONS, "unstable_features": {}}).data
