@@ -97,6 +97,10 @@ class OriginQueues:
     def holds(self, origin: str, txn_id: str) -> bool:
         return any(w.txn_id == txn_id for w in self._queues.get(origin, ()))
 
+    def busy(self, origin: str) -> bool:
+        """The origin has transactions in hand: later ones go behind them."""
+        return bool(self._queues.get(origin))
+
     def full(self, origin: str) -> bool:
         """As many of the origin's requests wait for their answer as may."""
         waiting = sum(1 for w in self._queues.get(origin, ()) if w.answering)

@@ -31,7 +31,8 @@ PDUs, since typing lives in main's memory and main wakes the syncs; main hands t
 may point at an event of the same transaction. They are applied once per transaction: a
 retry answered from the record applies nothing again. Every other EDU is accepted and
 dropped (``applied_edus`` says why, type by type). The transaction's answer never depends on
-its EDUs (spec: EDUs have no answer).
+its EDUs (spec: EDUs have no answer). A transaction of EDUs alone is applied at once, unless
+its origin has transactions in hand: then it waits its turn behind them, staged like them.
 """
 
 from __future__ import annotations
@@ -142,9 +143,11 @@ class TransactionProcessor:
         for PDUs not passed in (a shard's)."""
         if self._on_origin is not None:
             self._on_origin(origin)
-        if not pdus and not results:
-            # EDUs only: nothing recorded, the same answer every time. Typing and receipts
-            # are idempotent, so a retry applying them again changes nothing.
+        if not pdus and not results and not self._queues.busy(origin):
+            # EDUs only, nothing of the origin's in hand: nothing recorded, the same answer
+            # every time. Typing and receipts are idempotent, so a retry changes nothing.
+            # Behind staged work they queue like any transaction, so a receipt or a
+            # to-device message is applied after the events sent before it.
             self._apply_edus(origin, edus)
             return {"pdus": {}}
         answer = self.store.answer(origin, txn_id)

@@ -332,7 +332,9 @@ def test_a_servers_transactions_are_applied_one_at_a_time(weir, test_ca, alice, 
     """The spec has a server send its next transaction only once the last was answered; we
     apply them in that order. A transaction whose PDU waits for a key that never comes is
     answered within a second and staged, and so is the next; once the key comes they are
-    applied in order. (A restart resuming them: tests/rooms/test_staging.py.)"""
+    applied in order. A transaction of EDUs alone waits behind them too: its receipt for
+    the staged message counts, where applied at once it would name an unknown event and be
+    dropped. (A restart resuming them: tests/rooms/test_staging.py.)"""
     if weir.shards:
         pytest.skip("a shard fetches keys before main takes the origin's turn")
     room, join_id = room_joined_by(weir, test_ca, alice, origin)
@@ -346,12 +348,26 @@ def test_a_servers_transactions_are_applied_one_at_a_time(weir, test_ca, alice, 
             r = send(weir, test_ca, origin, txn_id, pdus)
             assert (r.status_code, r.json()) == (200, {"pdus": {}}), r.text
             print(f"{txn_id} answered in {time.monotonic() - started:.2f} s")
-        assert metric(weir.client_url, "weir_inbound_staged") == 2
+        bob = origin.user("bob")
+        receipt = {room.room_id: {"m.read": {bob: {"event_ids": said_ids, "data": {"ts": 7}}}}}
+        r = send(
+            weir,
+            test_ca,
+            origin,
+            "serial-3",
+            [],
+            edus=[{"edu_type": "m.receipt", "content": receipt}],
+        )
+        assert (r.status_code, r.json()) == (200, {"pdus": {}}), r.text
+        assert metric(weir.client_url, "weir_inbound_staged") == 3
     finally:
         slow_keys.release()
     wait_for_metric(weir.client_url, "weir_inbound_staged", 0, timeout=60)
     stored = [e["event_id"] for e in room.timeline()]
     assert stored.index(join_id2) < stored.index(said_ids[0])
+    ephemeral = sync(alice)["rooms"]["join"][room.room_id]["ephemeral"]["events"]
+    read = next(e["content"] for e in ephemeral if e["type"] == "m.receipt")
+    assert read[said_ids[0]]["m.read"][bob] == {"ts": 7}
     assert send(weir, test_ca, origin, "serial-2", said).json() == {"pdus": {said_ids[0]: {}}}
 
 
