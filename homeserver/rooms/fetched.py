@@ -8,10 +8,12 @@ whose state was fetched at a gap), and against the current state. Failing either
 first two rejects the event, and it is remembered as rejected (storage/event_state.py), so
 it is never fetched or checked again; failing only the third hides it.
 
-Events fetched only to check others (the auth and state events at a gap) are stored hidden:
-part of the room's graph, never shown to clients. So an event that only its own auth chain
-allows, made up by the server that sends it, changes nothing a user sees; it can only be
-named as an auth event, and the state before any event is this server's own resolution.
+Events fetched only to check others (the auth and state events at a gap) are stored as
+outliers, as a remote join's state is: known, checked, usable as auth and state, but no part
+of the timeline (not shown to clients, never where backfill starts). So an event that only
+its own auth chain allows, made up by the server that sends it, changes nothing a user sees;
+it can only be named as an auth event, and the state before any event is this server's own
+resolution.
 """
 
 from __future__ import annotations
@@ -81,19 +83,20 @@ class HistoryWriter:
         version: RoomVersion,
         events: list[Event],
         state_before: Mapping[str, Mapping[StateKey, str]] | None = None,
-        hidden: frozenset[str] = frozenset(),
+        outliers: frozenset[str] = frozenset(),
     ) -> list[str]:
         """Stores those of `events` that pass the auth rules against their auth events
         (stored, or among `events`), newest stored lowest; returns the IDs stored now.
         `state_before` gives some of them the state before them, which they are checked
-        against too, and then against the current state. Those in `hidden` are stored for
-        the graph only."""
+        against too, and then against the current state; one that the current state refuses
+        is stored hidden (soft-failed). Those in `outliers` are stored as outliers."""
         state_before = state_before or {}
         by_id = {e.event_id: e for e in events}
         rejected = self.states.rejections(
             [a for e in events for a in auth_event_ids_to_check(version, e)]
         )
         passed: dict[str, Event] = {}
+        hidden: set[str] = set()
         for event in sorted(by_id.values(), key=lambda e: e.depth):  # auth events first
             auth_ids = auth_event_ids_to_check(version, event)
             if any(a in rejected for a in auth_ids):
@@ -117,12 +120,17 @@ class HistoryWriter:
                     self._reject(event, f"rejected by the state before it: {e}", rejected)
                     continue
                 if not self._allowed_now(version, event):
-                    hidden = hidden | {event.event_id}
+                    hidden.add(event.event_id)
             passed[event.event_id] = event
         newest_first = sorted(passed.values(), key=lambda e: e.depth, reverse=True)
         return self.history.store(
             [
-                HistoryEvent(e, state_before.get(e.event_id), e.event_id in hidden)
+                HistoryEvent(
+                    e,
+                    state_before.get(e.event_id),
+                    hidden=e.event_id in hidden,
+                    outlier=e.event_id in outliers,
+                )
                 for e in newest_first
             ]
         )

@@ -12,7 +12,7 @@ Spec (server-server, "Backfilling and retrieving missing events"), as Synapse do
    state before each unknown prev_event with `/state_ids`, and the events it names that we
    lack (the prev_event itself, the state, the auth chain) with `/event`, `STATE_FETCHES_AT_ONCE`
    at a time, at most `MAX_STATE_EVENTS`. They are checked like any PDU and stored as history
-   (rooms/fetched.py), the state and auth events hidden from clients; the prev_event gets
+   (rooms/fetched.py), the state and auth events as outliers; the prev_event gets
    the fetched state as the state before it. The PDU is then received as usual: the state
    before it is the resolution (RoomResolver) of the states after its prev_events.
 

@@ -27,9 +27,9 @@ StateKey = tuple[str, str]
 @dataclass(frozen=True)
 class HistoryEvent:
     """An event to store as history; `state_before`, when known, gives it a state group.
-    `hidden`: stored for the room's graph (an auth or state event fetched to check others,
-    or one the current state refuses), never shown to clients. `outlier`: a send_join
-    answer's state and auth chain, valid state but no part of the timeline
+    `hidden`: one the current state refuses, stored for the room's graph, never shown to
+    clients. `outlier`: a send_join answer's state and auth chain, or the state and auth
+    events fetched at a gap: valid state but no part of the timeline
     (0027_outliers.sql)."""
 
     event: Event

@@ -18,6 +18,7 @@ import gevent
 import pytest
 from gevent.event import Event
 
+from tests.e2ee.conftest import count_rows
 from tests.peers.origins import OriginKeyServer, send_transaction
 from tests.support.federation import federation_settings, tls_listener_settings
 from tests.support.metrics import metric, wait_for_metric
@@ -141,6 +142,7 @@ def weir(test_ca, dns, tmp_path_factory):
         {"federation": fed, "security": {"federation": limits}},
     )
     proc = WeirProcess(directory, settings).start()
+    proc.database_url = f"sqlite:///{directory}/data/homeserver.db"
     yield proc
     proc.stop()
 
@@ -238,6 +240,46 @@ def test_without_missing_events_the_state_at_the_gap_is_fetched(weir, test_ca, a
     before = len(origins.requests)
     assert send(weir, test_ca, origin, "gap-next", more).json() == {"pdus": {more_ids[0]: {}}}
     assert len(origins.requests) == before
+
+
+def test_state_fetched_at_a_gap_is_stored_as_outliers(weir, test_ca, alice, origins):
+    """bob renames himself, then speaks twice; we get only the last message, and the origin
+    gives no missing events. The state at the gap brings his new member event: stored as an
+    outlier (no part of the timeline, never shown), yet the room's state after the gap."""
+    origin = origins.add_origin("outliers")
+    room, join_id = room_joined_by(weir, test_ca, alice, origin)
+    bob = origin.user("bob")
+    auth = room.auth_ids(("m.room.create", ""), ("m.room.power_levels", ""))
+    rules = room.auth_ids(("m.room.join_rules", ""))
+    renamed_id, renamed = room.pdu(
+        origin,
+        bob,
+        "m.room.member",
+        {"membership": "join", "displayname": "Robert"},
+        state_key=bob,
+        prev_events=[join_id],
+        auth_events=[*auth, *rules, join_id],
+    )
+    ids, pdus = room.messages(
+        origin, "bob", ["lost", "found"], prev=renamed_id, auth=[*auth, renamed_id]
+    )
+    origins.events.update(zip([renamed_id, *ids], [renamed, *pdus]))
+    state = {**room.state_ids(), ("m.room.member", bob): renamed_id}
+    origins.state_ids[ids[0]] = {"pdu_ids": list(state.values()), "auth_chain_ids": [join_id]}
+    origins.give_missing = False
+    try:
+        r = send(weir, test_ca, origin, "gap-outlier", [pdus[1]])
+    finally:
+        origins.give_missing = True
+    assert r.json() == {"pdus": {ids[1]: {}}}, r.text
+    fetched = [c.path.rsplit("/", 1)[1] for c in asked(origins, "event")]
+    assert sorted(fetched[-2:]) == sorted([ids[0], renamed_id])
+    # The message at the gap is history behind the live one; the state fetched is neither.
+    timeline = [e["event_id"] for e in room.timeline()]
+    assert timeline[-1] == ids[1] and ids[0] in timeline and renamed_id not in timeline
+    outlier = "SELECT COUNT(*) FROM events WHERE event_id = ? AND outlier = 1 AND soft_failed = 0"
+    assert count_rows(weir, outlier, (renamed_id,)) == 1
+    assert room.state_ids()[("m.room.member", bob)] == renamed_id
 
 
 def test_a_hostile_server_gets_its_budget_and_no_more(
