@@ -28,6 +28,8 @@ from homeserver.storage.rooms import RoomStore, StoredEvent
 # /messages: the most events one request returns, and how many batches it may read while
 # skipping events the user may not see, so hidden history cannot make a request unbounded.
 MAX_MESSAGES_LIMIT = 1000
+# /context: the most events around the one asked for, before and after together.
+MAX_CONTEXT_LIMIT = 100
 # Events formatted for a client between two pauses: a big room's /state and /members.
 FORMATTED_PER_TURN = 500
 _MAX_SCAN_ROUNDS = 10
@@ -137,6 +139,71 @@ class RoomHistory:
         if stored is None or stored.event.room_id != room_id or not view.can_see(stored):
             raise not_found("Event not found")
         return self.client_chunk(requester, view, [stored])[0]
+
+    def context(
+        self,
+        requester: Requester,
+        room_id: str,
+        event_id: str,
+        limit: int,
+        event_filter: EventFilter,
+        lazy_load_members: bool = False,
+    ) -> dict:
+        """/context: the event, up to `limit` visible events around it (half before, as
+        Synapse splits them), tokens /messages pages on from, and the state at the last
+        event returned. 404 when the reader may not see the event, as /event."""
+        self.room_version(room_id)
+        view = self.history_view(room_id, requester.user_id)
+        stored = self.store.get_event(event_id)
+        if stored is None or stored.event.room_id != room_id or not view.can_see(stored):
+            raise not_found("Event not found")
+        if event_filter.limit is not None:
+            limit = min(limit, event_filter.limit)
+        limit = max(0, min(limit, MAX_CONTEXT_LIMIT))
+        position = stored.stream_ordering
+        current = self.store.stream_position()
+        if view.current_membership != "join" and view.leave_position is not None:
+            current = view.leave_position
+        before = self.visible_events(
+            room_id, view, BOTTOM, position - 1, True, limit // 2, event_filter
+        )
+        after = self.visible_events(
+            room_id, view, position, current, False, limit - limit // 2, event_filter
+        )
+        chunk = self.client_chunk(requester, view, [stored, *before.events, *after.events])
+        last = after.events[-1] if after.events else stored
+        senders = {s.event.sender for s in (stored, *before.events, *after.events)}
+        return {
+            "event": chunk[0],
+            "events_before": chunk[1 : 1 + len(before.events)],
+            "events_after": chunk[1 + len(before.events) :],
+            "start": stream_token(before.position),
+            "end": stream_token(after.position),
+            "state": self._context_state(room_id, last, event_filter, lazy_load_members, senders),
+        }
+
+    def _context_state(
+        self,
+        room_id: str,
+        last: StoredEvent,
+        event_filter: EventFilter,
+        lazy_load_members: bool,
+        senders: set[str],
+    ) -> list[dict]:
+        """The state after `last`, as Synapse gives it: kept by the filter, and with
+        lazy_load_members only the members who sent the events returned."""
+        state = self.store.state_at(room_id, last.stream_ordering)
+        now = now_ms()
+        return [
+            client_event(s, now)
+            for (event_type, state_key), s in sorted(
+                state.items(), key=lambda item: item[1].stream_ordering
+            )
+            if event_filter.keeps(s)
+            and not (
+                lazy_load_members and event_type == "m.room.member" and state_key not in senders
+            )
+        ]
 
     def visible_events(
         self,

@@ -284,6 +284,22 @@ def _event_filter() -> EventFilter:
     return parse_room_event_filter(decode_filter_json(raw)) if raw else EventFilter()
 
 
+@bp.get("/rooms/<room_id>/context/<event_id>")
+@requires_auth
+def context(room_id: str, event_id: str):
+    raw = request.args.get("filter")
+    event_filter = parse_room_event_filter(decode_filter_json(raw)) if raw else None
+    body = runtime().room_history.context(
+        current_requester(),
+        room_id,
+        event_id,
+        query_int("limit", 10, minimum=0),
+        event_filter or EventFilter(),
+        event_filter is not None and event_filter.lazy_load_members,
+    )
+    return json_response(body)
+
+
 @bp.get("/rooms/<room_id>/messages")
 @requires_auth
 def messages(room_id: str):
