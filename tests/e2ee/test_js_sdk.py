@@ -194,3 +194,21 @@ def test_edits_reactions_and_threads_through_matrix_js_sdk(server, node, tmp_pat
     assert thread["length"] == 2 and thread["latest"] == last
     assert thread["latest_body"] == "alice replies last" and thread["participated"] is True
     assert thread["replies"][-2:] == ["bob replies in the thread", "alice replies last"]
+
+
+@pytest.mark.parametrize(
+    "server", ["sqlite"], indirect=True
+)  # both: tests/rooms/test_context_api.py
+def test_permalink_opens_through_matrix_js_sdk(server, node, tmp_path):
+    """alice's client opens the 5th of 30 messages, older than its first sync, through
+    getEventTimeline (/context): its timeline holds the event with its neighbours."""
+    scenario = {"alice": registered(server, "alice")}
+    result = run_node(
+        node, "context.mjs", server.client_url, json.dumps(scenario), tmp_path=tmp_path
+    )
+    assert result["live_had_it"] is False
+    assert result["has_event"] is True
+    bodies = result["bodies"]
+    assert "m5" in bodies
+    index = bodies.index("m5")
+    assert bodies[index - 1 : index + 2] == ["m4", "m5", "m6"]
