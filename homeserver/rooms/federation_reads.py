@@ -146,6 +146,17 @@ class FederationReads:
             "pdus": self._shown(version, view, events),
         }
 
+    def timestamp_to_event(self, origin: str, room_id: str, ts: int, forward: bool) -> dict:
+        """`/timestamp_to_event`: our timeline's event closest to `ts` in that direction."""
+        self._admit(origin, room_id)
+        stored = self.rooms.store.event_near_ts(room_id, ts, forward)
+        if stored is None:
+            raise not_found("No event found")
+        return {
+            "event_id": stored.event.event_id,
+            "origin_server_ts": stored.event.origin_server_ts,
+        }
+
     def missing_events(
         self,
         origin: str,

@@ -52,6 +52,7 @@ from homeserver.rooms.gaps import GapFiller
 from homeserver.rooms.held import HeldPdus
 from homeserver.rooms.history import RoomHistory
 from homeserver.rooms.join_checks import JoinResponseChecker
+from homeserver.rooms.jump_to_date import TimestampLookup
 from homeserver.rooms.moderation import RoomModeration
 from homeserver.rooms.out_of_room import OutOfRoomEnds
 from homeserver.rooms.pdu_checks import PduChecker
@@ -162,6 +163,19 @@ class HomeserverRuntime(Infrastructure):
     def relations(self) -> Relations:
         """An event's children and a room's threads, as the reader may see them."""
         return Relations(self.room_history)
+
+    @component
+    def timestamp_lookup(self) -> TimestampLookup:
+        """Jump to date: our timeline, then the room's servers (ADR-0079)."""
+        return TimestampLookup(
+            self.rooms,
+            self.room_history,
+            self.federation_client,
+            self.client_outbound_budget,
+            self.address_cooldown,
+            self.metrics,
+            self.junk_answers,
+        )
 
     @component
     def gaps(self) -> GapFiller:

@@ -399,6 +399,18 @@ class RoomStore:
         rows = self.db.read(lambda tx: tx.fetchall(sql, params))
         return {_state_key_of(s): s for s in map(_stored, rows)}
 
+    def event_near_ts(self, room_id: str, ts: int, forward: bool) -> StoredEvent | None:
+        """The timeline's first event at or after `ts` (forward), or its last at or before
+        it; never an outlier or a soft-failed event."""
+        op, order = (">=", "ASC") if forward else ("<=", "DESC")
+        sql = (
+            f"SELECT {_EVENT_COLUMNS} FROM events e WHERE e.room_id = ? AND e.soft_failed = 0"
+            f" AND e.outlier = 0 AND e.origin_server_ts {op} ?"
+            f" ORDER BY e.origin_server_ts {order}, e.stream_ordering {order} LIMIT 1"
+        )
+        row = self.db.read(lambda tx: tx.fetchone(sql, (room_id, ts)))
+        return _stored(row) if row else None
+
     def room_events(
         self,
         room_id: str,

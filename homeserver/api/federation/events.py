@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from flask import Blueprint, request
 
+from homeserver.api.client.jump_to_date import timestamp_params
 from homeserver.api.context import runtime
 from homeserver.api.federation_auth import current_origin, requires_server_auth
 from homeserver.core.clock import now_ms
@@ -66,6 +67,15 @@ def backfill(room_id: str):
         raise missing_param("Missing parameter: limit")
     return json_response(
         runtime().federation_reads.backfill(current_origin(), room_id, from_ids, limit)
+    )
+
+
+@bp.get(f"{_V1}/timestamp_to_event/<room_id>")
+@requires_server_auth
+def timestamp_to_event(room_id: str):
+    ts, forward = timestamp_params()
+    return json_response(
+        runtime().federation_reads.timestamp_to_event(current_origin(), room_id, ts, forward)
     )
 
 
