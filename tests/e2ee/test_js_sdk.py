@@ -201,7 +201,8 @@ def test_edits_reactions_and_threads_through_matrix_js_sdk(server, node, tmp_pat
 )  # both: tests/rooms/test_context_api.py
 def test_permalink_opens_through_matrix_js_sdk(server, node, tmp_path):
     """alice's client opens the 5th of 30 messages, older than its first sync, through
-    getEventTimeline (/context): its timeline holds the event with its neighbours."""
+    getEventTimeline (/context): its timeline holds the event with its neighbours; and
+    timestampToEvent forward from the 5th's time finds it (or one sent in the same ms)."""
     scenario = {"alice": registered(server, "alice")}
     result = run_node(
         node, "context.mjs", server.client_url, json.dumps(scenario), tmp_path=tmp_path
@@ -212,3 +213,6 @@ def test_permalink_opens_through_matrix_js_sdk(server, node, tmp_path):
     assert "m5" in bodies
     index = bodies.index("m5")
     assert bodies[index - 1 : index + 2] == ["m4", "m5", "m6"]
+    fifth, jumped = result["fifth"], result["jumped"]
+    assert jumped["origin_server_ts"] == fifth["origin_server_ts"]
+    assert jumped["event_id"] in result["ids"][:5]

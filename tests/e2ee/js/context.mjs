@@ -1,11 +1,12 @@
-// A permalink as Element opens one, with matrix-js-sdk (timeline support on).
+// A permalink and a jump to date as Element does them, with matrix-js-sdk (timeline support on).
 //
 //   node context.mjs <homeserver URL> <scenario JSON>
 //
 // alice sends 30 messages; a client of hers that starts afterwards (its first sync holds the
-// last 5 alone) opens the 5th through getEventTimeline, which reads /context. Prints the
-// bodies of the timeline it got around that event.
-import { ClientEvent, createClient } from "matrix-js-sdk";
+// last 5 alone) opens the 5th through getEventTimeline, which reads /context, and jumps to
+// the 5th's time with timestampToEvent. Prints the bodies of the timeline it got around
+// that event and what the jump found.
+import { ClientEvent, createClient, Direction } from "matrix-js-sdk";
 import { login, main, step } from "./harness.mjs";
 
 const [baseUrl] = process.argv.slice(2);
@@ -46,8 +47,17 @@ main(async ({ alice: a }) => {
         .getEvents()
         .filter((e) => e.getType() === "m.room.message")
         .map((e) => e.getContent().body);
+    const fifth = await alice.fetchRoomEvent(roomId, ids[4]);
+    const jumped = await alice.timestampToEvent(roomId, fifth.origin_server_ts, Direction.Forward);
     const hasEvent = timeline.getEvents().some((e) => e.getId() === ids[4]);
-    return { live_had_it: liveBefore, bodies, has_event: hasEvent };
+    return {
+        live_had_it: liveBefore,
+        bodies,
+        has_event: hasEvent,
+        jumped,
+        fifth: { event_id: ids[4], origin_server_ts: fifth.origin_server_ts },
+        ids,
+    };
 });
 
 async function session(user) {
