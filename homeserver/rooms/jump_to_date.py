@@ -1,7 +1,8 @@
 """Jump to date (`timestamp_to_event`): the room's event closest to a time, in one direction.
 
-Our own timeline answers first. When it has none there (we joined late, or history before
-our join was never backfilled), the room's other servers are asked over federation: a
+Our own timeline answers first. When it has none there, or going forward the event it found
+follows a gap (we joined late, and history before our join was never backfilled), the room's
+other servers are asked over federation, as Synapse does: a
 client-triggered outbound call (ADR-0079, homeserver/federation/admission.py), one
 `client_outbound_budget` slot and one total deadline for every server tried, so a dead
 server costs its turn and the deadline only. Their answer is returned as it is, even when it
@@ -63,9 +64,16 @@ class TimestampLookup:
 
     def local(self, room_id: str, ts: int, forward: bool) -> dict | None:
         stored = self.rooms.store.event_near_ts(room_id, ts, forward)
-        return (
-            None if stored is None else answer(stored.event.event_id, stored.event.origin_server_ts)
-        )
+        if stored is None:
+            return None
+        return answer(stored.event.event_id, stored.event.origin_server_ts)
+
+    def _after_a_gap(self, room_id: str, event_id: str) -> bool:
+        """Whether history we lack may lie just before the event: a prev_event of it that we
+        do not have (after a late join, our join itself, built on history never fetched)."""
+        stored = self.rooms.store.events_in_room(room_id, [event_id]).get(event_id)
+        prevs = stored.event.prev_event_ids if stored is not None else []
+        return len(self.rooms.store.events_in_room(room_id, prevs)) < len(set(prevs))
 
     def for_client(
         self, requester: Requester, room_id: str, ts: int, forward: bool, caller: Caller | None
@@ -76,8 +84,16 @@ class TimestampLookup:
         view = self.history.history_view(room_id, requester.user_id)
         self.history.readable_state_position(room_id, requester.user_id, view)
         found = self.local(room_id, ts, forward)
-        if found is None and caller is not None:
-            found = self._ask_servers(room_id, ts, forward, caller)
+        # Going forward, an event just after a gap may not be the closest: the servers
+        # that have the gap's events are asked too, and a closer answer of theirs wins.
+        if caller is not None and (
+            found is None or (forward and self._after_a_gap(room_id, found["event_id"]))
+        ):
+            remote = self._ask_servers(room_id, ts, forward, caller)
+            if remote is not None and (
+                found is None or remote["origin_server_ts"] <= found["origin_server_ts"]
+            ):
+                found = remote
         if found is None:
             raise not_found("No event found")
         return found
