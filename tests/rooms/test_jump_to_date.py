@@ -10,6 +10,7 @@ import pytest
 from tests.peers.origins import OriginKeyServer, federation_request
 from tests.rooms.conftest import V3, create_room, send
 from tests.support.federation import federation_settings, tls_listener_settings
+from tests.support.metrics import in_flight, read_metrics
 from tests.support.remote_room import room_joined_by
 from tests.support.server import MatrixClient, WeirProcess, base_settings, merge
 from tests.support.spec import assert_matches_spec
@@ -102,3 +103,16 @@ def test_federation_timestamp_to_event_for_servers_in_the_room(weir, keys, test_
     # A server with no member in the room is told nothing.
     r = ask(outside, ts=last_ts, dir="b")
     assert (r.status_code, r.json()["errcode"]) == (403, "M_FORBIDDEN")
+
+    # Our timeline has nothing later, so the origin is asked; its address serves keys alone,
+    # so its failure leaves the client a plain 404, and the client's slot is free again.
+    for _ in range(2):
+        found = jump(alice, room.room_id, 404, ts=last_ts + 60_000, dir="f")
+        assert found["errcode"] == "M_NOT_FOUND"
+    calls = {
+        dict(labels)["outcome"]: value
+        for (name, labels), value in read_metrics(weir.client_url).items()
+        if name == "weir_outbound_calls_total" and ("call", "timestamp_to_event") in labels
+    }
+    assert sum(calls.values()) == 2 and "ok" not in calls, calls
+    assert in_flight(weir.client_url, "client_outbound") == 0
