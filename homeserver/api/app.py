@@ -27,6 +27,7 @@ from homeserver.api.client import (
     relations,
     reports,
     rooms,
+    search,
     sync,
     versions,
 )
@@ -53,6 +54,7 @@ def client_blueprints():
         admin.bp,
         rooms.bp,
         relations.bp,
+        search.bp,
         directory.bp,
         media.bp,
         metrics.bp,

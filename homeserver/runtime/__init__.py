@@ -58,6 +58,7 @@ from homeserver.rooms.pdu_checks import PduChecker
 from homeserver.rooms.relations import Relations
 from homeserver.rooms.remote_membership import RemoteMembership
 from homeserver.rooms.reports import ReportService
+from homeserver.rooms.search import RoomSearch
 from homeserver.rooms.server_acl import ServerAcls
 from homeserver.rooms.service import RoomService
 from homeserver.rooms.transactions import (
@@ -162,6 +163,11 @@ class HomeserverRuntime(Infrastructure):
     def relations(self) -> Relations:
         """An event's children and a room's threads, as the reader may see them."""
         return Relations(self.room_history)
+
+    @component
+    def room_search(self) -> RoomSearch:
+        """Full-text search of the user's rooms' events, as the reader may see them."""
+        return RoomSearch(self.room_history)
 
     @component
     def gaps(self) -> GapFiller:
