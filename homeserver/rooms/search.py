@@ -69,14 +69,15 @@ class RoomSearch:
             for r in self.history.store.rooms_for_user(requester.user_id)
             if (req.rooms is None or r in req.rooms) and r not in req.not_rooms
         ]
-        limit = min(req.event_filter.limit or DEFAULT_LIMIT, MAX_LIMIT)
+        limit = max(1, min(req.event_filter.limit or DEFAULT_LIMIT, MAX_LIMIT))
         words = search_words(req.term)
         query = SearchQuery(rooms, words, list(req.keys), req.recent, _offset(req.next_batch), 0)
         views: dict[str, HistoryView] = {}
         found, offset, count = self._scan(requester, req, query, limit, views)
         results = self._results(requester, req, found, views)
         body: dict = {"results": results, "count": count, "highlights": sorted(set(words))}
-        next_batch = f"o{offset}" if offset < count and found else None
+        # Hidden hits may fill a whole read: the token still moves on past them.
+        next_batch = f"o{offset}" if offset < count else None
         if next_batch is not None:
             body["next_batch"] = next_batch
         if req.include_state:

@@ -76,6 +76,8 @@ def test_pages_through_next_batch(user):
         if token is None:
             break
     assert seen == list(reversed(sent))
+    assert len(search(alice, "marigold", filter={"limit": 500})["results"]) == 7  # capped, not 0
+    search(alice, "marigold", status=400, filter={"limit": -1})
     search(alice, "marigold", status=400, next_batch="nonsense")
 
 

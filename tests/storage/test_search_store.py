@@ -9,6 +9,7 @@ import pytest
 from homeserver.core.events import Event
 from homeserver.storage.database import open_database
 from homeserver.storage.event_rows import insert_event_row
+from homeserver.storage.history import HistoryEvent, HistoryStore
 from homeserver.storage.migrations import migrate
 from homeserver.storage.redactions import RedactionStore
 from homeserver.storage.search import SearchQuery, SearchStore, search_words
@@ -79,6 +80,26 @@ def test_events_are_indexed_in_the_write_that_stores_them(db):
     assert found(db, "FOX brown") == ["$e1"]  # every word must match
     assert found(db, "fox", rooms=[ROOM, OTHER_ROOM]) == ["$e7", "$e3", "$e2", "$e1"]
     assert found(db, "fox", rooms=[]) == []
+
+
+def test_backfilled_history_is_indexed_but_not_hidden_events_or_outliers(db):
+    events = Events(db)
+    newer = events.add({"body": "kestrel in the timeline"})
+
+    def old(event_id: str) -> Event:
+        content = {"body": f"kestrel {event_id}"}
+        pdu = {"room_id": ROOM, "type": "m.room.message", "sender": ALICE, "content": content}
+        pdu.update(depth=1, origin_server_ts=1, prev_events=[], auth_events=[])
+        return Event(event_id, pdu)
+
+    HistoryStore(db).store(
+        [
+            HistoryEvent(old("$backfilled")),
+            HistoryEvent(old("$refused"), hidden=True),
+            HistoryEvent(old("$fetched"), outlier=True),
+        ]
+    )
+    assert found(db, "kestrel") == [newer.event_id, "$backfilled"]  # history sits below
 
 
 def test_best_match_first_when_ranked(db):
