@@ -28,6 +28,7 @@ from homeserver.api.client import (
     relations,
     reports,
     rooms,
+    search,
     sync,
     versions,
 )
@@ -55,6 +56,7 @@ def client_blueprints():
         rooms.bp,
         jump_to_date.bp,
         relations.bp,
+        search.bp,
         directory.bp,
         media.bp,
         metrics.bp,

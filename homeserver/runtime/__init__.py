@@ -59,6 +59,7 @@ from homeserver.rooms.pdu_checks import PduChecker
 from homeserver.rooms.relations import Relations
 from homeserver.rooms.remote_membership import RemoteMembership
 from homeserver.rooms.reports import ReportService
+from homeserver.rooms.search import RoomSearch
 from homeserver.rooms.server_acl import ServerAcls
 from homeserver.rooms.service import RoomService
 from homeserver.rooms.transactions import (
@@ -176,6 +177,11 @@ class HomeserverRuntime(Infrastructure):
             self.metrics,
             self.junk_answers,
         )
+
+    @component
+    def room_search(self) -> RoomSearch:
+        """Full-text search of the user's rooms' events, as the reader may see them."""
+        return RoomSearch(self.room_history)
 
     @component
     def gaps(self) -> GapFiller:

@@ -1,6 +1,7 @@
 """The one INSERT of a row of `events`, for the timeline (storage/rooms.py) and for history
 and outliers (storage/history.py), and of the event's relation (`event_relations`, read by
-storage/relations.py) in the same write."""
+storage/relations.py) and full-text search row (`event_search`, read by storage/search.py)
+in the same write."""
 
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ def insert_event_row(
     )
     if not soft_failed and not outlier:  # neither is ever shown to clients
         insert_relation_row(tx, event, position)
+        insert_search_row(tx, event, position)
 
 
 def relation_of(content: dict) -> tuple[str, str] | None:
@@ -77,3 +79,40 @@ def insert_relation_row(tx, event: Event, position: int) -> None:
             parent if rel_type == THREAD else None,
         ),
     )
+
+
+# The event types whose text is searchable, and the content key each is searched by (the
+# spec's `keys`: content.body, content.name, content.topic). m.room.encrypted is not here.
+SEARCHED_KEYS = {
+    "m.room.message": "content.body",
+    "m.room.name": "content.name",
+    "m.room.topic": "content.topic",
+}
+
+
+def searchable_text(event: Event) -> tuple[str, str] | None:
+    """(key, text) of an event's searchable string, if it has one."""
+    key = SEARCHED_KEYS.get(event.type)
+    if key is None:
+        return None
+    text = event.content.get(key.removeprefix("content."))
+    return (key, text) if isinstance(text, str) and text else None
+
+
+def insert_search_row(tx, event: Event, position: int) -> None:
+    found = searchable_text(event)
+    if found is None:
+        return
+    key, text = found
+    if tx.dialect == "postgres":
+        tx.execute(
+            "INSERT INTO event_search (stream_ordering, event_id, room_id, key, vector)"
+            " VALUES (?, ?, ?, ?, to_tsvector('english', ?)) ON CONFLICT DO NOTHING",
+            (position, event.event_id, event.room_id, key, text),
+        )
+    else:
+        tx.execute(
+            "INSERT INTO event_search (rowid, event_id, room_id, key, value)"
+            " VALUES (?, ?, ?, ?, ?)",
+            (position, event.event_id, event.room_id, key, text),
+        )

@@ -2,6 +2,8 @@
 
 Each file in `schema/` is `NNNN_name.sql`, written once in the SQL both engines share. Two
 placeholders cover where they differ: `{serial}` (an auto-increment primary key) and `{blob}`.
+Where the engines differ more (full-text search), a migration is a pair of files,
+`NNNN_name.sqlite.sql` and `NNNN_name.postgres.sql`, and each engine runs its own.
 A migration is never edited after it has landed; a change is a new file. What SQL alone
 cannot write (rewriting stored data) is a step in `schema_steps.py`, run after the file of
 its number in the same transaction.
@@ -28,12 +30,14 @@ _DIALECT_WORDS = {
 
 def available_migrations() -> list[tuple[int, str, str]]:
     """(version, name, path) for every schema file, in order."""
-    found = []
+    files = set()
     for name in os.listdir(SCHEMA_DIR):
-        m = re.fullmatch(r"(\d{4})_(\w+)\.sql", name)
+        m = re.fullmatch(r"(\d{4})_(\w+?)(\.sqlite|\.postgres)?\.sql", name)
         if m:
-            found.append((int(m.group(1)), m.group(2), os.path.join(SCHEMA_DIR, name)))
-    found.sort()
+            # An engine's own file: the path keeps `{dialect}` for migrate to fill in.
+            file = f"{m.group(1)}_{m.group(2)}{'.{dialect}' if m.group(3) else ''}.sql"
+            files.add((int(m.group(1)), m.group(2), os.path.join(SCHEMA_DIR, file)))
+    found = sorted(files)
     versions = [v for v, _, _ in found]
     if len(set(versions)) != len(versions):
         raise RuntimeError(f"duplicate migration numbers in {SCHEMA_DIR}")
@@ -41,7 +45,7 @@ def available_migrations() -> list[tuple[int, str, str]]:
 
 
 def _statements(path: str, dialect: str) -> list[str]:
-    with open(path) as f:
+    with open(path.replace("{dialect}", dialect)) as f:
         text = f.read().format(**_DIALECT_WORDS[dialect])
     text = re.sub(r"--[^\n]*", "", text)
     return [s.strip() for s in text.split(";") if s.strip()]

@@ -30,6 +30,9 @@ class PendingRedaction:
     target_unsigned: dict
 
 
+SEARCH_ROW_KEY = {"sqlite": "rowid", "postgres": "stream_ordering"}
+
+
 class RedactionStore:
     """Reads and writes inside the transaction that persists events (`tx`), and reads."""
 
@@ -100,6 +103,12 @@ class RedactionStore:
         PARSED.drop(target.event_id)  # the text check would catch it too; this frees it now
         # A redacted event's relation stops counting (its m.relates_to is redacted away).
         tx.execute("DELETE FROM event_relations WHERE event_id = ?", (target.event_id,))
+        # Nor may its text be found (the search row is keyed by the event's position).
+        tx.execute(
+            f"DELETE FROM event_search WHERE {SEARCH_ROW_KEY[tx.dialect]} ="
+            " (SELECT stream_ordering FROM events WHERE event_id = ?)",
+            (target.event_id,),
+        )
         tx.execute(
             "UPDATE events SET json = ?, unsigned = ? WHERE event_id = ?",
             (

@@ -153,8 +153,45 @@ def _index_relations(tx) -> None:
             )
 
 
+# 0051: the searched content key of each event type (storage/event_rows.py when written).
+_SEARCHED_0051 = {"m.room.message": "body", "m.room.name": "name", "m.room.topic": "topic"}
+
+
+def _index_search(tx) -> None:
+    """0051: a search row for every stored event shown to clients with a searchable string,
+    as storage/event_rows.py writes them from then on, 1,000 events at a time. Redacted
+    events have lost their text and get none."""
+    if tx.dialect == "postgres":
+        insert = (
+            "INSERT INTO event_search (stream_ordering, event_id, room_id, key, vector)"
+            " VALUES (?, ?, ?, ?, to_tsvector('english', ?))"
+        )
+    else:
+        insert = (
+            "INSERT INTO event_search (rowid, event_id, room_id, key, value) VALUES (?, ?, ?, ?, ?)"
+        )
+    after = -(2**63)
+    while True:
+        rows = tx.fetchall(
+            "SELECT stream_ordering, event_id, json, room_id, type FROM events"
+            " WHERE stream_ordering > ? AND soft_failed = 0 AND outlier = 0"
+            " AND type IN ('m.room.message', 'm.room.name', 'm.room.topic')"
+            " ORDER BY stream_ordering LIMIT 1000",
+            (after,),
+        )
+        if not rows:
+            return
+        after = rows[-1][0]
+        for position, event_id, text, room_id, event_type in rows:
+            name = _SEARCHED_0051[event_type]
+            value = (json.loads(text).get("content") or {}).get(name)
+            if isinstance(value, str) and value:
+                tx.execute(insert, (position, event_id, room_id, f"content.{name}", value))
+
+
 STEPS: dict[int, Callable] = {
     26: _state_groups_to_deltas,
     28: _index_auth_chains,
     50: _index_relations,
+    51: _index_search,
 }

@@ -216,3 +216,21 @@ def test_permalink_opens_through_matrix_js_sdk(server, node, tmp_path):
     fifth, jumped = result["fifth"], result["jumped"]
     assert jumped["origin_server_ts"] == fifth["origin_server_ts"]
     assert jumped["event_id"] in result["ids"][:5]
+
+
+@pytest.mark.parametrize("server", ["sqlite"], indirect=True)  # both: test_search_api.py
+def test_search_through_matrix_js_sdk(server, node, tmp_path):
+    """bob searches alice's room with searchRoomEvents, as Element does: ten results newest
+    first, then the next page with the first message and the events around it."""
+    scenario = {"alice": registered(server, "alice"), "bob": registered(server, "bob")}
+    result = run_node(
+        node, "search.mjs", server.client_url, json.dumps(scenario), tmp_path=tmp_path
+    )
+    assert result["count"] == 11 and result["highlights"] == ["treasure"]
+    assert result["first_page"] == 10 and result["had_next_batch"] and not result["more"]
+    assert result["bodies"] == [f"treasure chest {i}" for i in reversed(range(10))] + [
+        "the treasure is buried"
+    ]
+    last = result["last"]
+    assert last["event_id"] == result["buried"] and last["sender"] == result["alice"]
+    assert last["before"] == ["before the map"] and last["after"] == ["after the map"]
