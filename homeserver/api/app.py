@@ -27,6 +27,7 @@ from homeserver.api.client import (
     relations,
     reports,
     rooms,
+    spaces,
     sync,
     versions,
 )
@@ -38,6 +39,7 @@ from homeserver.api.federation import keys as federation_keys
 from homeserver.api.federation import media as federation_media
 from homeserver.api.federation import membership, transactions
 from homeserver.api.federation import profile as federation_profile
+from homeserver.api.federation import spaces as federation_spaces
 from homeserver.http.middleware import RequestContextMiddleware
 from homeserver.http.responses import register_error_handlers
 from homeserver.http.routing import RouteMap
@@ -53,6 +55,7 @@ def client_blueprints():
         admin.bp,
         rooms.bp,
         relations.bp,
+        spaces.bp,
         directory.bp,
         media.bp,
         metrics.bp,
@@ -80,6 +83,7 @@ def federation_blueprints():
         transactions.bp,
         membership.bp,
         federation_events.bp,
+        federation_spaces.bp,
         versions.bp,
         federation_media.bp,
     ]

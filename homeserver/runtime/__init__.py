@@ -50,6 +50,7 @@ from homeserver.rooms.federation_membership import FederationMembership
 from homeserver.rooms.federation_reads import FederationReads
 from homeserver.rooms.gaps import GapFiller
 from homeserver.rooms.held import HeldPdus
+from homeserver.rooms.hierarchy import SpaceHierarchy
 from homeserver.rooms.history import RoomHistory
 from homeserver.rooms.join_checks import JoinResponseChecker
 from homeserver.rooms.moderation import RoomModeration
@@ -325,6 +326,11 @@ class HomeserverRuntime(Infrastructure):
     def server_acls(self) -> ServerAcls:
         """Which servers each room lets take part (m.room.server_acl)."""
         return ServerAcls(self.room_store)
+
+    @component
+    def space_hierarchy(self) -> SpaceHierarchy:
+        """The rooms under a space, as a user or another server may see them."""
+        return SpaceHierarchy(self.room_store, self.server_acls)
 
     # --- /sync: waiting syncs park on the notifier --------------------------------------
 
