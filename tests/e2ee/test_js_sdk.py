@@ -194,3 +194,23 @@ def test_edits_reactions_and_threads_through_matrix_js_sdk(server, node, tmp_pat
     assert thread["length"] == 2 and thread["latest"] == last
     assert thread["latest_body"] == "alice replies last" and thread["participated"] is True
     assert thread["replies"][-2:] == ["bob replies in the thread", "alice replies last"]
+
+
+@pytest.mark.parametrize(
+    "server", ["sqlite"], indirect=True
+)  # both: tests/rooms/test_hierarchy_api.py
+def test_a_space_and_its_room_through_matrix_js_sdk(server, node, tmp_path):
+    """alice links a room into a space both ways; getRoomHierarchy shows both to her and to
+    bob, who is in neither, and a one-room page follows next_batch to the end."""
+    scenario = {"alice": registered(server, "alice"), "bob": registered(server, "bob")}
+    result = run_node(
+        node, "spaces.mjs", server.client_url, json.dumps(scenario), tmp_path=tmp_path
+    )
+    space, room = result["ids"]["space"], result["ids"]["room"]
+    expected = [
+        {"room_id": space, "name": "Team", "room_type": "m.space", "children": [room]},
+        {"room_id": room, "name": "General", "room_type": None, "children": []},
+    ]
+    assert result["alice"] == expected
+    assert result["bob"] == expected
+    assert result["pages"] == [[space], [room]]
