@@ -3,8 +3,9 @@
 
 A breadth-first walk over the `m.space.child` state events of rooms we know. A room is shown
 to whom the spec's room summary rules allow: members, world-readable rooms, and rooms whose
-join rule lets anyone ask to enter (public, knock, restricted...). Rooms we do not know are
-left out: asking their servers is not done here yet.
+join rule lets anyone ask to enter (public, knock, restricted...). Rooms no user of ours is
+in are asked of the servers their link names (rooms/hierarchy_remote.py, under the client
+outbound budget); the walk shows what it could reach.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from unpaddedbase64 import decode_base64, encode_base64
 
 from homeserver.core.errors import forbidden, invalid_param, not_found
 from homeserver.core.identifiers import is_valid_room_id, server_of
+from homeserver.federation.admission import Caller
+from homeserver.rooms.hierarchy_remote import RemoteAsker, RemoteHierarchy
 from homeserver.rooms.server_acl import ServerAcls
 from homeserver.storage.rooms import RoomStore, StoredEvent
 
@@ -80,9 +83,10 @@ def _decode_from(token: str) -> tuple[str, list, int]:
 
 
 class SpaceHierarchy:
-    def __init__(self, store: RoomStore, acls: ServerAcls):
+    def __init__(self, store: RoomStore, acls: ServerAcls, remote: RemoteHierarchy):
         self.store = store
         self.acls = acls
+        self.remote = remote
 
     # --- what one room looks like ---------------------------------------------------
 
@@ -177,7 +181,7 @@ class SpaceHierarchy:
 
     # --- the client walk -----------------------------------------------------------
 
-    def client_hierarchy(self, user_id: str, req: HierarchyRequest) -> dict:
+    def client_hierarchy(self, user_id: str, req: HierarchyRequest, caller: Caller) -> dict:
         # An unknown root is refused like a hidden one: the spec names 403 only, and a
         # different answer would tell anyone which rooms exist here.
         if not self._known(req.room_id) or self._user_view(req.room_id, user_id) is None:
@@ -188,37 +192,63 @@ class SpaceHierarchy:
             room_id, token_params, offset = _decode_from(req.from_token)
             if room_id != req.room_id or token_params != params:
                 raise invalid_param("from does not belong to this request")
-        rooms = self._walk(user_id, req)
+        with self.remote.asker(caller, req.suggested_only) as asker:
+            rooms = self._walk(user_id, req, asker)
         page = rooms[offset : offset + req.limit]
         body: dict = {"rooms": page}
         if offset + req.limit < len(rooms):
             body["next_batch"] = _encode_from(req.room_id, params, offset + req.limit)
         return body
 
-    def _walk(self, user_id: str, req: HierarchyRequest) -> list[dict]:
+    def _room_for_user(
+        self, room_id: str, via: list[str], user_id: str, asker: RemoteAsker
+    ) -> tuple[dict | None, list[tuple[dict, list[str]]]]:
+        """(summary, children links) of a room the user may see; (None, []) otherwise."""
+        if self._known(room_id) and self.store.joined_users(room_id):
+            summary = self._user_view(room_id, user_id)
+            return summary, self._children_state(room_id) if summary is not None else []
+        remote = asker.summary(room_id, via)
+        # The remote shows us what any server may see; a user of ours may see no more than
+        # the spec lets a non-member see.
+        if remote is None or not (
+            remote.get("world_readable") is True or remote.get("join_rule") in _PEEKABLE_JOIN_RULES
+        ):
+            return None, []
+        links = []
+        for stripped in remote.pop("children_state"):
+            content = stripped["content"]
+            via_list = content.get("via")
+            if (
+                isinstance(via_list, list)
+                and via_list
+                and all(isinstance(v, str) for v in via_list)
+            ):
+                links.append((stripped, via_list))
+        return dict(remote), links
+
+    def _walk(self, user_id: str, req: HierarchyRequest, asker: RemoteAsker) -> list[dict]:
         """Every visible room under the root, breadth first, each once. Paging recomputes
         the walk and skips: the token stays small and needs no server-side session."""
         max_depth = MAX_DEPTH if req.max_depth is None else min(req.max_depth, MAX_DEPTH)
-        queue: list[tuple[str, int]] = [(req.room_id, 0)]
+        queue: list[tuple[str, int, list[str]]] = [(req.room_id, 0, [])]
         seen = {req.room_id}
         shown: list[dict] = []
         while queue and len(seen) <= MAX_ROOMS_WALKED:
-            room_id, depth = queue.pop(0)
-            summary = self._user_view(room_id, user_id) if self._known(room_id) else None
+            room_id, depth, via = queue.pop(0)
+            summary, children = self._room_for_user(room_id, via, user_id, asker)
             if summary is None:
                 continue
-            children = self._children_state(room_id)
             if req.suggested_only:
                 children = [c for c in children if c[0]["content"].get("suggested") is True]
             summary["children_state"] = [stripped for stripped, _via in children]
             shown.append(summary)
             if depth >= max_depth:
                 continue
-            for stripped, _via in children:
+            for stripped, child_via in children:
                 child = stripped["state_key"]
                 if child not in seen:
                     seen.add(child)
-                    queue.append((child, depth + 1))
+                    queue.append((child, depth + 1, child_via))
         return shown
 
     # --- for other servers ------------------------------------------------------------

@@ -6,7 +6,7 @@ from __future__ import annotations
 from flask import Blueprint
 
 from homeserver.api.auth import current_requester, requires_auth
-from homeserver.api.context import runtime
+from homeserver.api.context import outbound_caller, runtime
 from homeserver.http.parsing import query_bool, query_int, query_str
 from homeserver.http.responses import json_response
 from homeserver.rooms.hierarchy import DEFAULT_LIMIT, MAX_LIMIT, HierarchyRequest
@@ -25,4 +25,6 @@ def hierarchy(room_id: str):
         query_str("from"),
     )
     user_id = current_requester().user_id
-    return json_response(runtime().space_hierarchy.client_hierarchy(user_id, req))
+    return json_response(
+        runtime().space_hierarchy.client_hierarchy(user_id, req, outbound_caller())
+    )
