@@ -200,11 +200,15 @@ class SpaceHierarchy:
             body["next_batch"] = _encode_from(req.room_id, params, offset + req.limit)
         return body
 
+    def _is_ours(self, room_id: str) -> bool:
+        """A room some user of ours is in: its state here is current."""
+        return self._known(room_id) and bool(self.store.joined_users(room_id))
+
     def _room_for_user(
         self, room_id: str, via: list[str], user_id: str, asker: RemoteAsker
     ) -> tuple[dict | None, list[tuple[dict, list[str]]]]:
         """(summary, children links) of a room the user may see; (None, []) otherwise."""
-        if self._known(room_id) and self.store.joined_users(room_id):
+        if self._is_ours(room_id):
             summary = self._user_view(room_id, user_id)
             return summary, self._children_state(room_id) if summary is not None else []
         remote = asker.summary(room_id, via)
@@ -244,6 +248,14 @@ class SpaceHierarchy:
             shown.append(summary)
             if depth >= max_depth:
                 continue
+            asker.prefetch(
+                [
+                    (stripped["state_key"], via)
+                    for stripped, via in children
+                    if stripped["state_key"] not in seen
+                    and not self._is_ours(stripped["state_key"])
+                ]
+            )
             for stripped, child_via in children:
                 child = stripped["state_key"]
                 if child not in seen:

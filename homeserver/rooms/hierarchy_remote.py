@@ -15,6 +15,9 @@ import contextlib
 from typing import Any
 from urllib.parse import quote
 
+import gevent
+import gevent.pool
+
 from budget import DeadlineExceeded, InFlightBudget
 from homeserver.core.errors import MatrixError
 from homeserver.federation.admission import (
@@ -34,6 +37,9 @@ HIERARCHY_MAX_BYTES = 4 * 1024 * 1024
 # Servers tried for one room: a child naming many dead servers must not use the whole
 # deadline on itself before its siblings are asked.
 MAX_VIAS_PER_ROOM = 3
+# Siblings asked at once: a silent server then holds the deadline beside its siblings'
+# questions, not ahead of them. They share the walk's one slot and deadline.
+ASKED_AT_ONCE = 5
 
 
 def _summary_of(entry: Any) -> dict | None:
@@ -101,6 +107,7 @@ class RemoteAsker:
         self._deadline: Any = None
         self._unavailable = False
         self._answers: dict[str, dict] = {}
+        self._failed: set[str] = set()
 
     def __enter__(self) -> RemoteAsker:
         return self
@@ -123,8 +130,8 @@ class RemoteAsker:
 
     def summary(self, room_id: str, via: list[str]) -> dict | None:
         """What the servers in `via` say of `room_id`, or None if none could say in time."""
-        if room_id in self._answers:
-            return self._answers[room_id]
+        if room_id in self._answers or room_id in self._failed:
+            return self._answers.get(room_id)
         servers = [s for s in dict.fromkeys(via) if s != self._remote._server_name]
         for server in servers[:MAX_VIAS_PER_ROOM]:
             if not self._admit():
@@ -147,4 +154,18 @@ class RemoteAsker:
             for known_id, summary in answers.items():
                 self._answers.setdefault(known_id, summary)
             return self._answers[room_id]
+        self._failed.add(room_id)
         return None
+
+    def prefetch(self, rooms: list[tuple[str, list[str]]]) -> None:
+        """Asks for sibling rooms at once; `summary` then reads their answers."""
+        wanted = [(r, v) for r, v in rooms if r not in self._answers and r not in self._failed]
+        if len(wanted) < 2 or not self._admit():
+            return
+        pool = gevent.pool.Pool(ASKED_AT_ONCE)
+        jobs = [pool.spawn(self.summary, room_id, via) for room_id, via in wanted]
+        try:
+            # Each question ends at the deadline; the margin only covers its conversion.
+            gevent.joinall(jobs, timeout=self._deadline.remaining() + 1)
+        finally:
+            gevent.killall([job for job in jobs if not job.ready()])

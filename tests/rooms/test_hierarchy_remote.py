@@ -95,8 +95,9 @@ def test_remote_children_are_asked_for_and_a_tarpit_costs_only_the_deadline(weir
         alice, name="Root", preset="public_chat", creation_content={"type": "m.space"}
     )
     local = create_room(alice, name="Local", preset="public_chat")
-    link(alice, root, FAR, PEER, "a")
-    link(alice, root, STUCK, f"{TARPIT_IP}:8448", "b")
+    # The tarpit comes first: its siblings are asked beside it, not after its deadline.
+    link(alice, root, STUCK, f"{TARPIT_IP}:8448", "a")
+    link(alice, root, FAR, PEER, "b")
     link(alice, root, local, f"{WEIR_IP}:8448", "c")
     with Tarpit(host=TARPIT_IP, port=8448) as tarpit:
         started = time.monotonic()
