@@ -12,6 +12,8 @@ is everything local when the budget is full (no 429 for a walk that needs no pee
 from __future__ import annotations
 
 import contextlib
+import copy
+import time
 from typing import Any
 from urllib.parse import quote
 
@@ -19,6 +21,7 @@ import gevent
 import gevent.pool
 
 from budget import DeadlineExceeded, InFlightBudget
+from homeserver.core.caching import TtlCache
 from homeserver.core.errors import MatrixError
 from homeserver.federation.admission import (
     DIRECTORY_DEADLINE_SECONDS,
@@ -40,6 +43,10 @@ MAX_VIAS_PER_ROOM = 3
 # Siblings asked at once: a silent server then holds the deadline beside its siblings'
 # questions, not ahead of them. They share the walk's one slot and deadline.
 ASKED_AT_ONCE = 5
+# Paging walks the space again for every page: remote answers are kept briefly, so the
+# next pages ask no peer again.
+ANSWER_CACHE_SECONDS = 30.0
+ANSWER_CACHE_ENTRIES = 1024
 
 
 def _summary_of(entry: Any) -> dict | None:
@@ -90,6 +97,7 @@ class RemoteHierarchy:
         self._cooldown = cooldown
         self._metrics = metrics
         self._server_name = server_name
+        self._cache = TtlCache(time.monotonic, ANSWER_CACHE_ENTRIES)
 
     def asker(self, caller: Caller, suggested_only: bool) -> RemoteAsker:
         return RemoteAsker(self, caller, suggested_only)
@@ -131,7 +139,11 @@ class RemoteAsker:
     def summary(self, room_id: str, via: list[str]) -> dict | None:
         """What the servers in `via` say of `room_id`, or None if none could say in time."""
         if room_id in self._answers or room_id in self._failed:
-            return self._answers.get(room_id)
+            return copy.deepcopy(self._answers.get(room_id))
+        cached = self._remote._cache.get((room_id, self._suggested_only))
+        if cached is not None:
+            self._answers.update(cached)
+            return copy.deepcopy(cached[room_id])
         servers = [s for s in dict.fromkeys(via) if s != self._remote._server_name]
         for server in servers[:MAX_VIAS_PER_ROOM]:
             if not self._admit():
@@ -151,9 +163,10 @@ class RemoteAsker:
                 count_failure(self._remote._metrics, "hierarchy", e)
                 continue
             self._remote._metrics.outbound_calls.labels("hierarchy", "ok").inc()
+            self._remote._cache.put((room_id, self._suggested_only), answers, ANSWER_CACHE_SECONDS)
             for known_id, summary in answers.items():
                 self._answers.setdefault(known_id, summary)
-            return self._answers[room_id]
+            return copy.deepcopy(self._answers[room_id])
         self._failed.add(room_id)
         return None
 

@@ -124,3 +124,15 @@ def test_remote_children_are_asked_for_and_a_tarpit_costs_only_the_deadline(weir
         for outcome in ("ok", "deadline")
     }
     assert outcomes == {"ok": 1, "deadline": 1}
+    # Paging walks the space again: the peer's answer is reused, not asked for again.
+    url = f"/_matrix/client/v1/rooms/{quote(root, safe='')}/hierarchy"
+    first = alice.get(url, params={"limit": 2}, timeout=30).json()
+    second = alice.get(url, params={"limit": 2, "from": first["next_batch"]}, timeout=30).json()
+    assert [room["room_id"] for room in first["rooms"] + second["rooms"]] == [
+        root,
+        FAR,
+        local,
+        FARTHER,
+    ]
+    assert len([req for req in peer.requests if req.path.startswith(HIERARCHY)]) == 1
+    assert in_flight(weir.client_url, "client_outbound") == 0
