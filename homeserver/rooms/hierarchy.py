@@ -57,6 +57,11 @@ def _content(state: dict, key: tuple[str, str]) -> dict:
     return content if isinstance(content, dict) else {}
 
 
+def _is_order(order: str) -> bool:
+    # The spec's `order`: printable ASCII only (0x20 to 0x7E), at most 50 characters.
+    return all(" " <= ch <= "~" for ch in order)
+
+
 def _child_vias(stored: StoredEvent) -> list[str] | None:
     """The child's `via` servers, or None when the link is not valid (no via: removed)."""
     via = stored.event.content.get("via") if isinstance(stored.event.content, dict) else None
@@ -103,7 +108,7 @@ class SpaceHierarchy:
                 continue
             event = stored.event
             order = event.content.get("order")
-            valid_order = isinstance(order, str) and len(order) <= 50 and order.isprintable()
+            valid_order = isinstance(order, str) and len(order) <= 50 and _is_order(order)
             links.append(
                 (
                     (0 if valid_order else 1, order if valid_order else "", event.origin_server_ts),
