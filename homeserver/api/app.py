@@ -29,6 +29,7 @@ from homeserver.api.client import (
     reports,
     rooms,
     search,
+    spaces,
     sync,
     versions,
 )
@@ -40,6 +41,7 @@ from homeserver.api.federation import keys as federation_keys
 from homeserver.api.federation import media as federation_media
 from homeserver.api.federation import membership, transactions
 from homeserver.api.federation import profile as federation_profile
+from homeserver.api.federation import spaces as federation_spaces
 from homeserver.http.middleware import RequestContextMiddleware
 from homeserver.http.responses import register_error_handlers
 from homeserver.http.routing import RouteMap
@@ -57,6 +59,7 @@ def client_blueprints():
         jump_to_date.bp,
         relations.bp,
         search.bp,
+        spaces.bp,
         directory.bp,
         media.bp,
         metrics.bp,
@@ -84,6 +87,7 @@ def federation_blueprints():
         transactions.bp,
         membership.bp,
         federation_events.bp,
+        federation_spaces.bp,
         versions.bp,
         federation_media.bp,
     ]

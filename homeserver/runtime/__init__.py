@@ -50,6 +50,8 @@ from homeserver.rooms.federation_membership import FederationMembership
 from homeserver.rooms.federation_reads import FederationReads
 from homeserver.rooms.gaps import GapFiller
 from homeserver.rooms.held import HeldPdus
+from homeserver.rooms.hierarchy import SpaceHierarchy
+from homeserver.rooms.hierarchy_remote import RemoteHierarchy
 from homeserver.rooms.history import RoomHistory
 from homeserver.rooms.join_checks import JoinResponseChecker
 from homeserver.rooms.jump_to_date import TimestampLookup
@@ -345,6 +347,18 @@ class HomeserverRuntime(Infrastructure):
     def server_acls(self) -> ServerAcls:
         """Which servers each room lets take part (m.room.server_acl)."""
         return ServerAcls(self.room_store)
+
+    @component
+    def space_hierarchy(self) -> SpaceHierarchy:
+        """The rooms under a space, as a user or another server may see them."""
+        remote = RemoteHierarchy(
+            self.federation_client,
+            self.client_outbound_budget,
+            self.address_cooldown,
+            self.metrics,
+            self.server_name,
+        )
+        return SpaceHierarchy(self.room_store, self.server_acls, remote)
 
     # --- /sync: waiting syncs park on the notifier --------------------------------------
 

@@ -234,3 +234,23 @@ def test_search_through_matrix_js_sdk(server, node, tmp_path):
     last = result["last"]
     assert last["event_id"] == result["buried"] and last["sender"] == result["alice"]
     assert last["before"] == ["before the map"] and last["after"] == ["after the map"]
+
+
+@pytest.mark.parametrize(
+    "server", ["sqlite"], indirect=True
+)  # both: tests/rooms/test_hierarchy_api.py
+def test_a_space_and_its_room_through_matrix_js_sdk(server, node, tmp_path):
+    """alice links a room into a space both ways; getRoomHierarchy shows both to her and to
+    bob, who is in neither, and a one-room page follows next_batch to the end."""
+    scenario = {"alice": registered(server, "alice"), "bob": registered(server, "bob")}
+    result = run_node(
+        node, "spaces.mjs", server.client_url, json.dumps(scenario), tmp_path=tmp_path
+    )
+    space, room = result["ids"]["space"], result["ids"]["room"]
+    expected = [
+        {"room_id": space, "name": "Team", "room_type": "m.space", "children": [room]},
+        {"room_id": room, "name": "General", "room_type": None, "children": []},
+    ]
+    assert result["alice"] == expected
+    assert result["bob"] == expected
+    assert result["pages"] == [[space], [room]]
