@@ -313,6 +313,8 @@ class FederationSecurityConfig:
     # past either, the origin's next transaction is refused with 429.
     staged_per_origin_max_pdus: int = setting(_int(50), 1000)
     staged_per_origin_max_bytes: int = setting(_int(1024 * 1024), 16 * 1024 * 1024)
+    # And every origin's together: a server under many names has each name's caps.
+    staged_max_bytes: int = setting(_int(1024 * 1024), 256 * 1024 * 1024)
     # A received PDU whose missing events its origin could not give is held and retried
     # (rooms/held.py). First retry after 30 s: a restarting server is back by then, and a
     # blip costs a user half a minute; doubling to an hour. Dropped after a day: past that

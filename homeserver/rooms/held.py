@@ -32,7 +32,7 @@ from gevent.event import Event
 from gevent.pool import Pool
 
 from homeserver.core.clock import now_ms
-from homeserver.storage.transactions import HeldPdu, ReceivedTransactionStore
+from homeserver.storage.transactions import HeldPdu, ReceivedTransactionStore, StagingCaps
 
 log = logging.getLogger(__name__)
 
@@ -64,14 +64,12 @@ class HeldPdus:
     def __init__(
         self,
         store: ReceivedTransactionStore,
-        max_pdus: int,
-        max_bytes: int,
+        caps: StagingCaps,
         first_retry: float,
         max_age: float,
     ):
         self.store = store
-        self.max_pdus = max_pdus
-        self.max_bytes = max_bytes
+        self.caps = caps
         self.first_retry_ms = int(first_retry * 1000)
         self.max_retry_ms = max(self.first_retry_ms, int(MAX_RETRY_SECONDS * 1000))
         self.max_age_ms = int(max_age * 1000)
@@ -85,7 +83,7 @@ class HeldPdus:
         """Keeps the PDU to be tried again; raises `HoldRefused` past the origin's caps."""
         now = now_ms()
         held = HeldPdu(origin, event_id, pdu, source_ip, now, now + self.first_retry_ms)
-        if not self.store.hold(held, txn_id, self.max_pdus, self.max_bytes):
+        if not self.store.hold(held, txn_id, self.caps):
             raise HoldRefused(origin, self.first_retry_ms)
         log.info("holding %s from %s: its missing events could not be fetched", event_id, origin)
         self._wake.set()

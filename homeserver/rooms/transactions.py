@@ -51,7 +51,7 @@ from homeserver.rooms.pdu_checks import CheckedPdu, PduChecker
 from homeserver.rooms.received import MissingEventsRefused, ReceivedEventRefused
 from homeserver.rooms.service import RoomService
 from homeserver.rooms.staging import OriginQueues, Work, answered_or_deferred, deferred
-from homeserver.storage.transactions import ReceivedTransactionStore
+from homeserver.storage.transactions import ReceivedTransactionStore, StagingCaps
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +91,7 @@ class TransactionProcessor:
         on_edus: EduHandler | None = None,
         gaps: GapFiller | None = None,
         out_of_room: OutOfRoomEnds | None = None,
-        staged_max_pdus: int = 1000,
-        staged_max_bytes: int = 16 * 1024 * 1024,
+        staging_caps: StagingCaps | None = None,
         held: HeldPdus | None = None,
     ):
         self.checker = checker
@@ -106,9 +105,8 @@ class TransactionProcessor:
         self._on_origin = on_origin
         self._on_edus = on_edus
         self._queues = OriginQueues(self._apply)
-        self.staged_max_pdus = staged_max_pdus
-        self.staged_max_bytes = staged_max_bytes
-        self.staging_refused = 0  # transactions answered 429 past their origin's caps
+        self.staging_caps = staging_caps or StagingCaps()
+        self.staging_refused = 0  # transactions answered 429 past the staging caps
         # PDUs whose gap could not be filled, kept and retried (rooms/held.py).
         self.held = held
 
@@ -163,9 +161,7 @@ class TransactionProcessor:
             return work.answer.get()
         # Answered now, applied after: kept first, so a restart loses nothing.
         body = work.body()
-        if not self.store.stage(
-            origin, txn_id, body, self.staged_max_pdus, self.staged_max_bytes, now_ms()
-        ):
+        if not self.store.stage(origin, txn_id, body, self.staging_caps, now_ms()):
             self.staging_refused += 1
             self._queues.withdraw(work)
             raise limit_exceeded(10_000, "Too much of this server's work is waiting to be applied")

@@ -82,7 +82,7 @@ from homeserver.storage.reports import ReportStore
 from homeserver.storage.room_graph import RoomGraphStore
 from homeserver.storage.rooms import RoomStore
 from homeserver.storage.sync import SyncStore
-from homeserver.storage.transactions import ReceivedTransactionStore
+from homeserver.storage.transactions import ReceivedTransactionStore, StagingCaps
 from homeserver.sync.account_data import AccountDataService
 from homeserver.sync.edus import InboundEdus
 from homeserver.sync.filters import Filters
@@ -256,7 +256,6 @@ class HomeserverRuntime(Infrastructure):
         checker = PduChecker(self.keyring, self.rooms, self.out_of_room_ends, self.server_acls)
         received = ReceivedTransactionStore(self.db)
         if self._transaction_relay is None:
-            limits = self.config.security.federation
             processor = TransactionProcessor(
                 checker,
                 self.rooms,
@@ -265,8 +264,7 @@ class HomeserverRuntime(Infrastructure):
                 on_edus=self._receive_edus,
                 gaps=self.gaps,
                 out_of_room=self.out_of_room_ends,
-                staged_max_pdus=limits.staged_per_origin_max_pdus,
-                staged_max_bytes=limits.staged_per_origin_max_bytes,
+                staging_caps=self._staging_caps(),
                 held=self._held_pdus(received),
             )
             self.metrics.track_gauge(
@@ -287,13 +285,20 @@ class HomeserverRuntime(Infrastructure):
             return processor
         return ShardTransactionReceiver(checker, received, self._transaction_relay)
 
+    def _staging_caps(self) -> StagingCaps:
+        limits = self.config.security.federation
+        return StagingCaps(
+            limits.staged_per_origin_max_pdus,
+            limits.staged_per_origin_max_bytes,
+            limits.staged_max_bytes,
+        )
+
     def _held_pdus(self, received: ReceivedTransactionStore) -> HeldPdus:
         """PDUs whose missing events could not be fetched, kept and retried."""
         limits = self.config.security.federation
         held = HeldPdus(
             received,
-            limits.staged_per_origin_max_pdus,
-            limits.staged_per_origin_max_bytes,
+            self._staging_caps(),
             limits.held_pdu_first_retry,
             limits.held_pdu_max_age,
         )

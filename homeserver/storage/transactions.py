@@ -1,7 +1,7 @@
 """Inbound federation transactions already answered (the idempotency record of /send), those
 answered before they were applied (staged: homeserver/rooms/staging.py), and received PDUs
 kept until their missing events can be fetched (held: homeserver/rooms/held.py). Staged and
-held work share one cap per origin."""
+held work share one cap per origin, and one on all origins' bytes together (`StagingCaps`)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,28 @@ from homeserver.storage.database import Database
 
 # Senders retry a transaction for minutes, not days: an answer is kept this long.
 KEEP_ANSWERS_MS = 24 * 3600 * 1000
+
+
+@dataclass(frozen=True)
+class StagingCaps:
+    """What staged and held work may take: per origin, and all origins' bytes together, so
+    that a server under many names (each its own origin, each with its own cap) cannot make
+    us hold more than `total_bytes`."""
+
+    per_origin_pdus: int = 1000
+    per_origin_bytes: int = 16 * 1024 * 1024
+    total_bytes: int = 256 * 1024 * 1024
+
+    def allow(
+        self, tx, origin: str, pdus: int, size: int, staged_except="", held_except=""
+    ) -> bool:
+        """Whether `pdus` more PDUs of `size` bytes fit (the excepted: as `_load`)."""
+        excepted = {"staged_except": staged_except, "held_except": held_except}
+        count, held = _load(tx, origin, **excepted)
+        if count + pdus > self.per_origin_pdus or held + size > self.per_origin_bytes:
+            return False
+        _, everyone = _load(tx, origin, everyone=True, **excepted)
+        return everyone + size <= self.total_bytes
 
 
 class ReceivedTransactionStore:
@@ -52,18 +74,14 @@ class ReceivedTransactionStore:
 
     # --- staged: answered 200, applied in the background ---------------------------------
 
-    def stage(
-        self, origin: str, txn_id: str, body: dict, max_pdus: int, max_bytes: int, now_ms: int
-    ) -> bool:
-        """Keeps the transaction until `record`; False (nothing kept) if the origin's staged
-        transactions would then hold more than `max_pdus` PDUs or `max_bytes`."""
+    def stage(self, origin: str, txn_id: str, body: dict, caps: StagingCaps, now_ms: int) -> bool:
+        """Keeps the transaction until `record`; False (nothing kept) past `caps`."""
         text = json.dumps(body, separators=(",", ":"))
         count = len(body.get("pdus", ()))
 
         def write(tx) -> bool:
             # Its PDUs held already (while it was applied) are in `count`.
-            held, size = _origin_load(tx, origin, held_except=txn_id)
-            if held + count > max_pdus or size + len(text) > max_bytes:
+            if not caps.allow(tx, origin, count, len(text), held_except=txn_id):
                 return False
             tx.execute(
                 "INSERT INTO inbound_staging (origin, txn_id, body, pdus, bytes, staged_ts)"
@@ -86,10 +104,9 @@ class ReceivedTransactionStore:
 
     # --- held: PDUs whose missing events could not be fetched yet -----------------------
 
-    def hold(self, held: HeldPdu, txn_id: str, max_pdus: int, max_bytes: int) -> bool:
-        """Keeps `held` (once per origin and event) unless the origin's staged and held work,
-        its transaction `txn_id`'s staging aside, would then pass `max_pdus` or `max_bytes`;
-        whether it is held now."""
+    def hold(self, held: HeldPdu, txn_id: str, caps: StagingCaps) -> bool:
+        """Keeps `held` (once per origin and event) unless staged and held work, its
+        transaction `txn_id`'s staging aside, would then pass `caps`; whether it is held now."""
         text = json.dumps(held.pdu, separators=(",", ":"))
 
         def write(tx) -> bool:
@@ -98,8 +115,7 @@ class ReceivedTransactionStore:
                 (held.origin, held.event_id),
             ):
                 return True
-            count, size = _origin_load(tx, held.origin, staged_except=txn_id)
-            if count + 1 > max_pdus or size + len(text) > max_bytes:
+            if not caps.allow(tx, held.origin, 1, len(text), staged_except=txn_id):
                 return False
             tx.execute(
                 "INSERT INTO inbound_held (origin, event_id, txn_id, pdu, source_ip, bytes,"
@@ -172,19 +188,21 @@ class HeldPdu:
     row_id: int = 0
 
 
-def _origin_load(
-    tx, origin: str, staged_except: str = "", held_except: str = ""
+def _load(
+    tx, origin: str, staged_except: str, held_except: str, everyone: bool = False
 ) -> tuple[int, int]:
-    """PDUs and bytes of the origin's staged transactions and held PDUs, what its caps count;
-    a transaction staged and held from is counted once (its staged row, or its held PDUs)."""
+    """PDUs and bytes of the origin's (or `everyone`'s) staged transactions and held PDUs;
+    the origin's transaction staged and held from is counted once (its staged row, or its
+    held PDUs)."""
+    scope = "" if everyone else " AND origin = ?"
     staged, staged_bytes = tx.fetchone(
         "SELECT COALESCE(SUM(pdus), 0), COALESCE(SUM(bytes), 0) FROM inbound_staging"
-        " WHERE origin = ? AND txn_id <> ?",
-        (origin, staged_except),
+        " WHERE NOT (origin = ? AND txn_id = ?)" + scope,
+        (origin, staged_except) + (() if everyone else (origin,)),
     )
     held, held_bytes = tx.fetchone(
         "SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM inbound_held"
-        " WHERE origin = ? AND txn_id <> ?",
-        (origin, held_except),
+        " WHERE NOT (origin = ? AND txn_id = ?)" + scope,
+        (origin, held_except) + (() if everyone else (origin,)),
     )
     return int(staged) + int(held), int(staged_bytes) + int(held_bytes)

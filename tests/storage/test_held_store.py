@@ -1,14 +1,19 @@
 """Held PDUs in the received-transaction store, on SQLite and on a real PostgreSQL cluster:
 one row per origin and event, the origin's cap shared with its staged transactions (a
-transaction staged and held from counted once), and the retry schedule."""
+transaction staged and held from counted once), one cap on every origin's bytes together, and
+the retry schedule."""
 
 import pytest
 
 from homeserver.storage.database import open_database
 from homeserver.storage.migrations import migrate
-from homeserver.storage.transactions import HeldPdu, ReceivedTransactionStore
+from homeserver.storage.transactions import HeldPdu, ReceivedTransactionStore, StagingCaps
 
 ORIGIN, OTHER = "a.test", "b.test"
+
+
+def caps(pdus: int, total: int = 10**9) -> StagingCaps:
+    return StagingCaps(per_origin_pdus=pdus, per_origin_bytes=10**6, total_bytes=total)
 
 
 @pytest.fixture
@@ -25,28 +30,44 @@ def held(n: int, origin: str = ORIGIN, next_try: int = 100) -> HeldPdu:
 
 def test_a_pdu_is_held_once_and_counts_against_its_origins_cap(store):
     body = {"pdus": [{"n": i} for i in range(3)]}
-    assert store.stage(ORIGIN, "t1", body, 5, 10**6, 1)
+    assert store.stage(ORIGIN, "t1", body, caps(5), 1)
     # t1's three staged, and two held from t2: the cap of five is full.
-    assert store.hold(held(1), "t2", 5, 10**6) and store.hold(held(2), "t2", 5, 10**6)
-    assert not store.hold(held(3), "t2", 5, 10**6)
-    assert store.hold(held(1), "t2", 5, 10**6)  # held already: no more room needed
-    assert store.hold(held(3, OTHER), "t2", 5, 10**6)  # another origin's own cap
+    assert store.hold(held(1), "t2", caps(5)) and store.hold(held(2), "t2", caps(5))
+    assert not store.hold(held(3), "t2", caps(5))
+    assert store.hold(held(1), "t2", caps(5))  # held already: no more room needed
+    assert store.hold(held(3, OTHER), "t2", caps(5))  # another origin's own cap
     # Held while t1 itself is applied: its staged row counts them already.
-    assert store.hold(held(4), "t1", 6, 10**6)
-    assert not store.stage(ORIGIN, "t3", {"pdus": [{}]}, 6, 10**6, 1)
+    assert store.hold(held(4), "t1", caps(6))
+    assert not store.stage(ORIGIN, "t3", {"pdus": [{}]}, caps(6), 1)
     assert store.held_count() == 4
 
 
 def test_a_transaction_staged_after_its_pdus_were_held_counts_them_once(store):
-    assert store.hold(held(1), "t1", 3, 10**6) and store.hold(held(2), "t1", 3, 10**6)
-    assert store.stage(ORIGIN, "t1", {"pdus": [{}, {}, {}]}, 3, 10**6, 1)
-    assert not store.stage(ORIGIN, "t2", {"pdus": [{}]}, 3, 10**6, 1)
+    assert store.hold(held(1), "t1", caps(3)) and store.hold(held(2), "t1", caps(3))
+    assert store.stage(ORIGIN, "t1", {"pdus": [{}, {}, {}]}, caps(3), 1)
+    assert not store.stage(ORIGIN, "t2", {"pdus": [{}]}, caps(3), 1)
+
+
+def test_every_origins_work_together_has_one_cap_in_bytes(store):
+    """A server under many names has each name's own cap: the total bounds them all."""
+    body = {"pdus": [{"pad": "x" * 100}]}
+    size = len('{"pdus":[{"pad":"' + "x" * 100 + '"}]}')
+    total = caps(10, total=3 * size)
+    for n in range(3):
+        assert store.stage(f"name{n}.test", "t1", body, total, 1)
+    assert not store.stage("name3.test", "t1", body, total, 1)
+    assert not store.hold(held(1, "name3.test"), "t2", total)
+    # The same transaction ID from another origin is another transaction: still counted.
+    assert not store.stage("name0.test", "t9", body, total, 1)
+    assert store.staged_count() == 3
+    store.record("name0.test", "t1", {"pdus": {}}, 2)  # applied: its room is free again
+    assert store.stage("name3.test", "t1", body, total, 1)
 
 
 def test_due_held_pdus_come_in_order_and_are_put_off(store):
     for n, next_try in ((1, 300), (2, 100), (3, 200)):
-        store.hold(held(n, next_try=next_try), "t", 10, 10**6)
-    store.hold(held(4, OTHER, 150), "t", 10, 10**6)
+        store.hold(held(n, next_try=next_try), "t", caps(10))
+    store.hold(held(4, OTHER, 150), "t", caps(10))
     assert [h.event_id for h in store.held_due(250, 10)] == ["$e2", "$e4", "$e3"]
     first = store.held_due(100, 10)[0]
     assert (first.pdu, first.source_ip, first.tries) == ({"n": 2}, "10.0.0.1", 0)
