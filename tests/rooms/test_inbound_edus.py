@@ -241,3 +241,47 @@ def test_a_room_shows_at_most_100_remote_typers(weir, test_ca, alice, origin):
     )
     assert r.status_code == 200, r.text
     assert alice.user_id in typing_now(alice, room.room_id)
+
+
+def device_lists_until(client, since: str, wanted) -> dict:
+    """Long-polls /sync from `since` until its device_lists satisfy `wanted`."""
+    with gevent.Timeout(20, AssertionError("device_lists never showed the change")):
+        while True:
+            body = sync(client, since=since, timeout=5000)
+            lists = body.get("device_lists", {"changed": [], "left": []})
+            if wanted(lists):
+                return lists
+            since = body["next_batch"]
+
+
+def test_a_remote_users_device_change_and_leave_reach_device_lists(weir, test_ca, alice, origin):
+    """Issue 34, item 5: a device list update of a remote user who shares a room with alice
+    puts them in her sync's device_lists.changed; their leave from the only room they shared
+    puts them in `left`, so her client stops encrypting to their devices."""
+    room, join_id = room_joined_by(weir, test_ca, alice, origin, "dora")
+    dora = origin.user("dora")
+    since = sync(alice)["next_batch"]
+    update = {"user_id": dora, "device_id": "DORA1", "stream_id": 7, "prev_id": []}
+    send(
+        weir,
+        test_ca,
+        origin,
+        "dora-d1",
+        edus=[{"edu_type": "m.device_list_update", "content": update}],
+    )
+    changed = device_lists_until(alice, since, lambda lists: dora in lists.get("changed", []))
+    assert dora not in changed.get("left", [])
+    since = sync(alice)["next_batch"]
+    leave_id, leave = room.pdu(
+        origin,
+        dora,
+        "m.room.member",
+        {"membership": "leave"},
+        state_key=dora,
+        prev_events=[join_id],
+        auth_events=room.auth_for(dora),
+    )
+    answer = send(weir, test_ca, origin, "dora-leave", pdus=[leave])
+    assert answer == {"pdus": {leave_id: {}}}
+    left = device_lists_until(alice, since, lambda lists: dora in lists.get("left", []))
+    assert dora not in left.get("changed", [])
