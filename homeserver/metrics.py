@@ -177,6 +177,14 @@ class Metrics:
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
             registry=self.registry,
         )
+        # How late the hub woke a 10 ms timer (core/hub_lateness.py): each ready socket
+        # waited as long.
+        self.hub_lateness = Histogram(
+            "weir_hub_lateness_seconds",
+            "How late the hub woke a timer asked for every 10 ms: the time it was held",
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5),
+            registry=self.registry,
+        )
 
     def _federation_figures(self) -> None:
         """The federation sender's outcomes, address cool-downs and remote joins."""

@@ -34,8 +34,9 @@ transaction, and every answer is checked to hold no error.
 (d) Fork. In the room of (b) (built here if (b) did not run), alice gives a remote member
     power; from the same fork point two branches of 100 state events each set the same 100
     keys of a custom type (100 conflicts), then one message's prev_events are both tips.
-    Printed: the merge's /send round trip and the longest /versions request meanwhile;
-    also branch b's, each of whose events meets branch a's tip in the current state.
+    Printed: the merge's /send round trip, how long Weir's hub was held meanwhile (its own
+    weir_hub_lateness_seconds) and the longest /versions request; also branch b's, each of
+    whose events meets branch a's tip in the current state.
 (e) Flood (loadtests/big_room_flood.py). The room of (b), grown to `--flood-members` if
     smaller; its first remote member's origin sends messages as fast as it can for
     `--flood-seconds`: `--flood-senders` (4) concurrent senders, transactions of 50 back to
@@ -68,6 +69,7 @@ from loadtests.big_room_common import (
     MB,
     V3,
     Figure,
+    HubLateness,
     Probe,
     Sizes,
     percentile,
@@ -143,18 +145,24 @@ class Bench:
         self._big: Room | None = None
 
     def send(self, origin: FakeOrigin, pdus: list[dict]) -> float:
-        """Seconds the /send round trip took; raises unless every PDU was accepted."""
+        """Seconds until the transaction was applied; raises unless every PDU was accepted.
+        A transaction not applied within a second is answered 200 with no results (staged:
+        rooms/staging.py); it is sent again, as a server retries, until its answer is
+        recorded."""
         self._txns += 1
         txn_id = f"big{self._txns}"
-        for _ in range(30):  # 429: a refused key or event resolution, retried as a server would
-            started = time.monotonic()
+        started = time.monotonic()
+        for _ in range(6000):
             r = send_transaction(
                 self.weir.federation_url, origin, WEIR_NAME, txn_id, pdus, self.ca, timeout=600
             )
             took = time.monotonic() - started
-            if r.status_code != 429:
+            if r.status_code == 429:  # past the staging caps
+                time.sleep(r.json().get("retry_after_ms", 1000) / 1000)
+            elif r.status_code == 200 and pdus and not r.json().get("pdus"):
+                time.sleep(0.05)  # staged, being applied
+            else:
                 break
-            time.sleep(r.json().get("retry_after_ms", 1000) / 1000)
         results = r.json().get("pdus", {}) if r.status_code == 200 else {}
         if len(results) != len(pdus) or any(results.values()):
             raise RuntimeError(f"/send {txn_id}: {r.status_code} {r.text[:1000]}")
@@ -359,13 +367,17 @@ def section_d(bench: Bench, args) -> list[Figure]:
         depth=depth + FORK_LENGTH,
     )
     took_a = sum(bench.send(origin, branch_a[i : i + PER_TXN]) for i in range(0, 100, PER_TXN))
-    took_b, cpu_b, during_b = probed(bench, origin, branch_b)
-    took, cpu, during = probed(bench, origin, [merge])
+    with HubLateness(bench.weir.client_url) as hub_b:
+        took_b, cpu_b, during_b = probed(bench, origin, branch_b)
+    with HubLateness(bench.weir.client_url) as hub:
+        took, cpu, during = probed(bench, origin, [merge])
     room.tip = merge_id
     stall = max(during, default=float("nan"))
     figures = [
         Figure("d", "merge /send round trip", f"{took * 1000:.0f} ms", "< 1000 ms", took < 1),
-        Figure("d", "longest /versions (outside), merge", f"{stall:.1f} ms", "<= 50 ms"),
+        Figure("d", "hub held over 50 ms, merge (inside)", hub.line(), "0 over 50 ms"),
+        Figure("d", "hub held over 50 ms, branch b (inside)", hub_b.line(), "0 over 50 ms"),
+        Figure("d", "longest /versions (outside), merge", f"{stall:.1f} ms"),
         Figure("d", "/versions during the merge", probe_line(during)),
         Figure("d", "Weir CPU during the merge", f"{cpu * 1000:.0f} ms"),
         Figure("d", "branch a, then b: /send total", f"{took_a:.2f} s, {took_b:.2f} s"),
@@ -373,9 +385,14 @@ def section_d(bench: Bench, args) -> list[Figure]:
         Figure("d", "/versions during branch b", probe_line(during_b)),
         Figure("d", "the merged room", fork_outcome(bench, room, merge_id)),
     ]
-    figures[1].met = stall <= 50
+    figures[1].met = hub.over(0.05) == 0
+    figures[2].met = hub_b.over(0.05) == 0
     print_figures(figures)
-    print("  (/versions figures are measured from outside: a fresh connection every 10 ms)")
+    print(
+        "  (inside: Weir's weir_hub_lateness_seconds, a timer every 10 ms and how late the hub"
+        " woke it; outside: /versions on a fresh connection every 10 ms, which also waits for"
+        " the OS to run the probe, the bench and Weir on this machine's cores)"
+    )
     return figures
 
 

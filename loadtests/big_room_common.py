@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import psycopg
 
+from tests.support.metrics import read_metrics
 from tests.support.server import REPO
 
 V3 = "/_matrix/client/v3"
@@ -136,6 +137,43 @@ class Sizes:
     def _pg(self, sql: str) -> list:
         with psycopg.connect(self.url, autocommit=True) as conn:
             return conn.execute(sql).fetchall()
+
+
+class HubLateness:
+    """Weir's own measure of how long its hub was held (weir_hub_lateness_seconds, from
+    /metrics): what changed between `__enter__` and `__exit__`."""
+
+    NAME = "weir_hub_lateness_seconds_bucket"
+
+    def __init__(self, client_url: str):
+        self.client_url = client_url
+        self.buckets: dict[float, float] = {}
+
+    def _read(self) -> dict[float, float]:
+        samples = read_metrics(self.client_url)
+        return {
+            float(dict(labels)["le"]): value
+            for (name, labels), value in samples.items()
+            if name == self.NAME
+        }
+
+    def __enter__(self) -> "HubLateness":
+        self._before = self._read()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        after = self._read()
+        self.buckets = {le: after[le] - self._before.get(le, 0.0) for le in after}
+
+    def over(self, seconds: float) -> int:
+        """Wakes later than `seconds` (a bucket bound)."""
+        return int(self.buckets[math.inf] - self.buckets[seconds])
+
+    def line(self) -> str:
+        """The count, and the bucket bound under which the longest stall fell."""
+        total = int(self.buckets.get(math.inf, 0))
+        longest = min((le for le, n in self.buckets.items() if n == total), default=math.inf)
+        return f"{total} wakes, longest <= {longest * 1000:.0f} ms, over 50 ms: {self.over(0.05)}"
 
 
 def probe_line(samples: list[float]) -> str:

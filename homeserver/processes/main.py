@@ -10,6 +10,7 @@ import resource
 from homeserver.api.app import CLIENT, FEDERATION
 from homeserver.config import Config
 from homeserver.core.collector import watch_pauses
+from homeserver.core.hub_lateness import HubLateness
 from homeserver.processes.lifecycle import stop_on_signals, wait_then_drain
 from homeserver.processes.listeners import HomeserverServer
 from homeserver.processes.shards import FederationShards
@@ -68,6 +69,8 @@ def serve(config: Config, config_path: str) -> int:
         log.error("%s", e)
         runtime.close()
         return 1
+    hub_lateness = HubLateness(runtime.metrics.hub_lateness.observe)
+    hub_lateness.start()
     stop = stop_on_signals()
     try:
         federation_url = shards.start(stop) if shards else server.federation_url
@@ -91,6 +94,7 @@ def serve(config: Config, config_path: str) -> int:
             federation_url,
         )
     before = [
+        hub_lateness.stop,
         runtime.federation_sender.stop,
         runtime.presence.stop,
         *([shards.stop] if shards else []),
