@@ -43,7 +43,9 @@ EXPOSE 8008 8448
 # client listener off port 8008.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=30s --retries=3 \
     CMD python -c "import os, urllib.request; urllib.request.urlopen(os.environ['WEIR_HEALTH_URL'], timeout=4)"
-# SIGTERM (docker stop) drains in-flight requests for up to 10 s, after
-# server.http.shutdown_drain_delay (0 unless set; deploy/ sets 5 s for its balancer): give
-# it a little longer than both (docker stop -t 15, or stop_grace_period in compose).
+# SIGTERM (docker stop) first fails /health for server.http.shutdown_drain_delay (5 s in
+# docker/config.toml and deploy/weir.toml) while Weir still serves, then drains in-flight
+# requests for up to 10 s: give it longer than both (docker stop -t 20, or
+# stop_grace_period: 20s in compose, as deploy/docker-compose.yml does).
+STOPSIGNAL SIGTERM
 ENTRYPOINT ["/app/docker/entrypoint.sh"]

@@ -7,11 +7,15 @@ files an operator edits, so that changing one without the other fails here.
 import os
 import re
 
+import pytest
+
 from homeserver.config import load_config
 from homeserver.processes.listeners import SHUTDOWN_GRACE_SECONDS
 from tests.support.server import REPO
 
 DEPLOY = os.path.join(REPO, "deploy")
+# What the image runs with unless the operator changes it (Dockerfile, docker/entrypoint.sh).
+CONTAINER_CONFIG = os.path.join(REPO, "docker", "config.toml")
 
 
 def read(name: str) -> str:
@@ -30,10 +34,12 @@ def test_weir_toml_is_valid_and_trusts_the_balancer_only():
     assert config.server.http.trusted_proxies == (f"{lb_address}/32",)
 
 
-def test_haproxy_marks_weir_down_before_its_listeners_close():
+@pytest.mark.parametrize("config", [os.path.join(DEPLOY, "weir.toml"), CONTAINER_CONFIG])
+def test_haproxy_marks_weir_down_before_its_listeners_close(config):
     """After SIGTERM the next check comes within `inter`, and `fall - 1` more follow at
-    `fastinter`: the balancer must have stopped sending before shutdown_drain_delay ends."""
-    drain = load_config(os.path.join(DEPLOY, "weir.toml")).server.http.shutdown_drain_delay
+    `fastinter`: the balancer must have stopped sending before shutdown_drain_delay ends,
+    with deploy/'s config and with the image's own."""
+    drain = load_config(config).server.http.shutdown_drain_delay
     servers = re.findall(r"^\s*server weir \S+ (.*)$", read("haproxy.cfg"), re.MULTILINE)
     assert len(servers) == 2
     for params in servers:
@@ -46,7 +52,8 @@ def test_haproxy_marks_weir_down_before_its_listeners_close():
         assert marked_down_within < drain, (params, drain)
 
 
-def test_compose_gives_the_drain_and_in_flight_requests_time_to_finish():
-    drain = load_config(os.path.join(DEPLOY, "weir.toml")).server.http.shutdown_drain_delay
+@pytest.mark.parametrize("config", [os.path.join(DEPLOY, "weir.toml"), CONTAINER_CONFIG])
+def test_compose_gives_the_drain_and_in_flight_requests_time_to_finish(config):
+    drain = load_config(config).server.http.shutdown_drain_delay
     grace = re.search(r"stop_grace_period: (\S+)", read("docker-compose.yml")).group(1)
     assert seconds(grace) > drain + SHUTDOWN_GRACE_SECONDS

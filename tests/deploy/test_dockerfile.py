@@ -150,7 +150,22 @@ def build_tools_in_final_stage(stages: list[Stage]) -> list[str]:
     return problems
 
 
-RULES = [unpinned_bases, root_user, missing_healthcheck, build_tools_in_final_stage]
+def stop_signal_not_draining(stages: list[Stage]) -> list[str]:
+    """Weir drains on SIGTERM (homeserver/processes/lifecycle.py); another stop signal
+    would skip the drain, and a balancer in front would see resets."""
+    signals = stages[-1].all("STOPSIGNAL")
+    if signals and signals[-1].args.strip() not in ("SIGTERM", "15"):
+        return [f"STOPSIGNAL {signals[-1].args}: Weir drains on SIGTERM only"]
+    return []
+
+
+RULES = [
+    unpinned_bases,
+    root_user,
+    missing_healthcheck,
+    build_tools_in_final_stage,
+    stop_signal_not_draining,
+]
 
 
 @pytest.fixture(scope="module")
@@ -172,6 +187,7 @@ def test_each_rule_fires_on_a_dockerfile_that_breaks_it():
         "RUN apt-get update && apt-get install -y --no-install-recommends gcc libpq-dev \\\n"
         "    && pip install psycopg\n"
         "USER root\n"
+        "STOPSIGNAL SIGKILL\n"
     )
     found = {rule.__name__: rule(parse(bad)[1]) for rule in RULES}
     assert all(found.values()), found

@@ -14,6 +14,7 @@ import os
 import re
 import ssl
 import time
+import tomllib
 from urllib.parse import urlsplit
 
 import gevent
@@ -31,7 +32,7 @@ from tests.support.haproxy import (
     render_config,
 )
 from tests.support.metrics import in_flight, wait_for_metric
-from tests.support.server import MatrixClient, WeirProcess, base_settings, merge
+from tests.support.server import REPO, MatrixClient, WeirProcess, base_settings, merge
 
 V3 = "/_matrix/client/v3"
 BUDGET = "client_outbound"
@@ -40,6 +41,7 @@ CLIENTS = [f"127.0.0.{i}" for i in range(10, 20)]
 TARPIT_IP = "127.47.0.2"
 ORIGIN_IP = "127.47.0.3"
 HAPROXY_503 = b"No server is available to handle this request."
+CONTAINER_CONFIG = os.path.join(REPO, "docker", "config.toml")
 
 
 def weir_settings(directory: str, test_ca, dns, **http) -> dict:
@@ -338,6 +340,38 @@ def test_sigterm_under_load_loses_no_request(haproxy_bin, test_ca, dns, tmp_path
         check_inter="200ms",
         shutdown_drain_delay=DRAIN_DELAY,
     )
+    try:
+        figures = run_drain(weir, lb, test_ca)
+    finally:
+        lb.stop()
+        weir.stop()
+    assert figures["weir exit code"] == 0
+
+
+def test_the_images_own_config_drains_under_load(haproxy_bin, test_ca, dns, tmp_path):
+    """docker/config.toml as the image ships it (its drain delay and every default), behind
+    deploy/haproxy.cfg with its deployed check intervals: SIGTERM under load, no reset and
+    no 502. Only what cannot run here is changed: addresses, the data folder, the database."""
+    with open(CONTAINER_CONFIG, "rb") as f:
+        shipped = tomllib.load(f)
+    assert shipped["server"]["http"]["shutdown_drain_delay"] > 0
+    shipped.pop("database")  # /data/homeserver.db: the test's data folder instead
+    for listener in (shipped["server"]["http"], shipped["federation"]):
+        listener["bind_address"] = "127.0.0.1"
+    directory = str(tmp_path)
+    settings = merge(shipped, weir_settings(directory, test_ca, dns))
+    weir = WeirProcess(directory, settings).start()
+    try:
+        lb = HAProxy(
+            directory,
+            test_ca,
+            client=weir.client_url,
+            federation=weir.federation_url,
+            binary=haproxy_bin,
+        ).start()
+    except BaseException:
+        weir.stop()
+        raise
     try:
         figures = run_drain(weir, lb, test_ca)
     finally:
