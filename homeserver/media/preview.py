@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 
 # How long a preview is answered again without a fetch (Synapse's default too).
 CACHE_SECONDS = 3600
-CACHE_ENTRIES = 10_000
+CACHE_ENTRIES = 1000
 MAX_URL_CHARS = 4096
 CALL = "url_preview"  # the label of this call in the metrics
 
@@ -98,10 +98,15 @@ class UrlPreviewer:
             host = None
         if len(url) > MAX_URL_CHARS or parts.scheme not in ("http", "https") or not host:
             raise invalid_param("url must be an absolute http or https URL")
-        for pattern in self.config.url_blacklist:
-            if fnmatch.fnmatchcase(host, pattern.lower()) or fnmatch.fnmatchcase(url, pattern):
-                raise MatrixError(403, Codes.UNKNOWN, "URL blocked")
+        if self._blocked(url, host):
+            raise MatrixError(403, Codes.UNKNOWN, "URL blocked")
         return host
+
+    def _blocked(self, url: str, host: str) -> bool:
+        return any(
+            fnmatch.fnmatchcase(host, pattern.lower()) or fnmatch.fnmatchcase(url, pattern)
+            for pattern in self.config.url_blacklist
+        )
 
     def _fresh(self, url: str) -> dict | None:
         cached = self._cache.get(url)
@@ -149,9 +154,12 @@ class UrlPreviewer:
         if image_url is None:
             return og
         try:
+            image_host = urlsplit(image_url).hostname or ""
+            if self._blocked(image_url, image_host):
+                raise NotPreviewable(image_host, "og:image blocked")
             image = self._fetcher.fetch(image_url, deadline, self.config.max_spider_size)
             if not image.is_image:
-                raise NotPreviewable(urlsplit(image_url).hostname or "", "og:image not an image")
+                raise NotPreviewable(image_host, "og:image not an image")
             image_og = self._stored_image(user_id, image)
         except Exception as e:
             # The page is still described: only its image is left out.

@@ -15,7 +15,7 @@ from urllib.parse import urljoin, urlsplit
 
 # A page names at most this many og: keys, each value at most this long: a hostile page
 # cannot make the answer (and the stored row) large.
-MAX_OG_KEYS = 50
+MAX_OG_KEYS = 30
 MAX_VALUE_CHARS = 1000
 # Where a <meta charset> must be, as HTML says: in the first 1024 bytes.
 CHARSET_SNIFF_BYTES = 1024
