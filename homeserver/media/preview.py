@@ -17,7 +17,8 @@ A preview makes us fetch a URL a user named, so it is a client-triggered outboun
    stored as local media and described by its mxc:// URI, type, size and dimensions (probed
    with Pillow); HTML gives its Open Graph object (media/preview_html.py), parsed on a
    native thread, whose og:image is then fetched and stored the same way (dropped if that
-   fails). A type we do not preview answers `{}`. An answer is kept `CACHE_SECONDS`.
+   fails). A type we do not preview is 502, as from Synapse. An answer is kept
+   `CACHE_SECONDS`, a failure `FAILURE_CACHE_SECONDS` (answered again without a slot).
 """
 
 from __future__ import annotations
@@ -36,7 +37,12 @@ from homeserver.core.clock import now_ms
 from homeserver.core.concurrency import SingleFlight
 from homeserver.core.errors import Codes, MatrixError, invalid_param, unrecognized
 from homeserver.federation.admission import Caller, admitted, count_failure
-from homeserver.federation.errors import FederationError, ResponseTooLarge, to_client_error
+from homeserver.federation.errors import (
+    FederationError,
+    RemoteError,
+    ResponseTooLarge,
+    to_client_error,
+)
 from homeserver.media.preview_html import open_graph
 from homeserver.media.service import MediaService
 from homeserver.media.web_fetch import NotPreviewable, WebFetcher, WebPage
@@ -47,6 +53,9 @@ log = logging.getLogger(__name__)
 
 # How long a preview is answered again without a fetch (Synapse's default too).
 CACHE_SECONDS = 3600
+# A URL that failed is not fetched again for this long (Synapse keeps failures an hour): a
+# tarpit's link in a busy room costs one deadline a minute, not one per reader.
+FAILURE_CACHE_SECONDS = 60
 CACHE_ENTRIES = 1000
 MAX_URL_CHARS = 4096
 CALL = "url_preview"  # the label of this call in the metrics
@@ -72,6 +81,7 @@ class UrlPreviewer:
         self._metrics = metrics
         self._flight = SingleFlight()
         self._cache = TtlCache(time.monotonic, CACHE_ENTRIES)  # url -> (fetched_ts, og)
+        self._failures = TtlCache(time.monotonic, CACHE_ENTRIES)  # url -> (status, errcode, error)
 
     def preview(self, user_id: str, url: str, ts: int | None, caller: Caller) -> dict:
         if not self.config.enabled:
@@ -84,6 +94,7 @@ class UrlPreviewer:
         fresh = self._fresh(url)
         if fresh is not None:
             return fresh
+        self._raise_if_failed(url)
         with admitted(self._budget, caller):
             deadline = OutboundDeadline(self.config.deadline, what=f"preview of {host}")
             return self._flight.run(url, lambda: self._fetched(user_id, url, host, deadline))
@@ -120,29 +131,48 @@ class UrlPreviewer:
         return stored.og
 
     def _fetched(self, user_id: str, url: str, host: str, deadline: OutboundDeadline) -> dict:
-        """Leads the one fetch of `url`: fetched, described, stored and kept."""
+        """Leads the one fetch of `url`: fetched, described, stored and kept; a failure is
+        kept too, briefly."""
         fresh = self._fresh(url)  # a fetch that just ended, before this caller led
         if fresh is not None:
             return fresh
+        self._raise_if_failed(url)
         try:
             og = self._described(user_id, url, deadline)
-        except NotPreviewable as e:
-            log.info("no preview of %s: %s", host, e)
-            og = {}
-        except MatrixError:
-            raise
         except Exception as e:
-            count_failure(self._metrics, CALL, e)
-            if isinstance(e, FederationError):
-                # Named by the URL the client gave: where its redirects led is for the log.
-                log.info("preview of %s failed at %s: %s", host, e.destination, e)
-                e.destination = host
-            raise to_client_error(e, host) from None
+            if not isinstance(e, MatrixError):
+                count_failure(self._metrics, CALL, e)
+            error = self._client_error(e, host)
+            self._failures.put(
+                url, (error.status, error.errcode, error.error), FAILURE_CACHE_SECONDS
+            )
+            raise error from None
         self._metrics.outbound_calls.labels(CALL, "ok").inc()
         fetched = now_ms()
         self._store.add(url, fetched, fetched + CACHE_SECONDS * 1000, og)
         self._cache.put(url, (fetched, og), CACHE_SECONDS)
         return og
+
+    def _raise_if_failed(self, url: str) -> None:
+        failed = self._failures.get(url)
+        if failed is not None:
+            raise MatrixError(*failed)
+
+    @staticmethod
+    def _client_error(e: Exception, host: str) -> MatrixError:
+        """As Synapse answers: 502 for whatever the site did (an error status, a type we do
+        not preview), 504 for the deadline. Named by the URL the client gave: where its
+        redirects led is for the log."""
+        if isinstance(e, MatrixError):
+            return e
+        if isinstance(e, FederationError):
+            log.info("preview of %s failed at %s: %s", host, e.destination, e)
+            e.destination = host
+        if isinstance(e, RemoteError):
+            return MatrixError(502, Codes.UNKNOWN, f"{host} answered HTTP {e.status}")
+        if isinstance(e, NotPreviewable):
+            return MatrixError(502, Codes.UNKNOWN, f"{host} answered with no previewable type")
+        return to_client_error(e, host)
 
     def _described(self, user_id: str, url: str, deadline: OutboundDeadline) -> dict:
         page = self._fetcher.fetch(url, deadline, self.config.max_spider_size)

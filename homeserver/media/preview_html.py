@@ -16,6 +16,7 @@ from urllib.parse import urljoin, urlsplit
 # A page names at most this many og: keys, each value at most this long: a hostile page
 # cannot make the answer (and the stored row) large.
 MAX_OG_KEYS = 30
+MAX_KEY_CHARS = 50
 MAX_VALUE_CHARS = 1000
 # Where a <meta charset> must be, as HTML says: in the first 1024 bytes.
 CHARSET_SNIFF_BYTES = 1024
@@ -64,6 +65,8 @@ class _OpenGraphParser(HTMLParser):
         key = (values.get("property") or values.get("name") or "").strip()
         content = values.get("content")
         if not key or content is None:
+            return
+        if len(key) > MAX_KEY_CHARS:
             return
         if key.lower().startswith("og:") and len(self.og) < MAX_OG_KEYS:
             self.og.setdefault(key.lower(), content.strip()[:MAX_VALUE_CHARS])

@@ -56,6 +56,8 @@ def test_a_page_cut_short_or_broken_gives_what_was_read():
 def test_hostile_pages_give_a_bounded_object_and_no_other_schemes():
     many = b"".join(b'<meta property="og:k%d" content="v">' % i for i in range(500))
     assert len(open_graph(many, None, PAGE_URL)) == MAX_OG_KEYS
+    long_key = b'<meta property="og:%s" content="v">' % (b"k" * 60)
+    assert open_graph(long_key, None, PAGE_URL) == {}
     long_title = b"<title>" + b"x" * 100_000 + b"</title>"
     assert len(open_graph(long_title, None, PAGE_URL)["og:title"]) == MAX_VALUE_CHARS
     scripted = b'<meta property="og:image" content="javascript:alert(1)">'

@@ -134,6 +134,10 @@ def test_a_tarpit_costs_one_slot_and_one_deadline(server, alice):
         assert r.json()["errcode"] == "M_UNKNOWN"
         assert DEADLINE - 0.5 < elapsed < DEADLINE + 3
         assert tarpit.wait_current(0, timeout=10)  # our connection was closed
+        # Asked again, the failure is answered at once, with no slot and no connection.
+        started = time.monotonic()
+        again = alice.get(PREVIEW, params={"url": tarpit.url + "/"}, timeout=30)
+        assert again.status_code == 504 and time.monotonic() - started < 1
         assert tarpit.accepted == 1
     assert in_flight(server.client_url, "client_outbound") == 0
     labels = {"call": "url_preview", "outcome": "deadline"}
@@ -200,7 +204,9 @@ def test_blacklisted_urls_and_bad_requests_are_refused(server, alice, site):
     r = MatrixClient(server.client_url).get(PREVIEW, params={"url": site.url("/og")})
     assert r.status_code == 401
     site.page("/doc", b"%PDF-1.4", content_type="application/pdf")
-    assert preview(alice, site.url("/doc")) == {}  # no preview of a type we do not read
+    for path in ("/doc", "/missing"):  # a type we do not read, an error status: as Synapse
+        r = alice.get(PREVIEW, params={"url": site.url(path)})
+        assert r.status_code == 502 and r.json()["errcode"] == "M_UNKNOWN", r.text
 
 
 def test_previews_are_off_by_default_as_in_synapse(start_weir):
