@@ -47,7 +47,7 @@ def site(server):
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
-def server(request, tmp_path_factory, dns):
+def server(request, tmp_path_factory, dns, test_ca):
     directory = tmp_path_factory.mktemp("weir-preview")
     settings = base_settings(str(directory / "data"))
     if request.param == "postgres":
@@ -55,6 +55,7 @@ def server(request, tmp_path_factory, dns):
     # X-Forwarded-For from loopback names the client: twenty clients, twenty client keys.
     settings["server"]["http"]["trusted_proxies"] = ["127.0.0.0/8"]
     settings["federation"]["dns_nameservers"] = [dns.nameserver]
+    settings["federation"]["ca_file"] = test_ca.ca_path  # trusted for https pages too
     settings["url_preview"] = {
         "enabled": True,
         "url_blacklist": ["*.blocked.test", f"http://{WEB_IP}:*/secret*"],
@@ -120,6 +121,22 @@ def test_an_image_url_is_described_as_the_stored_image(alice, site):
     assert (og["og:image:width"], og["og:image:height"]) == (5, 8)
     assert og["og:image:type"] == "image/jpeg" and og["matrix:image:size"] == len(image)
     assert downloaded(alice, og["og:image"]) == image
+
+
+def test_https_pages_are_fetched_with_their_certificate_verified(alice, dns, test_ca):
+    dns.add_a("secure.preview.test", WEB_IP)
+    dns.add_a("impostor.preview.test", WEB_IP)
+    context = test_ca.server_context("secure.preview.test")
+    with WebSite(WEB_IP, ssl_context=context) as secure:
+        secure.page("/", b"<title>Over TLS</title>")
+        url = f"https://secure.preview.test:{secure.port}/"
+        assert preview(alice, url) == {"og:title": "Over TLS"}
+        assert secure.requests == [("/", f"secure.preview.test:{secure.port}")]
+        # The same server under a name its certificate does not carry: no request is sent.
+        for wrong in (f"https://impostor.preview.test:{secure.port}/", secure.url("/")):
+            r = alice.get(PREVIEW, params={"url": wrong.replace("http://", "https://")})
+            assert r.status_code == 502 and r.json()["errcode"] == "M_UNKNOWN", r.text
+        assert len(secure.requests) == 1
 
 
 def test_a_tarpit_costs_one_slot_and_one_deadline(server, alice):

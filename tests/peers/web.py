@@ -57,9 +57,10 @@ class EndlessPage:
 
 
 class WebSite:
-    def __init__(self, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, ssl_context=None):
         self.host = host
         self.port = port
+        self.ssl_context = ssl_context  # serves https with it when given
         self.requests: list[tuple[str, str]] = []  # (path, Host header), in arrival order
         self._handlers: dict[str, Callable] = {}
         self._changed = Event()
@@ -121,7 +122,10 @@ class WebSite:
         return body
 
     def start(self) -> WebSite:
-        self._server = WSGIServer((self.host, self.port), self._app, log=None, error_log=None)
+        tls = {"ssl_context": self.ssl_context} if self.ssl_context is not None else {}
+        self._server = WSGIServer(
+            (self.host, self.port), self._app, log=None, error_log=None, **tls
+        )
         self._server.start()
         self.port = self._server.server_port
         return self
