@@ -140,11 +140,16 @@ def test_https_pages_are_fetched_with_their_certificate_verified(alice, dns, tes
 
 
 def test_a_tarpit_costs_one_slot_and_one_deadline(server, alice):
+    """One slot (a second preview of the client's is 429 meanwhile), one deadline, then
+    nothing held: the connection closed, the slot back, the failure kept."""
     with Tarpit(WEB_IP) as tarpit:
         started = time.monotonic()
         asking = gevent.spawn(alice.get, PREVIEW, params={"url": tarpit.url + "/"}, timeout=30)
         assert tarpit.wait_accepted(1, timeout=10)
         assert in_flight(server.client_url, "client_outbound") == 1
+        # The client's one slot is taken: another preview it asks for is refused at once.
+        r = alice.get(PREVIEW, params={"url": f"http://{WEB_IP}:9/elsewhere"})
+        assert r.status_code == 429 and r.json()["errcode"] == "M_LIMIT_EXCEEDED", r.text
         r = asking.get(timeout=30)
         elapsed = time.monotonic() - started
         assert r.status_code == 504, r.text
