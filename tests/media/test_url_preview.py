@@ -166,6 +166,18 @@ def test_a_tarpit_costs_one_slot_and_one_deadline(server, alice):
     assert metric(server.client_url, "weir_outbound_calls_total", **labels) == 1
 
 
+def test_an_og_image_that_never_comes_is_left_out_within_the_one_deadline(alice, site):
+    with Tarpit(WEB_IP) as tarpit:
+        page = b'<meta property="og:title" content="Slow image">'
+        page += b'<meta property="og:image" content="%s/card.png">' % tarpit.url.encode()
+        site.page("/slow-image", page)
+        started = time.monotonic()
+        og = preview(alice, site.url("/slow-image"))
+        assert time.monotonic() - started < DEADLINE + 2
+        assert og == {"og:title": "Slow image"}
+        assert tarpit.accepted == 1
+
+
 def test_twenty_clients_asking_for_one_url_make_one_fetch(server, alice, site):
     gate = site.gated("/busy", b"<title>Worth the wait</title>")
     clients = [
