@@ -350,6 +350,29 @@ class RateLimitingConfig:
     )
 
 
+def _globs(value: tuple) -> None:
+    for item in value:
+        if not item.strip():
+            raise ValidationError("Expected a glob pattern, got an empty string.")
+
+
+@dataclass(frozen=True)
+class UrlPreviewConfig:
+    # Link previews (GET .../preview_url, media/preview.py): off by default, as in Synapse,
+    # since they make the server fetch any URL a user names.
+    enabled: bool = setting(_bool(), False)
+    # Glob patterns matched against a URL's host and against the whole URL: refused (403).
+    url_blacklist: tuple = setting(_string_list(validate=_globs), ())
+    # The most of a page read; an HTML page cut there is parsed as read.
+    max_spider_size: int = setting(_int(1024), 10 * 1024 * 1024)
+    # One deadline for a preview: DNS, connects, redirects, the body and its og:image.
+    deadline: float = setting(_seconds(), 10.0)
+    # Addresses a preview may not connect to (every resolved address and every redirect);
+    # the allowlist wins, as for federation.
+    ip_range_denylist: tuple = setting(_string_list(validate=_cidrs), DEFAULT_IP_RANGE_DENYLIST)
+    ip_range_allowlist: tuple = setting(_string_list(validate=_cidrs), ())
+
+
 @dataclass(frozen=True)
 class LoggingConfig:
     level: str = setting(
@@ -390,6 +413,7 @@ class Config:
     logging: LoggingConfig = section(LoggingConfig)
     metrics: MetricsConfig = section(MetricsConfig)
     presence: PresenceConfig = section(PresenceConfig)
+    url_preview: UrlPreviewConfig = section(UrlPreviewConfig)
 
 
 def _first_error(messages: Any, prefix: str = "") -> tuple[str, str]:

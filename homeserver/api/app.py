@@ -31,6 +31,7 @@ from homeserver.api.client import (
     search,
     spaces,
     sync,
+    url_preview,
     versions,
 )
 from homeserver.api.context import RUNTIME_EXTENSION
@@ -62,6 +63,7 @@ def client_blueprints():
         spaces.bp,
         directory.bp,
         media.bp,
+        url_preview.bp,
         metrics.bp,
         sync.bp,
         account_data.bp,

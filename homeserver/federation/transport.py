@@ -20,7 +20,7 @@ from urllib.parse import urljoin, urlsplit
 import gevent
 import urllib3
 from gevent import ssl as gevent_ssl
-from urllib3.connection import HTTPSConnection
+from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.exceptions import (
     ConnectTimeoutError,
     HTTPError,
@@ -133,28 +133,32 @@ class _ClientSSLContext(gevent_ssl.SSLContext):
     sslsocket_class = _HandshakeClosingSocket
 
 
+def connect_pinned(conn: HTTPConnection) -> socket.socket:
+    """A urllib3 connection's socket to its host, which is always an IP address the caller
+    allowed: no name is resolved here, and the socket is closed on any failure."""
+    family = socket.AF_INET6 if ":" in conn._dns_host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(conn.timeout)
+        sock.connect((conn._dns_host, conn.port))
+    except socket.timeout as e:
+        sock.close()
+        raise ConnectTimeoutError(conn, f"connect to {conn._dns_host}:{conn.port} timed out") from e
+    except OSError as e:
+        sock.close()
+        raise NewConnectionError(conn, f"Failed to establish a new connection: {e}") from e
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 class _PinnedHTTPSConnection(HTTPSConnection):
     """Connects to the pool's host, which is always an IP address discovery allowed."""
 
     def _new_conn(self) -> socket.socket:
-        family = socket.AF_INET6 if ":" in self._dns_host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.settimeout(self.timeout)
-            sock.connect((self._dns_host, self.port))
-        except socket.timeout as e:
-            sock.close()
-            raise ConnectTimeoutError(
-                self, f"connect to {self._dns_host}:{self.port} timed out"
-            ) from e
-        except OSError as e:
-            sock.close()
-            raise NewConnectionError(self, f"Failed to establish a new connection: {e}") from e
-        except BaseException:
-            sock.close()
-            raise
-        return sock
+        return connect_pinned(self)
 
 
 class _PinnedPool(urllib3.HTTPSConnectionPool):

@@ -305,6 +305,15 @@ class MediaService:
         self._render_and_store(origin, media_id, [wanted])
         return self._thumbnail_file(origin, media_id, wanted)
 
+    def image_size(self, media_id: str) -> tuple[int, int] | None:
+        """(width, height) of a local image, probed once and remembered; None if it is no
+        image we can read (a link preview's og:image)."""
+        try:
+            source = self._thumbnail_source(self.server_name, media_id)
+        except MatrixError:
+            return None
+        return source.width, source.height
+
     def _thumbnail_file(self, origin: str, media_id: str, key: ThumbnailKey) -> MediaFile:
         path = self.files.thumbnail_path(origin, media_id, key)
         return MediaFile(path, key.content_type, "thumbnail." + path.rsplit(".", 1)[1])

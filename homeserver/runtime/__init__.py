@@ -38,6 +38,7 @@ from homeserver.e2ee.remote_keys import RemoteKeys
 from homeserver.e2ee.sync_part import E2eeSync
 from homeserver.e2ee.to_device import ToDeviceService
 from homeserver.media.files import MediaFileStore
+from homeserver.media.preview import UrlPreviewer
 from homeserver.media.remote import (
     FetchAdmission,
     InlineFetchAdmission,
@@ -83,6 +84,7 @@ from homeserver.storage.room_graph import RoomGraphStore
 from homeserver.storage.rooms import RoomStore
 from homeserver.storage.sync import SyncStore
 from homeserver.storage.transactions import ReceivedTransactionStore, StagingCaps
+from homeserver.storage.url_previews import UrlPreviewStore
 from homeserver.sync.account_data import AccountDataService
 from homeserver.sync.edus import InboundEdus
 from homeserver.sync.filters import Filters
@@ -585,4 +587,17 @@ class HomeserverRuntime(Infrastructure):
             self.media_files,
             self.thumbnail_pool,
             self.remote_media,
+        )
+
+    @component
+    def url_previewer(self) -> UrlPreviewer:
+        """Link previews: a client-triggered fetch of any web URL (ADR-0079)."""
+        return UrlPreviewer(
+            self.config.url_preview,
+            self.web_fetcher,
+            UrlPreviewStore(self.db),
+            self.media,
+            self.thumbnail_pool,
+            self.client_outbound_budget,
+            self.metrics,
         )

@@ -18,12 +18,15 @@ from homeserver.federation.admission import make_client_outbound_budget
 from homeserver.federation.client import FederationClient
 from homeserver.federation.cooldown import AddressCooldown
 from homeserver.federation.event_resolution import EventResolutionBudget
+from homeserver.federation.ip_filter import IpFilter
 from homeserver.federation.junk import JunkAnswers
 from homeserver.federation.keyring import Keyring, shard_key_resolution_budget
 from homeserver.federation.sender import FederationSender
 from homeserver.federation.signing_key import key_id, load_or_create_signing_key
+from homeserver.federation.transport import make_ssl_context
 from homeserver.http.handoff import MediaFetchHandoff
 from homeserver.http.places import WorkPool
+from homeserver.media.web_fetch import WebFetcher
 from homeserver.metrics import Metrics
 from homeserver.rooms.federation_membership import MembershipRelay
 from homeserver.rooms.transactions import (
@@ -205,6 +208,19 @@ class Infrastructure:
     @component
     def federation_client(self) -> FederationClient:
         return FederationClient.from_config(self.config, self.signing_key)
+
+    @component
+    def web_fetcher(self) -> WebFetcher:
+        """Web pages for link previews: the IP filter of `[url_preview]`, the federation
+        client's DNS and TLS trust."""
+        config = self.config.url_preview
+        fed = self.config.federation
+        return WebFetcher(
+            self.federation_client.discovery.dns,
+            IpFilter(config.ip_range_denylist, config.ip_range_allowlist),
+            make_ssl_context(fed.verify_tls, fed.ca_file),
+            verify_tls=fed.verify_tls,
+        )
 
     @component
     def key_resolution_budget(self) -> InFlightBudget:

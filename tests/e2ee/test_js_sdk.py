@@ -12,6 +12,7 @@ import subprocess
 import pytest
 
 from tests.e2ee.conftest import PASSWORD, V3, count_rows
+from tests.peers.web import WebSite
 from tests.support.server import MatrixClient
 
 JS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "js")
@@ -254,3 +255,25 @@ def test_a_space_and_its_room_through_matrix_js_sdk(server, node, tmp_path):
     assert result["alice"] == expected
     assert result["bob"] == expected
     assert result["pages"] == [[space], [room]]
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)  # both: test_url_preview.py
+def test_link_preview_through_matrix_js_sdk(start_weir, database_url, node, tmp_path):
+    """alice's client previews a link she sent with getUrlPreview at the message's time, as
+    Element does: the page's og:title, fetched once from a web site on loopback."""
+    site_ip = "127.40.62.11"
+    page = b'<html><head><meta property="og:title" content="Previewed by js"></head></html>'
+    with WebSite(site_ip) as site:
+        site.page("/article", page)
+        weir = start_weir(
+            {
+                "database": {"url": database_url},
+                "url_preview": {"enabled": True, "ip_range_allowlist": [f"{site_ip}/32"]},
+            }
+        )
+        scenario = {"alice": registered(weir, "alice"), "url": site.url("/article")}
+        result = run_node(
+            node, "preview.mjs", weir.client_url, json.dumps(scenario), tmp_path=tmp_path
+        )
+        assert result["og"] == {"og:title": "Previewed by js"}
+        assert site.count("/article") == 1
