@@ -14,9 +14,6 @@ alone) every request runs in whatever greenlet serves it.
 from __future__ import annotations
 
 import logging
-import os
-
-from gevent.threadpool import ThreadPool
 
 from homeserver.accounts.passwords import PasswordHasher
 from homeserver.accounts.profile import ProfileService
@@ -27,7 +24,6 @@ from homeserver.accounts.uia import UserInteractiveAuth
 from homeserver.core.collector import CollectorHold
 from homeserver.core.components import component
 from homeserver.core.identifiers import server_of
-from homeserver.core.threads import CountedThreadPool
 from homeserver.directory.remote import RemoteDirectory
 from homeserver.directory.service import DirectoryService
 from homeserver.e2ee.devices import DeviceService
@@ -37,14 +33,6 @@ from homeserver.e2ee.keys import KeyService
 from homeserver.e2ee.remote_keys import RemoteKeys
 from homeserver.e2ee.sync_part import E2eeSync
 from homeserver.e2ee.to_device import ToDeviceService
-from homeserver.media.files import MediaFileStore
-from homeserver.media.preview import UrlPreviewer
-from homeserver.media.remote import (
-    FetchAdmission,
-    InlineFetchAdmission,
-    RemoteMediaRepository,
-)
-from homeserver.media.service import MediaService
 from homeserver.rooms.backfill import Backfiller
 from homeserver.rooms.creation import RoomCreator
 from homeserver.rooms.federation_membership import FederationMembership
@@ -69,13 +57,12 @@ from homeserver.rooms.transactions import (
     ShardTransactionReceiver,
     TransactionProcessor,
 )
-from homeserver.runtime.infrastructure import Infrastructure
+from homeserver.runtime.media import MediaComponents
 from homeserver.storage.accounts import AccountStore
 from homeserver.storage.directory import DirectoryStore
 from homeserver.storage.e2ee import E2eeStore
 from homeserver.storage.e2ee_remote import RemoteDeviceStore
 from homeserver.storage.key_backup import KeyBackupStore
-from homeserver.storage.media import MediaStore
 from homeserver.storage.presence import PresenceStore
 from homeserver.storage.profiles import ProfileStore
 from homeserver.storage.remote_invites import RemoteInviteStore
@@ -84,7 +71,6 @@ from homeserver.storage.room_graph import RoomGraphStore
 from homeserver.storage.rooms import RoomStore
 from homeserver.storage.sync import SyncStore
 from homeserver.storage.transactions import ReceivedTransactionStore, StagingCaps
-from homeserver.storage.url_previews import UrlPreviewStore
 from homeserver.sync.account_data import AccountDataService
 from homeserver.sync.edus import InboundEdus
 from homeserver.sync.filters import Filters
@@ -97,8 +83,9 @@ from homeserver.sync.typing import TypingNotifications
 log = logging.getLogger(__name__)
 
 
-class HomeserverRuntime(Infrastructure):
-    """Every domain service, on the infrastructure (runtime/infrastructure.py)."""
+class HomeserverRuntime(MediaComponents):
+    """Every domain service, on the infrastructure (runtime/infrastructure.py) and the media
+    parts (runtime/media.py)."""
 
     # --- accounts ------------------------------------------------------------------------
 
@@ -538,66 +525,3 @@ class HomeserverRuntime(Infrastructure):
     @component
     def key_backup(self) -> KeyBackupService:
         return KeyBackupService(KeyBackupStore(self.db))
-
-    # --- media -----------------------------------------------------------------------------
-
-    @component
-    def media_store(self) -> MediaStore:
-        return MediaStore(self.db)
-
-    @component
-    def media_files(self) -> MediaFileStore:
-        return MediaFileStore(os.path.join(self.config.data_dir, "media"), self.server_name)
-
-    @component
-    def remote_media(self) -> RemoteMediaRepository:
-        """Pool mode hands a fetch off to the media pool; inline, it falls under ADR-0079."""
-        admission: FetchAdmission = self.media_handoff or InlineFetchAdmission(
-            self.client_outbound_budget
-        )
-        remote = RemoteMediaRepository(
-            self.config.media,
-            self.config.security.media,
-            self.media_store,
-            self.media_files,
-            self.federation_client,
-            admission,
-            self.remote_media_rate_limiter,
-            self.address_cooldown,
-            self.metrics,
-        )
-        self.metrics.track_gauge(
-            "weir_remote_media_fetches", "Remote files being fetched", lambda: len(remote.coalescer)
-        )
-        return remote
-
-    @component
-    def thumbnail_pool(self) -> ThreadPool:
-        """Pillow decoding and encoding is CPU-bound and would block the hub: native threads."""
-        pool = CountedThreadPool(self.config.media.thumbnail_threads)
-        self.metrics.track_threadpool("thumbnails", pool)
-        return pool
-
-    @component
-    def media(self) -> MediaService:
-        return MediaService(
-            self.config.media,
-            self.server_name,
-            self.media_store,
-            self.media_files,
-            self.thumbnail_pool,
-            self.remote_media,
-        )
-
-    @component
-    def url_previewer(self) -> UrlPreviewer:
-        """Link previews: a client-triggered fetch of any web URL (ADR-0079)."""
-        return UrlPreviewer(
-            self.config.url_preview,
-            self.web_fetcher,
-            UrlPreviewStore(self.db),
-            self.media,
-            self.thumbnail_pool,
-            self.client_outbound_budget,
-            self.metrics,
-        )
