@@ -168,7 +168,10 @@ class Metrics:
             ["answered_from"],
             registry=self.registry,
         )
+        self._hub_figures()
 
+    def _hub_figures(self) -> None:
+        """What held the hub: collections, and how late it woke a timer."""
         # Every cyclic collection, timed (core/collector.py, watch_pauses): it holds the hub.
         self.gc_pauses = Histogram(
             "weir_gc_pause_seconds",
