@@ -107,7 +107,7 @@ class WeirHandler(WSGIHandler):
         # Between requests the connection is idle: a shutdown may close it at once.
         idle = self.server.idle_greenlets
         current = gevent.getcurrent()
-        idle.add(current)
+        idle[current] = None  # last in order: the idle longest come first
         try:
             if self._kept_alive:
                 # pywsgi reads a keep-alive request that has already arrived without going
@@ -123,7 +123,7 @@ class WeirHandler(WSGIHandler):
             if not self.rfile.peek(1):
                 return ""
         finally:
-            idle.discard(current)
+            idle.pop(current, None)
         self._head_timer = gevent.Timeout.start_new(self.server.request_head_timeout, HeadTimeout)
         try:
             return super().read_requestline()
@@ -353,8 +353,14 @@ class _LingeringDiscard:
 
 
 class WeirWSGIServer(WSGIServer):
-    """`pool` is the work pool; connections wait in `connections`, of `max_connections`
-    (the accept loop pauses while it is full)."""
+    """`pool` is the work pool; connections wait in `connections`, of `max_connections`.
+
+    At `max_connections`, the connection idle longest (a keep-alive waiting for its next
+    request, or one that never sent its first) is closed to make room, as nginx does: the
+    accept loop would otherwise pause until one closed by itself, and a new client, a load
+    balancer's /health check included, would wait unanswered for up to the keep-alive
+    timeout. A request in progress and a parked /sync are never idle, so never closed. With
+    no idle connection at all the loop pauses, and resumes as soon as one ends."""
 
     handler_class = WeirHandler
 
@@ -374,12 +380,29 @@ class WeirWSGIServer(WSGIServer):
             ssl_args["do_handshake_on_connect"] = False
         self.connections = Pool(max_connections)
         super().__init__(listener, application, spawn=self.connections, log=None, **ssl_args)
+        self.full = self._full_unless_room_is_made  # gevent set it to the pool's own full
+        self.idle_closed = 0  # idle connections closed to make room
         self.places = WorkPlaces(pool)
         self.keepalive_timeout = keepalive_timeout
         self.request_head_timeout = request_head_timeout
-        self.idle_greenlets: set = set()
+        # Greenlets of idle connections, in the order they became idle (a dict keeps it).
+        self.idle_greenlets: dict[gevent.Greenlet, None] = {}
         self.draining = False  # stopping: /health is 503, responses close their connection
         self.closing = False  # stopped accepting: idle connections are closed
+
+    def _full_unless_room_is_made(self) -> bool:
+        """Asked by the accept loop before each accept. Full, the connection idle longest is
+        told to close; the loop pauses until a place is free (gevent resumes it then), which
+        is as soon as that connection's greenlet has ended."""
+        if not self.connections.full():
+            return False
+        if self.closing or not self.idle_greenlets:
+            return True
+        oldest = next(iter(self.idle_greenlets))
+        del self.idle_greenlets[oldest]  # told once; it leaves the pool when it ends
+        oldest.kill(block=False)
+        self.idle_closed += 1
+        return True
 
 
 _date: list = [0, b""]  # (second, its Date header value)

@@ -67,6 +67,11 @@ class HomeserverServer:
     def _track(metrics, listener: str, server: WeirWSGIServer, pool: str) -> None:
         size = server.connections.size or 0
         metrics.track_pool(f"{listener}_connections", server.connections, size)
+        metrics.track_counter(
+            f"weir_{listener}_idle_connections_closed",
+            "Idle keep-alive connections closed to make room at max_connections",
+            lambda: server.idle_closed,
+        )
         metrics.track_pool_waits(pool, server.places)
 
     @property
