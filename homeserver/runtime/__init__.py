@@ -18,11 +18,14 @@ import os
 
 from gevent.threadpool import ThreadPool
 
+from homeserver.accounts.deactivation import AccountDeactivation
+from homeserver.accounts.openid import OpenIdTokens
 from homeserver.accounts.passwords import PasswordHasher
 from homeserver.accounts.profile import ProfileService
 from homeserver.accounts.registration import RegistrationSessions
 from homeserver.accounts.service import AccountService
 from homeserver.accounts.shared_secret import SharedSecretRegistration
+from homeserver.accounts.turn import TurnCredentials
 from homeserver.accounts.uia import UserInteractiveAuth
 from homeserver.core.collector import CollectorHold
 from homeserver.core.components import component
@@ -38,14 +41,11 @@ from homeserver.e2ee.remote_keys import RemoteKeys
 from homeserver.e2ee.sync_part import E2eeSync
 from homeserver.e2ee.to_device import ToDeviceService
 from homeserver.media.files import MediaFileStore
-from homeserver.media.remote import (
-    FetchAdmission,
-    InlineFetchAdmission,
-    RemoteMediaRepository,
-)
+from homeserver.media.remote import FetchAdmission, InlineFetchAdmission, RemoteMediaRepository
 from homeserver.media.service import MediaService
 from homeserver.rooms.backfill import Backfiller
 from homeserver.rooms.creation import RoomCreator
+from homeserver.rooms.departure import RoomDeparture
 from homeserver.rooms.federation_membership import FederationMembership
 from homeserver.rooms.federation_reads import FederationReads
 from homeserver.rooms.gaps import GapFiller
@@ -64,10 +64,7 @@ from homeserver.rooms.reports import ReportService
 from homeserver.rooms.search import RoomSearch
 from homeserver.rooms.server_acl import ServerAcls
 from homeserver.rooms.service import RoomService
-from homeserver.rooms.transactions import (
-    ShardTransactionReceiver,
-    TransactionProcessor,
-)
+from homeserver.rooms.transactions import ShardTransactionReceiver, TransactionProcessor
 from homeserver.runtime.infrastructure import Infrastructure
 from homeserver.storage.accounts import AccountStore
 from homeserver.storage.directory import DirectoryStore
@@ -75,6 +72,7 @@ from homeserver.storage.e2ee import E2eeStore
 from homeserver.storage.e2ee_remote import RemoteDeviceStore
 from homeserver.storage.key_backup import KeyBackupStore
 from homeserver.storage.media import MediaStore
+from homeserver.storage.openid import OpenIdStore
 from homeserver.storage.presence import PresenceStore
 from homeserver.storage.profiles import ProfileStore
 from homeserver.storage.remote_invites import RemoteInviteStore
@@ -133,6 +131,20 @@ class HomeserverRuntime(Infrastructure):
     @component
     def profiles(self) -> ProfileService:
         return ProfileService(self.profile_store, self.accounts, self.rooms, self.server_name)
+
+    @component
+    def deactivation(self) -> AccountDeactivation:
+        """Leaves through the membership service, so that other servers hear of it."""
+        departure = RoomDeparture(self.remote_membership, self.remote_invites)
+        return AccountDeactivation(self.accounts, self.profile_store, departure.leave_all)
+
+    @component
+    def openid_tokens(self) -> OpenIdTokens:
+        return OpenIdTokens(OpenIdStore(self.db), self.server_name)
+
+    @component
+    def turn(self) -> TurnCredentials:
+        return TurnCredentials(self.config.voip)
 
     # --- rooms and the directory -----------------------------------------------------------
 
