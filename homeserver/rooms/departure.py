@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import logging
 
+import gevent
+
 from homeserver.core.errors import MatrixError
 from homeserver.federation.admission import Caller
+from homeserver.logs import with_request_context
 from homeserver.rooms.remote_membership import RemoteMembership
 from homeserver.storage.remote_invites import RemoteInviteStore
 
@@ -36,7 +39,15 @@ class RoomDeparture:
         return list(dict.fromkeys([*rooms, *self.remote_invites.pending_rooms(user_id)]))
 
     def leave_all(self, user_id: str, caller: Caller) -> list[str]:
-        """Leaves, rejects or rescinds in every room; returns the rooms where that failed."""
+        """Leaves, rejects or rescinds in every room; returns the rooms where that failed.
+
+        In a greenlet of its own, under the caller's client key but without its hang-up
+        watch: the account can no longer ask again, so a client that hangs up while one
+        server is slow must not leave the rest of its rooms joined."""
+        detached = Caller(caller.client_key)
+        return gevent.spawn(with_request_context(self._leave_each), user_id, detached).get()
+
+    def _leave_each(self, user_id: str, caller: Caller) -> list[str]:
         failed = []
         for room_id in self.rooms_to_leave(user_id):
             try:

@@ -7,18 +7,22 @@ import base64
 import hashlib
 import hmac
 import itertools
+import json
 import os
+import socket
 import sqlite3
 import time
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import pytest
 import requests
+from gevent.event import Event
 
 from tests.e2ee.conftest import Device
 from tests.peers.origins import OriginKeyServer, federation_request
 from tests.peers.receiver import TransactionSink
 from tests.rooms.conftest import create_room, whoami
+from tests.rooms.test_federation_membership import invite_pdu
 from tests.support.federation import federation_settings, tls_listener_settings
 from tests.support.remote_room import room_joined_by
 from tests.support.server import MatrixClient, WeirProcess, base_settings, merge
@@ -388,11 +392,9 @@ def federating(test_ca, dns, tmp_path_factory, sink):
     proc.stop()
 
 
-def remote_invite(federating, test_ca, origin, invitee: str) -> str:
+def remote_invite(federating, test_ca, origin, invitee: str, prefix: str = "far") -> str:
     """An invite of ours from `origin`'s room, which no user of ours is in."""
-    from tests.rooms.test_federation_membership import invite_pdu
-
-    room_id = f"!far{next(_names)}:{origin.name}"
+    room_id = f"!{prefix}{next(_names)}:{origin.name}"
     event_id, pdu = invite_pdu(origin, room_id, invitee)
     r = federation_request(
         federating.federation_url,
@@ -438,4 +440,48 @@ def test_a_remote_member_sees_the_leave_and_a_dead_inviter_stops_nothing(
         r.path.startswith(f"/_matrix/federation/v1/make_leave/{far_room}/") for r in keys.requests
     )
     refused = login(federating, jane.user_id)
+    assert (refused.status_code, refused.json()["errcode"]) == (403, "M_USER_DEACTIVATED")
+
+
+def registered_on(weir, name: str) -> MatrixClient:
+    client = MatrixClient(weir.client_url)
+    client.register(name, PASSWORD)
+    client.user_id = whoami(client)
+    return client
+
+
+def test_a_client_that_hangs_up_leaves_no_room_behind(federating, test_ca, keys, sink):
+    """The client hangs up while one inviting server is slow to answer make_leave: the
+    account can no longer ask again, so the invites after it are still rejected."""
+    kim = registered_on(federating, "kim")
+    slow_room = remote_invite(federating, test_ca, keys.add_origin("slow"), kim.user_id, "a")
+    later_room = remote_invite(federating, test_ca, keys.add_origin("later"), kim.user_id, "b")
+    asked, answer = Event(), Event()
+
+    def slow_make_leave(req):
+        asked.set()
+        answer.wait(30)
+        return 404, {"errcode": "M_NOT_FOUND", "error": "Unknown room"}
+
+    keys.route("GET", f"/_matrix/federation/v1/make_leave/{slow_room}/", slow_make_leave, True)
+    url = urlsplit(federating.client_url)
+    body = json.dumps({"auth": password_auth(kim)}).encode()
+    head = (
+        f"POST {V3}/account/deactivate HTTP/1.1\r\nHost: {url.netloc}\r\n"
+        f"Authorization: Bearer {kim.token}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    with socket.create_connection((url.hostname, url.port)) as conn:
+        conn.sendall(head.encode() + body)
+        assert asked.wait(30)
+    # A request answered after the hang-up: the server's hub has seen the connection close.
+    assert MatrixClient(federating.client_url).get("/_matrix/client/versions").ok
+    answer.set()
+
+    def asked_later() -> bool:
+        prefix = f"/_matrix/federation/v1/make_leave/{later_room}/"
+        return any(r.path.startswith(prefix) for r in keys.requests)
+
+    assert sink.wait_until(asked_later, timeout=30)
+    refused = login(federating, kim.user_id)
     assert (refused.status_code, refused.json()["errcode"]) == (403, "M_USER_DEACTIVATED")
