@@ -29,7 +29,7 @@ class AccountDeactivation:
     def deactivate(self, user_id: str, erase: bool, caller: Caller) -> list[str]:
         """Returns the rooms whose leave failed (logged; the deactivation stands)."""
         self.accounts.deactivate(user_id)
-        self.accounts.remove_devices(user_id, self.accounts.store.device_ids(user_id))
+        self.accounts.remove_all_devices(user_id)
         if erase:
             # Straight from the store: the member events that would carry the change are
             # about to be followed by leaves.

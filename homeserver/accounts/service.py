@@ -211,4 +211,7 @@ class AccountService:
         self.remove_devices(requester.user_id, [requester.device_id])
 
     def logout_all(self, requester: Requester) -> None:
-        self.remove_devices(requester.user_id, self.store.device_ids(requester.user_id))
+        self.remove_all_devices(requester.user_id)
+
+    def remove_all_devices(self, user_id: str) -> None:
+        self.remove_devices(user_id, self.store.device_ids(user_id))
