@@ -388,6 +388,17 @@ class PresenceConfig:
 
 
 @dataclass(frozen=True)
+class VoipConfig:
+    # TURN servers handed to clients by /voip/turnServer (accounts/turn.py); none: `{}`.
+    turn_uris: tuple = setting(_string_list(), ())
+    # Time-limited credentials (coturn's use-auth-secret); wins over the static pair.
+    turn_shared_secret: str = setting(fields.String(), "")
+    turn_username: str = setting(fields.String(), "")
+    turn_password: str = setting(fields.String(), "")
+    turn_user_lifetime: int = setting(_int(1), 86400)  # seconds
+
+
+@dataclass(frozen=True)
 class MetricsConfig:
     enabled: bool = setting(_bool(), True)
     # Matched against the client's address (after trusted_proxies), not the direct peer, so
@@ -414,6 +425,7 @@ class Config:
     metrics: MetricsConfig = section(MetricsConfig)
     presence: PresenceConfig = section(PresenceConfig)
     url_preview: UrlPreviewConfig = section(UrlPreviewConfig)
+    voip: VoipConfig = section(VoipConfig)
 
 
 def _first_error(messages: Any, prefix: str = "") -> tuple[str, str]:

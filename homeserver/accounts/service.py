@@ -124,8 +124,11 @@ class AccountService:
         row = self.store.get_user(user_id)
         # Hash even for an unknown user, so timing does not reveal which accounts exist.
         ok = self.hasher.check(password, row.password_hash if row else self._unknown_user_hash())
-        if row is None or row.deactivated or not ok:
+        if row is None or not ok:
             raise forbidden("Invalid username or password")
+        if row.deactivated:
+            # Told only to whoever knows the password, as Synapse does.
+            raise MatrixError(403, Codes.USER_DEACTIVATED, "This account has been deactivated")
         return self._new_session(user_id, device_id, display_name)
 
     def _unknown_user_hash(self) -> str:
@@ -176,6 +179,24 @@ class AccountService:
         ok = self.hasher.check(password, row.password_hash if row else self._unknown_user_hash())
         return ok and row is not None and not row.deactivated
 
+    def change_password(
+        self, requester: Requester, new_password: str, logout_devices: bool
+    ) -> None:
+        """Sets the password (hashed); with `logout_devices`, every other device of the user
+        is removed with its tokens and keys, as the spec's `logout_devices` asks."""
+        self.store.set_password_hash(requester.user_id, self.hasher.hash(new_password))
+        if logout_devices:
+            devices = self.store.device_ids(requester.user_id)
+            self.remove_devices(requester.user_id, [d for d in devices if d != requester.device_id])
+
+    def deactivate(self, user_id: str) -> None:
+        """Marks the account deactivated: its tokens stop working at once (token_owner reads
+        the flag) and a login is refused with M_USER_DEACTIVATED."""
+        try:
+            self.store.mark_deactivated(user_id)
+        finally:
+            self.forget_user_tokens(user_id)
+
     def remove_devices(self, user_id: str, device_ids: list[str]) -> None:
         """Logs the devices out and forgets their keys and pending to-device messages."""
         try:
@@ -190,4 +211,7 @@ class AccountService:
         self.remove_devices(requester.user_id, [requester.device_id])
 
     def logout_all(self, requester: Requester) -> None:
-        self.remove_devices(requester.user_id, self.store.device_ids(requester.user_id))
+        self.remove_all_devices(requester.user_id)
+
+    def remove_all_devices(self, user_id: str) -> None:
+        self.remove_devices(user_id, self.store.device_ids(user_id))

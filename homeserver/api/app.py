@@ -12,6 +12,7 @@ from flask.sessions import NullSession, SessionInterface
 
 from homeserver.api.client import (
     account_data,
+    account_settings,
     accounts,
     admin,
     capabilities,
@@ -31,6 +32,7 @@ from homeserver.api.client import (
     search,
     spaces,
     sync,
+    threepids,
     url_preview,
     versions,
 )
@@ -41,6 +43,7 @@ from homeserver.api.federation import events as federation_events
 from homeserver.api.federation import keys as federation_keys
 from homeserver.api.federation import media as federation_media
 from homeserver.api.federation import membership, transactions
+from homeserver.api.federation import openid as federation_openid
 from homeserver.api.federation import profile as federation_profile
 from homeserver.api.federation import spaces as federation_spaces
 from homeserver.http.middleware import RequestContextMiddleware
@@ -55,6 +58,8 @@ def client_blueprints():
     return [
         versions.bp,
         accounts.bp,
+        account_settings.bp,
+        threepids.bp,
         admin.bp,
         rooms.bp,
         jump_to_date.bp,
@@ -92,6 +97,7 @@ def federation_blueprints():
         federation_spaces.bp,
         versions.bp,
         federation_media.bp,
+        federation_openid.bp,
     ]
 
 

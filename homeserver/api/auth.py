@@ -81,3 +81,12 @@ def enforce_rate_limit(limiter) -> None:
     decision = limiter.check(client_key())
     if not decision.allowed:
         raise limit_exceeded(decision.retry_after_ms)
+
+
+def require_password_auth(body: dict) -> None:
+    """User-interactive auth with the requester's password (accounts/uia.py): returns once
+    `body["auth"]` proves it, else 401 with the flows. An attempt counts as a login."""
+    rt = runtime()
+    if isinstance(body.get("auth"), dict) and "type" in body["auth"]:
+        enforce_rate_limit(rt.login_rate_limiter)  # a password guess, counted like a login
+    rt.uia.require_password(current_requester(), body.get("auth"))

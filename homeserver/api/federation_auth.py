@@ -40,8 +40,11 @@ from homeserver.http.parsing import decode_json, is_blank, read_body
 FEDERATION_MAX_BODY_BYTES = 64 * 1024
 TRANSACTION_MAX_BODY_BYTES = 10 * 1024 * 1024
 
-# Routes under /_matrix/federation/ that the spec serves without authentication.
-UNAUTHENTICATED_ROUTES = frozenset({"/_matrix/federation/v1/version"})
+# Routes under /_matrix/federation/ that the spec serves without X-Matrix: the OpenID
+# userinfo route is asked by third parties, with the token it checks as its authentication.
+UNAUTHENTICATED_ROUTES = frozenset(
+    {"/_matrix/federation/v1/version", "/_matrix/federation/v1/openid/userinfo"}
+)
 
 
 _SEPARATE_HEADERS = re.compile(r",\s*(?=x-matrix\s)", re.IGNORECASE)

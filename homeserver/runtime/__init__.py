@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import logging
 
+from homeserver.accounts.deactivation import AccountDeactivation
+from homeserver.accounts.openid import OpenIdTokens
 from homeserver.accounts.passwords import PasswordHasher
 from homeserver.accounts.profile import ProfileService
 from homeserver.accounts.registration import RegistrationSessions
 from homeserver.accounts.service import AccountService
 from homeserver.accounts.shared_secret import SharedSecretRegistration
+from homeserver.accounts.turn import TurnCredentials
 from homeserver.accounts.uia import UserInteractiveAuth
 from homeserver.core.collector import CollectorHold
 from homeserver.core.components import component
@@ -35,6 +38,7 @@ from homeserver.e2ee.sync_part import E2eeSync
 from homeserver.e2ee.to_device import ToDeviceService
 from homeserver.rooms.backfill import Backfiller
 from homeserver.rooms.creation import RoomCreator
+from homeserver.rooms.departure import RoomDeparture
 from homeserver.rooms.federation_membership import FederationMembership
 from homeserver.rooms.federation_reads import FederationReads
 from homeserver.rooms.gaps import GapFiller
@@ -53,16 +57,14 @@ from homeserver.rooms.reports import ReportService
 from homeserver.rooms.search import RoomSearch
 from homeserver.rooms.server_acl import ServerAcls
 from homeserver.rooms.service import RoomService
-from homeserver.rooms.transactions import (
-    ShardTransactionReceiver,
-    TransactionProcessor,
-)
+from homeserver.rooms.transactions import ShardTransactionReceiver, TransactionProcessor
 from homeserver.runtime.media import MediaComponents
 from homeserver.storage.accounts import AccountStore
 from homeserver.storage.directory import DirectoryStore
 from homeserver.storage.e2ee import E2eeStore
 from homeserver.storage.e2ee_remote import RemoteDeviceStore
 from homeserver.storage.key_backup import KeyBackupStore
+from homeserver.storage.openid import OpenIdStore
 from homeserver.storage.presence import PresenceStore
 from homeserver.storage.profiles import ProfileStore
 from homeserver.storage.remote_invites import RemoteInviteStore
@@ -122,6 +124,20 @@ class HomeserverRuntime(MediaComponents):
     @component
     def profiles(self) -> ProfileService:
         return ProfileService(self.profile_store, self.accounts, self.rooms, self.server_name)
+
+    @component
+    def deactivation(self) -> AccountDeactivation:
+        """Leaves through the membership service, so that other servers hear of it."""
+        departure = RoomDeparture(self.remote_membership, self.remote_invites)
+        return AccountDeactivation(self.accounts, self.profile_store, departure.leave_all)
+
+    @component
+    def openid_tokens(self) -> OpenIdTokens:
+        return OpenIdTokens(OpenIdStore(self.db), self.server_name)
+
+    @component
+    def turn(self) -> TurnCredentials:
+        return TurnCredentials(self.config.voip)
 
     # --- rooms and the directory -----------------------------------------------------------
 

@@ -51,6 +51,20 @@ class AccountStore:
         )
         return UserRow(row[0], row[1], bool(row[2]), bool(row[3])) if row else None
 
+    def set_password_hash(self, user_id: str, password_hash: str) -> None:
+        self.db.write(
+            lambda tx: tx.execute(
+                "UPDATE users SET password_hash = ? WHERE user_id = ?", (password_hash, user_id)
+            )
+        )
+
+    def mark_deactivated(self, user_id: str) -> None:
+        """The row stays, so the name is never registered again; the password hash stays
+        too, so that a login with it is told the account is deactivated."""
+        self.db.write(
+            lambda tx: tx.execute("UPDATE users SET deactivated = 1 WHERE user_id = ?", (user_id,))
+        )
+
     def count_users(self) -> int:
         return self.db.read(lambda tx: tx.fetchone("SELECT COUNT(*) FROM users"))[0]
 

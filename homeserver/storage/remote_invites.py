@@ -96,6 +96,12 @@ class RemoteInviteStore:
         )
         return _invite(row) if row else None
 
+    def pending_rooms(self, user_id: str) -> list[str]:
+        """The rooms of the user's remote invites and knocks still open (not superseded by
+        a member event of theirs in the room itself, nor ended)."""
+        kept = self.db.read(lambda tx: self.invites_in(tx, user_id))
+        return [r.room_id for r in kept if r.membership in ("invite", "knock")]
+
     @staticmethod
     def invites_in(tx, user_id: str) -> list[RemoteInvite]:
         """The user's remote invites and knocks (and their ends) that no member event of

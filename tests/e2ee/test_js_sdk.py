@@ -3,6 +3,9 @@ server, on both engines: two users share an encrypted room and a second device a
 decrypts; cross-signing and a key backup set up as Element does, restored on a new device;
 presence set by one client and seen by another."""
 
+import base64
+import hashlib
+import hmac
 import itertools
 import json
 import os
@@ -10,6 +13,7 @@ import shutil
 import subprocess
 
 import pytest
+import requests
 
 from tests.e2ee.conftest import PASSWORD, V3, count_rows
 from tests.peers.web import WebSite
@@ -277,3 +281,47 @@ def test_link_preview_through_matrix_js_sdk(start_weir, database_url, node, tmp_
         )
         assert result["og"] == {"og:title": "Previewed by js"}
         assert site.count("/article") == 1
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)  # both: test_account_settings
+def test_account_settings_through_matrix_js_sdk(start_weir, database_url, node, tmp_path):
+    """alice changes her password with setPassword (a wrong current one is refused with the
+    flows), gets an OpenID token the federation listener vouches for, TURN credentials from
+    the server's shared secret, and deactivates her account: her login is then refused."""
+    secret = "js-turn-secret"
+    voip = {"turn_uris": ["turn:turn.weir.test:3478"], "turn_shared_secret": secret}
+    weir = start_weir({"voip": voip, "database": {"url": database_url}})
+    scenario = {
+        "alice": registered(weir, "alice"),
+        "new_password": "a new one",
+        "federation_url": weir.federation_url,
+    }
+    result = run_node(node, "account.mjs", weir.client_url, json.dumps(scenario), tmp_path=tmp_path)
+    user_id = result["user_id"]
+
+    assert result["wrong"] == {
+        "status": 401,
+        "errcode": "M_FORBIDDEN",
+        "flows": [{"stages": ["m.login.password"]}],
+    }
+    assert result["after_change"] == {"old": "403 M_FORBIDDEN", "new": "ok"}
+
+    openid = result["openid"]
+    assert openid["matrix_server_name"] == "weir.test" and openid["token_type"] == "Bearer"
+    assert result["vouched"] == {"status": 200, "body": {"sub": user_id}}
+    info = requests.get(
+        weir.fed_url("/_matrix/federation/v1/openid/userinfo"),
+        params={"access_token": openid["access_token"]},
+        timeout=10,
+    )
+    # Asked after the deactivation: a deactivated user's token vouches for no one.
+    assert (info.status_code, info.json()["errcode"]) == (401, "M_UNKNOWN_TOKEN")
+
+    turn = result["turn"]
+    assert turn["uris"] == voip["turn_uris"] and turn["ttl"] == 86400
+    assert turn["username"].endswith(":" + user_id)
+    mac = hmac.new(secret.encode(), turn["username"].encode(), hashlib.sha1).digest()
+    assert turn["password"] == base64.b64encode(mac).decode()
+
+    assert result["deactivated"] == {"id_server_unbind_result": "no-support"}
+    assert result["after_deactivation"] == "403 M_USER_DEACTIVATED"

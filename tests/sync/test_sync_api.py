@@ -506,7 +506,7 @@ def test_capabilities_and_default_push_rules(server, user):
             **{str(v): "stable" for v in range(6, 13)},
         },
     }
-    assert caps.json()["capabilities"]["m.change_password"] == {"enabled": False}
+    assert caps.json()["capabilities"]["m.change_password"] == {"enabled": True}
 
     rules = alice.get(f"{V3}/pushrules/")
     assert_matches_spec(rules, "get", "/_matrix/client/v3/pushrules/")

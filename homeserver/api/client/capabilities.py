@@ -25,8 +25,8 @@ def capabilities():
                         for v, version in KNOWN_ROOM_VERSIONS.items()
                     },
                 },
-                # No password change, third-party identifiers or login tokens yet.
-                "m.change_password": {"enabled": False},
+                # No third-party identifiers (api/client/threepids.py) or login tokens.
+                "m.change_password": {"enabled": True},
                 "m.3pid_changes": {"enabled": False},
                 "m.get_login_token": {"enabled": False},
                 "m.profile_fields": {"enabled": True},

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from flask import Blueprint
 
-from homeserver.api.auth import current_requester, enforce_rate_limit, requires_auth
+from homeserver.api.auth import current_requester, require_password_auth, requires_auth
 from homeserver.api.context import runtime
 from homeserver.core.errors import invalid_param, missing_param
 from homeserver.e2ee.devices import MAX_DISPLAY_NAME
@@ -13,13 +13,6 @@ from homeserver.http.parsing import json_object
 from homeserver.http.responses import json_response
 
 bp = Blueprint("devices", __name__, url_prefix="/_matrix/client/v3")
-
-
-def _authenticate(body: dict) -> None:
-    rt = runtime()
-    if isinstance(body.get("auth"), dict) and "type" in body["auth"]:
-        enforce_rate_limit(rt.login_rate_limiter)  # a password guess, counted like a login
-    rt.uia.require_password(current_requester(), body.get("auth"))
 
 
 @bp.get("/devices")
@@ -52,7 +45,7 @@ def rename_device(device_id: str):
 @requires_auth
 def delete_device(device_id: str):
     body = json_object(allow_empty=True)
-    _authenticate(body)
+    require_password_auth(body)
     runtime().devices.delete(current_requester(), [device_id])
     return json_response({})
 
@@ -66,6 +59,6 @@ def delete_devices():
         raise missing_param("Missing parameter: devices")
     if not isinstance(devices, list) or not all(isinstance(d, str) for d in devices):
         raise invalid_param("devices must be a list of device IDs")
-    _authenticate(body)
+    require_password_auth(body)
     runtime().devices.delete(current_requester(), devices)
     return json_response({})
