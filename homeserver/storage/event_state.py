@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from homeserver.core.events import Event
-from homeserver.storage import room_stats
+from homeserver.storage import room_stats, user_directory
 from homeserver.storage.database import Database, in_lists
 from homeserver.storage.state_sql import keys_table
 
@@ -268,6 +268,7 @@ def change_current_state(tx, room_id: str, delta: Delta, position: int) -> Delta
             previous = found.get(old.get(key, ""))
             membership = previous.membership if previous else None
             room_stats.update_stats(tx, found[event_id], membership, position)
+            user_directory.index_member(tx, found[event_id])
     return delta
 
 
