@@ -31,6 +31,7 @@ from homeserver.api.client import (
     search,
     spaces,
     sync,
+    user_directory,
     versions,
 )
 from homeserver.api.context import RUNTIME_EXTENSION
@@ -66,6 +67,7 @@ def client_blueprints():
         sync.bp,
         account_data.bp,
         profile.bp,
+        user_directory.bp,
         presence.bp,
         receipts.bp,
         reports.bp,

@@ -24,6 +24,7 @@ from homeserver.accounts.registration import RegistrationSessions
 from homeserver.accounts.service import AccountService
 from homeserver.accounts.shared_secret import SharedSecretRegistration
 from homeserver.accounts.uia import UserInteractiveAuth
+from homeserver.accounts.user_directory import UserDirectory
 from homeserver.core.collector import CollectorHold
 from homeserver.core.components import component
 from homeserver.core.identifiers import server_of
@@ -83,6 +84,7 @@ from homeserver.storage.room_graph import RoomGraphStore
 from homeserver.storage.rooms import RoomStore
 from homeserver.storage.sync import SyncStore
 from homeserver.storage.transactions import ReceivedTransactionStore
+from homeserver.storage.user_directory import UserDirectoryStore
 from homeserver.sync.account_data import AccountDataService
 from homeserver.sync.edus import InboundEdus
 from homeserver.sync.filters import Filters
@@ -133,6 +135,12 @@ class HomeserverRuntime(Infrastructure):
     @component
     def profiles(self) -> ProfileService:
         return ProfileService(self.profile_store, self.accounts, self.rooms, self.server_name)
+
+    @component
+    def user_directory(self) -> UserDirectory:
+        """User search over the directory written with profiles and memberships."""
+        store = UserDirectoryStore(self.db)
+        return UserDirectory(store, self.config.user_directory.search_all_users)
 
     # --- rooms and the directory -----------------------------------------------------------
 
