@@ -100,11 +100,13 @@ def _like(word: str) -> str:
 
 
 _JOINED = "{a}.type = 'm.room.member' AND {a}.membership = 'join'"
-# Joined to a room whose join rule is public or whose history is world-readable.
+# Joined to a room whose join rule is public or whose history is world-readable, and that a
+# user of ours is still in: without one, its state stopped following the room.
 _IN_PUBLIC_ROOM = (
     "EXISTS (SELECT 1 FROM current_state m JOIN room_stats r ON r.room_id = m.room_id"
     f" WHERE m.state_key = d.user_id AND {_JOINED.format(a='m')}"
-    " AND (r.join_rule = 'public' OR r.history_visibility = 'world_readable'))"
+    " AND (r.join_rule = 'public' OR r.history_visibility = 'world_readable')"
+    " AND r.local_joined_members > 0)"
 )
 # Joined to a room the searcher is joined to.
 _SHARES_A_ROOM = (

@@ -178,6 +178,10 @@ def test_a_remote_user_is_found_from_the_join_their_server_sent(weir, user, keys
     assert found(erin, "xylophone") == []
     assert search(erin, "quince")["results"] == [{"user_id": zed, "display_name": "Zed Quince"}]
 
+    # Once none of ours is in the room, its state no longer follows it: zed is not found.
+    leave(alice, room.room_id)
+    assert found(erin, "quince") == []
+
 
 def test_limited_when_more_match_than_the_limit(user):
     alice = user("alice")

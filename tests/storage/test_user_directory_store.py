@@ -14,7 +14,7 @@ from homeserver.storage.profiles import ProfileStore
 from homeserver.storage.redactions import RedactionStore
 from homeserver.storage.user_directory import UserDirectoryStore, index_member, normalised_words
 
-PUBLIC, PRIVATE = "!public:hs", "!private:hs"
+PUBLIC, PRIVATE, LEFT = "!public:hs", "!private:hs", "!left:hs"
 SEARCHER = "@searcher:hs"
 
 
@@ -41,7 +41,9 @@ def ids(db, term: str, **kw) -> list[str]:
     return [row[0] for row in found(db, term, **kw)]
 
 
-def add_room(db, room_id: str, join_rule: str) -> None:
+def add_room(db, room_id: str, join_rule: str, local_members: int | None = None) -> None:
+    """The room's rows; `local_members` for room_stats' count of ours (0060 on)."""
+
     def write(tx):
         tx.execute(
             "INSERT INTO rooms (room_id, room_version, creator, created_ts) VALUES (?, '10', ?, 0)",
@@ -50,6 +52,11 @@ def add_room(db, room_id: str, join_rule: str) -> None:
         tx.execute(
             "INSERT INTO room_stats (room_id, join_rule) VALUES (?, ?)", (room_id, join_rule)
         )
+        if local_members is not None:
+            tx.execute(
+                "UPDATE room_stats SET local_joined_members = ? WHERE room_id = ?",
+                (local_members, room_id),
+            )
 
     db.write(write)
 
@@ -114,7 +121,7 @@ def test_deactivated_users_are_never_found(db):
 
 
 def test_a_redacted_remote_join_shows_no_name(db):
-    add_room(db, PUBLIC, "public")
+    add_room(db, PUBLIC, "public", local_members=1)
     join = member_event(1, PUBLIC, "@rem:far", {"membership": "join", "displayname": "Far Away"})
     store_member(db, 1, join)
     db.write(lambda tx: index_member(tx, join))
@@ -150,12 +157,16 @@ def test_the_migration_fills_the_directory_from_profiles_and_joins(database_url)
         db.write(users)
         add_room(db, PUBLIC, "public")
         add_room(db, PRIVATE, "invite")
+        add_room(db, LEFT, "public")  # public, but none of ours is in it any more
         joins = [
             (PUBLIC, "@old:hs", {"membership": "join", "displayname": "Room Nick"}),
             (PUBLIC, "@rem:far", {"membership": "join", "displayname": "Remote Early"}),
             (PRIVATE, "@rem:far", {"membership": "join", "displayname": "Remote Later"}),
             (PUBLIC, "@left:far", {"membership": "join", "displayname": "Left Behind"}),
             (PUBLIC, "@left:far", {"membership": "leave"}),
+            (LEFT, "@ghost:far", {"membership": "join", "displayname": "Ghost Far"}),
+            (LEFT, "@old:hs", {"membership": "join"}),
+            (LEFT, "@old:hs", {"membership": "leave"}),
         ]
         for position, (room_id, user_id, content) in enumerate(joins, start=1):
             store_member(db, position, member_event(position, room_id, user_id, content))
@@ -167,6 +178,7 @@ def test_the_migration_fills_the_directory_from_profiles_and_joins(database_url)
         # Another server's user: the newest of their joins.
         assert found(db, "remote", all_local=False) == [("@rem:far", "Remote Later", None)]
         assert found(db, "left", all_local=False) == []
+        assert found(db, "ghost", all_local=False) == []
         assert ids(db, "plain", all_local=False) == []  # in no room
         assert ids(db, "plain") == ["@plain:hs"]  # every local user
         assert ids(db, "timer") == ["@old:hs"]  # never a deactivated one
