@@ -209,11 +209,14 @@ def _directory_row_0060(user_id: str, name, avatar) -> tuple:
 
 def _fill_user_directory(tx) -> None:
     """0060: a directory row for every local user, from their profile, and for every other
-    server's user joined to a room, from the newest of their joins in current state."""
+    server's user joined to a room: named by the newest of their joins to a public or
+    world-readable room in current state, else without a name."""
     insert = (
         "INSERT INTO user_directory (user_id, display_name, avatar_url, search_text)"
-        " VALUES (?, ?, ?, ?) ON CONFLICT (user_id) DO UPDATE SET"
-        " display_name = excluded.display_name, avatar_url = excluded.avatar_url,"
+        " VALUES (?, ?, ?, ?) ON CONFLICT (user_id) DO "
+    )
+    upsert = insert + (
+        "UPDATE SET display_name = excluded.display_name, avatar_url = excluded.avatar_url,"
         " search_text = excluded.search_text"
     )
     profiles: dict[str, dict] = {u: {} for (u,) in tx.fetchall("SELECT user_id FROM users")}
@@ -224,12 +227,14 @@ def _fill_user_directory(tx) -> None:
         profiles.setdefault(user_id, {})[field] = json.loads(value)
     for user_id, profile in profiles.items():
         row = _directory_row_0060(user_id, profile.get("displayname"), profile.get("avatar_url"))
-        tx.execute(insert, row)
+        tx.execute(upsert, row)
+    public = "(r.join_rule = 'public' OR r.history_visibility = 'world_readable')"
     after = -(2**63)
     while True:  # oldest join first, so each user's newest is written last
         rows = tx.fetchall(
-            "SELECT e.stream_ordering, c.state_key, e.json FROM current_state c"
+            f"SELECT e.stream_ordering, c.state_key, e.json, {public} FROM current_state c"
             " JOIN events e ON e.event_id = c.event_id"
+            " LEFT JOIN room_stats r ON r.room_id = c.room_id"
             " WHERE c.type = 'm.room.member' AND c.membership = 'join' AND e.stream_ordering > ?"
             " AND NOT EXISTS (SELECT 1 FROM users u WHERE u.user_id = c.state_key)"
             " ORDER BY e.stream_ordering LIMIT 1000",
@@ -238,12 +243,14 @@ def _fill_user_directory(tx) -> None:
         if not rows:
             return
         after = rows[-1][0]
-        for _, user_id, text in rows:
+        for _, user_id, text, in_public in rows:
+            if not in_public:  # a name meant for that room only: none, and no other replaced
+                row = _directory_row_0060(user_id, None, None)
+                tx.execute(insert + "NOTHING", row)
+                continue
             content = json.loads(text).get("content") or {}
-            tx.execute(
-                insert,
-                _directory_row_0060(user_id, content.get("displayname"), content.get("avatar_url")),
-            )
+            name, avatar = content.get("displayname"), content.get("avatar_url")
+            tx.execute(upsert, _directory_row_0060(user_id, name, avatar))
 
 
 STEPS: dict[int, Callable] = {

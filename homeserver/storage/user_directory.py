@@ -47,15 +47,22 @@ def _avatar(value) -> str | None:
     return value if ok and len(value) <= MAX_AVATAR_URL_LENGTH else None
 
 
-def _upsert(tx, user_id: str, name: str | None, avatar: str | None, local: bool) -> None:
-    """The user's row, written only if the user is (`local`) or is not one of ours. SQLite
-    needs the WHERE: without one, `ON CONFLICT` after a SELECT would not parse."""
+def _upsert(
+    tx, user_id: str, name: str | None, avatar: str | None, local: bool, replace: bool = True
+) -> None:
+    """The user's row, written only if the user is (`local`) or is not one of ours, and
+    over an existing one only if `replace`. SQLite needs the WHERE: without one,
+    `ON CONFLICT` after a SELECT would not parse."""
+    update = (
+        "UPDATE SET display_name = excluded.display_name, avatar_url = excluded.avatar_url,"
+        " search_text = excluded.search_text"
+        if replace
+        else "NOTHING"
+    )
     tx.execute(
         "INSERT INTO user_directory (user_id, display_name, avatar_url, search_text)"
         f" SELECT ?, ?, ?, ? WHERE {'' if local else 'NOT '}EXISTS"
-        " (SELECT 1 FROM users WHERE user_id = ?)"
-        " ON CONFLICT (user_id) DO UPDATE SET display_name = excluded.display_name,"
-        " avatar_url = excluded.avatar_url, search_text = excluded.search_text",
+        f" (SELECT 1 FROM users WHERE user_id = ?) ON CONFLICT (user_id) DO {update}",
         (user_id, name, avatar, search_text(user_id, name), user_id),
     )
 
@@ -73,18 +80,23 @@ def index_local_user(tx, user_id: str) -> None:
 
 
 def index_member(tx, event: Event) -> None:
-    """A member event that became current state: another server's user's join gives their
-    row its display name and avatar. Local users keep their profile's, never a room's."""
+    """A member event that became current state: another server's user's join in a public
+    or world-readable room gives their row its display name and avatar. A join elsewhere
+    may carry a name meant for that room only (Synapse takes none from there either): it
+    makes a row without one, found by user ID, and changes no existing row. Local users
+    keep their profile's, never a room's."""
     if event.type != "m.room.member" or event.membership != "join" or not event.state_key:
         return
-    content = event.content
-    _upsert(
-        tx,
-        event.state_key,
-        _name(content.get("displayname")),
-        _avatar(content.get("avatar_url")),
-        local=False,
+    row = tx.fetchone(
+        "SELECT join_rule, history_visibility FROM room_stats WHERE room_id = ?",
+        (event.room_id,),
     )
+    if row is None or (row[0] != "public" and row[1] != "world_readable"):
+        _upsert(tx, event.state_key, None, None, local=False, replace=False)
+        return
+    content = event.content
+    name, avatar = _name(content.get("displayname")), _avatar(content.get("avatar_url"))
+    _upsert(tx, event.state_key, name, avatar, local=False)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from urllib.parse import quote
 import pytest
 
 from tests.peers.origins import OriginKeyServer, send_transaction
+from tests.peers.resident import ResidentPeer
 from tests.rooms.conftest import create_room
 from tests.support.federation import federation_settings, tls_listener_settings
 from tests.support.remote_room import RemoteRoom
@@ -37,6 +38,15 @@ def _start(request, tmp_path_factory, dns, test_ca, ip: str, **overrides) -> Wei
 def keys(test_ca, dns):
     with OriginKeyServer("userdir.test", test_ca, dns, host="127.36.0.2") as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def resident(test_ca):
+    """A room on another server, public, whose creator's join (before the join rule in its
+    state) carries a display name."""
+    peer = ResidentPeer(test_ca, host="127.36.0.4", creator_name="Resident Marzipan").start()
+    yield peer
+    peer.stop()
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
@@ -181,6 +191,17 @@ def test_a_remote_user_is_found_from_the_join_their_server_sent(weir, user, keys
     # Once none of ours is in the room, its state no longer follows it: zed is not found.
     leave(alice, room.room_id)
     assert found(erin, "quince") == []
+
+
+def test_the_members_of_a_remote_room_we_join_are_found(user, resident):
+    """The join's answer brings the room's state at once, its members before its join rule;
+    their names still count, the room being public."""
+    alice, erin = user("alice"), user("erin")
+    join(alice, resident.room_id)
+    creator = {"user_id": resident.creator, "display_name": "Resident Marzipan"}
+    assert search(erin, "marzip")["results"] == [creator]
+    leave(alice, resident.room_id)
+    assert found(erin, "marzipan") == []
 
 
 def test_limited_when_more_match_than_the_limit(user):

@@ -120,11 +120,30 @@ def test_deactivated_users_are_never_found(db):
     assert ids(db, "gone") == []
 
 
+def joined(db, position: int, room_id: str, user_id: str, name: str | None = None) -> Event:
+    content = {"membership": "join", **({"displayname": name} if name else {})}
+    event = member_event(position, room_id, user_id, content)
+    store_member(db, position, event)
+    db.write(lambda tx: index_member(tx, event))
+    return event
+
+
+def test_a_remote_users_name_comes_from_their_joins_to_public_rooms_only(db):
+    add_room(db, PUBLIC, "public", local_members=1)
+    add_room(db, PRIVATE, "invite", local_members=1)
+    joined(db, 1, PRIVATE, SEARCHER)
+    joined(db, 2, PRIVATE, "@rem:far", "Private Nick")
+    assert found(db, "nick", all_local=False) == []
+    assert found(db, "@rem:far", all_local=False) == [("@rem:far", None, None)]
+    joined(db, 3, PUBLIC, "@rem:far", "Public Name")
+    joined(db, 4, PRIVATE, "@rem:far", "Another Nick")
+    assert found(db, "rem", all_local=False) == [("@rem:far", "Public Name", None)]
+    assert found(db, "nick", all_local=False) == []
+
+
 def test_a_redacted_remote_join_shows_no_name(db):
     add_room(db, PUBLIC, "public", local_members=1)
-    join = member_event(1, PUBLIC, "@rem:far", {"membership": "join", "displayname": "Far Away"})
-    store_member(db, 1, join)
-    db.write(lambda tx: index_member(tx, join))
+    join = joined(db, 1, PUBLIC, "@rem:far", "Far Away")
     assert found(db, "far away", all_local=False) == [("@rem:far", "Far Away", None)]
     redacted = dict(join.pdu, content={"membership": "join"})
     db.write(lambda tx: RedactionStore.apply(tx, join, redacted, {}, "$r", 1))
@@ -162,6 +181,8 @@ def test_the_migration_fills_the_directory_from_profiles_and_joins(database_url)
             (PUBLIC, "@old:hs", {"membership": "join", "displayname": "Room Nick"}),
             (PUBLIC, "@rem:far", {"membership": "join", "displayname": "Remote Early"}),
             (PRIVATE, "@rem:far", {"membership": "join", "displayname": "Remote Later"}),
+            (PRIVATE, "@hidden:far", {"membership": "join", "displayname": "Secret Nick"}),
+            (PRIVATE, "@plain:hs", {"membership": "join"}),
             (PUBLIC, "@left:far", {"membership": "join", "displayname": "Left Behind"}),
             (PUBLIC, "@left:far", {"membership": "leave"}),
             (LEFT, "@ghost:far", {"membership": "join", "displayname": "Ghost Far"}),
@@ -175,11 +196,16 @@ def test_the_migration_fills_the_directory_from_profiles_and_joins(database_url)
         # A local user keeps their profile's name, never a room's.
         assert found(db, "timer", all_local=False) == [("@old:hs", "Old Timer", "mxc://hs/old")]
         assert found(db, "nick", all_local=False) == []
-        # Another server's user: the newest of their joins.
-        assert found(db, "remote", all_local=False) == [("@rem:far", "Remote Later", None)]
+        # Another server's user: named by the newest of their joins to a public room.
+        assert found(db, "remote", all_local=False) == [("@rem:far", "Remote Early", None)]
+        assert found(db, "later", all_local=False) == []
+        # Or by none, found by user ID where the searcher may see them.
+        assert found(db, "secret", searcher="@plain:hs", all_local=False) == []
+        hidden = found(db, "@hidden:far", searcher="@plain:hs", all_local=False)
+        assert hidden == [("@hidden:far", None, None)]
         assert found(db, "left", all_local=False) == []
         assert found(db, "ghost", all_local=False) == []
-        assert ids(db, "plain", all_local=False) == []  # in no room
+        assert ids(db, "plain", all_local=False) == []  # in no room the searcher sees
         assert ids(db, "plain") == ["@plain:hs"]  # every local user
         assert ids(db, "timer") == ["@old:hs"]  # never a deactivated one
         # And users made afterwards are indexed beside them.
