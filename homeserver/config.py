@@ -348,6 +348,11 @@ class RateLimitingConfig:
     remote_media: RateConfig = setting(
         fields.Nested(schema_for(RateConfig)), RateConfig(max_requests=300, per_seconds=60.0)
     )
+    # User directory searches, per user, not per client key: a client searches as its user
+    # types, and each search reads the whole directory table.
+    user_directory: RateConfig = setting(
+        fields.Nested(schema_for(RateConfig)), RateConfig(max_requests=100, per_seconds=60.0)
+    )
 
 
 def _globs(value: tuple) -> None:
@@ -407,6 +412,13 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True)
+class UserDirectoryConfig:
+    # Also find every local user, not only those sharing a room with the searcher or in a
+    # public room (Synapse's user_directory.search_all_users).
+    search_all_users: bool = setting(_bool(), False)
+
+
+@dataclass(frozen=True)
 class Config:
     server_name: str = setting(fields.String(validate=_server_name), "localhost:8008")
     # What clients are told to use (.well-known/matrix/client): an absolute http(s) URL.
@@ -426,6 +438,7 @@ class Config:
     presence: PresenceConfig = section(PresenceConfig)
     url_preview: UrlPreviewConfig = section(UrlPreviewConfig)
     voip: VoipConfig = section(VoipConfig)
+    user_directory: UserDirectoryConfig = section(UserDirectoryConfig)
 
 
 def _first_error(messages: Any, prefix: str = "") -> tuple[str, str]:

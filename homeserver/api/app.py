@@ -34,6 +34,7 @@ from homeserver.api.client import (
     sync,
     threepids,
     url_preview,
+    user_directory,
     versions,
 )
 from homeserver.api.context import RUNTIME_EXTENSION
@@ -73,6 +74,7 @@ def client_blueprints():
         sync.bp,
         account_data.bp,
         profile.bp,
+        user_directory.bp,
         presence.bp,
         receipts.bp,
         reports.bp,

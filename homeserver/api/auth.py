@@ -76,9 +76,10 @@ def requires_auth(view):
     return wrapper
 
 
-def enforce_rate_limit(limiter) -> None:
-    """Counts this request against `limiter` under the caller's client key."""
-    decision = limiter.check(client_key())
+def enforce_rate_limit(limiter, key: str | None = None) -> None:
+    """Counts this request against `limiter` under `key`, by default the caller's client
+    key."""
+    decision = limiter.check(client_key() if key is None else key)
     if not decision.allowed:
         raise limit_exceeded(decision.retry_after_ms)
 

@@ -24,6 +24,7 @@ from homeserver.accounts.service import AccountService
 from homeserver.accounts.shared_secret import SharedSecretRegistration
 from homeserver.accounts.turn import TurnCredentials
 from homeserver.accounts.uia import UserInteractiveAuth
+from homeserver.accounts.user_directory import UserDirectory
 from homeserver.core.collector import CollectorHold
 from homeserver.core.components import component
 from homeserver.core.identifiers import server_of
@@ -73,6 +74,7 @@ from homeserver.storage.room_graph import RoomGraphStore
 from homeserver.storage.rooms import RoomStore
 from homeserver.storage.sync import SyncStore
 from homeserver.storage.transactions import ReceivedTransactionStore, StagingCaps
+from homeserver.storage.user_directory import UserDirectoryStore
 from homeserver.sync.account_data import AccountDataService
 from homeserver.sync.edus import InboundEdus
 from homeserver.sync.filters import Filters
@@ -138,6 +140,12 @@ class HomeserverRuntime(MediaComponents):
     @component
     def turn(self) -> TurnCredentials:
         return TurnCredentials(self.config.voip)
+
+    @component
+    def user_directory(self) -> UserDirectory:
+        """User search over the directory written with profiles and memberships."""
+        store = UserDirectoryStore(self.db)
+        return UserDirectory(store, self.config.user_directory.search_all_users)
 
     # --- rooms and the directory -----------------------------------------------------------
 

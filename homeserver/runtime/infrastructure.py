@@ -203,6 +203,10 @@ class Infrastructure:
     def remote_media_rate_limiter(self) -> RateLimiter:
         return self._rate_limiter("remote_media")
 
+    @component
+    def user_directory_rate_limiter(self) -> RateLimiter:
+        return self._rate_limiter("user_directory")
+
     # --- federation: one outbound client, and the keyring behind inbound authentication --
 
     @component

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from homeserver.storage.database import Database
 from homeserver.storage.e2ee import delete_device_rows
+from homeserver.storage.user_directory import index_local_user
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,10 @@ class AccountStore:
                 " ON CONFLICT (user_id) DO NOTHING",
                 (user_id, password_hash, int(admin), now_ms),
             )
-            return cur.rowcount == 1
+            if cur.rowcount != 1:
+                return False
+            index_local_user(tx, user_id)  # found by user ID before any profile is set
+            return True
 
         return self.db.write(tx)
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from homeserver.core.events import Event
-from homeserver.storage import room_stats
+from homeserver.storage import room_stats, user_directory
 from homeserver.storage.database import Database, in_lists
 from homeserver.storage.state_sql import keys_table
 
@@ -253,7 +253,11 @@ def change_current_state(tx, room_id: str, delta: Delta, position: int) -> Delta
             "DELETE FROM current_state WHERE room_id = ? AND type = ? AND state_key = ?",
             (room_id, *key),
         )
-    changed = [(k, v) for k, v in delta.items() if v is not None]
+    # Members last: the user directory reads the room's join rule as the stats have it.
+    changed = sorted(
+        ((k, v) for k, v in delta.items() if v is not None),
+        key=lambda kv: kv[0][0] == "m.room.member",
+    )
     # A few events decoded at a time: a joined room's whole state is 100,000s of them.
     for at in range(0, len(changed), _EVENTS_PER_READ):
         part = changed[at : at + _EVENTS_PER_READ]
@@ -268,6 +272,7 @@ def change_current_state(tx, room_id: str, delta: Delta, position: int) -> Delta
             previous = found.get(old.get(key, ""))
             membership = previous.membership if previous else None
             room_stats.update_stats(tx, found[event_id], membership, position)
+            user_directory.index_member(tx, found[event_id])
     return delta
 
 

@@ -7,6 +7,7 @@ import json
 from canonicaljson import encode_canonical_json
 
 from homeserver.storage.database import Database
+from homeserver.storage.user_directory import index_local_user
 
 # The fields a member event carries (client-server spec, "Events on Change of Profile
 # Information").
@@ -59,12 +60,17 @@ class ProfileStore:
                 " ON CONFLICT (user_id, field) DO UPDATE SET value = excluded.value",
                 (user_id, field, json.dumps(value, separators=(",", ":"))),
             )
+            if field in MEMBER_FIELDS:
+                index_local_user(tx, user_id)
 
         self.db.write(write)
 
     def delete_field(self, user_id: str, field: str) -> None:
-        self.db.write(
-            lambda tx: tx.execute(
+        def write(tx):
+            tx.execute(
                 "DELETE FROM profile_fields WHERE user_id = ? AND field = ?", (user_id, field)
             )
-        )
+            if field in MEMBER_FIELDS:
+                index_local_user(tx, user_id)
+
+        self.db.write(write)

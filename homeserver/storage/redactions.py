@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from canonicaljson import encode_canonical_json
 
 from homeserver.core.events import Event
-from homeserver.storage import room_stats
+from homeserver.storage import room_stats, user_directory
 from homeserver.storage.database import Database, in_lists
 from homeserver.storage.parsed_events import PARSED
 
@@ -131,6 +131,7 @@ class RedactionStore:
         if row is not None:
             # Membership survives redaction, so only the room's named columns can change.
             room_stats.update_stats(tx, redacted, redacted.membership, row[0])
+            user_directory.index_member(tx, redacted)  # a redacted join shows no name
         for event_id, unsigned in tx.fetchall(
             "SELECT event_id, unsigned FROM events WHERE room_id = ? AND type = ?"
             " AND state_key = ? AND unsigned IS NOT NULL",

@@ -31,6 +31,12 @@ def update_stats(tx, event: Event, previous_membership: str | None, position: in
                 " RETURNING joined_members",
                 (joined, invited, room_id),
             )
+            if joined and tx.fetchone("SELECT 1 FROM users WHERE user_id = ?", (event.state_key,)):
+                tx.execute(
+                    "UPDATE room_stats SET local_joined_members = local_joined_members + ?"
+                    " WHERE room_id = ?",
+                    (joined, room_id),
+                )
             if joined:  # a resolution may change several members at one position
                 tx.execute(
                     "INSERT INTO room_joined_count_history (room_id, stream_ordering,"

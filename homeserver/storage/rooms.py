@@ -12,7 +12,15 @@ from dataclasses import astuple, dataclass, field, replace
 from typing import Callable, Iterable, Mapping, Sequence
 
 from homeserver.core.events import Event
-from homeserver.storage import auth_chains, event_rows, event_state, outbox, room_stats, streams
+from homeserver.storage import (
+    auth_chains,
+    event_rows,
+    event_state,
+    outbox,
+    room_stats,
+    streams,
+    user_directory,
+)
 from homeserver.storage.database import Database, in_lists
 from homeserver.storage.event_state import Delta, GroupRef
 from homeserver.storage.history import HistoryEvent, store_history
@@ -238,6 +246,7 @@ class RoomStore:
                 (room_id, event.type, event.state_key, event.event_id, event.membership),
             )
             room_stats.update_stats(tx, event, previous_membership, position)
+            user_directory.index_member(tx, event)
         return StoredEvent(event, position, unsigned)
 
     @staticmethod

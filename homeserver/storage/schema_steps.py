@@ -6,6 +6,8 @@ step is never edited after it has landed, so it imports nothing from the live st
 from __future__ import annotations
 
 import json
+import re
+import unicodedata
 from typing import Callable
 
 # 0026: the chain length the live code keeps (event_state.MAX_CHAIN when this was written).
@@ -189,9 +191,72 @@ def _index_search(tx) -> None:
                 tx.execute(insert, (position, event_id, room_id, f"content.{name}", value))
 
 
+# 0060: how storage/user_directory.py wrote a row when this was written.
+_WORD_0060 = re.compile(r"\w+")
+
+
+def _words_0060(text: str) -> list[str]:
+    bare = "".join(c for c in unicodedata.normalize("NFKD", text) if not unicodedata.combining(c))
+    return _WORD_0060.findall(bare.casefold())
+
+
+def _directory_row_0060(user_id: str, name, avatar) -> tuple:
+    name = name if isinstance(name, str) and 0 < len(name) <= 256 else None
+    ok = isinstance(avatar, str) and avatar.startswith("mxc://") and len(avatar) <= 1024
+    words = dict.fromkeys(_words_0060(name or "") + _words_0060(user_id))
+    return user_id, name, avatar if ok else None, "".join(f" {w}" for w in words)
+
+
+def _fill_user_directory(tx) -> None:
+    """0060: a directory row for every local user, from their profile, and for every other
+    server's user joined to a room: named by the newest of their joins to a public or
+    world-readable room in current state, else without a name."""
+    insert = (
+        "INSERT INTO user_directory (user_id, display_name, avatar_url, search_text)"
+        " VALUES (?, ?, ?, ?) ON CONFLICT (user_id) DO "
+    )
+    upsert = insert + (
+        "UPDATE SET display_name = excluded.display_name, avatar_url = excluded.avatar_url,"
+        " search_text = excluded.search_text"
+    )
+    profiles: dict[str, dict] = {u: {} for (u,) in tx.fetchall("SELECT user_id FROM users")}
+    for user_id, field, value in tx.fetchall(
+        "SELECT user_id, field, value FROM profile_fields"
+        " WHERE field IN ('displayname', 'avatar_url')"
+    ):
+        profiles.setdefault(user_id, {})[field] = json.loads(value)
+    for user_id, profile in profiles.items():
+        row = _directory_row_0060(user_id, profile.get("displayname"), profile.get("avatar_url"))
+        tx.execute(upsert, row)
+    public = "(r.join_rule = 'public' OR r.history_visibility = 'world_readable')"
+    after = -(2**63)
+    while True:  # oldest join first, so each user's newest is written last
+        rows = tx.fetchall(
+            f"SELECT e.stream_ordering, c.state_key, e.json, {public} FROM current_state c"
+            " JOIN events e ON e.event_id = c.event_id"
+            " LEFT JOIN room_stats r ON r.room_id = c.room_id"
+            " WHERE c.type = 'm.room.member' AND c.membership = 'join' AND e.stream_ordering > ?"
+            " AND NOT EXISTS (SELECT 1 FROM users u WHERE u.user_id = c.state_key)"
+            " ORDER BY e.stream_ordering LIMIT 1000",
+            (after,),
+        )
+        if not rows:
+            return
+        after = rows[-1][0]
+        for _, user_id, text, in_public in rows:
+            if not in_public:  # a name meant for that room only: none, and no other replaced
+                row = _directory_row_0060(user_id, None, None)
+                tx.execute(insert + "NOTHING", row)
+                continue
+            content = json.loads(text).get("content") or {}
+            name, avatar = content.get("displayname"), content.get("avatar_url")
+            tx.execute(upsert, _directory_row_0060(user_id, name, avatar))
+
+
 STEPS: dict[int, Callable] = {
     26: _state_groups_to_deltas,
     28: _index_auth_chains,
     50: _index_relations,
     51: _index_search,
+    60: _fill_user_directory,
 }

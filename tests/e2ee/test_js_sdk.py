@@ -325,3 +325,17 @@ def test_account_settings_through_matrix_js_sdk(start_weir, database_url, node, 
 
     assert result["deactivated"] == {"id_server_unbind_result": "no-support"}
     assert result["after_deactivation"] == "403 M_USER_DEACTIVATED"
+
+
+@pytest.mark.parametrize("server", ["sqlite"], indirect=True)  # both: test_user_directory.py
+def test_user_directory_through_matrix_js_sdk(server, node, tmp_path):
+    """alice finds bob, who shares her room, with searchUserDirectory by part of his display
+    name and by his user ID; carol, in no room, has the same word in hers and is not found."""
+    names = ("alice", "bob", "carol")
+    scenario = {name: registered(server, name) for name in names}
+    result = run_node(
+        node, "user_directory.mjs", server.client_url, json.dumps(scenario), tmp_path=tmp_path
+    )
+    bob = {"user_id": result["bob"], "display_name": "Bartholomew Quillfeather"}
+    assert result["by_name"] == {"results": [bob], "limited": False}
+    assert result["by_id"] == {"results": [bob], "limited": False}

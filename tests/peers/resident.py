@@ -22,10 +22,11 @@ from tests.peers.honest import HonestPeer, SeenRequest
 
 
 class ResidentPeer(HonestPeer):
-    def __init__(self, ca, host: str, port: int = 8448):
+    def __init__(self, ca, host: str, port: int = 8448, creator_name: str | None = None):
         super().__init__(f"{host}:{port}", ca, host=host, port=port)
         self.room_id = f"!resident:{self.server_name}"
         self.creator = f"@creator:{self.server_name}"
+        self.creator_name = creator_name  # the displayname of the creator's join, if any
         self.lie: str | None = None
         self.junk_events = 0
         self.backfill_answer: bytes | None = None
@@ -79,7 +80,8 @@ class ResidentPeer(HonestPeer):
 
     def _build_room(self) -> None:
         self._add("m.room.create", {"creator": self.creator, "room_version": "10"})
-        self._add("m.room.member", {"membership": "join"}, state_key=self.creator)
+        profile = {"displayname": self.creator_name} if self.creator_name else {}
+        self._add("m.room.member", {"membership": "join", **profile}, state_key=self.creator)
         self._add("m.room.power_levels", {"users": {self.creator: 100}})
         self._add("m.room.join_rules", {"join_rule": "public"})
         self._add("m.room.name", {"name": "Resident"})

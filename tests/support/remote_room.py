@@ -83,8 +83,9 @@ class RemoteRoom:
         return self.depth
 
     def join_pdu(
-        self, origin: FakeOrigin, localpart: str, prev: str | None = None
+        self, origin: FakeOrigin, localpart: str, prev: str | None = None, profile=None
     ) -> tuple[str, dict]:
+        """`profile`: the displayname and avatar_url the join carries, if any."""
         user = origin.user(localpart)
         auth = self.auth_ids(
             ("m.room.create", ""), ("m.room.power_levels", ""), ("m.room.join_rules", "")
@@ -93,7 +94,7 @@ class RemoteRoom:
             origin,
             user,
             "m.room.member",
-            {"membership": "join"},
+            {"membership": "join", **(profile or {})},
             state_key=user,
             prev_events=[prev or self.latest_event_id()],
             auth_events=auth,
