@@ -31,6 +31,7 @@ from homeserver.api.client import (
     search,
     spaces,
     sync,
+    upgrades,
     versions,
 )
 from homeserver.api.context import RUNTIME_EXTENSION
@@ -60,6 +61,7 @@ def client_blueprints():
         relations.bp,
         search.bp,
         spaces.bp,
+        upgrades.bp,
         directory.bp,
         media.bp,
         metrics.bp,

@@ -68,6 +68,7 @@ from homeserver.rooms.transactions import (
     ShardTransactionReceiver,
     TransactionProcessor,
 )
+from homeserver.rooms.upgrades import RoomUpgrader
 from homeserver.runtime.infrastructure import Infrastructure
 from homeserver.storage.accounts import AccountStore
 from homeserver.storage.directory import DirectoryStore
@@ -248,6 +249,11 @@ class HomeserverRuntime(Infrastructure):
     @component
     def room_creator(self) -> RoomCreator:
         return RoomCreator(self.rooms, self.directory, self.server_name, self.remote_membership)
+
+    @component
+    def room_upgrader(self) -> RoomUpgrader:
+        """Room upgrades: a replacement room, the old one's tombstone, aliases moved."""
+        return RoomUpgrader(self.rooms, self.directory, self.server_name)
 
     @component
     def inbound_transactions(self) -> TransactionProcessor | ShardTransactionReceiver:
