@@ -156,9 +156,9 @@ class RoomUpgrader:
         initial = [
             {"type": t, "state_key": k, "content": e.content}
             for (t, k), e in old.state.items()
-            if t in COPIED_STATE and t != POWER_LEVELS or t == SPACE_CHILD
+            if t != POWER_LEVELS and (t in COPIED_STATE or t == SPACE_CHILD)
         ]
-        if upgrade.levels.start is not None:
+        if upgrade.levels.start is not None:  # None: the old room had none, plan_room's own
             initial.append({"type": POWER_LEVELS, "state_key": "", "content": upgrade.levels.start})
         ours, _ = self._split_aliases(old)
         if ours:
