@@ -232,6 +232,11 @@ class DirectoryService:
         """`fn(tx)` listing a new room within its creation's transaction."""
         return lambda tx: self.store.publish_in(tx, room_id, now_ms())
 
+    def move_writer(self, old_room_id: str, new_room_id: str):
+        """`fn(tx)` moving the old room's aliases and directory entry to its replacement,
+        within the replacement's creation (rooms/upgrades.py)."""
+        return lambda tx: self.store.move_room_in(tx, old_room_id, new_room_id, now_ms())
+
     # --- the public room list -----------------------------------------------------------
 
     def list_public_rooms(

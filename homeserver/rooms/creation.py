@@ -264,11 +264,14 @@ class RoomCreator:
 
     @staticmethod
     def _room_version(identifier: str | None) -> RoomVersion:
-        if identifier is None:
-            return DEFAULT_ROOM_VERSION
-        version = KNOWN_ROOM_VERSIONS.get(identifier)
-        if version is None:
-            raise MatrixError(
-                400, Codes.UNSUPPORTED_ROOM_VERSION, f"Room version {identifier!r} is not supported"
-            )
-        return version
+        return DEFAULT_ROOM_VERSION if identifier is None else supported_version(identifier)
+
+
+def supported_version(identifier: str) -> RoomVersion:
+    """A version new rooms may have (createRoom's, an upgrade's), or 400 as the spec says."""
+    version = KNOWN_ROOM_VERSIONS.get(identifier)
+    if version is None:
+        raise MatrixError(
+            400, Codes.UNSUPPORTED_ROOM_VERSION, f"Room version {identifier!r} is not supported"
+        )
+    return version

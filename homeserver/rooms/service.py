@@ -21,14 +21,7 @@ from signedjson.sign import SignatureVerifyException, verify_signed_json
 
 from homeserver.core.clock import now_ms
 from homeserver.core.concurrency import KeyedLocks
-from homeserver.core.errors import (
-    Codes,
-    MatrixError,
-    bad_json,
-    forbidden,
-    invalid_param,
-    not_found,
-)
+from homeserver.core.errors import Codes, MatrixError, bad_json, forbidden, invalid_param, not_found
 from homeserver.core.events import Event
 from homeserver.core.identifiers import (
     is_valid_room_id,
@@ -330,15 +323,16 @@ class RoomService:
         creator: str,
         planned: list[PlannedEvent],
         extra_writes: Callable[[str], Iterable[Callable]] = lambda room_id: (),
+        chosen_id: str | None = None,
     ) -> str:
         """Builds every initial event of a new room and stores them all, with the writes
         `extra_writes(room_id)` gives, in one transaction: a room is created whole or not at
-        all. Returns the room ID, which in v12 is only known once the create event is built."""
+        all. Returns the room ID: in v12 the create event's, before it `chosen_id` if given."""
         ts = now_ms()
         for attempt in range(_PERSIST_ATTEMPTS):
             # Two v12 rooms with the same creator, content and timestamp hash to one room ID;
             # an earlier timestamp makes another (as Synapse does).
-            room_id, events = self._initial_events(version, planned, ts - attempt)
+            room_id, events = self._initial_events(version, planned, ts - attempt, chosen_id)
             try:
                 self._persist(
                     events,
@@ -352,9 +346,10 @@ class RoomService:
         raise MatrixError(503, Codes.UNKNOWN, "Could not pick a new room ID; try again")
 
     def _initial_events(
-        self, version: RoomVersion, planned: list[PlannedEvent], ts: int
+        self, version: RoomVersion, planned: list[PlannedEvent], ts: int, chosen_id: str | None
     ) -> tuple[str, list[Event]]:
-        room_id = None if version.room_id_is_create_event_id else new_room_id(self.server_name)
+        fresh = chosen_id or new_room_id(self.server_name)
+        room_id = None if version.room_id_is_create_event_id else fresh
         state: dict = {}
         events: list[Event] = []
         for item in planned:
@@ -414,6 +409,14 @@ class RoomService:
             return version, self._build(version, planned, room_id, prev_events, state, now_ms())
         except AuthError as e:
             raise forbidden(str(e)) from None
+
+    def append_built_first(self, room_id: str, planned: PlannedEvent, first: Callable) -> str:
+        """`_append` with `first(event)` run between the build and the store, under the room's
+        lock, so nothing of ours comes between (an upgrade's new room names its tombstone)."""
+        with self._locks.hold(room_id):
+            event = self.prepare_event(room_id, planned)[1]
+            first(event)
+            return self._persist([event], send_to=self.destinations_for(event))[0].event.event_id
 
     def store_prepared(self, event: Event, delivered_to: str) -> None:
         """Stores an event from `prepare_event` once countersigned, queued for the room's

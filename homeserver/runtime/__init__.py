@@ -59,6 +59,7 @@ from homeserver.rooms.search import RoomSearch
 from homeserver.rooms.server_acl import ServerAcls
 from homeserver.rooms.service import RoomService
 from homeserver.rooms.transactions import ShardTransactionReceiver, TransactionProcessor
+from homeserver.rooms.upgrades import RoomUpgrader
 from homeserver.runtime.media import MediaComponents
 from homeserver.storage.accounts import AccountStore
 from homeserver.storage.directory import DirectoryStore
@@ -261,6 +262,11 @@ class HomeserverRuntime(MediaComponents):
     @component
     def room_creator(self) -> RoomCreator:
         return RoomCreator(self.rooms, self.directory, self.server_name, self.remote_membership)
+
+    @component
+    def room_upgrader(self) -> RoomUpgrader:
+        """Room upgrades: a replacement room, the old one's tombstone, aliases moved."""
+        return RoomUpgrader(self.rooms, self.directory, self.server_name)
 
     @component
     def inbound_transactions(self) -> TransactionProcessor | ShardTransactionReceiver:

@@ -134,6 +134,16 @@ class DirectoryStore:
         )
         return [r[0] for r in rows]
 
+    @classmethod
+    def move_room_in(cls, tx, old_room_id: str, new_room_id: str, now_ms: int) -> None:
+        """Within a transaction (an upgrade's new room): the old room's aliases point at the
+        new room, and the new room is listed in the directory instead if the old one was."""
+        tx.execute(
+            "UPDATE room_aliases SET room_id = ? WHERE room_id = ?", (new_room_id, old_room_id)
+        )
+        if tx.execute("DELETE FROM published_rooms WHERE room_id = ?", (old_room_id,)).rowcount:
+            cls.publish_in(tx, new_room_id, now_ms)
+
     # --- visibility ---------------------------------------------------------------------
 
     @staticmethod

@@ -345,6 +345,19 @@ class RoomStore:
         rows = self.db.read(lambda tx: tx.fetchall(sql, params))
         return {_state_key_of(s): s for s in map(_stored, rows)}
 
+    def current_bans(self, room_id: str) -> list[StoredEvent]:
+        """The member events of the room's banned users (an upgrade copies them), read by
+        membership without decoding the other members' events."""
+        rows = self.db.read(
+            lambda tx: tx.fetchall(
+                f"SELECT {_EVENT_COLUMNS} FROM current_state c"
+                " JOIN events e ON e.event_id = c.event_id WHERE c.room_id = ?"
+                " AND c.type = 'm.room.member' AND c.membership = 'ban' ORDER BY c.state_key",
+                (room_id,),
+            )
+        )
+        return [_stored(row) for row in rows]
+
     def state_at(
         self,
         room_id: str,

@@ -339,3 +339,31 @@ def test_user_directory_through_matrix_js_sdk(server, node, tmp_path):
     bob = {"user_id": result["bob"], "display_name": "Bartholomew Quillfeather"}
     assert result["by_name"] == {"results": [bob], "limited": False}
     assert result["by_id"] == {"results": [bob], "limited": False}
+
+
+@pytest.mark.parametrize("server", ["sqlite"], indirect=True)  # both: test_room_upgrade.py
+@pytest.mark.parametrize("version", ["11", "12"])
+def test_a_room_upgrade_through_matrix_js_sdk(server, node, tmp_path, version):
+    """alice's upgradeRoom; bob's client sees the tombstone, is refused in the old room,
+    joins the replacement it names and finds the old room from there (findPredecessor,
+    getRoomUpgradeHistory with its links checked)."""
+    scenario = {
+        "alice": registered(server, "alice"),
+        "bob": registered(server, "bob"),
+        "version": version,
+    }
+    result = run_node(
+        node, "upgrade.mjs", server.client_url, json.dumps(scenario), tmp_path=tmp_path
+    )
+    old, new = result["old_room"], result["new_room"]
+    assert result["tombstone"] == {
+        "sender": result["alice"],
+        "content": {"body": "This room has been replaced", "replacement_room": new},
+    }
+    assert result["refusal"] == {"status": 403, "errcode": "M_FORBIDDEN"}
+    predecessor = result["predecessor"]
+    assert predecessor["roomId"] == old
+    # Before 12 the create event names the tombstone too; 12's room ID comes first.
+    assert predecessor.get("eventId") == (result["tombstone_id"] if version == "11" else None)
+    assert result["history"] == [old, new]
+    assert result["name"] == "Lobby" and result["version"] == version
