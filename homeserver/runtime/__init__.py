@@ -64,10 +64,7 @@ from homeserver.rooms.reports import ReportService
 from homeserver.rooms.search import RoomSearch
 from homeserver.rooms.server_acl import ServerAcls
 from homeserver.rooms.service import RoomService
-from homeserver.rooms.transactions import (
-    ShardTransactionReceiver,
-    TransactionProcessor,
-)
+from homeserver.rooms.transactions import ShardTransactionReceiver, TransactionProcessor
 from homeserver.runtime.infrastructure import Infrastructure
 from homeserver.storage.accounts import AccountStore
 from homeserver.storage.directory import DirectoryStore
@@ -77,6 +74,7 @@ from homeserver.storage.key_backup import KeyBackupStore
 from homeserver.storage.media import MediaStore
 from homeserver.storage.presence import PresenceStore
 from homeserver.storage.profiles import ProfileStore
+from homeserver.storage.push import PushStore
 from homeserver.storage.remote_invites import RemoteInviteStore
 from homeserver.storage.reports import ReportStore
 from homeserver.storage.room_graph import RoomGraphStore
@@ -86,8 +84,11 @@ from homeserver.storage.transactions import ReceivedTransactionStore
 from homeserver.sync.account_data import AccountDataService
 from homeserver.sync.edus import InboundEdus
 from homeserver.sync.filters import Filters
+from homeserver.sync.notifications import Notifications
 from homeserver.sync.notifier import Notifier
 from homeserver.sync.presence import PresenceService
+from homeserver.sync.push_actions import PushActions
+from homeserver.sync.push_ruleset import PushRules
 from homeserver.sync.receipts import ReceiptService
 from homeserver.sync.service import SyncService
 from homeserver.sync.typing import TypingNotifications
@@ -145,6 +146,8 @@ class HomeserverRuntime(Infrastructure):
         )
         rooms.add_persist_listener(self.notifier.on_events_persisted)
         rooms.add_outbox_listener(self.federation_sender.wake)
+        # Looked up when first used: push actions read the rooms.
+        rooms.add_write_hook(lambda events: self.push_actions.hook(events))
         return rooms
 
     @component
@@ -391,6 +394,15 @@ class HomeserverRuntime(Infrastructure):
         return AccountDataService(self.sync_store, self.notifier)
 
     @component
+    def push_rules(self) -> PushRules:
+        return PushRules(PushStore(self.db), self.account_data)
+
+    @component
+    def push_actions(self) -> PushActions:
+        """Each event's push actions for our users, written with it."""
+        return PushActions(self.push_rules, self.rooms, self.server_name)
+
+    @component
     def receipts(self) -> ReceiptService:
         return ReceiptService(
             self.rooms,
@@ -470,6 +482,8 @@ class HomeserverRuntime(Infrastructure):
             E2eeSync(self.e2ee_store),
             on_wake=lambda answered_from: wakes[answered_from].inc(),
             presence=self.presence,
+            ruleset=self.push_rules.ruleset,
+            notifications=Notifications(self.push_rules.store),
         )
 
     # --- end-to-end encryption: keys, devices, to-device messages ------------------------
