@@ -207,15 +207,41 @@ class PushStore:
 
     @staticmethod
     def insert_push_actions(tx, actions: list[PushAction]) -> None:
-        """In the event's own write: rows for an event that was stored as hidden (soft
-        failed) or as an outlier are not written."""
+        """In the event's own write: nothing for an event stored as hidden (soft failed) or
+        as an outlier. One statement a batch, and each rule's actions encoded once: a big
+        room's message is thousands of rows."""
+        by_event: dict[str, list[PushAction]] = {}
         for a in actions:
-            tx.execute(
+            by_event.setdefault(a.event_id, []).append(a)
+        texts: dict[int, str] = {}
+        for event_id, rows in by_event.items():
+            found = tx.fetchone(
+                "SELECT room_id, stream_ordering FROM events WHERE event_id = ?"
+                " AND soft_failed = 0 AND outlier = 0",
+                (event_id,),
+            )
+            if found is None:
+                continue
+            room_id, ordering = found
+            for a in rows:
+                if id(a.actions) not in texts:
+                    texts[id(a.actions)] = _dumps(a.actions)
+            tx.executemany(
                 "INSERT INTO event_push_actions (user_id, room_id, event_id, stream_ordering,"
-                " thread_id, notif, highlight, actions) SELECT ?, room_id, event_id,"
-                " stream_ordering, ?, 1, ?, ? FROM events WHERE event_id = ?"
-                " AND soft_failed = 0 AND outlier = 0 ON CONFLICT DO NOTHING",
-                (a.user_id, a.thread_id, int(a.highlight), _dumps(a.actions), a.event_id),
+                " thread_id, notif, highlight, actions) VALUES (?, ?, ?, ?, ?, 1, ?, ?)"
+                " ON CONFLICT DO NOTHING",
+                [
+                    (
+                        a.user_id,
+                        room_id,
+                        event_id,
+                        ordering,
+                        a.thread_id,
+                        int(a.highlight),
+                        texts[id(a.actions)],
+                    )
+                    for a in rows
+                ],
             )
 
     def unread_counts(self, user_id: str, room_ids: list[str]) -> dict[str, dict]:

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import gevent
-
+from homeserver.core.concurrency import in_turns
 from homeserver.core.events import Event
 from homeserver.rooms.power_levels import CREATE, POWER_LEVELS, user_power_level
 from homeserver.rooms.service import RoomService
@@ -128,12 +127,10 @@ class PushActions:
         compiled = self.rules.compiled(list(audience))
         thread = thread_of(event)
         found = []
-        for done, (user_id, name) in enumerate(audience.items(), start=1):
-            rule = first_match(compiled[user_id], facts, name)
+        for user_id, name in in_turns(audience.items(), USERS_PER_PAUSE):
+            rule = first_match(compiled[user_id], facts, user_id, name)
             if rule is not None and rule.notify:
                 found.append(
                     PushAction(user_id, event.event_id, thread, rule.highlight, rule.actions)
                 )
-            if done % USERS_PER_PAUSE == 0:
-                gevent.sleep(0)
         return found

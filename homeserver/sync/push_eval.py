@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from homeserver.sync.push_rules import KINDS
 
 NEVER = ("never",)
 DISPLAY_NAME = ("display_name",)
+# The user the shared defaults are compiled for (`defaults_template`): a condition naming
+# them becomes ("self", condition), its value filled in with each user's own.
+SELF = "@\x00:\x00"
+SELF_LOCALPART = "\x00"
 _COUNT = re.compile(r"(==|<=|>=|<|>)?([0-9]+)")
 _GLOB_CHARS = frozenset("*?[")
 # Mentions by name or @room in the body: skipped for an event with `m.mentions` (the spec,
@@ -232,7 +236,9 @@ def _compare(count: int, op: str, n: int) -> bool:
     return count >= n
 
 
-def first_match(rules: CompiledRules, facts: EventFacts, display_name: str | None) -> Rule | None:
+def first_match(
+    rules: CompiledRules, facts: EventFacts, user_id: str, display_name: str | None
+) -> Rule | None:
     """The first of the user's rules whose conditions all hold."""
     memo, mentions = facts.memo, facts.mentions
     for rule in rules.rules:
@@ -242,6 +248,11 @@ def first_match(rules: CompiledRules, facts: EventFacts, display_name: str | Non
             holds: bool | None
             if condition is DISPLAY_NAME:
                 holds = facts.mentions_name(display_name)
+            elif condition[0] == "self":
+                condition = _personal(condition[1], user_id)
+                holds = memo.get(condition)
+                if holds is None:
+                    holds = memo[condition] = facts.check(condition)
             else:
                 holds = memo.get(condition)
                 if holds is None:
@@ -251,3 +262,45 @@ def first_match(rules: CompiledRules, facts: EventFacts, display_name: str | Non
         else:
             return rule
     return None
+
+
+def _fill(value, user_id: str):
+    if value == SELF:
+        return user_id
+    if value == SELF_LOCALPART:
+        return user_id[1:].split(":", 1)[0].lower()
+    if isinstance(value, tuple):
+        return tuple(_fill(v, user_id) for v in value)
+    return value
+
+
+def _personal(condition: tuple, user_id: str) -> tuple:
+    """A condition of the shared defaults, with the user's own ID or localpart in it
+    (lowered in a pattern, as compile_condition lowers patterns)."""
+    value = user_id.lower() if condition[0] == "match" else user_id
+    return tuple(_fill(part, value) for part in condition)
+
+
+def _names_self(condition: tuple) -> bool:
+    return any(
+        part in (SELF, SELF_LOCALPART) or (isinstance(part, tuple) and _names_self(part))
+        for part in condition
+    )
+
+
+def defaults_template(ruleset: dict) -> CompiledRules:
+    """The server defaults compiled once for every user who changed none of them:
+    `ruleset` is the defaults of the user `SELF`."""
+    compiled = compile_rules(SELF, ruleset)
+    return CompiledRules(
+        tuple(
+            replace(
+                rule,
+                conditions=tuple(
+                    ("self", c) if c is not DISPLAY_NAME and _names_self(c) else c
+                    for c in rule.conditions
+                ),
+            )
+            for rule in compiled.rules
+        )
+    )
