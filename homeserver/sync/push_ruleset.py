@@ -9,7 +9,7 @@ user's `m.push_rules` account data, so their /sync hears of it."""
 
 from __future__ import annotations
 
-from homeserver.core.concurrency import in_turns
+from homeserver.core.concurrency import KeyedLocks, in_turns
 from homeserver.core.errors import invalid_param, not_found
 from homeserver.storage.push import PushStore, UserRule, UserRules
 from homeserver.sync.account_data import AccountDataService
@@ -113,6 +113,9 @@ class PushRules:
         self.account_data = account_data
         self._compiled: dict[str, CompiledRules] = {}
         self._defaults = defaults_template(default_ruleset(SELF))
+        # One change of a user's rules at a time: placing a rule rewrites its kind's order,
+        # which two writes at once on PostgreSQL could each make without the other.
+        self._locks = KeyedLocks()
 
     # --- reads --------------------------------------------------------------------------
 
@@ -160,7 +163,9 @@ class PushRules:
         for anchor in (before, after):
             if anchor is not None and anchor.startswith("."):
                 raise invalid_param("Rules cannot be placed relative to a server default rule")
-        if not self.store.put_rule(user_id, rule, before, after):
+        with self._locks.hold(user_id):
+            placed = self.store.put_rule(user_id, rule, before, after)
+        if not placed:
             raise invalid_param(f"No rule {before or after} of kind {kind} to place it by")
         self._changed(user_id)
 
