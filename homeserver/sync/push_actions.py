@@ -59,12 +59,7 @@ def thread_of(event: Event) -> str:
 
 
 class PushActions:
-    def __init__(
-        self,
-        rules: PushRules,
-        rooms: RoomService,
-        server_name: str,
-    ):
+    def __init__(self, rules: PushRules, rooms: RoomService, server_name: str):
         self.rules = rules
         self.store: PushStore = rules.store
         self.rooms = rooms
@@ -72,10 +67,12 @@ class PushActions:
         self._rooms: dict[str, RoomFacts] = {}
 
     def hook(self, events: list[Event]):
-        """RoomService's write hook: the rows of the notifying actions, and their wake-up."""
+        """RoomService's write hook: the rows of the actions that notify, and the room's
+        facts forgotten once a state event is stored."""
         room_id = events[0].room_id
         found: list[PushAction] = []
-        if self.rooms.room_exists(room_id):  # not a room being created
+        # Not a room being created: no one of ours is in it yet.
+        if room_id in self._rooms or self.rooms.room_exists(room_id):
             facts = self._room_facts(room_id)
             for event in events:
                 found += self.evaluate(event, facts)
