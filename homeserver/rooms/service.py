@@ -2,10 +2,9 @@
 
 Every event of ours goes the same way: under the room's lock, read the room's extremities and
 the state the auth rules need, build and sign the event, check it with the auth rules, then
-persist it in one transaction (`_persist`), which also tells the registered listeners (the
-notifier that /sync will use). The lock keeps two sends to one room from taking the same
-prev_events and depth; the transaction re-checks the extremities, in case another process
-wrote to the room meanwhile.
+persist it in one transaction (`_persist`, with the write hooks' writes: push actions), then
+tell the listeners (the notifier /sync uses). The lock keeps two sends to one room from taking
+the same prev_events and depth; the transaction re-checks the extremities (other processes).
 
 Events received over federation are authorised by `received.py` and stored through the same
 persist point; the filters, tokens and pages that reads use are `pagination.py`'s.
@@ -67,6 +66,7 @@ MEMBERSHIPS = ("join", "invite", "knock", "leave", "ban")
 PersistListener = Callable[[list[StoredEvent]], None]
 # outbox_listener(destinations): events were queued for these servers (the sender's wake-up).
 OutboxListener = Callable[[set[str]], None]
+WriteHook = Callable[[list[Event]], "tuple[Callable, PersistListener] | None"]
 # validate(room_id, new_content, old_content or None), raising a MatrixError.
 StateValidator = Callable[[str, dict, "dict | None"], None]
 
@@ -90,6 +90,7 @@ class RoomService:
         self._locks = KeyedLocks()
         self._listeners: list[PersistListener] = []
         self._outbox_listeners: list[OutboxListener] = []
+        self._write_hooks: list[WriteHook] = []
         self._state_validators: dict[str, StateValidator] = {}
 
     # --- hooks --------------------------------------------------------------------------
@@ -105,6 +106,11 @@ class RoomService:
         (the federation sender's wake-up). Like persist listeners it is not the record: the
         queue is in the database, and the sender reads it on start."""
         self._outbox_listeners.append(listener)
+
+    def add_write_hook(self, hook: WriteHook) -> None:
+        """Before each persist, `hook(events)`: None, or (a write for the events' transaction,
+        a persist listener)."""
+        self._write_hooks.append(hook)
 
     def add_state_validator(self, event_type: str, validator: StateValidator) -> None:
         """Checks the content of client-sent state events of one type before they are built."""
@@ -225,12 +231,14 @@ class RoomService:
         destinations = set(send_to) - {self.server_name}
         ts = now_ms()
         redacted: dict = {}
+        hooked = [h for h in (hook(events) for hook in self._write_hooks) if h is not None]
         writes = [*kwargs.pop("extra_writes", ()), redaction_write(events, ts, redacted)]
+        writes += [write for write, _ in hooked]
         stored = self.store.persist_events(
             events, now_ms=ts, send_to=destinations, extra_writes=writes, **kwargs
         )
         stored = as_redacted(stored, redacted)  # listeners hear them as stored
-        for listener in self._listeners:
+        for listener in [*self._listeners, *(after for _, after in hooked)]:
             try:
                 listener(stored)
             except Exception:

@@ -69,6 +69,7 @@ from homeserver.storage.key_backup import KeyBackupStore
 from homeserver.storage.openid import OpenIdStore
 from homeserver.storage.presence import PresenceStore
 from homeserver.storage.profiles import ProfileStore
+from homeserver.storage.push import PushStore
 from homeserver.storage.remote_invites import RemoteInviteStore
 from homeserver.storage.reports import ReportStore
 from homeserver.storage.room_graph import RoomGraphStore
@@ -79,8 +80,11 @@ from homeserver.storage.user_directory import UserDirectoryStore
 from homeserver.sync.account_data import AccountDataService
 from homeserver.sync.edus import InboundEdus
 from homeserver.sync.filters import Filters
+from homeserver.sync.notifications import Notifications
 from homeserver.sync.notifier import Notifier
 from homeserver.sync.presence import PresenceService
+from homeserver.sync.push_actions import PushActions
+from homeserver.sync.push_ruleset import PushRules
 from homeserver.sync.receipts import ReceiptService
 from homeserver.sync.service import SyncService
 from homeserver.sync.typing import TypingNotifications
@@ -159,6 +163,8 @@ class HomeserverRuntime(MediaComponents):
         )
         rooms.add_persist_listener(self.notifier.on_events_persisted)
         rooms.add_outbox_listener(self.federation_sender.wake)
+        # Looked up when first used: push actions read the rooms.
+        rooms.add_write_hook(lambda events: self.push_actions.hook(events))
         return rooms
 
     @component
@@ -415,6 +421,15 @@ class HomeserverRuntime(MediaComponents):
         return AccountDataService(self.sync_store, self.notifier)
 
     @component
+    def push_rules(self) -> PushRules:
+        return PushRules(PushStore(self.db), self.account_data)
+
+    @component
+    def push_actions(self) -> PushActions:
+        """Each event's push actions for our users, written with it."""
+        return PushActions(self.push_rules, self.rooms, self.server_name)
+
+    @component
     def receipts(self) -> ReceiptService:
         return ReceiptService(
             self.rooms,
@@ -494,6 +509,8 @@ class HomeserverRuntime(MediaComponents):
             E2eeSync(self.e2ee_store),
             on_wake=lambda answered_from: wakes[answered_from].inc(),
             presence=self.presence,
+            ruleset=self.push_rules.ruleset,
+            notifications=Notifications(self.push_rules.store),
         )
 
     # --- end-to-end encryption: keys, devices, to-device messages ------------------------

@@ -96,6 +96,8 @@ class RoomEventFilter(EventFilter):
     rooms: tuple | None = None
     not_rooms: tuple = ()
     lazy_load_members: bool = False
+    # Unread counts split by thread in /sync (storage/push.py), as the timeline filter asks.
+    unread_thread_notifications: bool = False
 
     def keeps_room(self, room_id: str) -> bool:
         if self.rooms is not None and room_id not in self.rooms:
@@ -162,6 +164,7 @@ def _room_event_filter(body: dict) -> RoomEventFilter:
         rooms=_tuple(body, "rooms"),
         not_rooms=tuple(body.get("not_rooms", ())),
         lazy_load_members=body.get("lazy_load_members", False),
+        unread_thread_notifications=body.get("unread_thread_notifications", False),
     )
 
 

@@ -3,8 +3,6 @@ spec's order. Users cannot change them yet: GET only."""
 
 from __future__ import annotations
 
-from homeserver.core.errors import not_found
-
 KINDS = ("override", "content", "room", "sender", "underride")
 
 _SOUND = {"set_tweak": "sound", "value": "default"}
@@ -146,12 +144,3 @@ def _underride_rules() -> list[dict]:
         _rule(".m.rule.message", [_match("type", "m.room.message")], ["notify"]),
         _rule(".m.rule.encrypted", [_match("type", "m.room.encrypted")], ["notify"]),
     ]
-
-
-def find_rule(user_id: str, scope: str, kind: str, rule_id: str) -> dict:
-    if scope != "global" or kind not in KINDS:
-        raise not_found("Unknown push rule scope or kind")
-    for rule in default_ruleset(user_id)[kind]:
-        if rule["rule_id"] == rule_id:
-            return rule
-    raise not_found("No such push rule")

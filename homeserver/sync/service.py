@@ -30,9 +30,11 @@ from homeserver.rooms.history import RoomHistory
 from homeserver.rooms.service import RoomService
 from homeserver.storage.sync import SyncSnapshot, SyncStore
 from homeserver.sync.filters import Filters
+from homeserver.sync.notifications import Notifications
 from homeserver.sync.notifier import Notifier, Waiter
 from homeserver.sync.out_of_room import out_of_room
 from homeserver.sync.presence import PresenceService
+from homeserver.sync.push_rules import default_ruleset
 from homeserver.sync.room_entries import RoomEntries, SyncBatch, SyncRequest
 from homeserver.sync.side_streams import global_account_data
 from homeserver.sync.tokens import SyncToken
@@ -118,6 +120,8 @@ class SyncService:
         e2ee: E2eeSync | None = None,
         on_wake: Callable[[str], None] = lambda answered_from: None,
         presence: PresenceService | None = None,
+        ruleset: Callable[[str], dict] = default_ruleset,
+        notifications: Notifications | None = None,
     ):
         self.rooms = rooms
         self.history = history
@@ -127,8 +131,11 @@ class SyncService:
         self.filters = filters
         self.e2ee = e2ee
         self.presence = presence
+        self.ruleset = ruleset  # the user's push rules (push_ruleset.py)
+        self.notifications = notifications  # unread counts, when push actions are kept
         self.entries = RoomEntries(rooms, history)
-        self.woken = WokenAnswers(notifier.recent, e2ee, self.entries.lazy_members)
+        unread = notifications.unread_fields if notifications else None
+        self.woken = WokenAnswers(notifier.recent, e2ee, self.entries.lazy_members, unread)
         self.on_wake = on_wake  # "recent_events" or "database", for each woken sync
 
     def sync(self, *args, **kwargs) -> dict:
@@ -196,7 +203,10 @@ class SyncService:
 
         rooms = self._rooms(request, batch, memberships, raced)
         account_data = global_account_data(
-            request.filter.account_data, batch.account_data, request.user_id, since is None
+            request.filter.account_data,
+            batch.account_data,
+            lambda: self.ruleset(request.user_id),
+            since is None,
         )
         e2ee = self._e2ee_part(request, batch)
         presence, presence_position = self._presence_part(request, batch)
@@ -264,7 +274,9 @@ class SyncService:
                 section = "leave"
             if entry is not None:
                 rooms[section][room_id] = entry
-
+        if self.notifications is not None:
+            by_thread = request.filter.room.timeline.unread_thread_notifications
+            self.notifications.add_unread_counts(request.user_id, rooms["join"], by_thread)
         return rooms
 
     def _e2ee_part(self, request: SyncRequest, batch: SyncBatch) -> E2eeSyncPart:

@@ -4,11 +4,12 @@ account data, as the filter keeps them."""
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from homeserver.rooms.pagination import EventFilter
 from homeserver.sync.filters import RoomEventFilter
-from homeserver.sync.push_rules import default_ruleset
+
+PUSH_RULES = "m.push_rules"
 
 
 def ephemeral_events(
@@ -38,12 +39,15 @@ def room_account_data(data_filter: RoomEventFilter, changed: Mapping, room_id: s
 
 
 def global_account_data(
-    data_filter: EventFilter, changed: Mapping, user_id: str, initial: bool
+    data_filter: EventFilter, changed: Mapping, ruleset: Callable[[], dict], initial: bool
 ) -> list:
-    events = _account_data_events(changed.get("", ()), data_filter)
-    if initial and data_filter.keeps_type("m.push_rules"):
-        # Push rules are the server defaults, which clients read from the first sync.
-        events.append({"type": "m.push_rules", "content": {"global": default_ruleset(user_id)}})
+    """`ruleset()`: the user's push rules, read only when sent: in the first sync, and
+    whenever they changed (their stored account data is a copy, set with each change)."""
+    changes = changed.get("", ())
+    others = [item for item in changes if item.type != PUSH_RULES]
+    events = _account_data_events(others, data_filter)
+    if (initial or len(others) < len(changes)) and data_filter.keeps_type(PUSH_RULES):
+        events.append({"type": PUSH_RULES, "content": {"global": ruleset()}})
     return events
 
 

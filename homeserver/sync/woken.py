@@ -197,13 +197,23 @@ def answers_from_events(sync_filter: SyncFilter, full_state: bool, state_after: 
 # (requester, filter, room_id, the room's new events, now) -> the state section's events
 # when the filter lazy-loads members (RoomEntries.lazy_members).
 LazyMembers = Callable[[Requester, SyncFilter, str, list[StoredEvent], int], list[dict]]
+# (user_id, room IDs, by thread) -> {room_id: the unread count fields of its entry}
+# (notifications.py): each user's own, so read for each answer.
+UnreadCounts = Callable[[str, list[str], bool], dict[str, dict]]
 
 
 class WokenAnswers:
-    def __init__(self, recent: RecentEvents, e2ee: E2eeSync | None, lazy_members: LazyMembers):
+    def __init__(
+        self,
+        recent: RecentEvents,
+        e2ee: E2eeSync | None,
+        lazy_members: LazyMembers,
+        unread: UnreadCounts | None = None,
+    ):
         self.recent = recent
         self.e2ee = e2ee
         self.lazy_members = lazy_members
+        self.unread = unread
         # (room ID, first and last position, events) -> its entry in the plain client format.
         # A redacted event's entry is never served: its run has a gap (RecentEvents).
         self._entries: dict[tuple[str, int, int, int], RoomEntry] = {}
@@ -235,12 +245,26 @@ class WokenAnswers:
             keys = self.e2ee.key_counts(requester, keys)
             e2ee = self._key_text(keys)
         token = encode(str(seen.token.with_events(up_to)))
-        text = _ANSWER[0] + token + _ANSWER[1] + ",".join(rooms) + _ANSWER[2] + e2ee + "}"
+        entries = self._with_unread(requester.user_id, sync_filter, rooms)
+        text = _ANSWER[0] + token + _ANSWER[1] + ",".join(entries) + _ANSWER[2] + e2ee + "}"
         return EncodedJson(text), Seen(seen.token, up_to, seen.joined, seen.rooms, keys)
+
+    def _with_unread(
+        self, user_id: str, sync_filter: SyncFilter, rooms: list[tuple[str, str]]
+    ) -> list[str]:
+        """The entries' texts, each with its unread counts before its closing brace."""
+        if self.unread is None:
+            return [text for _, text in rooms]
+        by_thread = sync_filter.room.timeline.unread_thread_notifications
+        counts = self.unread(user_id, [room_id for room_id, _ in rooms], by_thread)
+        return [
+            text[:-1] + "," + object_text((k, encode(v)) for k, v in counts[room_id].items())[1:]
+            for room_id, text in rooms
+        ]
 
     def _joined_rooms(
         self, requester: Requester, sync_filter: SyncFilter, by_room: dict, now: int
-    ) -> list[str] | None:
+    ) -> list[tuple[str, str]] | None:
         """Each entry (`"room_id":{...}`) of the rooms the timeline filter keeps; None if one
         needs the whole computation."""
         timeline_filter = sync_filter.room.timeline
@@ -253,13 +277,14 @@ class WokenAnswers:
             if len(events) > sync_filter.room.timeline_limit:
                 return None  # a limited timeline comes with state: the whole computation
             if plain and not lazy:
-                rooms.append(self._room_entry(room_id, events).text(now))
+                rooms.append((room_id, self._room_entry(room_id, events).text(now)))
                 continue
             state: list[dict] = []
             if lazy:
                 state = self.lazy_members(requester, sync_filter, room_id, events, now)
             formatted = self._formatted(sync_filter, plain, events, now)
-            rooms.append(encode_basestring(room_id) + ":" + _entry_text(formatted, events, state))
+            text = _entry_text(formatted, events, state)
+            rooms.append((room_id, encode_basestring(room_id) + ":" + text))
         return rooms
 
     def _room_entry(self, room_id: str, events: list[StoredEvent]) -> RoomEntry:

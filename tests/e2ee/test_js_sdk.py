@@ -367,3 +367,26 @@ def test_a_room_upgrade_through_matrix_js_sdk(server, node, tmp_path, version):
     assert predecessor.get("eventId") == (result["tombstone_id"] if version == "11" else None)
     assert result["history"] == [old, new]
     assert result["name"] == "Lobby" and result["version"] == version
+
+
+@pytest.mark.parametrize("server", ["sqlite"], indirect=True)  # both: tests/sync/test_push_*
+def test_push_rules_and_unread_counts_through_matrix_js_sdk(server, node, tmp_path):
+    """bob adds, disables and deletes a content rule; alice's two messages make his room's
+    unread count 2, a mention his highlight count 1, and his read receipt clears both."""
+    scenario = {"alice": registered(server, "alice"), "bob": registered(server, "bob")}
+    result = run_node(node, "push.mjs", server.client_url, json.dumps(scenario), tmp_path=tmp_path)
+    rules = result["rules"]
+    assert rules["added"] == {
+        "rule_id": "tulips",
+        "default": False,
+        "enabled": True,
+        "pattern": "tulip",
+        "actions": ["notify"],
+    }
+    assert rules["disabled"]["enabled"] is False
+    assert rules["deleted"] is None
+    assert result["seen"] == [
+        {"total": 2, "highlight": 0},
+        {"total": 3, "highlight": 1},
+        {"total": 0, "highlight": 0},
+    ]

@@ -1,13 +1,12 @@
-"""Capabilities and push rules: what clients read right after their first sync."""
+"""Capabilities: what clients read right after their first sync."""
 
 from __future__ import annotations
 
 from flask import Blueprint
 
-from homeserver.api.auth import current_requester, requires_auth
+from homeserver.api.auth import requires_auth
 from homeserver.http.responses import json_response
 from homeserver.rooms.versions import DEFAULT_ROOM_VERSION, KNOWN_ROOM_VERSIONS
-from homeserver.sync.push_rules import default_ruleset, find_rule
 
 bp = Blueprint("capabilities", __name__, url_prefix="/_matrix/client/v3")
 
@@ -35,27 +34,3 @@ def capabilities():
             }
         }
     )
-
-
-@bp.get("/pushrules/")
-@requires_auth
-def push_rules():
-    return json_response({"global": default_ruleset(current_requester().user_id)})
-
-
-@bp.get("/pushrules/global/")
-@requires_auth
-def global_push_rules():
-    return json_response(default_ruleset(current_requester().user_id))
-
-
-@bp.get("/pushrules/<scope>/<kind>/<path:rule_id>")
-@requires_auth
-def push_rule(scope: str, kind: str, rule_id: str):
-    for attribute in ("enabled", "actions"):
-        if rule_id.endswith("/" + attribute):
-            rule = find_rule(
-                current_requester().user_id, scope, kind, rule_id[: -len(attribute) - 1]
-            )
-            return json_response({attribute: rule[attribute]})
-    return json_response(find_rule(current_requester().user_id, scope, kind, rule_id))
