@@ -23,6 +23,8 @@ from homeserver.core.identifiers import is_valid_server_name, parse_room_alias
 from homeserver.core.requester import Requester
 from homeserver.directory.remote import PublicRoomsQuery, RemoteDirectory
 from homeserver.federation.admission import Caller
+from homeserver.rooms.auth import CREATE
+from homeserver.rooms.power_levels import required_power_level, user_power_level
 from homeserver.rooms.service import RoomService
 from homeserver.storage.directory import (
     Cursor,
@@ -175,7 +177,7 @@ class DirectoryService:
         if found is None:
             raise not_found(f"Room alias {alias} not found.")
         room_id, creator = found
-        if requester.user_id != creator and not self.rooms.is_moderator(requester, room_id):
+        if requester.user_id != creator and not self._is_moderator(requester, room_id):
             raise forbidden(
                 "You may not delete this alias: you did not create it and lack"
                 " the power to change the room's aliases"
@@ -213,6 +215,20 @@ class DirectoryService:
 
     # --- visibility ---------------------------------------------------------------------
 
+    def _is_moderator(self, requester: Requester, room_id: str) -> bool:
+        """May this user manage the room's directory entry and aliases? Server admins may;
+        otherwise joined members who could change the room's canonical alias."""
+        if requester.is_admin:
+            return True
+        version = self.rooms.room_version(room_id)
+        keys = [(CREATE, ""), ("m.room.power_levels", ""), ("m.room.member", requester.user_id)]
+        state = {k: s.event for k, s in self.rooms.store.current_state(room_id, keys).items()}
+        member = state.get(("m.room.member", requester.user_id))
+        if member is None or member.membership != "join":
+            return False
+        needed = required_power_level("m.room.canonical_alias", True, state)
+        return user_power_level(version, requester.user_id, state) >= needed
+
     def visibility(self, room_id: str) -> str:
         if not self.rooms.room_exists(room_id):
             raise not_found("Room not found")
@@ -221,7 +237,7 @@ class DirectoryService:
     def set_visibility(self, requester: Requester, room_id: str, visibility: str) -> None:
         if not self.rooms.room_exists(room_id):
             raise not_found("Room not found")
-        if not self.rooms.is_moderator(requester, room_id):
+        if not self._is_moderator(requester, room_id):
             raise forbidden("You lack the power to change this room's directory visibility")
         if visibility == "public":
             self.store.publish(room_id, now_ms())

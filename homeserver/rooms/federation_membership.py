@@ -39,7 +39,11 @@ from homeserver.rooms.events import (
 from homeserver.rooms.pdu_checks import CheckedPdu, PduChecker
 from homeserver.rooms.received import ReceivedEventRefused
 from homeserver.rooms.resolution import RoomResolver
-from homeserver.rooms.restricted_joins import AUTHORISER, check_countersignable
+from homeserver.rooms.restricted_joins import (
+    AUTHORISER,
+    authorise_restricted_join,
+    check_countersignable,
+)
 from homeserver.rooms.server_acl import ServerAcls
 from homeserver.rooms.service import RoomService
 from homeserver.rooms.versions import KNOWN_ROOM_VERSIONS, RoomVersion
@@ -118,7 +122,10 @@ class FederationMembership:
             raise incompatible_version(version.identifier)
         content: dict = {"membership": membership}
         if membership == "join":
-            self.rooms.authorise_restricted_join(room_id, user_id, content)
+            rooms = self.rooms  # names the local authoriser of a join to a restricted room
+            authorise_restricted_join(
+                rooms.store, version, rooms.server_name, room_id, user_id, content
+            )
         template = self._template(version, room_id, user_id, content)
         return {"event": template, "room_version": version.identifier}
 

@@ -39,7 +39,6 @@ from homeserver.rooms.auth import (
 )
 from homeserver.rooms.events import MAX_PREV_EVENTS, InvalidEvent, build_event, redact
 from homeserver.rooms.planned import PlannedEvent
-from homeserver.rooms.power_levels import required_power_level, user_power_level
 from homeserver.rooms.received import ReceivedEventRefused, authorise_received_event
 from homeserver.rooms.redactions import REDACTION, as_redacted, local_redaction, redaction_write
 from homeserver.rooms.resolution import RoomResolver
@@ -153,20 +152,6 @@ class RoomService:
         servers = {server_of(u) for u in self.store.joined_users(room_id)}
         servers.discard(self.server_name)
         return [self.server_name, *sorted(servers)]
-
-    def is_moderator(self, requester: Requester, room_id: str) -> bool:
-        """May this user manage the room's directory entry and aliases? Server admins may;
-        otherwise joined members who could change the room's canonical alias."""
-        if requester.is_admin:
-            return True
-        version = self.room_version(room_id)
-        keys = [(CREATE, ""), ("m.room.power_levels", ""), ("m.room.member", requester.user_id)]
-        state = {k: s.event for k, s in self.store.current_state(room_id, keys).items()}
-        member = state.get(("m.room.member", requester.user_id))
-        if member is None or member.membership != "join":
-            return False
-        needed = required_power_level("m.room.canonical_alias", True, state)
-        return user_power_level(version, requester.user_id, state) >= needed
 
     # --- building, authorising and persisting -------------------------------------------
 
@@ -550,7 +535,7 @@ class RoomService:
                 content.setdefault(key, value)
         if membership == "join" and not self.room_exists(room_id):
             raise not_found("Unknown room")
-        self.room_version(room_id)
+        version = self.room_version(room_id)
         if membership in ("invite", "join", "knock") and server_of(target) != self.server_name:
             # Through their server (rooms/remote_membership.py), never as plain state.
             raise MatrixError(
@@ -559,7 +544,9 @@ class RoomService:
         if membership == "invite" and not self.accounts.user_exists(target):
             raise not_found(f"Unknown user {target}")
         if membership == "join" and sender == target:
-            self.authorise_restricted_join(room_id, target, content)
+            authorise_restricted_join(
+                self.store, version, self.server_name, room_id, target, content
+            )
         if (
             membership == "leave"
             and sender == target
@@ -597,8 +584,3 @@ class RoomService:
                 )
             except MatrixError as e:
                 log.warning("profile update not sent to %s: %s", room_id, e)
-
-    def authorise_restricted_join(self, room_id: str, user_id: str, content: dict) -> None:
-        """Names the local authoriser of a join to a restricted room (restricted_joins.py)."""
-        version = self.room_version(room_id)
-        authorise_restricted_join(self.store, version, self.server_name, room_id, user_id, content)
