@@ -14,6 +14,7 @@ from homeserver.api.client import (
     account_data,
     accounts,
     admin,
+    admin_tokens,
     capabilities,
     devices,
     directory,
@@ -54,7 +55,9 @@ def client_blueprints():
     return [
         versions.bp,
         accounts.bp,
+        accounts.v1,
         admin.bp,
+        admin_tokens.bp,
         rooms.bp,
         jump_to_date.bp,
         relations.bp,

@@ -68,7 +68,7 @@ from homeserver.rooms.transactions import (
     ShardTransactionReceiver,
     TransactionProcessor,
 )
-from homeserver.runtime.infrastructure import Infrastructure
+from homeserver.runtime.admin import AdminComponents
 from homeserver.storage.accounts import AccountStore
 from homeserver.storage.directory import DirectoryStore
 from homeserver.storage.e2ee import E2eeStore
@@ -95,8 +95,9 @@ from homeserver.sync.typing import TypingNotifications
 log = logging.getLogger(__name__)
 
 
-class HomeserverRuntime(Infrastructure):
-    """Every domain service, on the infrastructure (runtime/infrastructure.py)."""
+class HomeserverRuntime(AdminComponents):
+    """Every domain service, on the infrastructure (runtime/infrastructure.py); the admin
+    API's in runtime/admin.py."""
 
     # --- accounts ------------------------------------------------------------------------
 
