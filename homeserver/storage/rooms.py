@@ -264,6 +264,13 @@ class RoomStore:
         )
         return RoomRow(*row) if row else None
 
+    def is_blocked(self, room_id: str) -> bool:
+        """An admin blocked the room (0066_admin.sql): no local user may join it."""
+        row = self.db.read(
+            lambda tx: tx.fetchone("SELECT 1 FROM blocked_rooms WHERE room_id = ?", (room_id,))
+        )
+        return row is not None
+
     def stream_position(self) -> int:
         return self.db.read(streams.current, EVENTS_STREAM)
 
