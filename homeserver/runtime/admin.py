@@ -6,17 +6,29 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from homeserver.accounts.registration_tokens import RegistrationAuth, RegistrationTokens
+from homeserver.admin.media import AdminMedia
+from homeserver.admin.rooms import AdminRooms
+from homeserver.admin.users import AdminUsers
 from homeserver.core.components import component
 from homeserver.runtime.infrastructure import Infrastructure
+from homeserver.storage.admin import AdminStore
 from homeserver.storage.registration_tokens import RegistrationTokenStore
 
 if TYPE_CHECKING:
+    from homeserver.accounts.profile import ProfileService
     from homeserver.accounts.registration import RegistrationSessions
+    from homeserver.accounts.service import AccountService
+    from homeserver.directory.service import DirectoryService
+    from homeserver.rooms.service import RoomService
 
 
 class AdminComponents(Infrastructure):
     if TYPE_CHECKING:  # built by HomeserverRuntime, which derives from this class
         registration_sessions: RegistrationSessions
+        accounts: AccountService
+        profiles: ProfileService
+        rooms: RoomService
+        directory: DirectoryService
 
     @component
     def registration_token_store(self) -> RegistrationTokenStore:
@@ -35,3 +47,21 @@ class AdminComponents(Infrastructure):
     def registration_tokens(self) -> RegistrationTokens:
         """The admins' registration tokens."""
         return RegistrationTokens(self.registration_token_store)
+
+    @component
+    def admin_store(self) -> AdminStore:
+        return AdminStore(self.db, self.server_name)
+
+    @component
+    def admin_users(self) -> AdminUsers:
+        """Users for server admins; deactivation leaves rooms through the room service."""
+        return AdminUsers(self.accounts, self.profiles, self.rooms)
+
+    @component
+    def admin_rooms(self) -> AdminRooms:
+        """The room list, details and deletion for server admins."""
+        return AdminRooms(self.rooms, self.admin_store, self.directory.store)
+
+    @component
+    def admin_media(self) -> AdminMedia:
+        return AdminMedia(self.admin_store)
