@@ -68,6 +68,7 @@ def client_blueprints():
         search.bp,
         spaces.bp,
         directory.bp,
+        directory.r0,
         media.bp,
         metrics.bp,
         sync.bp,
