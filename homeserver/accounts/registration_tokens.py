@@ -75,7 +75,7 @@ class RegistrationAuth:
             token = auth.get("token")
             now = now_ms()
             if not isinstance(token, str) or not self.store.take_pending(
-                session, token, now, now - SESSION_TTL_SECONDS * 1000
+                session, token, now, _stale_before(now)
             ):
                 raise RegistrationAuthRequired(
                     self.flows, session, done, "Invalid registration token"
@@ -94,8 +94,9 @@ class RegistrationAuth:
             self.store.complete(session)
 
     def token_valid(self, token: str) -> bool:
-        found = self.store.get(token) if _TOKEN.fullmatch(token) else None
-        return found is not None and found.valid_at(now_ms())
+        now = now_ms()
+        found = self.store.get(token, _stale_before(now)) if _TOKEN.fullmatch(token) else None
+        return found is not None and found.valid_at(now)
 
 
 class RegistrationTokens:
@@ -106,10 +107,11 @@ class RegistrationTokens:
 
     def list(self, valid: bool | None) -> list[RegistrationToken]:
         now = now_ms()
-        return [t for t in self.store.list() if valid is None or t.valid_at(now) == valid]
+        tokens = self.store.list(_stale_before(now))
+        return [t for t in tokens if valid is None or t.valid_at(now) == valid]
 
     def get(self, token: str) -> RegistrationToken:
-        found = self.store.get(token)
+        found = self.store.get(token, _stale_before(now_ms()))
         if found is None:
             raise not_found("No such registration token")
         return found
@@ -147,6 +149,11 @@ class RegistrationTokens:
     def delete(self, token: str) -> None:
         if not self.store.delete(token):
             raise not_found("No such registration token")
+
+
+def _stale_before(now: int) -> int:
+    """Sessions started before this have lived out their time (accounts/registration.py)."""
+    return now - SESSION_TTL_SECONDS * 1000
 
 
 def _count_or_none(body: dict, key: str) -> int | None:

@@ -57,14 +57,21 @@ class RegistrationTokenStore:
     def __init__(self, db: Database):
         self.db = db
 
-    def get(self, token: str) -> RegistrationToken | None:
-        return self.db.read(_get, token)
+    def get(self, token: str, stale_before_ms: int) -> RegistrationToken | None:
+        """The token, once the uses of sessions older than `stale_before_ms` are given back."""
 
-    def list(self) -> list[RegistrationToken]:
-        rows = self.db.read(
-            lambda tx: tx.fetchall(f"SELECT {_COLUMNS} FROM registration_tokens ORDER BY token")
-        )
-        return [RegistrationToken(*r) for r in rows]
+        def tx(tx):
+            _release_stale(tx, stale_before_ms)
+            return _get(tx, token)
+
+        return self.db.write(tx)
+
+    def list(self, stale_before_ms: int) -> list[RegistrationToken]:
+        def tx(tx):
+            _release_stale(tx, stale_before_ms)
+            return tx.fetchall(f"SELECT {_COLUMNS} FROM registration_tokens ORDER BY token")
+
+        return [RegistrationToken(*r) for r in self.db.write(tx)]
 
     def create(self, token: str, uses_allowed: int | None, expiry_time: int | None) -> bool:
         """False if the token exists."""
