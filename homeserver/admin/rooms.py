@@ -17,7 +17,7 @@ from collections import OrderedDict
 import gevent
 
 from homeserver.core.clock import now_ms
-from homeserver.core.errors import MatrixError, invalid_param, not_found
+from homeserver.core.errors import Codes, MatrixError, invalid_param, not_found
 from homeserver.core.identifiers import server_of
 from homeserver.core.requester import Requester
 from homeserver.rooms.format import client_event
@@ -124,7 +124,7 @@ class AdminRooms:
         if any(
             d["room_id"] == room_id and d["status"] == "active" for d in self._deletions.values()
         ):
-            raise MatrixError(400, "M_UNKNOWN", "This room is being deleted already")
+            raise MatrixError(400, Codes.UNKNOWN, "This room is being deleted already")
         delete_id = secrets.token_urlsafe(12)
         status = {
             "delete_id": delete_id,

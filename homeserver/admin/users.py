@@ -9,7 +9,7 @@ import logging
 
 from homeserver.accounts.profile import ProfileService
 from homeserver.accounts.service import AccountService
-from homeserver.core.errors import MatrixError, invalid_param, not_found
+from homeserver.core.errors import Codes, MatrixError, invalid_param, not_found
 from homeserver.core.identifiers import is_valid_user_id, server_of
 from homeserver.core.requester import Requester
 from homeserver.rooms.service import RoomService
@@ -27,7 +27,7 @@ class AdminUsers:
 
     def _local(self, user_id: str) -> str:
         if not is_valid_user_id(user_id) or server_of(user_id) != self.accounts.server_name:
-            raise MatrixError(400, "M_INVALID_PARAM", "Only local users can be managed here")
+            raise MatrixError(400, Codes.INVALID_PARAM, "Only local users can be managed here")
         return user_id
 
     def _existing(self, user_id: str) -> None:

@@ -11,7 +11,7 @@ from homeserver.admin.rooms import AdminRooms
 from homeserver.admin.users import AdminUsers
 from homeserver.core.components import component
 from homeserver.runtime.infrastructure import Infrastructure
-from homeserver.storage.admin import AdminStore
+from homeserver.storage.admin import AdminMediaStore, AdminStore
 from homeserver.storage.registration_tokens import RegistrationTokenStore
 
 if TYPE_CHECKING:
@@ -64,4 +64,5 @@ class AdminComponents(Infrastructure):
 
     @component
     def admin_media(self) -> AdminMedia:
-        return AdminMedia(self.admin_store)
+        """Quarantine and media lists for server admins."""
+        return AdminMedia(AdminMediaStore(self.db, self.server_name), self.rooms, self.accounts)

@@ -124,15 +124,6 @@ class AdminStore:
             )
         )
 
-    def quarantine(self, origin: str, media_id: str, by: str, now_ms: int) -> None:
-        self.db.write(
-            lambda tx: tx.execute(
-                "INSERT INTO quarantined_media (origin, media_id, quarantined_by, quarantined_ts)"
-                " VALUES (?, ?, ?, ?) ON CONFLICT (origin, media_id) DO NOTHING",
-                (origin, media_id, by, now_ms),
-            )
-        )
-
     def outbox_rows(self, room_id: str) -> int:
         """The room's events still owed to other servers (federation/sender.py)."""
         return self.db.read(
@@ -185,3 +176,83 @@ _ROOM_TABLES = (
     "events",
     "rooms",
 )
+
+
+class AdminMediaStore:
+    """Media lists and quarantine for the admins (0066_admin.sql)."""
+
+    def __init__(self, db: Database, server_name: str):
+        self.db = db
+        self.server_name = server_name  # the origin of local media
+
+    def quarantine(self, files: list[tuple[str, str]], by: str, now_ms: int) -> int:
+        """Quarantines each (origin, media_id); how many were not already."""
+
+        def tx(tx):
+            count = 0
+            for origin, media_id in files:
+                count += tx.execute(
+                    "INSERT INTO quarantined_media (origin, media_id, quarantined_by,"
+                    " quarantined_ts) VALUES (?, ?, ?, ?) ON CONFLICT (origin, media_id)"
+                    " DO NOTHING",
+                    (origin, media_id, by, now_ms),
+                ).rowcount
+            return count
+
+        return self.db.write(tx)
+
+    def unquarantine(self, origin: str, media_id: str) -> None:
+        self.db.write(
+            lambda tx: tx.execute(
+                "DELETE FROM quarantined_media WHERE origin = ? AND media_id = ?",
+                (origin, media_id),
+            )
+        )
+
+    def user_media(
+        self, user_id: str, offset: int, limit: int, order_by: str, backwards: bool
+    ) -> tuple[list[tuple], int]:
+        """A page of the user's uploads: (media_id, content_type, media_length, upload_name,
+        created_ts, quarantined_by), and how many there are."""
+        column = MEDIA_ORDERINGS[order_by]
+        direction = "DESC" if backwards else "ASC"
+
+        def tx(tx):
+            total = tx.fetchone("SELECT COUNT(*) FROM local_media WHERE user_id = ?", (user_id,))
+            rows = tx.fetchall(
+                "SELECT m.media_id, m.content_type, m.media_length, m.upload_name,"
+                " m.created_ts, q.quarantined_by FROM local_media m"
+                " LEFT JOIN quarantined_media q ON q.origin = ? AND q.media_id = m.media_id"
+                f" WHERE m.user_id = ? ORDER BY ({column}) IS NULL, {column} {direction},"
+                f" m.media_id {direction} LIMIT ? OFFSET ?",
+                (self.server_name, user_id, limit, offset),
+            )
+            return rows, total[0]
+
+        return self.db.read(tx)
+
+    def user_media_ids(self, user_id: str) -> list[str]:
+        rows = self.db.read(
+            lambda tx: tx.fetchall("SELECT media_id FROM local_media WHERE user_id = ?", (user_id,))
+        )
+        return [r[0] for r in rows]
+
+    def room_event_pdus(self, room_id: str, after: int, limit: int) -> list[tuple[int, str]]:
+        """(stream_ordering, PDU JSON) of the room's events after `after`, `limit` at most."""
+        return self.db.read(
+            lambda tx: tx.fetchall(
+                "SELECT stream_ordering, json FROM events WHERE room_id = ?"
+                " AND stream_ordering > ? ORDER BY stream_ordering LIMIT ?",
+                (room_id, after, limit),
+            )
+        )
+
+
+MEDIA_ORDERINGS = {
+    "media_id": "m.media_id",
+    "upload_name": "m.upload_name",
+    "created_ts": "m.created_ts",
+    "media_length": "m.media_length",
+    "media_type": "m.content_type",
+    "quarantined_by": "q.quarantined_by",
+}

@@ -90,6 +90,11 @@ ENDPOINTS = [
     ("DELETE", "/v2/rooms/!r:weir.test"),
     ("GET", "/v2/rooms/delete_status/abc"),
     ("POST", "/v1/media/quarantine/weir.test/abc"),
+    ("POST", "/v1/media/unquarantine/weir.test/abc"),
+    ("GET", "/v1/room/!r:weir.test/media"),
+    ("POST", "/v1/room/!r:weir.test/media/quarantine"),
+    ("POST", "/v1/user/@someone:weir.test/media/quarantine"),
+    ("GET", "/v1/users/@someone:weir.test/media"),
     ("GET", "/v1/registration_tokens"),
     ("POST", "/v1/registration_tokens/new"),
     ("GET", "/v1/registration_tokens/abc"),
@@ -175,6 +180,10 @@ def test_deactivation_logs_out_refuses_login_and_leaves_rooms(server, admin, use
 
     done = ok(admin.post(f"{ADMIN}/v1/deactivate/{q(leaver.user_id)}", json={"erase": False}))
     assert done == {"id_server_unbind_result": "success"}
+    # The admin action is in the log, with the admin's user ID.
+    server.wait_for_log(
+        rf"admin {admin.user_id}: POST /_synapse/admin/v1/deactivate/{leaver.user_id}"
+    )
     assert leaver.get(f"{V3}/account/whoami").status_code == 401
     assert login_status(server, leaver.user_id, "correct horse battery") == 403
     members = ok(owner.get(f"{V3}/rooms/{q(room)}/joined_members"))["joined"]
@@ -282,6 +291,56 @@ def test_quarantined_media_answers_404(admin, user):
         == 404
     )
     assert admin.post(f"{ADMIN}/v1/media/quarantine/bad%20name/x", json={}).status_code == 400
+    ok(admin.post(f"{ADMIN}/v1/media/unquarantine/weir.test/{media_id}", json={}))
+    assert uploader.get(download).content == b"some bytes"
+
+
+def upload(client: MatrixClient, data: bytes, name: str) -> str:
+    r = client.post(
+        "/_matrix/media/v3/upload",
+        params={"filename": name},
+        data=data,
+        headers={"Content-Type": "application/octet-stream"},
+    )
+    return ok(r)["content_uri"]
+
+
+def test_media_lists_and_quarantine_by_room_and_user(admin, user):
+    poster, other = user("poster"), user("other")
+    room = create_room(poster)
+    in_room = upload(poster, b"posted", "posted.bin")
+    thumb = upload(poster, b"thumb", "thumb.bin")
+    kept = upload(poster, b"kept", "kept.bin")
+    elsewhere = upload(other, b"other's", "o.bin")
+    message = {
+        "msgtype": "m.file",
+        "body": "posted.bin",
+        "url": in_room,
+        "info": {"thumbnail_url": thumb},
+    }
+    ok(poster.put(f"{V3}/rooms/{q(room)}/send/m.room.message/t1", json=message))
+    remote = {"msgtype": "m.image", "body": "r", "url": "mxc://elsewhere.test/abcdef"}
+    ok(poster.put(f"{V3}/rooms/{q(room)}/send/m.room.message/t2", json=remote))
+
+    found = ok(admin.get(f"{ADMIN}/v1/room/{q(room)}/media"))
+    assert found == {"local": [in_room, thumb], "remote": ["mxc://elsewhere.test/abcdef"]}
+    listed = ok(admin.get(f"{ADMIN}/v1/users/{q(poster.user_id)}/media", params={"limit": 2}))
+    assert listed["total"] == 3 and listed["next_token"] == 2
+    assert [m["upload_name"] for m in listed["media"]] == ["posted.bin", "thumb.bin"]
+    assert listed["media"][0]["media_length"] == len(b"posted")
+    assert admin.get(f"{ADMIN}/v1/users/@nobody:weir.test/media").status_code == 404
+
+    count = ok(admin.post(f"{ADMIN}/v1/room/{q(room)}/media/quarantine", json={}))
+    assert count == {"num_quarantined": 3}
+    for uri in (in_room, thumb):
+        assert poster.get(f"/_matrix/client/v1/media/download/{uri[6:]}").status_code == 404
+    assert poster.get(f"/_matrix/client/v1/media/download/{kept[6:]}").status_code == 200
+    by_user = ok(admin.post(f"{ADMIN}/v1/user/{q(poster.user_id)}/media/quarantine", json={}))
+    assert by_user == {"num_quarantined": 1}  # the other two were already
+    assert poster.get(f"/_matrix/client/v1/media/download/{kept[6:]}").status_code == 404
+    assert other.get(f"/_matrix/client/v1/media/download/{elsewhere[6:]}").status_code == 200
+    after = ok(admin.get(f"{ADMIN}/v1/users/{q(poster.user_id)}/media"))["media"]
+    assert {m["quarantined_by"] for m in after} == {admin.user_id}
 
 
 def test_registration_tokens(admin):

@@ -148,8 +148,17 @@ def test_media_quarantine(synadm, user):
     media_id = r.json()["content_uri"].rsplit("/", 1)[1]
     download = f"/_matrix/client/v1/media/download/weir.test/{media_id}"
     assert uploader.get(download).status_code == 200
+    listed = json.loads(synadm("user", "media", uploader.user_id))
+    assert [m["media_id"] for m in listed["media"]] == [media_id]
     synadm("media", "quarantine", "--media-id", media_id)
     assert uploader.get(download).status_code == 404
+
+    room = create_room(uploader)
+    message = {"msgtype": "m.file", "body": "a.txt", "url": f"mxc://weir.test/{media_id}"}
+    sent = uploader.put(f"{V3}/rooms/{q(room)}/send/m.room.message/t1", json=message)
+    assert sent.status_code == 200
+    in_room = json.loads(synadm("media", "list", "--room-id", room))
+    assert in_room == {"local": [f"mxc://weir.test/{media_id}"], "remote": []}
 
 
 def test_registration_tokens(server, synadm):

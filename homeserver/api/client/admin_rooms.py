@@ -80,3 +80,46 @@ def room_delete_statuses(room_id: str):
 def quarantine_media(server_name: str, media_id: str):
     runtime().admin_media.quarantine(current_requester(), server_name, media_id)
     return json_response({})
+
+
+@bp.post("/v1/media/unquarantine/<server_name>/<media_id>")
+@requires_admin
+def unquarantine_media(server_name: str, media_id: str):
+    runtime().admin_media.unquarantine(server_name, media_id)
+    return json_response({})
+
+
+@bp.get("/v1/room/<room_id>/media")
+@requires_admin
+def room_media(room_id: str):
+    return json_response(runtime().admin_media.room_media(room_id))
+
+
+@bp.post("/v1/room/<room_id>/media/quarantine")
+@requires_admin
+def quarantine_room_media(room_id: str):
+    count = runtime().admin_media.quarantine_room_media(current_requester(), room_id)
+    return json_response({"num_quarantined": count})
+
+
+@bp.post("/v1/user/<user_id>/media/quarantine")
+@requires_admin
+def quarantine_user_media(user_id: str):
+    count = runtime().admin_media.quarantine_user_media(current_requester(), user_id)
+    return json_response({"num_quarantined": count})
+
+
+@bp.get("/v1/users/<user_id>/media")
+@requires_admin
+def user_media(user_id: str):
+    direction = request.args.get("dir", "f")
+    if direction not in ("f", "b"):
+        raise invalid_param("dir must be f or b")
+    page = runtime().admin_media.user_media(
+        user_id,
+        query_int("from", 0),
+        query_int("limit", 100),
+        request.args.get("order_by", "created_ts"),
+        direction == "b",
+    )
+    return json_response(page)
