@@ -13,13 +13,16 @@ import logging
 import secrets
 import time
 from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 import gevent
 
 from homeserver.core.clock import now_ms
 from homeserver.core.errors import Codes, MatrixError, invalid_param, not_found
-from homeserver.core.identifiers import server_of
+from homeserver.core.identifiers import is_valid_user_id, server_of
 from homeserver.core.requester import Requester
+from homeserver.rooms.creation import CreateRoomRequest, RoomCreator
 from homeserver.rooms.format import client_event
 from homeserver.rooms.service import RoomService
 from homeserver.storage.admin import ORDERINGS, AdminRoomRow, AdminStore
@@ -31,11 +34,33 @@ MAX_KEPT_DELETIONS = 1000  # statuses kept for polling; the oldest forgotten fir
 # How long a purge waits for the room's leaves to reach its other servers.
 OUTBOX_DRAIN_SECONDS = 30.0
 OUTBOX_POLL_SECONDS = 0.25
+# Synapse's defaults for the room the members are moved to.
+NEW_ROOM_NAME = "Content Violation Notification"
+NEW_ROOM_MESSAGE = (
+    "Sharing illegal content on this server is not permitted and rooms in violation will be"
+    " blocked."
+)
+
+
+@dataclass(frozen=True)
+class Deletion:
+    block: bool = False
+    purge: bool = True
+    new_room_user_id: str | None = None
+    room_name: str | None = None
+    message: str | None = None
 
 
 class AdminRooms:
-    def __init__(self, rooms: RoomService, store: AdminStore, directory: DirectoryStore):
+    def __init__(
+        self,
+        rooms: RoomService,
+        creator: RoomCreator,
+        store: AdminStore,
+        directory: DirectoryStore,
+    ):
         self.rooms = rooms
+        self.creator = creator
         self.store = store
         self.directory = directory
         self.server_name = rooms.server_name
@@ -117,10 +142,15 @@ class AdminRooms:
 
     # --- deleting ------------------------------------------------------------------------
 
-    def delete(self, admin: Requester, room_id: str, block: bool, purge: bool) -> str:
+    def delete(self, admin: Requester, room_id: str, how: Deletion) -> str:
         """Starts the deletion; returns its delete_id."""
         if not self.rooms.room_exists(room_id):
             raise not_found("Room not found")
+        if how.new_room_user_id is not None and not (
+            is_valid_user_id(how.new_room_user_id)
+            and server_of(how.new_room_user_id) == self.server_name
+        ):
+            raise invalid_param("new_room_user_id must be a user ID of this server")
         if any(
             d["room_id"] == room_id and d["status"] == "active" for d in self._deletions.values()
         ):
@@ -140,28 +170,58 @@ class AdminRooms:
         self._deletions[delete_id] = status
         while len(self._deletions) > MAX_KEPT_DELETIONS:
             self._deletions.popitem(last=False)
-        gevent.spawn(self._run_deletion, admin.user_id, status, block, purge)
+        gevent.spawn(self._run_deletion, admin.user_id, status, how)
         return delete_id
 
-    def _run_deletion(self, admin: str, status: dict, block: bool, purge: bool) -> None:
+    def _run_deletion(self, admin: str, status: dict, how: Deletion) -> None:
         room_id = status["room_id"]
+        result = status["shutdown_room"]
         try:
-            if block:
+            if how.block:
                 self.store.block_room(room_id, admin, now_ms())
-            self._local_members_leave(room_id, status["shutdown_room"])
-            aliases = self.directory.aliases_for_room(room_id)
-            for alias in aliases:
+            if how.new_room_user_id is not None:
+                result["new_room_id"] = self._notice_room(how)
+            self._local_members_leave(room_id, result)
+            if result["new_room_id"] is not None:
+                self._move_members(result["kicked_users"], result["new_room_id"])
+            for alias in self.directory.aliases_for_room(room_id):
                 if server_of(alias) == self.server_name:
                     self.directory.delete_alias(alias)
-                    status["shutdown_room"]["local_aliases"].append(alias)
+                    result["local_aliases"].append(alias)
             self.directory.unpublish(room_id)
-            if purge:
+            if how.purge:
                 self._purge(room_id)
             status["status"] = "complete"
-            log.info("admin %s deleted room %s (block=%s, purge=%s)", admin, room_id, block, purge)
+            log.info("admin %s deleted room %s (%s)", admin, room_id, how)
         except Exception as e:
             log.exception("deleting room %s failed", room_id)
             status.update(status="failed", error=str(e))
+
+    def _notice_room(self, how: Deletion) -> str:
+        """A public room, made by `new_room_user_id` (registered now if need be), whose
+        only voice is that user's message: where the members go."""
+        user_id = how.new_room_user_id
+        assert user_id is not None
+        accounts = self.rooms.accounts
+        if not accounts.user_exists(user_id):
+            accounts.register(user_id[1:].partition(":")[0], None, inhibit_login=True)
+        request = CreateRoomRequest(
+            preset="public_chat",
+            name=how.room_name or NEW_ROOM_NAME,
+            power_level_content_override={"users_default": -10},
+        )
+        room_id = self.creator.create(user_id, request)
+        sender = Requester(user_id, "", False, "")
+        content = {"msgtype": "m.text", "body": how.message or NEW_ROOM_MESSAGE}
+        self.rooms.send_message(sender, room_id, "m.room.message", content, secrets.token_hex(8))
+        return room_id
+
+    def _move_members(self, user_ids: Iterable[str], new_room_id: str) -> None:
+        for user_id in user_ids:
+            try:
+                self.rooms.update_membership(user_id, new_room_id, user_id, "join")
+            except MatrixError as e:
+                log.warning("could not move %s to %s: %s", user_id, new_room_id, e)
 
     def _local_members_leave(self, room_id: str, result: dict) -> None:
         members = self.rooms.store.current_state(room_id, event_type="m.room.member")

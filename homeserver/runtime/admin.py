@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from homeserver.accounts.registration import RegistrationSessions
     from homeserver.accounts.service import AccountService
     from homeserver.directory.service import DirectoryService
+    from homeserver.rooms.creation import RoomCreator
     from homeserver.rooms.service import RoomService
 
 
@@ -28,6 +29,7 @@ class AdminComponents(Infrastructure):
         accounts: AccountService
         profiles: ProfileService
         rooms: RoomService
+        room_creator: RoomCreator
         directory: DirectoryService
 
     @component
@@ -60,7 +62,7 @@ class AdminComponents(Infrastructure):
     @component
     def admin_rooms(self) -> AdminRooms:
         """The room list, details and deletion for server admins."""
-        return AdminRooms(self.rooms, self.admin_store, self.directory.store)
+        return AdminRooms(self.rooms, self.room_creator, self.admin_store, self.directory.store)
 
     @component
     def admin_media(self) -> AdminMedia:

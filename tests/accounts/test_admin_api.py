@@ -237,8 +237,8 @@ def test_list_read_and_delete_rooms(admin, user):
     assert {e["type"] for e in state} >= {"m.room.create", "m.room.name", "m.room.member"}
     assert admin.get(f"{ADMIN}/v1/rooms/!nope:weir.test").status_code == 404
 
-    refused = admin.delete(f"{ADMIN}/v2/rooms/{q(room)}", json={"new_room_user_id": "@x:weir.test"})
-    assert refused.status_code == 400
+    refused = admin.delete(f"{ADMIN}/v2/rooms/{q(room)}", json={"new_room_user_id": "@x:else.test"})
+    assert refused.status_code == 400 and refused.json()["errcode"] == "M_INVALID_PARAM"
     delete_id = ok(admin.delete(f"{ADMIN}/v2/rooms/{q(room)}", json={"block": True}))["delete_id"]
     status = wait_for_deletion(admin, delete_id)
     assert status["status"] == "complete", status
@@ -371,3 +371,28 @@ def test_registration_tokens(admin):
     assert admin.get(f"{ADMIN}/v1/registration_tokens/abc-123").status_code == 404
     assert admin.delete(f"{ADMIN}/v1/registration_tokens/abc-123").status_code == 404
     assert admin.put(f"{ADMIN}/v1/registration_tokens/nope", json={}).status_code == 404
+
+
+def test_deleting_moves_the_members_to_a_new_room(admin, user):
+    owner, member = user("moved"), user("moved")
+    room = create_room(owner, preset="public_chat")
+    ok(member.post(f"{V3}/join/{q(room)}", json={}))
+    notices = f"@notices{next(_names)}:weir.test"  # not registered yet: made for the room
+    body = {"new_room_user_id": notices, "room_name": "Moved", "message": "This room is gone."}
+    delete_id = ok(admin.delete(f"{ADMIN}/v2/rooms/{q(room)}", json=body))["delete_id"]
+    status = wait_for_deletion(admin, delete_id)
+    assert status["status"] == "complete", status
+    new_room = status["shutdown_room"]["new_room_id"]
+
+    for client in (owner, member):
+        assert ok(client.get(f"{V3}/joined_rooms"))["joined_rooms"] == [new_room]
+    details = ok(admin.get(f"{ADMIN}/v1/rooms/{q(new_room)}"))
+    assert details["name"] == "Moved" and details["creator"] == notices
+    messages = ok(owner.get(f"{V3}/rooms/{q(new_room)}/messages", params={"dir": "b"}))
+    bodies = [e["content"].get("body") for e in messages["chunk"] if e["type"] == "m.room.message"]
+    assert bodies == ["This room is gone."]
+    # Its members may not speak: the room is for the notice.
+    speak = owner.put(
+        f"{V3}/rooms/{q(new_room)}/send/m.room.message/t9", json={"msgtype": "m.text", "body": "x"}
+    )
+    assert speak.status_code == 403

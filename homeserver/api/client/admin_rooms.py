@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from flask import Blueprint, request
 
+from homeserver.admin.rooms import Deletion
 from homeserver.api.auth import current_requester, requires_admin
 from homeserver.api.client.admin_users import query_int
 from homeserver.api.context import runtime
@@ -56,10 +57,11 @@ def delete_room(room_id: str):
     block, purge = body.get("block", False), body.get("purge", True)
     if not isinstance(block, bool) or not isinstance(purge, bool):
         raise invalid_param("block and purge must be booleans")
-    if body.get("new_room_user_id") is not None:
-        # Moving the members to a new room is not built: refused rather than ignored.
-        raise invalid_param("new_room_user_id is not supported by this server")
-    delete_id = runtime().admin_rooms.delete(current_requester(), room_id, block, purge)
+    texts = {k: body.get(k) for k in ("new_room_user_id", "room_name", "message")}
+    if any(v is not None and not isinstance(v, str) for v in texts.values()):
+        raise invalid_param("new_room_user_id, room_name and message must be strings")
+    how = Deletion(block=block, purge=purge, **texts)
+    delete_id = runtime().admin_rooms.delete(current_requester(), room_id, how)
     return json_response({"delete_id": delete_id})
 
 
