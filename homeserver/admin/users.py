@@ -89,7 +89,12 @@ class AdminUsers:
         make_admin = _optional(body, "admin", bool)
         deactivated = _optional(body, "deactivated", bool)
         logout = _optional(body, "logout_devices", bool)
-        created = not self.accounts.user_exists(user_id)
+        if password is not None and not 0 < len(password) <= 512:
+            raise invalid_param("The password must be 1 to 512 characters")
+        existing = self.store.get_user(user_id)
+        if existing and existing.deactivated and deactivated is False and password is None:
+            raise invalid_param("Reactivating a user needs a password")  # before any change
+        created = existing is None
         if created:
             localpart = user_id[1:].partition(":")[0]
             self.accounts.register(localpart, password, admin=bool(make_admin), inhibit_login=True)
@@ -105,8 +110,6 @@ class AdminUsers:
         if deactivated is True and not row.deactivated:
             self.deactivate(user_id, erase=False)
         elif deactivated is False and row.deactivated:
-            if password is None:
-                raise invalid_param("Reactivating a user needs a password")
             self.store.set_deactivated(user_id, False)  # the password was set above
         return self.details(user_id), created
 

@@ -164,6 +164,8 @@ def test_create_and_change_a_user(server, admin, user):
     assert login_status(server, new_id, "first pw") == 403
     assert login_status(server, new_id, "second pw") == 200
     assert admin.put(f"{ADMIN}/v2/users/{q(new_id)}", json={"admin": "yes"}).status_code == 400
+    empty = admin.put(f"{ADMIN}/v2/users/@nopw{next(_names)}:weir.test", json={"password": ""})
+    assert empty.status_code == 400
 
     other = user("reset")
     ok(admin.post(f"{ADMIN}/v1/reset_password/{q(other.user_id)}", json={"new_password": "n"}))
@@ -198,6 +200,12 @@ def test_deactivation_logs_out_refuses_login_and_leaves_rooms(server, admin, use
     )
     assert leaver.user_id in [u["name"] for u in ok(with_deactivated)["users"]]
 
+    # Reactivating needs a password (it lost its own), and a refusal changes nothing.
+    refused = admin.put(
+        f"{ADMIN}/v2/users/{q(leaver.user_id)}", json={"deactivated": False, "admin": True}
+    )
+    assert refused.status_code == 400 and refused.json()["errcode"] == "M_INVALID_PARAM"
+    assert ok(admin.get(f"{ADMIN}/v2/users/{q(leaver.user_id)}"))["admin"] is False
     # Reactivated with a new password, the account logs in again.
     back = admin.put(
         f"{ADMIN}/v2/users/{q(leaver.user_id)}", json={"deactivated": False, "password": "back"}
