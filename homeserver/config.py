@@ -334,6 +334,8 @@ class SecurityConfig:
 class RegistrationConfig:
     enabled: bool = setting(_bool(), False)
     shared_secret: str = setting(fields.String(), "")
+    # Registration's flow starts with m.login.registration_token (accounts/registration_tokens.py).
+    requires_token: bool = setting(_bool(), False)
 
 
 @dataclass(frozen=True)

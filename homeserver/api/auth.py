@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import functools
+import logging
 
 from flask import request
 
 from homeserver.api.context import client_key, runtime
-from homeserver.core.errors import Codes, MatrixError, limit_exceeded
+from homeserver.core.errors import Codes, MatrixError, forbidden, limit_exceeded
 from homeserver.core.requester import Requester
+
+admin_log = logging.getLogger("homeserver.admin")
 
 # The request's Requester, or None without a token, once authenticated: kept in the environ
 # rather than Flask's `g`, each of whose reads and writes goes through a context proxy.
@@ -71,6 +74,21 @@ def requires_auth(view):
     @functools.wraps(view)
     def wrapper(*args, **kwargs):
         current_requester()
+        return view(*args, **kwargs)
+
+    return wrapper
+
+
+def requires_admin(view):
+    """Refuses the request unless a server admin makes it (401 without a token, 403 for
+    anyone else), and logs every admin request with the admin's user ID."""
+
+    @functools.wraps(view)
+    def wrapper(*args, **kwargs):
+        requester = current_requester()
+        if not requester.is_admin:
+            raise forbidden("You are not a server admin")
+        admin_log.info("admin %s: %s %s", requester.user_id, request.method, request.path)
         return view(*args, **kwargs)
 
     return wrapper

@@ -204,6 +204,8 @@ class MediaService:
         self, server_name: str, media_id: str, request: MediaRequest
     ) -> LocalMedia | RemoteMedia:
         """The stored original of an mxc:// URI: ours, or another server's fetched and cached."""
+        if self.store.is_quarantined(server_name, media_id):
+            raise not_found("Media not found")  # as Synapse answers for quarantined media
         if server_name != self.server_name:
             return self.remote.original(server_name, media_id, request)
         return self.local_media(media_id, legacy=request.legacy, timeout_ms=request.timeout_ms)

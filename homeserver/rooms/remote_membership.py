@@ -22,7 +22,7 @@ from budget import DeadlineExceeded, InFlightBudget, OutboundDeadline
 from homeserver.config import JoinsConfig
 from homeserver.core.clock import now_ms
 from homeserver.core.collector import without_full_passes
-from homeserver.core.errors import Codes, MatrixError, not_found
+from homeserver.core.errors import Codes, MatrixError, forbidden, not_found
 from homeserver.core.events import Event
 from homeserver.core.identifiers import (
     is_valid_room_id,
@@ -133,6 +133,8 @@ class RemoteMembership:
         if alias is not None and server_of(alias) == self.server_name:
             room_id, servers = self._resolve_alias(alias, None)  # our table: no call out
             via, alias = [*via, *servers], None
+        if room_id is not None and self.rooms.store.is_blocked(room_id):
+            raise forbidden("This room has been blocked on this server")
         if room_id is not None and self._local(room_id):
             return self._join_locally(user_id, room_id, content)
         if room_id is not None:

@@ -535,6 +535,8 @@ class RoomService:
                 content.setdefault(key, value)
         if membership == "join" and not self.room_exists(room_id):
             raise not_found("Unknown room")
+        if membership in ("join", "invite", "knock") and self.store.is_blocked(room_id):
+            raise forbidden("This room has been blocked on this server")
         version = self.room_version(room_id)
         if membership in ("invite", "join", "knock") and server_of(target) != self.server_name:
             # Through their server (rooms/remote_membership.py), never as plain state.

@@ -60,7 +60,7 @@ from homeserver.rooms.server_acl import ServerAcls
 from homeserver.rooms.service import RoomService
 from homeserver.rooms.transactions import ShardTransactionReceiver, TransactionProcessor
 from homeserver.rooms.upgrades import RoomUpgrader
-from homeserver.runtime.media import MediaComponents
+from homeserver.runtime.admin import AdminComponents
 from homeserver.storage.accounts import AccountStore
 from homeserver.storage.directory import DirectoryStore
 from homeserver.storage.e2ee import E2eeStore
@@ -92,9 +92,9 @@ from homeserver.sync.typing import TypingNotifications
 log = logging.getLogger(__name__)
 
 
-class HomeserverRuntime(MediaComponents):
-    """Every domain service, on the infrastructure (runtime/infrastructure.py) and the media
-    parts (runtime/media.py)."""
+class HomeserverRuntime(AdminComponents):
+    """Every domain service, on the admin API's (runtime/admin.py), the media parts
+    (runtime/media.py) and the infrastructure (runtime/infrastructure.py)."""
 
     # --- accounts ------------------------------------------------------------------------
 

@@ -18,6 +18,15 @@ class UserRow:
 
 
 @dataclass(frozen=True)
+class UserListing:
+    user_id: str
+    admin: bool
+    deactivated: bool
+    created_ts: int
+    displayname_json: str | None  # the profile field as stored: JSON text
+
+
+@dataclass(frozen=True)
 class TokenOwner:
     user_id: str
     device_id: str
@@ -142,3 +151,70 @@ class AccountStore:
 
     def remove_all_devices(self, user_id: str) -> bool:
         return self.remove_devices(user_id, self.device_ids(user_id))
+
+    # --- for server admins -------------------------------------------------------------
+
+    def list_users(
+        self, offset: int, limit: int, name: str | None, deactivated: bool
+    ) -> tuple[list[UserListing], int]:
+        """A page of users by user ID, and how many match in all. `name` matches part of
+        the user ID or the display name, case-insensitively; deactivated users only when
+        asked for."""
+        where, params = [], []
+        if not deactivated:
+            where.append("u.deactivated = 0")
+        if name:
+            where.append("(LOWER(u.user_id) LIKE ? ESCAPE '!' OR LOWER(p.value) LIKE ? ESCAPE '!')")
+            pattern = "%" + _like_escaped(name.lower()) + "%"
+            params += [pattern, pattern]
+        clause = (" WHERE " + " AND ".join(where)) if where else ""
+        base = (
+            " FROM users u LEFT JOIN profile_fields p"
+            " ON p.user_id = u.user_id AND p.field = 'displayname'" + clause
+        )
+
+        def tx(tx):
+            total = tx.fetchone("SELECT COUNT(*)" + base, params)[0]
+            rows = tx.fetchall(
+                "SELECT u.user_id, u.admin, u.deactivated, u.created_ts, p.value"
+                + base
+                + " ORDER BY u.user_id LIMIT ? OFFSET ?",
+                (*params, limit, offset),
+            )
+            return rows, total
+
+        rows, total = self.db.read(tx)
+        return [UserListing(r[0], bool(r[1]), bool(r[2]), r[3], r[4]) for r in rows], total
+
+    def created_ts(self, user_id: str) -> int | None:
+        row = self.db.read(
+            lambda tx: tx.fetchone("SELECT created_ts FROM users WHERE user_id = ?", (user_id,))
+        )
+        return row[0] if row else None
+
+    def set_admin(self, user_id: str, admin: bool) -> None:
+        self.db.write(
+            lambda tx: tx.execute(
+                "UPDATE users SET admin = ? WHERE user_id = ?", (int(admin), user_id)
+            )
+        )
+
+    def reactivate(self, user_id: str) -> None:
+        """An admin's undoing of `mark_deactivated` (with a new password set first)."""
+        self.db.write(
+            lambda tx: tx.execute("UPDATE users SET deactivated = 0 WHERE user_id = ?", (user_id,))
+        )
+
+    def devices(self, user_id: str) -> list[tuple[str, str | None, int | None]]:
+        """(device_id, display_name, last_seen_ts) of each of the user's devices."""
+        return self.db.read(
+            lambda tx: tx.fetchall(
+                "SELECT device_id, display_name, last_seen_ts FROM devices WHERE user_id = ?"
+                " ORDER BY device_id",
+                (user_id,),
+            )
+        )
+
+
+def _like_escaped(text: str) -> str:
+    return text.replace("!", "!!").replace("%", "!%").replace("_", "!_")

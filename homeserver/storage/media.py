@@ -82,6 +82,16 @@ class MediaStore:
 
     # --- local media ---------------------------------------------------------------------
 
+    def is_quarantined(self, origin: str, media_id: str) -> bool:
+        """An admin quarantined the file (0066_admin.sql, storage/admin.py)."""
+        row = self.db.read(
+            lambda tx: tx.fetchone(
+                "SELECT 1 FROM quarantined_media WHERE origin = ? AND media_id = ?",
+                (origin, media_id),
+            )
+        )
+        return row is not None
+
     def get_local_media(self, media_id: str) -> LocalMedia | None:
         row = self.db.read(
             lambda tx: tx.fetchone(

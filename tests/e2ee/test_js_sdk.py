@@ -17,6 +17,7 @@ import requests
 
 from tests.e2ee.conftest import PASSWORD, V3, count_rows
 from tests.peers.web import WebSite
+from tests.support.admin import register_admin
 from tests.support.server import MatrixClient
 
 JS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "js")
@@ -390,3 +391,32 @@ def test_push_rules_and_unread_counts_through_matrix_js_sdk(server, node, tmp_pa
         {"total": 3, "highlight": 1},
         {"total": 0, "highlight": 0},
     ]
+
+
+@pytest.mark.parametrize(
+    "database_url", ["sqlite"], indirect=True
+)  # both: tests/accounts/test_registration_tokens.py
+def test_registration_token_through_matrix_js_sdk(start_weir, database_url, node, tmp_path):
+    """Element's token registration with InteractiveAuth: the token is valid, the first user
+    registers through the token stage and the SDK's dummy stage, and the one-use token is
+    then invalid and refused to a second user with M_FORBIDDEN."""
+    weir = start_weir({"database": {"url": database_url}, "registration": {"requires_token": True}})
+    admin = register_admin(weir.client_url, "jsadmin")
+    made = admin.post("/_synapse/admin/v1/registration_tokens/new", json={"uses_allowed": 1})
+    assert made.status_code == 200, made.text
+    scenario = {
+        "token": made.json()["token"],
+        "first": "tokenfirst",
+        "second": "tokensecond",
+        "password": PASSWORD,
+    }
+    result = run_node(
+        node, "registration_token.mjs", weir.client_url, json.dumps(scenario), tmp_path=tmp_path
+    )
+    assert result["before"] is True and result["after"] is False
+    assert result["user_id"] == "@tokenfirst:weir.test" and result["has_token"]
+    assert result["first_stages"] == ["m.login.registration_token"]  # dummy: the SDK's own
+    assert result["second"] == {"refused": "M_FORBIDDEN"}
+    assert result["second_stages"] == ["m.login.registration_token"] * 2
+    details = admin.get(f"/_synapse/admin/v1/registration_tokens/{scenario['token']}").json()
+    assert (details["pending"], details["completed"]) == (0, 1)

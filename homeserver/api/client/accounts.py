@@ -19,8 +19,7 @@ from homeserver.http.parsing import validate as validate_body
 from homeserver.http.responses import json_response
 
 bp = Blueprint("accounts", __name__, url_prefix="/_matrix/client/v3")
-
-DUMMY_FLOWS = [{"stages": ["m.login.dummy"]}]
+v1 = Blueprint("accounts_v1", __name__, url_prefix="/_matrix/client/v1")
 
 
 class RegisterBody(Schema):
@@ -79,16 +78,9 @@ def register():
         if not rt.accounts.is_available(localpart):
             raise MatrixError(400, Codes.USER_IN_USE, "User ID already taken.")
 
-    # User-interactive auth with the single m.login.dummy stage.
-    auth = body.get("auth") or {}
-    session = auth.get("session")
-    if auth.get("type") != "m.login.dummy" or (
-        session is not None and not rt.registration_sessions.uia.take(session)
-    ):
-        return json_response(
-            {"flows": DUMMY_FLOWS, "params": {}, "session": rt.registration_sessions.uia.new()}, 401
-        )
-
+    # User-interactive auth: m.login.dummy, after m.login.registration_token when the
+    # server requires a token (accounts/registration_tokens.py).
+    session = rt.registration_auth.check(body.get("auth") or {})
     if not body.get("password"):
         raise missing_param("Missing parameter: password")
     result = rt.accounts.register(
@@ -98,6 +90,7 @@ def register():
         display_name=body.get("initial_device_display_name"),
         inhibit_login=body["inhibit_login"],
     )
+    rt.registration_auth.completed(session)
     return json_response(_login_response(result))
 
 
@@ -109,6 +102,18 @@ def register_available():
     if not runtime().accounts.is_available(username.lower()):
         raise MatrixError(400, Codes.USER_IN_USE, "User ID already taken.")
     return json_response({"available": True})
+
+
+@v1.get("/register/m.login.registration_token/validity")
+def registration_token_validity():
+    rt = runtime()
+    if not rt.config.registration.enabled:
+        raise forbidden("Registration is not enabled on this homeserver.")
+    enforce_rate_limit(rt.registration_rate_limiter)  # the spec asks: tokens can be guessed
+    token = request.args.get("token")
+    if token is None:
+        raise missing_param("Missing parameter: token")
+    return json_response({"valid": rt.registration_auth.token_valid(token)})
 
 
 @bp.get("/login")

@@ -13,6 +13,8 @@ from homeserver.http.parsing import validate as validate_body
 from homeserver.http.responses import json_response
 
 bp = Blueprint("directory", __name__, url_prefix="/_matrix/client/v3")
+# The aliases list under r0 too, as Synapse serves it: synadm still asks there.
+r0 = Blueprint("directory_r0", __name__, url_prefix="/_matrix/client/r0")
 
 
 class AliasBody(Schema):
@@ -62,6 +64,7 @@ def delete_alias(room_alias: str):
 
 
 @bp.get("/rooms/<room_id>/aliases")
+@r0.get("/rooms/<room_id>/aliases")
 @requires_auth
 def room_aliases(room_id: str):
     return json_response(
