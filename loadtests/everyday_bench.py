@@ -18,9 +18,11 @@ Then a Weir process serves that database on loopback, and one client, on one kee
 connection, times `--samples` requests of each kind (after 10 unrecorded): /search for a
 common and for a rare word (rank order, the default 10 results), the first page of
 /threads, /context of a random message (limit 10). An initial /sync (default filter) is
-timed on this build and on a build without bundled aggregations: by default the commit
-before they were added, extracted with `git archive` and run with this venv on a copy of the
-database, the two servers asked in turn so that both see the same machine. The figures are
+timed on this build and on a build without bundled aggregations: by default HEAD, extracted
+with `git archive`, with the one call by which /sync bundles taken out (or any commit:
+`--baseline-commit 540b344^` is the one before bundles were added, without later fixes
+either), run with this venv on a copy of the database, the two servers asked in turn so
+that both see the same machine. The figures are
 printed beside the targets; nothing is judged.
 """
 
@@ -49,7 +51,8 @@ WARMUP = 10
 CONTEXT_SAMPLE = 1000  # message IDs kept for /context
 RECENT = 50  # an edit is of one of the room's last RECENT messages
 MANIFEST = "everyday.json"
-AGGREGATIONS_FILE = "homeserver/rooms/aggregations.py"
+BUNDLING_FILE = "homeserver/sync/room_entries.py"
+BUNDLING_CALL = "self.history.aggregations.add_to(requester, view, events, out, now)"
 
 
 def shape(args) -> dict:
@@ -244,30 +247,36 @@ def sync_shape(client: MatrixClient, room_id: str, name: str) -> str:
     return f"{len(r.content):,} bytes, {len(events)} timeline events, {bundled} with a bundle"
 
 
-def baseline_tree(args, scratch: str) -> tuple[str, str]:
-    """(checkout, its name) of the build without bundled aggregations."""
-    if args.baseline_repo:
-        return args.baseline_repo, args.baseline_repo
-    rev = args.baseline_commit
-    if rev is None:
-        added = subprocess.run(
-            ["git", "log", "--diff-filter=A", "--format=%H", "--", AGGREGATIONS_FILE],
-            cwd=REPO,
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout.split()[-1]
-        rev = f"{added}^"
+def extract(rev: str, tree: str) -> str:
+    """`rev`'s files, written into `tree`; its short commit ID."""
     commit = subprocess.run(
         ["git", "rev-parse", "--short", rev], cwd=REPO, check=True, capture_output=True, text=True
     ).stdout.strip()
-    tree = os.path.join(scratch, "baseline")
     os.makedirs(tree)
     archive = subprocess.Popen(["git", "archive", commit], cwd=REPO, stdout=subprocess.PIPE)
     subprocess.run(["tar", "-x", "-C", tree], stdin=archive.stdout, check=True)
     if archive.wait() != 0:
         raise RuntimeError(f"git archive {commit} failed")
-    return tree, f"commit {commit}"
+    return commit
+
+
+def baseline_tree(args, scratch: str) -> tuple[str, str]:
+    """(checkout, its name) of the build whose /sync bundles nothing."""
+    if args.baseline_repo:
+        return args.baseline_repo, args.baseline_repo
+    tree = os.path.join(scratch, "baseline")
+    if args.baseline_commit:
+        return tree, f"commit {extract(args.baseline_commit, tree)}"
+    # HEAD with /sync's one call that bundles taken out: the builds differ by bundles alone.
+    commit = extract("HEAD", tree)
+    path = os.path.join(tree, BUNDLING_FILE)
+    with open(path) as f:
+        source = f.read()
+    if source.count(BUNDLING_CALL) != 1:
+        raise RuntimeError(f"{BUNDLING_FILE} no longer has one {BUNDLING_CALL!r}")
+    with open(path, "w") as f:
+        f.write(source.replace(BUNDLING_CALL, "pass  # " + BUNDLING_CALL))
+    return tree, f"{commit} without bundles"
 
 
 def serve(directory: str, repo: str = REPO) -> WeirProcess:
@@ -291,7 +300,7 @@ def measure_syncs(args, manifest: dict, ours: MatrixClient, scratch: str, data: 
     try:
         theirs = MatrixClient(proc.client_url, manifest["tokens"][0])
         for f in SYNC_FILTERS:
-            sides = {"this build": ours, f"{name} (no bundles)": theirs}
+            sides = {"this build": ours, name: theirs}
             timings: dict[str, list[float]] = {side: [] for side in sides}
             for side, client in sides.items():
                 print(f"  {f}, {side}: {sync_shape(client, manifest['room_id'], f)}", flush=True)
@@ -315,7 +324,7 @@ def report(reads: list[tuple], syncs: list[tuple]) -> None:
         p50, p99 = percentile(timings, 0.5), percentile(timings, 0.99)
         print(f"  {label:<56} p50 {p50:7.1f} ms  p99 {p99:7.1f} ms", flush=True)
     for ours, theirs in zip(syncs[::2], syncs[1::2]):
-        if not theirs[0].endswith("(no bundles)"):
+        if not ours[0].endswith("this build") or theirs[0].endswith("this build"):
             continue
         added = percentile(ours[1], 0.5) / percentile(theirs[1], 0.5) * 100 - 100
         label = ours[0].split(",")[0].replace("initial /sync", "bundles add to /sync")
@@ -331,7 +340,7 @@ def main() -> int:
     parser.add_argument("--users", type=int, default=20)
     parser.add_argument("--samples", type=int, default=200, help="timed requests of each kind")
     parser.add_argument("--dir", default=None, help="keep the built room there, and reuse it")
-    parser.add_argument("--baseline-commit", default=None, help="default: before bundling")
+    parser.add_argument("--baseline-commit", default=None, help="a commit to run instead")
     parser.add_argument("--baseline-repo", default=None, help="a checkout to run instead")
     parser.add_argument("--no-baseline", action="store_true")
     parser.add_argument("--build-into", default=None, help=argparse.SUPPRESS)
