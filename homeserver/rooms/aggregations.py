@@ -11,12 +11,18 @@ threads and the references), and one more for the edits of the threads' latest e
   edit), `count` and `current_user_participated`.
 - `m.reference`: the `chunk` of the referencing events' IDs.
 
+An edit or latest event the reader's device sent carries its `transaction_id`, as every
+event given to the device that sent it does (rooms/format.py).
+
 Like Synapse, no aggregation is bundled with a state event, a redacted event, or an event
 that is itself an edit or an annotation.
 """
 
 from __future__ import annotations
 
+from typing import Callable
+
+from homeserver.core.requester import Requester
 from homeserver.rooms.format import client_event
 from homeserver.rooms.visibility import HistoryView
 from homeserver.storage.event_rows import THREAD, relation_of
@@ -25,6 +31,8 @@ from homeserver.storage.rooms import StoredEvent
 
 RELATIONS = "m.relations"
 ANNOTATION = "m.annotation"
+# (user ID, device ID, event IDs) -> {event ID: transaction ID} (storage/rooms.py, txn_ids_for)
+TxnIds = Callable[[str, str, list[str]], dict[str, str]]
 # Looked through for a thread's latest event a reader may see, when it is not its latest.
 _THREAD_LOOKBACK = 50
 
@@ -50,29 +58,58 @@ def _valid_edit(original: StoredEvent, edit: StoredEvent) -> bool:
     return True
 
 
+def _bundled_events(bundles: dict[str, dict]):
+    """The events in `bundles`: edits, latest events and the latest events' edits."""
+    for bundle in bundles.values():
+        if REPLACE in bundle:
+            yield bundle[REPLACE]
+        latest = bundle.get(THREAD, {}).get("latest_event")
+        if latest is not None:
+            yield latest
+            edit = latest["unsigned"].get(RELATIONS, {}).get(REPLACE)
+            if edit is not None:
+                yield edit
+
+
 class Aggregations:
-    def __init__(self, store: RelationStore):
+    def __init__(self, store: RelationStore, txn_ids: TxnIds):
         self.store = store
+        self.txn_ids = txn_ids
 
     def add_to(
         self,
-        user_id: str,
+        requester: Requester,
         view: HistoryView | None,
         stored: list[StoredEvent],
         formatted: list[dict],
         now: int,
     ) -> None:
         """Puts the bundled aggregations of `stored` (events of one room) into their client
-        forms `formatted` (the same order), for `user_id`, who sees history as `view` (None:
-        every event of the room)."""
-        bundles = self.bundles(user_id, view, stored, now)
+        forms `formatted` (the same order), for `requester`, who sees history as `view`
+        (None: every event of the room)."""
+        bundles = self.bundles(requester.user_id, view, stored, now)
         if not bundles:
             return
+        self._add_txn_ids(requester, bundles)
         for source, out in zip(stored, formatted):
             bundle = bundles.get(source.event.event_id)
             if bundle is not None:
                 unsigned = out.setdefault("unsigned", {})
                 unsigned[RELATIONS] = {**unsigned.get(RELATIONS, {}), **bundle}
+
+    def _add_txn_ids(self, requester: Requester, bundles: dict[str, dict]) -> None:
+        """The requester's own transaction IDs on the bundled edits and latest events; a
+        query only when the requester sent any of them."""
+        own = {
+            event["event_id"]: event
+            for event in _bundled_events(bundles)
+            if event["sender"] == requester.user_id
+        }
+        if not own:
+            return
+        found = self.txn_ids(requester.user_id, requester.device_id, list(own))
+        for event_id, txn_id in found.items():
+            own[event_id]["unsigned"]["transaction_id"] = txn_id
 
     def bundles(
         self, user_id: str, view: HistoryView | None, stored: list[StoredEvent], now: int

@@ -92,8 +92,13 @@ def default_power_levels(
 
 
 def plan_room(
-    version: RoomVersion, creator: str, request: CreateRoomRequest, alias: str | None
+    version: RoomVersion,
+    creator: str,
+    request: CreateRoomRequest,
+    alias: str | None,
+    profile: dict | None = None,
 ) -> list[PlannedEvent]:
+    """`profile`: the creator's displayname and avatar_url, for their join event."""
     preset = _preset(request)
     initial: dict[tuple[str, str], dict] = {}
     for item in request.initial_state:
@@ -104,7 +109,7 @@ def plan_room(
 
     planned = [
         state("m.room.create", _create_content(version, creator, request)),
-        state("m.room.member", {"membership": "join"}, creator),
+        state("m.room.member", {**(profile or {}), "membership": "join"}, creator),
     ]
 
     power_levels = initial.pop(("m.room.power_levels", ""), None)
@@ -231,7 +236,10 @@ class RoomCreator:
                 writes.append(self.directory.publish_writer(room_id))
             return writes
 
-        planned = plan_room(version, creator, request, alias)
+        # The spec asks servers to put their users' profile in their member events.
+        profiles = self.rooms.profiles
+        profile = profiles.member_fields(creator) if profiles is not None else {}
+        planned = plan_room(version, creator, request, alias, profile)
         remote = [u for u in invitees if server_of(u) != self.server_name]
         if not remote:
             return self.rooms.create_room(version, creator, planned, extra_writes)

@@ -51,7 +51,7 @@ class RoomHistory:
         self.room_version = room_version
         self._backfill = backfill
         # Bundled with the events of /event, /messages, /sync, /relations and /threads.
-        self.aggregations = Aggregations(RelationStore(store.db))
+        self.aggregations = Aggregations(RelationStore(store.db), store.txn_ids_for)
 
     # --- reading ------------------------------------------------------------------------
 
@@ -265,7 +265,7 @@ class RoomHistory:
             )
             for s in visible
         ]
-        self.aggregations.add_to(requester.user_id, view, visible, chunk, now)
+        self.aggregations.add_to(requester, view, visible, chunk, now)
         return chunk
 
     def _history_ends(

@@ -515,8 +515,11 @@ class RoomStore(RoomMembers):
             found.update(
                 self.db.read(
                     lambda tx: tx.fetchall(
+                        # `user_id || ''`: no indexed column, so SQLite looks the events
+                        # up by event_id rather than walking all the user's transactions
+                        # by the primary key (5 ms for a user with 5,000 of them).
                         f"SELECT event_id, txn_id FROM event_txn_ids WHERE event_id IN ({marks})"
-                        " AND user_id = ? AND device_id = ?",
+                        " AND user_id || '' = ? AND device_id = ?",
                         (*chunk, user_id, device_id),
                     )
                 )

@@ -62,16 +62,22 @@ class SearchStore:
             return [], 0
         where, params = self._where(q)
         if self.db.dialect == "postgres":
-            source = "event_search s JOIN events e ON e.stream_ordering = s.stream_ordering"
+            position = "s.stream_ordering"
             rank = "ts_rank(s.vector, plainto_tsquery('english', ?))"
             rank_params = [" ".join(q.words)]
         else:
-            source = "event_search s JOIN events e ON e.stream_ordering = s.rowid"
+            position = "s.rowid"
             rank, rank_params = "-bm25(event_search)", []  # bm25: lower is better
-        order = "e.stream_ordering DESC" if q.recent else "2 DESC, e.stream_ordering DESC"
+        order = "pos DESC" if q.recent else "score DESC, pos DESC"
+        outer = "h.pos DESC" if q.recent else "h.score DESC, h.pos DESC"
+        source = f"event_search s JOIN events e ON e.stream_ordering = {position}"
+        # The page is ranked and cut on the index alone, then joined to its events: sorting
+        # every match with its event's JSON took 40 ms for a word in 5,000 messages.
         sql = (
-            f"SELECT e.stream_ordering, {rank} AS score, e.event_id, e.json, e.unsigned"
-            f" FROM {source} WHERE {where} ORDER BY {order} LIMIT ? OFFSET ?"
+            "SELECT e.stream_ordering, h.score, e.event_id, e.json, e.unsigned FROM"
+            f" (SELECT {position} AS pos, {rank} AS score FROM event_search s WHERE {where}"
+            f" ORDER BY {order} LIMIT ? OFFSET ?) h"
+            f" JOIN events e ON e.stream_ordering = h.pos ORDER BY {outer}"
         )
         count_sql = f"SELECT COUNT(*) FROM {source} WHERE {where}"
 

@@ -381,7 +381,7 @@ class RoomEntries:
                 del event["room_id"]  # implied by where the event is in the response
                 out.append(event)
             if bundle and events:
-                self.history.aggregations.add_to(requester.user_id, view, events, out, now)
+                self.history.aggregations.add_to(requester, view, events, out, now)
         if sync_filter.event_fields is not None:
             out = [project(event, sync_filter.event_fields) for event in out]
         return out

@@ -96,6 +96,10 @@ def test_edit_bundled_everywhere_and_a_redacted_edit_stops_applying(user):
     replace = bundled(get_event(bob, room_id, original))["m.replace"]
     assert replace["event_id"] == second
     assert replace["content"]["m.new_content"]["body"] == "hello!"
+    # The bundled edit carries its transaction ID for the device that sent it alone.
+    assert "transaction_id" not in replace["unsigned"]
+    own = bundled(get_event(alice, room_id, original))["m.replace"]
+    assert own["unsigned"]["transaction_id"].startswith("rel")
     r = bob.get(f"{V3}/rooms/{q(room_id)}/messages", params={"dir": "b"})
     assert_matches_spec(r, "GET", MESSAGES)
     by_id = {e["event_id"]: e for e in r.json()["chunk"]}

@@ -86,6 +86,21 @@ def test_create_room_topic_has_the_spec_m_topic_block(server, user):
     }
 
 
+def test_the_creators_join_carries_their_profile(server, user):
+    alice = user("alice")
+    for field, value in (("displayname", "Alice A"), ("avatar_url", "mxc://weir.test/a")):
+        r = alice.put(f"{V3}/profile/{alice.user_id}/{field}", json={field: value})
+        assert r.status_code == 200, r.text
+    room_id = create_room(alice)
+    r = alice.get(f"{V3}/rooms/{room_id}/state/m.room.member/{alice.user_id}")
+    assert r.status_code == 200, r.text
+    assert r.json() == {
+        "membership": "join",
+        "displayname": "Alice A",
+        "avatar_url": "mxc://weir.test/a",
+    }
+
+
 def test_create_room_options_and_refusals(server, user):
     alice, bob = user("alice"), user("bob")
     room_id = create_room(

@@ -14,7 +14,7 @@ from homeserver.storage.event_rows import insert_event_row
 from homeserver.storage.migrations import migrate
 from homeserver.storage.redactions import RedactionStore
 from homeserver.storage.relations import RelationStore
-from homeserver.storage.rooms import StoredEvent
+from homeserver.storage.rooms import RoomStore, StoredEvent
 
 ROOM = "!room:x"
 ALICE, BOB = "@alice:x", "@bob:x"
@@ -142,7 +142,9 @@ def test_a_page_of_fifty_costs_four_queries(db, monkeypatch):
         return original(self, sql, params)
 
     monkeypatch.setattr(database_module.Tx, "execute", counting)
-    bundles = Aggregations(RelationStore(db)).bundles(ALICE, None, parents, 5000)
+    bundles = Aggregations(RelationStore(db), RoomStore(db).txn_ids_for).bundles(
+        ALICE, None, parents, 5000
+    )
     assert len(executed) == 4  # edits, threads, references; the threads' latest events' edits
     assert len(bundles) == 50
     for parent in parents:
