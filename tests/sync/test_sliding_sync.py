@@ -7,6 +7,7 @@ import threading
 
 import pytest
 
+from tests.e2ee.conftest import device  # noqa: F401 - fixture
 from tests.rooms.conftest import V3, create_room, send
 from tests.rooms.test_relations_api import q
 
@@ -192,3 +193,138 @@ def test_a_retried_pos_is_answered_again(user, retry):
     assert room in again["rooms"] and again["rooms"][room]["initial"] is True
     nothing = slide(alice, {"lists": {"all": room_list([[0, 0]])}}, pos=again["pos"])
     assert nothing["rooms"] == {}
+
+
+EVERY_EXTENSION = {
+    name: {"enabled": True} for name in ("to_device", "e2ee", "account_data", "receipts", "typing")
+}
+
+
+def test_extensions_each_carry_their_data(device):
+    alice, bob = device("alice"), device("bob")
+    room = create_room(alice.client, name="ext", preset="public_chat")
+    join(bob.client, room)
+    alice.upload(device_keys=alice.device_keys(), one_time_keys=alice.one_time_keys(3))
+    request = {"lists": {"all": room_list([[0, 9]])}, "extensions": EVERY_EXTENSION}
+    first = slide(alice.client, request)
+    ext = first["extensions"]
+    assert ext["e2ee"]["device_one_time_keys_count"]["signed_curve25519"] == 3
+    assert ext["e2ee"]["device_unused_fallback_key_types"] == []
+    assert ext["to_device"]["events"] == [] and ext["to_device"]["next_batch"]
+    pushed = [e["type"] for e in ext["account_data"]["global"]]
+    assert "m.push_rules" in pushed
+
+    # Everything at once: a to-device message, a key change of bob's, account data global
+    # and of the room, bob's receipt and typing.
+    r = bob.client.put(
+        f"{V3}/sendToDevice/m.room_key_request/t1",
+        json={"messages": {alice.user_id: {alice.device_id: {"hello": "alice"}}}},
+    )
+    assert r.status_code == 200, r.text
+    assert bob.upload(device_keys=bob.device_keys()).status_code == 200
+    base = f"{V3}/user/{q(alice.user_id)}"
+    r = alice.client.put(f"{base}/account_data/m.direct", json={bob.user_id: [room]})
+    assert r.status_code == 200, r.text
+    r = alice.client.put(f"{base}/rooms/{q(room)}/tags/u.work", json={"order": 0.5})
+    assert r.status_code == 200, r.text
+    event_id = send(alice.client, room, "read me")
+    r = bob.client.post(f"{V3}/rooms/{q(room)}/receipt/m.read/{q(event_id)}", json={})
+    assert r.status_code == 200, r.text
+    r = bob.client.put(
+        f"{V3}/rooms/{q(room)}/typing/{q(bob.user_id)}", json={"typing": True, "timeout": 30000}
+    )
+    assert r.status_code == 200, r.text
+
+    request["extensions"]["to_device"]["since"] = ext["to_device"]["next_batch"]
+    body = slide(alice.client, request, pos=first["pos"])
+    ext = body["extensions"]
+    assert ext["to_device"]["events"] == [
+        {"sender": bob.user_id, "type": "m.room_key_request", "content": {"hello": "alice"}}
+    ]
+    assert ext["e2ee"]["device_lists"]["changed"] == [bob.user_id]
+    assert {"type": "m.direct", "content": {bob.user_id: [room]}} in ext["account_data"]["global"]
+    assert ext["account_data"]["rooms"][room] == [
+        {"type": "m.tag", "content": {"tags": {"u.work": {"order": 0.5}}}}
+    ]
+    receipt = ext["receipts"]["rooms"][room]
+    assert receipt["type"] == "m.receipt"
+    assert bob.user_id in receipt["content"][event_id]["m.read"]
+    assert ext["typing"]["rooms"][room] == {
+        "type": "m.typing",
+        "content": {"user_ids": [bob.user_id]},
+    }
+    # Acknowledged by the next since: never sent again.
+    request["extensions"]["to_device"]["since"] = ext["to_device"]["next_batch"]
+    after = slide(alice.client, request, pos=body["pos"])
+    assert after["extensions"]["to_device"]["events"] == []
+
+
+def test_list_filters(user):
+    alice, bob = user("alice"), user("bob")
+    plain = create_room(alice, name="plain")
+    secret = create_room(
+        alice,
+        name="secret",
+        initial_state=[
+            {
+                "type": "m.room.encryption",
+                "state_key": "",
+                "content": {"algorithm": "m.megolm.v1.aes-sha2"},
+            }
+        ],
+    )
+    space = create_room(alice, name="space", creation_content={"type": "m.space"})
+    dm = create_room(alice, is_direct=True, invite=[bob.user_id])
+    r = alice.put(
+        f"{V3}/rooms/{q(space)}/state/m.space.child/{q(plain)}", json={"via": ["hs.test"]}
+    )
+    assert r.status_code == 200, r.text
+    base = f"{V3}/user/{q(alice.user_id)}"
+    assert alice.put(f"{base}/account_data/m.direct", json={bob.user_id: [dm]}).status_code == 200
+    assert alice.put(f"{base}/rooms/{q(secret)}/tags/m.favourite", json={}).status_code == 200
+    lists = {
+        "dms": room_list([[0, 9]], is_dm=True),
+        "not_dms": room_list([[0, 9]], is_dm=False),
+        "encrypted": room_list([[0, 9]], is_encrypted=True),
+        "spaces": room_list([[0, 9]], room_types=["m.space"]),
+        "rooms": room_list([[0, 9]], not_room_types=["m.space"]),
+        "untyped": room_list([[0, 9]], room_types=[None]),
+        "in_space": room_list([[0, 9]], spaces=[space]),
+        "favourites": room_list([[0, 9]], tags=["m.favourite"]),
+        "others": room_list([[0, 9]], not_tags=["m.favourite"]),
+        "no_range": {"timeline_limit": 0, "required_state": []},
+    }
+    body = slide(alice, {"lists": lists})
+
+    def members(name: str) -> set:
+        return {r for r, entry in body["rooms"].items() if name in entry.get("lists", ())}
+
+    assert members("dms") == {dm}
+    assert members("not_dms") == {plain, secret, space}
+    assert members("encrypted") == {secret}
+    assert members("spaces") == {space}
+    assert members("rooms") == members("untyped") == {plain, secret, dm}
+    assert members("in_space") == {plain}
+    assert members("favourites") == {secret}
+    assert members("others") == {plain, space, dm}
+    assert members("no_range") == {plain, secret, space, dm}
+    counts = {name: found["count"] for name, found in body["lists"].items()}
+    assert counts["not_dms"] == 3 and counts["no_range"] == 4
+    assert body["rooms"][dm]["heroes"][0]["user_id"] == bob.user_id
+
+
+def test_a_connection_goes_on_from_the_database(server, user):
+    """The in-memory state gone (a restart, or a connection pushed out of the cache), the
+    next request is answered from the rows."""
+    alice = user("alice")
+    room = create_room(alice, name="kept")
+    request = {"lists": {"all": room_list([[0, 9]])}}
+    body = slide(alice, request)
+    assert room in body["rooms"]
+    server.stop()
+    server.start()  # the module's last test: the others hold the old address
+    alice.base_url = server.client_url
+    assert slide(alice, request, pos=body["pos"])["rooms"] == {}  # nothing new: nothing sent
+    newer = send(alice, room, "after the restart")
+    entry = slide(alice, request, pos=body["pos"])["rooms"][room]
+    assert "initial" not in entry and [e["event_id"] for e in entry["timeline"]] == [newer]
