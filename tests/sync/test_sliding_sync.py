@@ -200,7 +200,7 @@ EVERY_EXTENSION = {
 }
 
 
-def test_extensions_each_carry_their_data(device):
+def test_extensions_each_carry_their_data(device):  # noqa: F811 - the fixture
     alice, bob = device("alice"), device("bob")
     room = create_room(alice.client, name="ext", preset="public_chat")
     join(bob.client, room)
