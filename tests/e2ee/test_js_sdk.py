@@ -367,3 +367,21 @@ def test_a_room_upgrade_through_matrix_js_sdk(server, node, tmp_path, version):
     assert predecessor.get("eventId") == (result["tombstone_id"] if version == "11" else None)
     assert result["history"] == [old, new]
     assert result["name"] == "Lobby" and result["version"] == version
+
+
+@pytest.mark.parametrize("server", ["sqlite"], indirect=True)  # both: test_sliding_sync.py
+def test_sliding_sync_through_matrix_js_sdk(server, node, tmp_path):
+    """bob's client syncs with matrix-js-sdk's SlidingSync (MSC4186's unstable path, its
+    to_device and e2ee extensions feeding the rust crypto), alice's with /sync: he sees her
+    invite to an encrypted room in his list, joins, and each decrypts the other's message."""
+    scenario = {"alice": registered(server, "alice"), "bob": registered(server, "bob")}
+    result = run_node(
+        node, "sliding.mjs", server.client_url, json.dumps(scenario), tmp_path=tmp_path
+    )
+    assert result["invites_seen"] == [result["room_id"]]
+    assert result["invite_name"] == "Sliding secrets"
+    assert result["encrypted_for_bob"] is True
+    assert result["bob_read"] == "a secret over sliding sync"
+    assert result["alice_read"] == "and one back"
+    assert result["to_device_seen"] >= 1  # the room key, at least
+    assert result["list_count"] == 1
