@@ -10,6 +10,8 @@ import pytest
 from tests.e2ee.conftest import device  # noqa: F401 - fixture
 from tests.rooms.conftest import V3, create_room, send
 from tests.rooms.test_relations_api import q
+from tests.sync.conftest import metric
+from tests.sync.test_waiting import wait_until
 
 SLIDING = "/_matrix/client/unstable/org.matrix.simplified_msc3575/sync"
 ALL_STATE = [["*", "*"]]
@@ -69,7 +71,7 @@ def test_lists_the_ten_most_recent_of_thirty_rooms_in_order(user):
     assert sorted(more["rooms"]) == sorted(recency[10:20])
 
 
-def test_a_message_wakes_the_long_poll_and_moves_its_room_to_the_top(user):
+def test_a_message_wakes_the_long_poll_and_moves_its_room_to_the_top(server, user):
     alice = user("alice")
     rooms = [create_room(alice, name=f"r{i}") for i in range(5)]
     request = {"lists": {"top": room_list([[0, 1]])}}
@@ -82,7 +84,7 @@ def test_a_message_wakes_the_long_poll_and_moves_its_room_to_the_top(user):
 
     waiter = threading.Thread(target=wait)
     waiter.start()
-    waiter.join(0.5)  # the long-poll parks: nothing has happened yet
+    wait_until(lambda: metric(server, "weir_sync_waiters") == 1)  # parked
     assert waiter.is_alive()
     event_id = send(alice, rooms[0], "back to the top")
     waiter.join(20)
