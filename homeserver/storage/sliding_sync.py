@@ -111,14 +111,20 @@ class SlidingSyncStore:
         from_generation: int,
         changes: dict[EntryKey, str | None],
         now_ms: int,
-    ) -> int:
+    ) -> int | None:
         """Writes `changes` (None: removed) as the generation after `from_generation`, the
         one the client came back with; rows past it were never acknowledged and go, as do
         the rows the new ones supersede before it (a retry of `from_generation` still reads
-        its own). Returns the new generation."""
+        its own). Returns the new generation; None if the connection has ended meanwhile."""
         generation = from_generation + 1
 
-        def write(tx) -> int:
+        def write(tx) -> int | None:
+            if not tx.fetchall(
+                "UPDATE sliding_sync_connections SET generation = ?, last_used_ts = ?"
+                " WHERE id = ? RETURNING id",
+                (generation, now_ms, connection_id),
+            ):
+                return None
             tx.execute(
                 "DELETE FROM sliding_sync_entries WHERE connection_id = ? AND generation > ?",
                 (connection_id, from_generation),
@@ -133,10 +139,6 @@ class SlidingSyncStore:
                 "INSERT INTO sliding_sync_entries (connection_id, generation, kind, room_id,"
                 " value) VALUES (?, ?, ?, ?, ?)",
                 [(connection_id, generation, k, r, v) for (k, r), v in changes.items()],
-            )
-            tx.execute(
-                "UPDATE sliding_sync_connections SET generation = ?, last_used_ts = ? WHERE id = ?",
-                (generation, now_ms, connection_id),
             )
             return generation
 

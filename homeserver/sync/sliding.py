@@ -26,7 +26,7 @@ from homeserver.sync.room_entries import SyncBatch, SyncRequest
 from homeserver.sync.service import MAX_TIMEOUT_MS, Parked, SyncService
 from homeserver.sync.sliding_connections import Connections, ConnectionState, Pos
 from homeserver.sync.sliding_extensions import SlidingExtensions
-from homeserver.sync.sliding_lists import Matched, RoomLists
+from homeserver.sync.sliding_lists import ListsResult, Matched, RoomLists
 from homeserver.sync.sliding_request import SlidingRequest
 from homeserver.sync.sliding_rooms import SlidingRooms
 from homeserver.sync.tokens import SyncToken
@@ -119,8 +119,10 @@ class SlidingSync:
         snapshot = self.sync.store.snapshot(
             user_id, since.events if since else None, lambda room_id: True
         )
-        listed = self.lists.rooms(user_id, snapshot, set(state.rooms))
-        found = self.lists.match(user_id, listed, request.lists)
+        found = ListsResult({}, {}, {})
+        if request.lists or state.subscriptions:  # not an extensions-only connection
+            listed = self.lists.rooms(user_id, snapshot, set(state.rooms))
+            found = self.lists.match(user_id, listed, request.lists)
         for room_id, config in state.subscriptions.items():
             if room_id not in found.rooms:
                 continue  # not the user's to see (the MSC: ignored)
@@ -149,6 +151,8 @@ class SlidingSync:
             positions.device_lists,
         )
         generation = self.connections.commit(call.before, state, now_ms())
+        if generation is None:  # superseded: its client has moved on (sliding_connections.py)
+            generation, token = call.before.generation, since or token
         return {
             "pos": str(Pos(state.connection_id, generation, token)),
             "lists": {name: {"count": count} for name, count in found.counts.items()},

@@ -12,6 +12,7 @@ of a generation the server never gave, is 400 M_UNKNOWN_POS, and the client star
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import time
@@ -82,6 +83,7 @@ class ConnectionState:
     rooms: dict[str, SentRoom] = field(default_factory=dict)
     subscriptions: dict[str, RoomConfig] = field(default_factory=dict)
     touched_ms: int = 0  # when its database row last had its use noted
+    ticket: int = 0  # the request it was read for (Connections.commit)
 
     def copy(self) -> "ConnectionState":
         return ConnectionState(
@@ -93,6 +95,7 @@ class ConnectionState:
             dict(self.rooms),
             dict(self.subscriptions),
             self.touched_ms,
+            self.ticket,
         )
 
 
@@ -111,6 +114,10 @@ class Connections:
         self._lifetime_s = lifetime_s
         # connection id -> its state at its latest generation
         self._cache = TtlCache(clock, cached)
+        # connection id -> the ticket of its latest request: a client that gives up on a
+        # request sends the next at once, and the one it left must not write over it.
+        self._latest = TtlCache(clock, cached)
+        self._tickets = itertools.count(1)
 
     def start(self, requester: Requester, conn_id: str, now_ms: int) -> ConnectionState:
         """A new connection (a request without pos), replacing the device's of that name."""
@@ -121,7 +128,14 @@ class Connections:
         )
         for old in ended:
             self._cache.discard(old)
-        return ConnectionState(connection_id, requester.user_id, device_id, conn_id, 0)
+        state = ConnectionState(connection_id, requester.user_id, device_id, conn_id, 0)
+        state.ticket = self._take_ticket(connection_id)
+        return state
+
+    def _take_ticket(self, connection_id: int) -> int:
+        ticket = next(self._tickets)
+        self._latest.put(connection_id, ticket, self._lifetime_s)
+        return ticket
 
     def resume(self, requester: Requester, conn_id: str, pos: Pos, now_ms: int) -> ConnectionState:
         """The connection's state as of the pos' generation; a copy, changed freely."""
@@ -147,29 +161,46 @@ class Connections:
             conn_id,
         ):
             raise unknown_pos("that pos is another connection's")
-        return found.copy()
+        state = found.copy()
+        state.ticket = self._take_ticket(state.connection_id)
+        return state
 
-    def commit(self, before: ConnectionState, after: ConnectionState, now_ms: int) -> int:
+    def commit(self, before: ConnectionState, after: ConnectionState, now_ms: int) -> int | None:
         """Stores what changed from `before` to `after` as a new generation (none when
-        nothing did); returns the generation `after` is at."""
-        changes: dict[tuple[str, str], str | None] = {}
-        for room_id, sent in after.rooms.items():
-            if before.rooms.get(room_id) != sent:
-                changes[(ROOM, room_id)] = sent.to_json()
-        for room_id in before.rooms.keys() - after.rooms.keys():
-            changes[(ROOM, room_id)] = None
-        for room_id, config in after.subscriptions.items():
-            if before.subscriptions.get(room_id) != config:
-                changes[(SUBSCRIPTION, room_id)] = json.dumps(config.to_json())
-        for room_id in before.subscriptions.keys() - after.subscriptions.keys():
-            changes[(SUBSCRIPTION, room_id)] = None
+        nothing did); returns the generation `after` is at. None when a later request of
+        the connection, or a new connection of its name, has taken over: this answer is
+        for no one, and nothing of it is kept."""
+        if self._latest.get(after.connection_id) not in (None, before.ticket):
+            return None
+        changes = _changes(ROOM, before.rooms, after.rooms, SentRoom.to_json)
+        changes.update(
+            _changes(
+                SUBSCRIPTION,
+                before.subscriptions,
+                after.subscriptions,
+                lambda config: json.dumps(config.to_json()),
+            )
+        )
         if not changes and before.generation > 0:
             if now_ms - after.touched_ms > TOUCH_EVERY_MS:
                 self.store.touch(after.connection_id, now_ms)
                 after.touched_ms = now_ms
             self._cache.put(after.connection_id, after, self._lifetime_s)
             return before.generation
-        after.generation = self.store.save(after.connection_id, before.generation, changes, now_ms)
-        after.touched_ms = now_ms
+        generation = self.store.save(after.connection_id, before.generation, changes, now_ms)
+        if generation is None:
+            return None
+        after.generation, after.touched_ms = generation, now_ms
         self._cache.put(after.connection_id, after.copy(), self._lifetime_s)
         return after.generation
+
+
+def _changes(kind: str, before: dict, after: dict, text) -> dict[tuple[str, str], str | None]:
+    """The rows that turn `before` into `after`: a value's text, or None once removed."""
+    changes: dict[tuple[str, str], str | None] = {
+        (kind, room_id): text(value)
+        for room_id, value in after.items()
+        if before.get(room_id) != value
+    }
+    changes.update({(kind, room_id): None for room_id in before.keys() - after.keys()})
+    return changes

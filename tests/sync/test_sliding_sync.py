@@ -197,6 +197,31 @@ def test_a_retried_pos_is_answered_again(user, retry):
     assert nothing["rooms"] == {}
 
 
+def test_a_request_the_client_gave_up_on_writes_nothing(server, user):
+    """The client left a parked request for a new one from the same pos: when the old one
+    wakes, what it would have sent is not taken as sent."""
+    alice, bob = user("alice"), user("bob")
+    room = create_room(alice, name="seen by the second")
+    start = slide(alice, {})["pos"]
+    results: dict = {}
+
+    def old_request():
+        invites = {"invites": room_list([[0, 9]], is_invite=True)}
+        results["old"] = slide(alice, {"lists": invites}, pos=start, timeout=20_000)
+
+    waiter = threading.Thread(target=old_request)
+    waiter.start()
+    wait_until(lambda: metric(server, "weir_sync_waiters") == 1)  # parked
+    newer = slide(alice, {"lists": {"all": room_list([[0, 9]])}}, pos=start)
+    assert room in newer["rooms"]
+    invite_room = create_room(bob, invite=[alice.user_id])  # wakes the old request
+    waiter.join(20)
+    assert not waiter.is_alive()
+    assert results["old"]["pos"] == start  # answered, but nothing of it kept
+    after = slide(alice, {"lists": {"all": room_list([[0, 9]])}}, pos=newer["pos"])
+    assert list(after["rooms"]) == [invite_room]  # the first room is not sent again
+
+
 EVERY_EXTENSION = {
     name: {"enabled": True} for name in ("to_device", "e2ee", "account_data", "receipts", "typing")
 }
