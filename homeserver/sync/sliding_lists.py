@@ -19,7 +19,7 @@ from homeserver.sync.sliding_request import ListConfig, ListFilters, RoomConfig
 DIRECT_TYPE = "m.direct"
 
 
-@dataclass(frozen=True)
+@dataclass
 class ListedRoom:
     room_id: str
     membership: str
@@ -27,6 +27,7 @@ class ListedRoom:
     membership_at: int  # where the user's membership was set
     facts: RoomFacts | None  # None for a room this server has no state of (a remote invite)
     stripped: list | None = None  # a remote invite's or knock's stripped state
+    in_lists: bool = True  # False: only a subscription may name it
 
 
 @dataclass
@@ -52,7 +53,8 @@ class RoomLists:
     def rooms(
         self, user_id: str, snapshot: SyncSnapshot, sent_before: set[str]
     ) -> list[ListedRoom]:
-        """The user's rooms as of the snapshot, most recent first."""
+        """The user's rooms as of the snapshot, most recent first; those the lists leave
+        out (`in_lists`) among them."""
         up_to = snapshot.positions.events
         kept: list[tuple[str, str, int]] = []
         left: list[str] = []
@@ -63,13 +65,11 @@ class RoomLists:
                 left.append(room_id)
             kept.append((room_id, membership, at))
         kicked = self._kicked(user_id, left, sent_before)
-        kept = [
-            k
-            for k in kept
-            if k[1] != "leave"
-            or k[0] in kicked
-            or (k[0] in sent_before and k[0] not in snapshot.out_of_room)
-        ]
+        # Left by their own hand and never sent: out of the lists, still theirs to
+        # subscribe to (they were in it).
+        unlisted = {
+            r for r, m, _ in kept if m == "leave" and r not in kicked and r not in sent_before
+        }
         local = [r for r, _, _ in kept if r not in snapshot.out_of_room]
         facts = self.store.room_facts(local)
         joined = [r for r, m, _ in kept if m == "join"]
@@ -81,7 +81,9 @@ class RoomLists:
             if remote is not None and stripped is None and room_id not in sent_before:
                 continue  # a remote invite rejected before this connection saw it
             stamp = latest.get(room_id, at) if membership == "join" else at
-            listed.append(ListedRoom(room_id, membership, stamp, at, facts.get(room_id), stripped))
+            room = ListedRoom(room_id, membership, stamp, at, facts.get(room_id), stripped)
+            room.in_lists = room_id not in unlisted
+            listed.append(room)
         listed.sort(key=lambda r: (-r.bump_stamp, r.room_id))
         return listed
 
@@ -101,7 +103,7 @@ class RoomLists:
         for config in lists:
             index = 0
             for room in listed:
-                if not needs.keeps(config.filters, room):
+                if not room.in_lists or not needs.keeps(config.filters, room):
                     continue
                 if config.in_range(index):
                     found = result.matched.get(room.room_id)

@@ -45,6 +45,13 @@ class SlidingRooms:
         `since`: the events position of the request's pos (None on a new connection)."""
         if room.membership in ("invite", "knock"):
             return self._stripped(requester, room, config, sent)
+        if room.facts is None:  # the end of a remote invite or knock: nothing more to show
+            if sent is not None and sent.position >= room.membership_at:
+                return None, sent
+            gone = {"initial": True, "membership": room.membership, "bump_stamp": room.bump_stamp}
+            return {**gone, "timeline": [], "required_state": []}, SentRoom(
+                room.membership_at, config
+            )
         room_up_to = up_to if room.membership == "join" else room.membership_at
         initial = (
             sent is None

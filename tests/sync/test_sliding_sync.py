@@ -163,6 +163,48 @@ def test_lazy_members_are_the_timelines_senders(user):
         if e["type"] == "m.room.member"
     }
     assert members == {bob.user_id, alice.user_id}  # not carol: she sent nothing shown
+    # The MSC's final form of the same: everything but members, and the lazy ones.
+    final = {"include": [{}], "exclude": [{"type": "m.room.member"}], "lazy_members": True}
+    body = slide(
+        alice, {"room_subscriptions": {room: {"timeline_limit": 1, "required_state": final}}}
+    )
+    state = body["rooms"][room]["required_state"]
+    assert {e["state_key"] for e in state if e["type"] == "m.room.member"} == {bob.user_id}
+    assert {"m.room.create", "m.room.power_levels", "m.room.join_rules"} <= {
+        e["type"] for e in state
+    }
+
+
+def test_left_and_kicked_rooms(user):
+    """A room left by one's own hand stays out of the lists unless the connection sent it;
+    a kick is always listed; a subscription still reaches a room one has left."""
+    alice, bob = user("alice"), user("bob")
+    left, kicked, shown = (
+        create_room(bob, preset="public_chat", name=n) for n in ("left", "kicked", "shown")
+    )
+    for room in (left, kicked, shown):
+        join(alice, room)
+    request = {"lists": {"all": room_list([[0, 9]], timeline_limit=2)}}
+    before = slide(alice, request)
+    assert before["lists"]["all"]["count"] == 3
+    start = slide(alice, {"conn_id": "other"})["pos"]  # it has sent none of them
+    assert alice.post(f"{V3}/rooms/{q(left)}/leave", json={}).status_code == 200
+    r = bob.post(f"{V3}/rooms/{q(kicked)}/kick", json={"user_id": alice.user_id})
+    assert r.status_code == 200, r.text
+    assert alice.post(f"{V3}/rooms/{q(shown)}/leave", json={}).status_code == 200
+
+    fresh = slide(alice, {**request, "conn_id": "other"}, pos=start)
+    assert fresh["lists"]["all"]["count"] == 1 and list(fresh["rooms"]) == [kicked]
+    assert fresh["rooms"][kicked]["membership"] == "leave"
+    assert fresh["rooms"][kicked]["timeline"][-1]["content"]["membership"] == "leave"
+    # The connection that sent `shown` is told of the leave, in the room's own entry.
+    told = slide(alice, request, pos=before["pos"])
+    assert set(told["rooms"]) == {kicked, left, shown}
+    assert told["rooms"][shown]["membership"] == "leave"
+    subscription = {left: {"timeline_limit": 1, "required_state": [["m.room.name", ""]]}}
+    sub = slide(alice, {"room_subscriptions": subscription, "conn_id": "other"}, pos=fresh["pos"])
+    assert sub["rooms"][left]["membership"] == "leave"
+    assert sub["rooms"][left]["required_state"][0]["content"] == {"name": "left"}
 
 
 def test_an_unknown_pos_is_refused_so_the_client_starts_over(user):
