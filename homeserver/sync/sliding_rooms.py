@@ -45,20 +45,10 @@ class SlidingRooms:
         `since`: the events position of the request's pos (None on a new connection)."""
         if room.membership in ("invite", "knock"):
             return self._stripped(requester, room, config, sent)
-        if room.facts is None:  # the end of a remote invite or knock: nothing more to show
-            if sent is not None and sent.position >= room.membership_at:
-                return None, sent
-            gone = {"initial": True, "membership": room.membership, "bump_stamp": room.bump_stamp}
-            return {**gone, "timeline": [], "required_state": []}, SentRoom(
-                room.membership_at, config
-            )
+        if room.facts is None:
+            return _remote_end(room, config, sent)
         room_up_to = up_to if room.membership == "join" else room.membership_at
-        initial = (
-            sent is None
-            or room.membership_at > sent.position
-            or config.key() != sent.config.key()
-            or config.timeline_limit > sent.config.timeline_limit
-        )
+        initial = _is_initial(room, config, sent)
         if not initial and sent is not None and room.bump_stamp <= sent.position:
             return None, SentRoom(sent.position, config)
         after = 0 if initial or sent is None else sent.position
@@ -182,3 +172,25 @@ class SlidingRooms:
                     entry[key] = content[key]
             heroes.append(entry)
         return heroes
+
+
+def _is_initial(room: ListedRoom, config: RoomConfig, sent: SentRoom | None) -> bool:
+    """Whether the room goes whole: never sent on the connection, the user's membership
+    changed since, or its config asks for more than was sent."""
+    return (
+        sent is None
+        or room.membership_at > sent.position
+        or config.key() != sent.config.key()
+        or config.timeline_limit > sent.config.timeline_limit
+    )
+
+
+def _remote_end(
+    room: ListedRoom, config: RoomConfig, sent: SentRoom | None
+) -> tuple[dict | None, SentRoom]:
+    """The end of a remote invite or knock (a rejection, a rescinded knock): nothing more
+    to show of a room this server holds nothing of."""
+    if sent is not None and sent.position >= room.membership_at:
+        return None, sent
+    gone = {"initial": True, "membership": room.membership, "bump_stamp": room.bump_stamp}
+    return {**gone, "timeline": [], "required_state": []}, SentRoom(room.membership_at, config)
