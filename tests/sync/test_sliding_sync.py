@@ -131,6 +131,26 @@ def test_a_subscription_carries_twenty_timeline_events(user):
     assert slide(alice, {}, pos=gone["pos"])["rooms"] == {}
 
 
+def test_a_longer_timeline_sends_the_room_again(user):
+    """Opening a room (a subscription with more events than its list's one) sends it again
+    with the longer timeline, marked expanded, without waiting for news."""
+    alice = user("alice")
+    room = create_room(alice, name="opened")
+    sent = [send(alice, room, f"m{i}") for i in range(6)]
+    body = slide(alice, {"lists": {"all": room_list([[0, 9]])}})
+    assert [e["event_id"] for e in body["rooms"][room]["timeline"]] == sent[-1:]
+    subscription = {room: {"timeline_limit": 5, "required_state": []}}
+    opened = slide(
+        alice,
+        {"lists": {"all": room_list([[0, 9]])}, "room_subscriptions": subscription},
+        pos=body["pos"],
+        timeout=10_000,
+    )
+    entry = opened["rooms"][room]
+    assert [e["event_id"] for e in entry["timeline"]] == sent[-5:]
+    assert entry["initial"] is True and entry["expanded_timeline"] is True
+
+
 def test_an_invite_carries_its_stripped_state(user):
     alice, bob = user("alice"), user("bob")
     room = create_room(alice, name="Secret garden")
