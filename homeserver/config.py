@@ -421,6 +421,17 @@ class UserDirectoryConfig:
 
 
 @dataclass(frozen=True)
+class SlidingSyncConfig:
+    # Connections of the simplified sliding sync (sync/sliding.py) kept in memory, most
+    # recently used first; the rest are read back from the database when next used.
+    cached_connections: int = setting(_int(1), 1000)
+    # A connection unused this long is forgotten: its next request gets M_UNKNOWN_POS.
+    connection_lifetime: float = setting(_seconds(), 7 * 86400.0)
+    # Connections one device may keep (one per conn_id); a new one ends its oldest past it.
+    connections_per_device: int = setting(_int(1), 10)
+
+
+@dataclass(frozen=True)
 class Config:
     server_name: str = setting(fields.String(validate=_server_name), "localhost:8008")
     # What clients are told to use (.well-known/matrix/client): an absolute http(s) URL.
@@ -441,6 +452,7 @@ class Config:
     url_preview: UrlPreviewConfig = section(UrlPreviewConfig)
     voip: VoipConfig = section(VoipConfig)
     user_directory: UserDirectoryConfig = section(UserDirectoryConfig)
+    sliding_sync: SlidingSyncConfig = section(SlidingSyncConfig)
 
 
 def _first_error(messages: Any, prefix: str = "") -> tuple[str, str]:

@@ -74,6 +74,7 @@ from homeserver.storage.remote_invites import RemoteInviteStore
 from homeserver.storage.reports import ReportStore
 from homeserver.storage.room_graph import RoomGraphStore
 from homeserver.storage.rooms import RoomStore
+from homeserver.storage.sliding_sync import SlidingSyncStore
 from homeserver.storage.sync import SyncStore
 from homeserver.storage.transactions import ReceivedTransactionStore, StagingCaps
 from homeserver.storage.user_directory import UserDirectoryStore
@@ -87,6 +88,9 @@ from homeserver.sync.push_actions import PushActions
 from homeserver.sync.push_ruleset import PushRules
 from homeserver.sync.receipts import ReceiptService
 from homeserver.sync.service import SyncService
+from homeserver.sync.sliding import SlidingSync
+from homeserver.sync.sliding_connections import Connections
+from homeserver.sync.sliding_lists import RoomLists
 from homeserver.sync.typing import TypingNotifications
 
 log = logging.getLogger(__name__)
@@ -512,6 +516,19 @@ class HomeserverRuntime(AdminComponents):
             ruleset=self.push_rules.ruleset,
             notifications=Notifications(self.push_rules.store),
         )
+
+    @component
+    def sliding_sync(self) -> SlidingSync:
+        """Simplified sliding sync (MSC4186) on /sync's parts; its connections kept."""
+        config = self.config.sliding_sync
+        store = SlidingSyncStore(self.db)
+        connections = Connections(
+            store,
+            config.cached_connections,
+            config.connection_lifetime,
+            config.connections_per_device,
+        )
+        return SlidingSync(self.sync, connections, RoomLists(store))
 
     # --- end-to-end encryption: keys, devices, to-device messages ------------------------
 

@@ -116,7 +116,7 @@ class RoomEntries:
         # Not newly joined means an incremental sync: `since` is set.
         timeline_after = 0 if newly_joined or since is None else since.events
         state_after = 0 if (newly_joined or request.full_state or since is None) else since.events
-        timeline = self._timeline(request, room_id, view, timeline_after, up_to)
+        timeline = self.timeline(request, room_id, view, timeline_after, up_to)
         state = self._state(request, room_id, timeline, state_after, up_to)
         if not (
             timeline.events
@@ -159,7 +159,7 @@ class RoomEntries:
         self, request: SyncRequest, now: int, view: HistoryView, timeline: Timeline
     ) -> dict:
         return {
-            "events": self._format(request, now, view, timeline.events, bundle=True),
+            "events": self.format_events(request, now, view, timeline.events, bundle=True),
             "limited": timeline.limited,
             "prev_batch": timeline.prev_batch,
         }
@@ -177,7 +177,7 @@ class RoomEntries:
         before = [view.membership_after(after)] + view.memberships_between(after, left_at)
         if not {"join", "invite", "knock"}.intersection(before):
             return None  # they were never in it in this range: nothing to tell them
-        timeline = self._timeline(request, room_id, view, after, left_at)
+        timeline = self.timeline(request, room_id, view, after, left_at)
         state = {}
         if "join" in view.memberships_between(0, left_at):
             # State is for those who were members; an invitee who declined sees only their
@@ -213,16 +213,23 @@ class RoomEntries:
         key = "invite_state" if membership == "invite" else "knock_state"
         return {key: {"events": events}}
 
-    def _timeline(
-        self, request: SyncRequest, room_id: str, view: HistoryView, after: int, up_to: int
+    def timeline(
+        self,
+        request: SyncRequest,
+        room_id: str,
+        view: HistoryView,
+        after: int,
+        up_to: int,
+        limit: int | None = None,
     ) -> Timeline:
         """The latest events with `after < position <= up_to` the user may see and the
-        filter keeps, up to the filter's limit; `limited` when some were left out."""
+        filter keeps, up to `limit` (by default the filter's); `limited` when some were
+        left out. A sliding sync's room (sliding_rooms.py) may ask for none."""
         room_filter = request.filter.room
         timeline_filter = room_filter.timeline
         if not timeline_filter.keeps_room(room_id):
             return Timeline([], False, stream_token(up_to), up_to + 1)
-        limit = room_filter.timeline_limit
+        limit = room_filter.timeline_limit if limit is None else limit
         scan = self.history.visible_events(
             room_id, view, after, up_to, True, limit + 1, timeline_filter
         )
@@ -330,7 +337,7 @@ class RoomEntries:
                 kept.append(stored)
         kept.sort(key=lambda s: s.stream_ordering)
         key = "state_after" if request.use_state_after else "state"
-        entry[key] = {"events": self._format(request, now, view, kept)}
+        entry[key] = {"events": self.format_events(request, now, view, kept)}
 
     def _summary(self, user_id: str, room_id: str) -> dict:
         counts = self.rooms.store.member_counts(room_id)
@@ -342,7 +349,7 @@ class RoomEntries:
             summary["m.heroes"] = self.rooms.store.heroes(room_id, user_id, HEROES)
         return summary
 
-    def _format(
+    def format_events(
         self,
         request: SyncRequest,
         now: int,

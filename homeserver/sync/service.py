@@ -48,22 +48,20 @@ from homeserver.sync.woken import Seen, WokenAnswers, answers_from_events
 MAX_TIMEOUT_MS = 5 * 60 * 1000
 
 
-class WaitingSync:
-    """A sync with nothing to send yet. It is registered with the notifier from before its
-    first computation (SyncService.begin), so whatever is stored meanwhile wakes it, until
-    `close`, on every way out. `answer` waits until something concerning its user happens or
-    its timeout passes. The HTTP layer waits for it once the application has returned
+class Parked:
+    """A long-poll with nothing to send yet: /sync's and sliding sync's (sliding.py). It is
+    registered with the notifier from before its first computation, so whatever is stored
+    meanwhile wakes it, until `close`, on every way out. `answer` waits until something
+    concerning its user happens or its timeout passes, computing again at each wake-up
+    (`step`). The HTTP layer waits for it once the application has returned
     (api/client/sync.py), so a parked sync holds its registration, what it last saw and its
     socket, and nothing of the web framework's."""
 
-    __slots__ = ("_service", "_request", "_deadline", "_waiter", "_seen")
+    __slots__ = ("_deadline", "_waiter")
 
-    def __init__(self, service: "SyncService", request: SyncRequest, deadline: float):
-        self._service = service
-        self._request = request
+    def __init__(self, notifier: Notifier, user_id: str, deadline: float):
         self._deadline = deadline
-        self._waiter: Waiter | None = service.notifier.registered(request.user_id).__enter__()
-        self._seen: Seen | None = None  # what a computation found nothing new in, if usable
+        self._waiter: Waiter | None = notifier.registered(user_id).__enter__()
 
     def answer(self, while_waiting=contextlib.nullcontext) -> dict | EncodedJson:
         """Waits, then the answer. `while_waiting()` is entered around each wait: the HTTP
@@ -82,6 +80,31 @@ class WaitingSync:
 
     def step(self, woken: bool) -> dict | EncodedJson | None:
         """One computation: the answer to send now, or None to wait again."""
+        raise NotImplementedError
+
+    def expired(self, notifier: Notifier) -> bool:
+        """Whether it must answer now, with news or without."""
+        return self._deadline <= time.monotonic() or notifier.closed
+
+    def close(self) -> None:
+        """Ends the registration; once is enough, and more are harmless."""
+        if self._waiter is not None:
+            self._waiter.__exit__(None, None, None)
+            self._waiter = None
+
+
+class WaitingSync(Parked):
+    """A /sync with nothing to send yet."""
+
+    __slots__ = ("_service", "_request", "_seen")
+
+    def __init__(self, service: "SyncService", request: SyncRequest, deadline: float):
+        super().__init__(service.notifier, request.user_id, deadline)
+        self._service = service
+        self._request = request
+        self._seen: Seen | None = None  # what a computation found nothing new in, if usable
+
+    def step(self, woken: bool) -> dict | EncodedJson | None:
         service, request, waiter, seen = self._service, self._request, self._waiter, self._seen
         assert waiter is not None, "computed after close"
         quick = woken and seen is not None and not waiter.recompute
@@ -97,15 +120,9 @@ class WaitingSync:
         else:
             body, self._seen = found
             has_updates = body is not None
-        if has_updates or self._deadline <= time.monotonic() or service.notifier.closed:
+        if has_updates or self.expired(service.notifier):
             return body if body is not None else service._respond(request)[0]
         return None
-
-    def close(self) -> None:
-        """Ends the registration; once is enough, and more are harmless."""
-        if self._waiter is not None:
-            self._waiter.__exit__(None, None, None)
-            self._waiter = None
 
 
 class SyncService:
@@ -199,7 +216,7 @@ class SyncService:
         joined = [
             room_id for room_id, (membership, _) in memberships.items() if membership == "join"
         ]
-        self._read_side_streams(request, batch, joined)
+        self.read_side_streams(request, batch, joined)
 
         rooms = self._rooms(request, batch, memberships, raced)
         account_data = global_account_data(
@@ -330,7 +347,7 @@ class SyncService:
             out[room_id] = (membership, changed_at)
         return out, raced
 
-    def _read_side_streams(self, request: SyncRequest, batch: SyncBatch, joined: list[str]) -> None:
+    def read_side_streams(self, request: SyncRequest, batch: SyncBatch, joined: list[str]) -> None:
         """Account data, receipts and typing changed since the token, by room."""
         since = request.since
         positions = batch.positions

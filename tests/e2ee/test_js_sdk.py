@@ -420,3 +420,21 @@ def test_registration_token_through_matrix_js_sdk(start_weir, database_url, node
     assert result["second_stages"] == ["m.login.registration_token"] * 2
     details = admin.get(f"/_synapse/admin/v1/registration_tokens/{scenario['token']}").json()
     assert (details["pending"], details["completed"]) == (0, 1)
+
+
+@pytest.mark.parametrize("server", ["sqlite"], indirect=True)  # both: test_sliding_sync.py
+def test_sliding_sync_through_matrix_js_sdk(server, node, tmp_path):
+    """bob's client syncs with matrix-js-sdk's SlidingSync (MSC4186's unstable path, its
+    to_device and e2ee extensions feeding the rust crypto), alice's with /sync: he sees her
+    invite to an encrypted room in his list, joins, and each decrypts the other's message."""
+    scenario = {"alice": registered(server, "alice"), "bob": registered(server, "bob")}
+    result = run_node(
+        node, "sliding.mjs", server.client_url, json.dumps(scenario), tmp_path=tmp_path
+    )
+    assert result["invites_seen"] == [result["room_id"]]
+    assert result["invite_name"] == "Sliding secrets"
+    assert result["encrypted_for_bob"] is True
+    assert result["bob_read"] == "a secret over sliding sync"
+    assert result["alice_read"] == "and one back"
+    assert result["to_device_seen"] >= 1  # the room key, at least
+    assert result["list_count"] == 1

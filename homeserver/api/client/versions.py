@@ -24,7 +24,11 @@ SUPPORTED_VERSIONS = [
 ]
 # Clients ask this before anything else, and often; its answer never changes, so it is
 # encoded once.
-_VERSIONS_BODY = json_response({"versions": SUPPORTED_VERSIONS, "unstable_features": {}}).data
+# Simplified sliding sync (MSC4186) on its unstable path: api/client/sliding_sync.py.
+UNSTABLE_FEATURES = {"org.matrix.simplified_msc3575": True}
+_VERSIONS_BODY = json_response(
+    {"versions": SUPPORTED_VERSIONS, "unstable_features": UNSTABLE_FEATURES}
+).data
 
 
 @bp.get("/_matrix/client/versions")

@@ -54,7 +54,7 @@ export async function startDevice(user, password, url = baseUrl) {
     return client;
 }
 
-async function oneTimeKeysUploaded(session, url) {
+export async function oneTimeKeysUploaded(session, url = baseUrl) {
     for (;;) {
         const response = await fetch(`${url}/_matrix/client/v3/keys/upload`, {
             method: "POST",

@@ -1,0 +1,191 @@
+"""Simplified sliding sync (MSC4186): `POST /_matrix/client/unstable/
+org.matrix.simplified_msc3575/sync`, the sync Element X and the SDKs' `SlidingSync` use.
+
+A request names lists (the user's rooms, most recent first, filtered, and the ranges wanted
+of them) and room subscriptions; the response carries, for each room those match, what
+changed since the connection last sent it (sliding_rooms.py), each list's count, and the
+extensions asked for (sliding_extensions.py). What each connection was sent lives in
+sliding_connections.py; the lists in sliding_lists.py.
+
+It shares /sync's machinery rather than copying it: the snapshot of the user's rooms and
+streams (storage/sync.py), timelines and event formatting (room_entries.py), the side
+streams and end-to-end encryption parts, and the long-poll: a request with a `pos` and a
+`timeout` that finds nothing new parks on the notifier like a /sync (service.py `Parked`),
+off the main pool, and computes again when something concerning the user is stored.
+"""
+
+from __future__ import annotations
+
+import time
+
+from homeserver.core.clock import now_ms
+from homeserver.core.requester import Requester
+from homeserver.storage.sync import SyncSnapshot
+from homeserver.sync.filters import NO_FILTER
+from homeserver.sync.room_entries import SyncBatch, SyncRequest
+from homeserver.sync.service import MAX_TIMEOUT_MS, Parked, SyncService
+from homeserver.sync.sliding_connections import Connections, ConnectionState, Pos
+from homeserver.sync.sliding_extensions import SlidingExtensions
+from homeserver.sync.sliding_lists import ListsResult, Matched, RoomLists
+from homeserver.sync.sliding_request import SlidingRequest
+from homeserver.sync.sliding_rooms import SlidingRooms
+from homeserver.sync.tokens import SyncToken
+
+
+class _Call:
+    """One request: its connection as the pos left it, and what it asks."""
+
+    __slots__ = ("requester", "request", "pos", "before")
+
+    def __init__(
+        self,
+        requester: Requester,
+        request: SlidingRequest,
+        pos: Pos | None,
+        before: ConnectionState,
+    ):
+        self.requester = requester
+        self.request = request
+        self.pos = pos
+        self.before = before
+
+
+class WaitingSlidingSync(Parked):
+    """A sliding sync with nothing to send yet."""
+
+    __slots__ = ("_service", "_call")
+
+    def __init__(self, service: "SlidingSync", call: _Call, deadline: float):
+        super().__init__(service.sync.notifier, call.requester.user_id, deadline)
+        self._service = service
+        self._call = call
+
+    def step(self, woken: bool) -> dict | None:
+        assert self._waiter is not None, "computed after close"
+        self._waiter.clear()
+        body = self._service.compute(self._call, self.expired(self._service.sync.notifier))
+        return body
+
+
+class SlidingSync:
+    def __init__(self, sync: SyncService, connections: Connections, lists: RoomLists):
+        self.sync = sync
+        self.connections = connections
+        self.lists = lists
+        self.rooms = SlidingRooms(sync.rooms, sync.history, sync.entries)
+        self.extensions = SlidingExtensions(sync)
+
+    def begin(
+        self, requester: Requester, request: SlidingRequest, pos: str | None, timeout_ms: int
+    ) -> dict | WaitingSlidingSync:
+        """The response; or, when a request with a pos finds nothing new and may wait, a
+        WaitingSlidingSync registered with the notifier, whose caller waits for it."""
+        now = now_ms()
+        if pos is None:
+            before = self.connections.start(requester, request.conn_id, now)
+            call = _Call(requester, request, None, before)
+            body = self.compute(call, True)
+            assert body is not None
+            return body
+        parsed = Pos.parse(pos)
+        before = self.connections.resume(requester, request.conn_id, parsed, now)
+        call = _Call(requester, request, parsed, before)
+        timeout = min(timeout_ms, MAX_TIMEOUT_MS) / 1000
+        if timeout <= 0:
+            body = self.compute(call, True)
+            assert body is not None
+            return body
+        waiting = WaitingSlidingSync(self, call, time.monotonic() + timeout)
+        try:
+            body = waiting.step(woken=False)
+        except BaseException:
+            waiting.close()
+            raise
+        if body is None:
+            return waiting
+        waiting.close()
+        return body
+
+    def compute(self, call: _Call, must_answer: bool) -> dict | None:
+        """The response, or None when it would carry nothing new and need not be sent."""
+        requester, request = call.requester, call.request
+        user_id = requester.user_id
+        since = call.pos.token if call.pos is not None else None
+        state = call.before.copy()
+        for room_id in request.unsubscribe:
+            state.subscriptions.pop(room_id, None)
+        state.subscriptions.update(request.subscriptions)
+
+        snapshot = self.sync.store.snapshot(
+            user_id, since.events if since else None, lambda room_id: True
+        )
+        found = ListsResult({}, {}, {})
+        if request.lists or state.subscriptions:  # not an extensions-only connection
+            listed = self.lists.rooms(user_id, snapshot, set(state.rooms))
+            found = self.lists.match(user_id, listed, request.lists)
+        for room_id, config in state.subscriptions.items():
+            if room_id not in found.rooms:
+                continue  # not the user's to see (the MSC: ignored)
+            matched = found.matched.get(room_id)
+            if matched is None:
+                found.matched[room_id] = Matched(config)
+            else:
+                matched.config = matched.config.merged(config)
+
+        rooms = self._rooms(requester, snapshot, found, state, since)
+        batch = SyncBatch(snapshot.positions, now_ms(), snapshot)
+        window = [r for r in found.matched if found.rooms[r].membership == "join"]
+        extensions = self.extensions.part(
+            SyncRequest(requester, since, NO_FILTER), request.extensions, batch, window
+        )
+        if not (must_answer or call.pos is None or rooms or extensions.has_updates):
+            return None
+        positions = batch.positions
+        token = SyncToken(
+            positions.events,
+            positions.account_data,
+            positions.receipts,
+            batch.typing_position,
+            self.sync.typing.epoch,
+            extensions.to_device_position,
+            positions.device_lists,
+        )
+        generation = self.connections.commit(call.before, state, now_ms())
+        if generation is None:  # superseded: its client has moved on (sliding_connections.py)
+            generation, token = call.before.generation, since or token
+        return {
+            "pos": str(Pos(state.connection_id, generation, token)),
+            "lists": {name: {"count": count} for name, count in found.counts.items()},
+            "rooms": rooms,
+            "extensions": extensions.body,
+        }
+
+    def _rooms(
+        self,
+        requester: Requester,
+        snapshot: SyncSnapshot,
+        found,
+        state: ConnectionState,
+        since: SyncToken | None,
+    ) -> dict:
+        """Each matched room's result, most recent first; `state.rooms` follows what is
+        sent."""
+        now, up_to = now_ms(), snapshot.positions.events
+        rooms = {}
+        for room_id, matched in found.matched.items():
+            room = found.rooms[room_id]
+            result, sent = self.rooms.result(
+                requester,
+                room,
+                matched.config,
+                state.rooms.get(room_id),
+                since.events if since else None,
+                up_to,
+                now,
+            )
+            state.rooms[room_id] = sent
+            if result is not None:
+                if matched.lists:
+                    result["lists"] = matched.lists
+                rooms[room_id] = result
+        return rooms

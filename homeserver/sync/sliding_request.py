@@ -1,0 +1,313 @@
+"""A simplified sliding sync request (MSC4186), checked and read into values: its lists,
+room subscriptions, the room config each carries, and the extensions asked for.
+
+Clients on the unstable path send the form Synapse's experimental implementation took
+(`ranges`, `is_invite`, `required_state` as `[type, state_key]` pairs with `*`, `$ME` and
+`$LAZY`); the MSC's final text renamed some of it (`range`, `is_invited`, `required_state`
+as `{include, exclude, lazy_members}`). Both are read.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from marshmallow import INCLUDE, Schema, ValidationError, fields, validate
+
+from homeserver.core.errors import invalid_param
+from homeserver.core.identifiers import is_valid_room_id
+from homeserver.sync.filters import MAX_TIMELINE_LIMIT
+
+# The MSC's caps on a request's lists and subscriptions (400 M_INVALID_PARAM past them).
+MAX_LISTS = 100
+MAX_SUBSCRIPTIONS = 100
+MAX_RANGES = 10  # per list: clients send one
+MAX_REQUIRED_STATE = 100  # pairs per room config
+WILDCARD, ME, LAZY = "*", "$ME", "$LAZY"
+
+StatePair = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class RequiredState:
+    """What state a room's entry carries: `include` pairs (`*` matching any type or key,
+    `$ME` the user), less `exclude`, and with `lazy` the members the timeline needs."""
+
+    include: tuple[StatePair, ...] = ()
+    exclude: tuple[StatePair, ...] = ()
+    lazy: bool = False
+
+    def matches(self, event_type: str, state_key: str, user_id: str) -> bool:
+        def hit(pairs: tuple[StatePair, ...]) -> bool:
+            for t, k in pairs:
+                key = user_id if k == ME else k
+                if (t == WILDCARD or t == event_type) and (key == WILDCARD or key == state_key):
+                    return True
+            return False
+
+        return hit(self.include) and not hit(self.exclude)
+
+    @property
+    def has_wildcard(self) -> bool:
+        return any(WILDCARD in pair for pair in self.include)
+
+    def keys(self, user_id: str) -> list[StatePair]:
+        """The exact keys asked for (no wildcard among them)."""
+        return [(t, user_id if k == ME else k) for t, k in self.include]
+
+    def merged(self, other: "RequiredState") -> "RequiredState":
+        excluded = tuple(p for p in self.exclude if p in other.exclude)  # in both, or it shows
+        return RequiredState(
+            tuple(dict.fromkeys(self.include + other.include)), excluded, self.lazy or other.lazy
+        )
+
+
+@dataclass(frozen=True)
+class RoomConfig:
+    timeline_limit: int
+    required_state: RequiredState
+
+    def merged(self, other: "RoomConfig") -> "RoomConfig":
+        """The superset of two (the MSC's "Combining room configs")."""
+        return RoomConfig(
+            max(self.timeline_limit, other.timeline_limit),
+            self.required_state.merged(other.required_state),
+        )
+
+    def key(self) -> str:
+        """The config as text, to tell whether a room's config changed since it was sent."""
+        rs = self.required_state
+        return json.dumps([sorted(rs.include), sorted(rs.exclude), rs.lazy])
+
+    def to_json(self) -> dict:
+        rs = self.required_state
+        return {
+            "timeline_limit": self.timeline_limit,
+            "include": [list(p) for p in rs.include],
+            "exclude": [list(p) for p in rs.exclude],
+            "lazy": rs.lazy,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> "RoomConfig":
+        return cls(
+            data["timeline_limit"],
+            RequiredState(
+                tuple((t, k) for t, k in data["include"]),
+                tuple((t, k) for t, k in data["exclude"]),
+                data["lazy"],
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class ListFilters:
+    is_dm: bool | None = None
+    is_encrypted: bool | None = None
+    is_invite: bool | None = None
+    room_types: tuple | None = None  # None stands for rooms without a type
+    not_room_types: tuple = ()
+    spaces: tuple | None = None
+    tags: tuple | None = None
+    not_tags: tuple = ()
+
+
+@dataclass(frozen=True)
+class ListConfig:
+    name: str
+    ranges: tuple[tuple[int, int], ...] | None  # None: every room the filters keep
+    config: RoomConfig
+    filters: ListFilters
+
+    def in_range(self, index: int) -> bool:
+        return self.ranges is None or any(lo <= index <= hi for lo, hi in self.ranges)
+
+
+@dataclass(frozen=True)
+class Extensions:
+    to_device: bool = False
+    to_device_since: int | None = None
+    to_device_limit: int = 100
+    e2ee: bool = False
+    account_data: bool = False
+    receipts: bool = False
+    typing: bool = False
+
+
+@dataclass(frozen=True)
+class SlidingRequest:
+    conn_id: str
+    lists: tuple[ListConfig, ...] = ()
+    subscriptions: dict[str, RoomConfig] = field(default_factory=dict)
+    unsubscribe: tuple[str, ...] = ()
+    extensions: Extensions = Extensions()
+
+
+# --- the body ---------------------------------------------------------------------------
+
+
+class _Filters(Schema):
+    is_dm = fields.Boolean()
+    is_encrypted = fields.Boolean()
+    is_invite = fields.Boolean()
+    is_invited = fields.Boolean()
+    room_types = fields.List(fields.String(allow_none=True))
+    not_room_types = fields.List(fields.String(allow_none=True))
+    spaces = fields.List(fields.String())
+    tags = fields.List(fields.String())
+    not_tags = fields.List(fields.String())
+
+    class Meta:
+        unknown = INCLUDE  # filters this server does not know narrow nothing
+
+
+_Range = fields.List(fields.Integer(validate=validate.Range(0)), validate=validate.Length(2, 2))
+
+
+class _RoomConfigBody(Schema):
+    timeline_limit = fields.Integer(load_default=0, validate=validate.Range(0))
+    required_state = fields.Raw(load_default=list)
+
+    class Meta:
+        unknown = INCLUDE
+
+
+class _ListBody(_RoomConfigBody):
+    ranges = fields.List(_Range, validate=validate.Length(max=MAX_RANGES))
+    range = _Range
+    filters = fields.Nested(_Filters, load_default=dict)
+
+
+class _ExtensionBody(Schema):
+    enabled = fields.Boolean(load_default=False)
+    since = fields.String()
+    limit = fields.Integer(validate=validate.Range(1))
+
+    class Meta:
+        unknown = INCLUDE  # lists and rooms: every room of the response is meant
+
+
+class _Body(Schema):
+    conn_id = fields.String(load_default="", validate=validate.Length(max=255))
+    lists = fields.Dict(
+        keys=fields.String(validate=validate.Length(1, 255)),
+        values=fields.Nested(_ListBody),
+        load_default=dict,
+    )
+    room_subscriptions = fields.Dict(
+        keys=fields.String(), values=fields.Nested(_RoomConfigBody), load_default=dict
+    )
+    unsubscribe_rooms = fields.List(fields.String(), load_default=list)
+    extensions = fields.Dict(
+        keys=fields.String(), values=fields.Nested(_ExtensionBody), load_default=dict
+    )
+
+    class Meta:
+        unknown = INCLUDE  # pos and timeout may come in the body (the MSC's final form)
+
+
+def parse_request(body: dict) -> SlidingRequest:
+    try:
+        loaded = _Body().load(body)
+    except ValidationError as e:
+        raise invalid_param(f"Bad sliding sync request: {e.messages}") from e
+    if len(loaded["lists"]) > MAX_LISTS:
+        raise invalid_param(f"At most {MAX_LISTS} lists")
+    if len(loaded["room_subscriptions"]) > MAX_SUBSCRIPTIONS:
+        raise invalid_param(f"At most {MAX_SUBSCRIPTIONS} room subscriptions")
+    subscriptions = {}
+    for room_id, sub in loaded["room_subscriptions"].items():
+        if not is_valid_room_id(room_id):
+            raise invalid_param(f"Not a room ID: {room_id}")
+        subscriptions[room_id] = _room_config(sub)
+    return SlidingRequest(
+        loaded["conn_id"],
+        tuple(_list(name, body) for name, body in sorted(loaded["lists"].items())),
+        subscriptions,
+        tuple(loaded["unsubscribe_rooms"]),
+        _extensions(loaded["extensions"]),
+    )
+
+
+def _list(name: str, body: dict) -> ListConfig:
+    ranges = body.get("ranges")
+    if ranges is None and "range" in body:
+        ranges = [body["range"]]
+    if ranges is not None and any(lo > hi for lo, hi in ranges):
+        raise invalid_param(f"List {name}: a range starts after its end")
+    f = body["filters"]
+    room_types = f.get("room_types")
+    return ListConfig(
+        name,
+        None if ranges is None else tuple((lo, hi) for lo, hi in ranges),
+        _room_config(body),
+        ListFilters(
+            is_dm=f.get("is_dm"),
+            is_encrypted=f.get("is_encrypted"),
+            is_invite=f.get("is_invite", f.get("is_invited")),
+            room_types=None if room_types is None else tuple(room_types),
+            not_room_types=tuple(f.get("not_room_types", ())),
+            spaces=tuple(f["spaces"]) if "spaces" in f else None,
+            tags=tuple(f["tags"]) if "tags" in f else None,
+            not_tags=tuple(f.get("not_tags", ())),
+        ),
+    )
+
+
+def _room_config(body: dict) -> RoomConfig:
+    return RoomConfig(
+        min(body["timeline_limit"], MAX_TIMELINE_LIMIT), _required_state(body["required_state"])
+    )
+
+
+def _required_state(raw) -> RequiredState:
+    """`[[type, state_key], ...]`, or `{include: [{type?, state_key?}], exclude, lazy_members}`."""
+    if isinstance(raw, dict):
+        include = [_element(e) for e in _items(raw.get("include", []))]
+        exclude = [_element(e) for e in _items(raw.get("exclude", []))]
+        lazy = raw.get("lazy_members", False)
+        if not isinstance(lazy, bool):
+            raise invalid_param("required_state.lazy_members must be a boolean")
+        return RequiredState(tuple(include), tuple(exclude), lazy)
+    pairs = []
+    for pair in _items(raw):
+        if not (
+            isinstance(pair, list) and len(pair) == 2 and all(isinstance(p, str) for p in pair)
+        ):
+            raise invalid_param("required_state holds [type, state_key] pairs of strings")
+        pairs.append((pair[0], pair[1]))
+    lazy = ("m.room.member", LAZY) in pairs
+    return RequiredState(tuple(p for p in pairs if p[1] != LAZY), (), lazy)
+
+
+def _items(raw) -> list:
+    if not isinstance(raw, list) or len(raw) > MAX_REQUIRED_STATE:
+        raise invalid_param(f"required_state: a list of at most {MAX_REQUIRED_STATE} entries")
+    return raw
+
+
+def _element(element) -> StatePair:
+    if not isinstance(element, dict) or not all(
+        isinstance(element.get(k, ""), str) for k in ("type", "state_key")
+    ):
+        raise invalid_param("required_state entries are {type?, state_key?} of strings")
+    return (element.get("type", WILDCARD), element.get("state_key", WILDCARD))
+
+
+def _extensions(found: dict) -> Extensions:
+    def on(name: str) -> bool:
+        return name in found and found[name]["enabled"]
+
+    to_device = found.get("to_device", {})
+    since = to_device.get("since")
+    if since is not None and not since.isdigit():
+        raise invalid_param("to_device.since is not a token from this server")
+    return Extensions(
+        to_device=on("to_device"),
+        to_device_since=int(since) if since else None,
+        to_device_limit=min(to_device.get("limit", 100), 100),
+        e2ee=on("e2ee"),
+        account_data=on("account_data"),
+        receipts=on("receipts"),
+        typing=on("typing"),
+    )

@@ -1,0 +1,196 @@
+"""A sliding sync's room results (MSC4186, "Room results"): for a room a rule matched, what
+changed since the connection last sent it, or the whole room (`initial`) when it never
+did, when the user's membership changed since, or when its config asks for more than was
+sent (a longer timeline, more state).
+
+Timelines and event formatting are /sync's (room_entries.py), read as of the position the
+request reads up to; a room the user is no longer in is read up to their membership event.
+"""
+
+from __future__ import annotations
+
+from homeserver.core.requester import Requester
+from homeserver.rooms.history import RoomHistory
+from homeserver.rooms.service import RoomService
+from homeserver.storage.rooms import StoredEvent
+from homeserver.sync.filters import NO_FILTER
+from homeserver.sync.room_entries import HEROES, RoomEntries, SyncRequest, Timeline
+from homeserver.sync.sliding_connections import SentRoom
+from homeserver.sync.sliding_lists import ListedRoom
+from homeserver.sync.sliding_request import RoomConfig
+
+# Event types whose change the room's header (name, avatar, heroes) follows.
+_HEADER_TYPES = frozenset(
+    {"m.room.name", "m.room.avatar", "m.room.canonical_alias", "m.room.member"}
+)
+
+
+class SlidingRooms:
+    def __init__(self, rooms: RoomService, history: RoomHistory, entries: RoomEntries):
+        self.rooms = rooms
+        self.history = history
+        self.entries = entries
+
+    def result(
+        self,
+        requester: Requester,
+        room: ListedRoom,
+        config: RoomConfig,
+        sent: SentRoom | None,
+        since: int | None,
+        up_to: int,
+        now: int,
+    ) -> tuple[dict | None, SentRoom]:
+        """(the room's result, or None when nothing changed; what is now sent of it).
+        `since`: the events position of the request's pos (None on a new connection)."""
+        if room.membership in ("invite", "knock"):
+            return self._stripped(requester, room, config, sent)
+        if room.facts is None:
+            return _remote_end(room, config, sent)
+        room_up_to = up_to if room.membership == "join" else room.membership_at
+        initial = _is_initial(room, config, sent)
+        if not initial and sent is not None and room.bump_stamp <= sent.position:
+            return None, SentRoom(sent.position, config)
+        after = 0 if initial or sent is None else sent.position
+        request = SyncRequest(requester, None, NO_FILTER)
+        view = self.history.history_view(room.room_id, requester.user_id)
+        timeline = self.entries.timeline(
+            request, room.room_id, view, after, room_up_to, config.timeline_limit
+        )
+        state = self._required_state(requester.user_id, room.room_id, config, after, room_up_to)
+        if config.required_state.lazy:
+            state.update(self._lazy_members(room.room_id, timeline, room_up_to, state))
+        events = self.entries.format_events(request, now, view, timeline.events, bundle=True)
+        result: dict = {
+            "timeline": events,
+            "required_state": self.entries.format_events(
+                request, now, view, sorted(state.values(), key=lambda s: s.stream_ordering)
+            ),
+            "prev_batch": timeline.prev_batch,
+            "limited": timeline.limited,
+            "num_live": (
+                sum(1 for s in timeline.events if s.stream_ordering > since) if since else 0
+            ),
+            "bump_stamp": room.bump_stamp,
+            "membership": room.membership,
+            "notification_count": 0,  # push counts are not built yet (README)
+            "highlight_count": 0,
+        }
+        if initial:
+            result["initial"] = True
+            if sent is not None and config.timeline_limit > sent.config.timeline_limit:
+                result["expanded_timeline"] = result["unstable_expanded_timeline"] = True
+        touched = {s.event.type for s in timeline.events} | {t for t, _ in state}
+        if initial or _HEADER_TYPES.intersection(touched):
+            result.update(self._header(requester.user_id, room))
+        return result, SentRoom(room_up_to, config)
+
+    def _stripped(
+        self, requester: Requester, room: ListedRoom, config: RoomConfig, sent: SentRoom | None
+    ) -> tuple[dict | None, SentRoom]:
+        """An invite or a knock: the stripped state its event carried, once."""
+        now_sent = SentRoom(room.membership_at, config)
+        if sent is not None and sent.position >= room.membership_at:
+            return None, now_sent
+        events = room.stripped
+        if events is None:
+            request = SyncRequest(requester, None, NO_FILTER)
+            found = self.entries.stripped(request, room.room_id, room.membership)
+            events = next(iter(found.values()))["events"]
+        result = {
+            "initial": True,
+            "membership": room.membership,
+            "bump_stamp": room.bump_stamp,
+            # invite_state is what clients of the unstable path read; stripped_state the
+            # MSC's final name for it.
+            "stripped_state": events,
+            ("invite_state" if room.membership == "invite" else "knock_state"): events,
+            "timeline": [],
+            "required_state": [],
+            "notification_count": 0,
+            "highlight_count": 0,
+        }
+        for event in events:
+            content = event.get("content", {})
+            if event.get("type") == "m.room.name" and isinstance(content.get("name"), str):
+                result["name"] = content["name"]
+            elif event.get("type") == "m.room.avatar" and isinstance(content.get("url"), str):
+                result["avatar"] = content["url"]
+        return result, now_sent
+
+    def _required_state(
+        self, user_id: str, room_id: str, config: RoomConfig, after: int, up_to: int
+    ) -> dict:
+        """The state `required_state` asks for as of `up_to`: changed after `after` (0: all
+        of it)."""
+        wanted = config.required_state
+        if not wanted.include:
+            return {}
+        store = self.rooms.store
+        if wanted.has_wildcard:
+            state = store.state_at(room_id, up_to, changed_after=after)
+        else:
+            state = store.state_at(room_id, up_to, changed_after=after, keys=wanted.keys(user_id))
+        return {k: s for k, s in state.items() if wanted.matches(k[0], k[1], user_id)}
+
+    def _lazy_members(self, room_id: str, timeline: Timeline, up_to: int, have: dict) -> dict:
+        """The member events of the timeline's senders and of the members it changes."""
+        users = {s.event.sender for s in timeline.events}
+        users.update(
+            s.event.state_key
+            for s in timeline.events
+            if s.event.type == "m.room.member" and s.event.state_key
+        )
+        keys = [("m.room.member", u) for u in users if ("m.room.member", u) not in have]
+        return self.rooms.store.state_at(room_id, up_to, keys=keys) if keys else {}
+
+    def _header(self, user_id: str, room: ListedRoom) -> dict:
+        """Name, avatar, member counts, and heroes when the room has no name."""
+        facts = room.facts
+        if facts is None:
+            return {}
+        header: dict = {"joined_count": facts.joined, "invited_count": facts.invited}
+        if facts.name:
+            header["name"] = facts.name
+        if facts.avatar_url:
+            header["avatar"] = facts.avatar_url
+        if not facts.name and not facts.canonical_alias:
+            header["heroes"] = self._heroes(user_id, room.room_id)
+        return header
+
+    def _heroes(self, user_id: str, room_id: str) -> list[dict]:
+        store = self.rooms.store
+        hero_ids = store.heroes(room_id, user_id, HEROES)
+        members = store.current_state(room_id, [("m.room.member", u) for u in hero_ids])
+        heroes = []
+        for hero in hero_ids:
+            found: StoredEvent | None = members.get(("m.room.member", hero))
+            content = found.event.content if found is not None else {}
+            entry = {"user_id": hero}
+            for key in ("displayname", "avatar_url"):
+                if isinstance(content.get(key), str):
+                    entry[key] = content[key]
+            heroes.append(entry)
+        return heroes
+
+
+def _is_initial(room: ListedRoom, config: RoomConfig, sent: SentRoom | None) -> bool:
+    """Whether the room goes whole: never sent on the connection, the user's membership
+    changed since, or its config asks for more than was sent."""
+    return (
+        sent is None
+        or room.membership_at > sent.position
+        or config.key() != sent.config.key()
+        or config.timeline_limit > sent.config.timeline_limit
+    )
+
+
+def _remote_end(
+    room: ListedRoom, config: RoomConfig, sent: SentRoom | None
+) -> tuple[dict | None, SentRoom]:
+    """The end of a remote invite or knock (a rejection, a rescinded knock): nothing more
+    to show of a room this server holds nothing of."""
+    if sent is not None and sent.position >= room.membership_at:
+        return None, sent
+    gone = {"initial": True, "membership": room.membership, "bump_stamp": room.bump_stamp}
+    return {**gone, "timeline": [], "required_state": []}, SentRoom(room.membership_at, config)
