@@ -44,16 +44,8 @@ class SlidingExtensions:
         body: dict = {}
         updates = False
         if asked.account_data:
-            rooms = {
-                room_id: [{"type": a.type, "content": a.content} for a in items]
-                for room_id, items in batch.account_data.items()
-                if room_id and items
-            }
-            initial = request.since is None
-            found = global_account_data(
-                NO_FILTER.account_data, batch.account_data, request.user_id, initial
-            )
-            body["account_data"] = {"global": found, "rooms": rooms}
+            body["account_data"] = self._account_data(request, batch)
+            rooms = body["account_data"]["rooms"]
             updates = updates or bool(rooms) or any(a for a in batch.account_data.get("", ()))
         ephemeral = {
             room_id: ephemeral_events(
@@ -90,6 +82,20 @@ class SlidingExtensions:
             }
             updates = updates or bool(e2ee.changed or e2ee.left)
         return ExtensionsPart(body, updates, e2ee.to_device_position)
+
+    def _account_data(self, request: SyncRequest, batch: SyncBatch) -> dict:
+        rooms = {
+            room_id: [{"type": a.type, "content": a.content} for a in items]
+            for room_id, items in batch.account_data.items()
+            if room_id and items
+        }
+        found = global_account_data(
+            NO_FILTER.account_data,
+            batch.account_data,
+            lambda: self.sync.ruleset(request.user_id),
+            request.since is None,
+        )
+        return {"global": found, "rooms": rooms}
 
     def _e2ee(self, request: SyncRequest, asked: Extensions, batch: SyncBatch) -> E2eeSyncPart:
         e2ee = self.sync.e2ee
