@@ -188,4 +188,14 @@ class SlidingSync:
                 if matched.lists:
                     result["lists"] = matched.lists
                 rooms[room_id] = result
+        self._add_counts(requester.user_id, rooms)
         return rooms
+
+    def _add_counts(self, user_id: str, rooms: dict) -> None:
+        """The unread counts of the joined rooms sent, one read for all (notifications.py)."""
+        notifications = self.sync.notifications
+        joined = [r for r, result in rooms.items() if result.get("membership") == "join"]
+        if notifications is None or not joined:
+            return
+        for room_id, fields in notifications.unread_fields(user_id, joined, False).items():
+            rooms[room_id].update(fields["unread_notifications"])

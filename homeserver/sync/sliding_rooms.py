@@ -73,7 +73,7 @@ class SlidingRooms:
             ),
             "bump_stamp": room.bump_stamp,
             "membership": room.membership,
-            "notification_count": 0,  # push counts are not built yet (README)
+            "notification_count": 0,  # the joined rooms': sliding.py, _add_counts
             "highlight_count": 0,
         }
         if initial:

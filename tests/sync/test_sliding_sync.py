@@ -151,6 +151,36 @@ def test_a_longer_timeline_sends_the_room_again(user):
     assert entry["initial"] is True and entry["expanded_timeline"] is True
 
 
+def test_unread_counts_come_from_the_push_rules(user):
+    """Two messages from bob notify alice, a mention highlights, and her read receipt
+    clears both, as /sync's unread_notifications do (sync/notifications.py)."""
+    alice, bob = user("alice"), user("bob")
+    room = create_room(alice, preset="public_chat")
+    join(bob, room)
+    request = {"lists": {"all": room_list([[0, 0]])}}
+    body = slide(alice, request)
+    assert (body["rooms"][room]["notification_count"], body["rooms"][room]["highlight_count"]) == (
+        0,
+        0,
+    )
+    send(bob, room, "one")
+    send(bob, room, "two")
+    r = bob.put(
+        f"{V3}/rooms/{q(room)}/send/m.room.message/mention",
+        json={"msgtype": "m.text", "body": "alice!", "m.mentions": {"user_ids": [alice.user_id]}},
+    )
+    assert r.status_code == 200, r.text
+    body = slide(alice, request, pos=body["pos"])
+    entry = body["rooms"][room]
+    assert (entry["notification_count"], entry["highlight_count"]) == (3, 1)
+    r = alice.post(f"{V3}/rooms/{q(room)}/receipt/m.read/{q(r.json()['event_id'])}", json={})
+    assert r.status_code == 200, r.text
+    send(alice, room, "read them")  # her own message: it notifies nobody, and moves the room
+    body = slide(alice, request, pos=body["pos"])
+    entry = body["rooms"][room]
+    assert (entry["notification_count"], entry["highlight_count"]) == (0, 0)
+
+
 def test_an_invite_carries_its_stripped_state(user):
     alice, bob = user("alice"), user("bob")
     room = create_room(alice, name="Secret garden")
