@@ -419,6 +419,16 @@ class UserDirectoryConfig:
 
 
 @dataclass(frozen=True)
+class AppserviceConfig:
+    # Transactions to application services at once, in a pool of their own; one per
+    # appservice at most (homeserver/appservice/sender.py).
+    max_in_flight: int = setting(_int(1, 1000), 16)
+    # One total deadline for a call to an appservice: a transaction, a ping, a user or
+    # alias query.
+    deadline: float = setting(_seconds(), 30.0)
+
+
+@dataclass(frozen=True)
 class Config:
     server_name: str = setting(fields.String(validate=_server_name), "localhost:8008")
     # What clients are told to use (.well-known/matrix/client): an absolute http(s) URL.
@@ -439,6 +449,9 @@ class Config:
     url_preview: UrlPreviewConfig = section(UrlPreviewConfig)
     voip: VoipConfig = section(VoipConfig)
     user_directory: UserDirectoryConfig = section(UserDirectoryConfig)
+    # Application services' registration files (YAML, as Synapse's); checked at start.
+    app_service_config_files: tuple = setting(_string_list(), ())
+    appservice: AppserviceConfig = section(AppserviceConfig)
 
 
 def _first_error(messages: Any, prefix: str = "") -> tuple[str, str]:
@@ -472,6 +485,7 @@ def _resolve_paths(config: Config, base: str) -> Config:
     return dataclasses.replace(
         config,
         data_dir=resolve(config.data_dir),
+        app_service_config_files=tuple(resolve(p) for p in config.app_service_config_files),
         database=DatabaseConfig(url=url),
         federation=federation,
     )

@@ -25,7 +25,13 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("rooms", ("homeserver.rooms",)),
     (
         "directory, media, sync, e2ee",
-        ("homeserver.directory", "homeserver.media", "homeserver.sync", "homeserver.e2ee"),
+        (
+            "homeserver.directory",
+            "homeserver.media",
+            "homeserver.sync",
+            "homeserver.e2ee",
+            "homeserver.appservice",
+        ),
     ),
     ("http", ("homeserver.http",)),
     ("composition root", ("homeserver.runtime",)),
