@@ -15,6 +15,7 @@ from homeserver.api.client import (
     account_settings,
     accounts,
     admin,
+    appservice,
     capabilities,
     devices,
     directory,
@@ -84,6 +85,7 @@ def client_blueprints():
         key_backup.bp,
         devices.bp,
         keys.bp,
+        appservice.bp,
     ]
 
 

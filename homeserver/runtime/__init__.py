@@ -25,6 +25,8 @@ from homeserver.accounts.shared_secret import SharedSecretRegistration
 from homeserver.accounts.turn import TurnCredentials
 from homeserver.accounts.uia import UserInteractiveAuth
 from homeserver.accounts.user_directory import UserDirectory
+from homeserver.appservice.sender import AppserviceSender
+from homeserver.appservice.service import AppserviceService
 from homeserver.core.collector import CollectorHold
 from homeserver.core.components import component
 from homeserver.core.identifiers import server_of
@@ -60,6 +62,7 @@ from homeserver.rooms.server_acl import ServerAcls
 from homeserver.rooms.service import RoomService
 from homeserver.rooms.transactions import ShardTransactionReceiver, TransactionProcessor
 from homeserver.rooms.upgrades import RoomUpgrader
+from homeserver.runtime.appservices import build_appservice_sender, build_appservices
 from homeserver.runtime.media import MediaComponents
 from homeserver.storage.accounts import AccountStore
 from homeserver.storage.directory import DirectoryStore
@@ -158,8 +161,19 @@ class HomeserverRuntime(MediaComponents):
             self.room_store, self.accounts, self.server_name, self.signing_key, self.profile_store
         )
         rooms.add_persist_listener(self.notifier.on_events_persisted)
+        rooms.add_persist_listener(lambda stored: self.appservice_sender.wake())
         rooms.add_outbox_listener(self.federation_sender.wake)
         return rooms
+
+    # --- application services (bridges) ----------------------------------------------------
+
+    @component
+    def appservices(self) -> AppserviceService:
+        return build_appservices(self)
+
+    @component
+    def appservice_sender(self) -> AppserviceSender:
+        return build_appservice_sender(self)
 
     @component
     def moderation(self) -> RoomModeration:
@@ -432,12 +446,21 @@ class HomeserverRuntime(MediaComponents):
         """Our user's typing, to the room's other servers (spec: m.typing EDU)."""
         content = {"room_id": room_id, "user_id": user_id, "typing": typing}
         self.federation_sender.send_edu(self._other_servers(room_id), "m.typing", content)
+        typing_now = {"user_ids": self.typing.changes([room_id], 0).get(room_id, [])}
+        self._to_appservices({"type": "m.typing", "room_id": room_id, "content": typing_now})
 
     def _send_receipt(self, room_id: str, user_id: str, event_id: str, data: dict) -> None:
         """Our user's public read receipt, to the room's other servers (m.receipt EDU)."""
         read = {user_id: {"event_ids": [event_id], "data": data}}
         content = {room_id: {"m.read": read}}
         self.federation_sender.send_edu(self._other_servers(room_id), "m.receipt", content)
+        receipt = {event_id: {"m.read": {user_id: data}}}
+        self._to_appservices({"type": "m.receipt", "room_id": room_id, "content": receipt})
+
+    def _to_appservices(self, edu: dict) -> None:
+        """Typing and receipts to the appservices asking for them, in rooms they watch."""
+        wants = self.appservices.interested_in_room
+        self.appservice_sender.send_ephemeral(edu, lambda r: wants(r, edu["room_id"]))
 
     @component
     def typing(self) -> TypingNotifications:
