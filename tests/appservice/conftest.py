@@ -23,12 +23,14 @@ def registration_yaml(
     *,
     users: str = "@bridge_.*:weir\\.test",
     aliases: str = "#bridge_.*:weir\\.test",
+    rooms: str | None = None,
     exclusive: bool = True,
     rate_limited: bool = False,
     ephemeral: bool = True,
 ) -> str:
     """A registration file as mautrix writes one."""
     url_line = "null" if url is None else json.dumps(url)
+    rooms_yaml = "[]" if rooms is None else f"[{{regex: '{rooms}', exclusive: false}}]"
     return f"""id: {as_id}
 url: {url_line}
 as_token: as-{as_id}
@@ -44,7 +46,7 @@ namespaces:
   aliases:
     - regex: '{aliases}'
       exclusive: {str(exclusive).lower()}
-  rooms: []
+  rooms: {rooms_yaml}
 """
 
 
