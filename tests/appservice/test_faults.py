@@ -120,7 +120,7 @@ def test_ping_reports_what_the_appservice_did(start_with_appservices, tmp_path):
         }
         weir = start_with_appservices(registrations, deadline=DEADLINE)
         bot = as_client(weir, "bridge")
-        path = f"/_matrix/client/v1/appservice/bridge/ping"
+        path = "/_matrix/client/v1/appservice/bridge/ping"
         r = bot.post(path, json={"transaction_id": "t1"})
         assert r.status_code == 200 and isinstance(r.json()["duration_ms"], int), r.text
         assert fake.received[-1].body == {"transaction_id": "t1"}
