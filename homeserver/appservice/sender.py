@@ -44,6 +44,7 @@ MAX_QUEUED_EPHEMERAL = 1000  # per appservice; past this the oldest go
 BACKOFF_START = 1.0
 BACKOFF_MAX = 60.0  # a bridge is ours: it should hear from us soon after it is back
 MSC2409_EPHEMERAL = "de.sorunome.msc2409.ephemeral"
+MSC2409_TO_DEVICE = "de.sorunome.msc2409.to_device"
 
 Interest = Callable[[Registration, list[StoredEvent]], list[StoredEvent]]
 
@@ -56,6 +57,7 @@ class _Service:
     interval: float = 0.0  # the current backoff, 0 when none
     timer: gevent.Greenlet | None = None
     ephemeral: deque = field(default_factory=lambda: deque(maxlen=MAX_QUEUED_EPHEMERAL))
+    to_device: deque = field(default_factory=lambda: deque(maxlen=MAX_QUEUED_EPHEMERAL))
 
 
 class AppserviceSender:
@@ -119,6 +121,29 @@ class AppserviceSender:
                 service.ephemeral.append(edu)
                 self._kick(service)
 
+    def send_to_device(
+        self, sender: str, event_type: str, local: list[tuple[str, str, dict]]
+    ) -> None:
+        """To-device messages stored for (user, device, content) recipients of ours: those
+        of an appservice's users go to it too, when it asked for them (MSC3202)."""
+        for service in self._services.values():
+            registration = service.registration
+            if not registration.msc3202:
+                continue
+            for user_id, device_id, content in local:
+                if registration.owns_user(user_id):
+                    service.to_device.append(
+                        {
+                            "type": event_type,
+                            "sender": sender,
+                            "to_user_id": user_id,
+                            "to_device_id": device_id,
+                            "content": content,
+                        }
+                    )
+            if service.to_device:
+                self._kick(service)
+
     def on_request_from(self, appservice_id: str) -> None:
         """The appservice called us: it is up. Its backoff ends and it catches up now."""
         service = self._services.get(appservice_id)
@@ -159,7 +184,7 @@ class AppserviceSender:
             service.busy = False
         if failed:
             self._back_off(service)
-        elif service.pending or service.ephemeral:
+        elif service.pending or service.ephemeral or service.to_device:
             self._kick(service)
 
     def _drain(self, service: _Service) -> bool:
@@ -187,10 +212,9 @@ class AppserviceSender:
         registration = service.registration
         stored, reached, more = self.store.events_after(position, MAX_EVENTS)
         events = self.interest(registration, stored)
-        ephemeral = [
-            service.ephemeral.popleft() for _ in range(min(MAX_EPHEMERAL, len(service.ephemeral)))
-        ]
-        if not events and not ephemeral:
+        ephemeral = _take(service.ephemeral, MAX_EPHEMERAL)
+        to_device = _take(service.to_device, MAX_EPHEMERAL)
+        if not events and not ephemeral and not to_device:
             if reached > position:
                 self.store.advance(registration.id, reached)
             return None, more
@@ -199,6 +223,8 @@ class AppserviceSender:
         if registration.ephemeral:
             body["ephemeral"] = ephemeral
             body[MSC2409_EPHEMERAL] = ephemeral  # what mautrix and other bridges read
+        if registration.msc3202:
+            body[MSC2409_TO_DEVICE] = to_device
         return self.store.begin(registration.id, reached, body), more
 
     def _deliver(self, service: _Service, txn: PendingTxn) -> bool:
@@ -234,3 +260,7 @@ class AppserviceSender:
     def _retry(self, service: _Service) -> None:
         service.timer = None
         self._kick(service)
+
+
+def _take(queue: deque, limit: int) -> list:
+    return [queue.popleft() for _ in range(min(limit, len(queue)))]

@@ -570,7 +570,11 @@ class HomeserverRuntime(MediaComponents):
     @component
     def to_device(self) -> ToDeviceService:
         service = ToDeviceService(
-            self.e2ee_store, self.server_name, self.notifier.notify_users, self.federation_sender
+            self.e2ee_store,
+            self.server_name,
+            self.notifier.notify_users,
+            self.federation_sender,
+            on_local=lambda *message: self.appservice_sender.send_to_device(*message),
         )
         service.track_figures(self.metrics)
         return service

@@ -27,6 +27,7 @@ def registration_yaml(
     exclusive: bool = True,
     rate_limited: bool = False,
     ephemeral: bool = True,
+    msc3202: bool = False,
 ) -> str:
     """A registration file as mautrix writes one."""
     url_line = "null" if url is None else json.dumps(url)
@@ -39,6 +40,7 @@ sender_localpart: {as_id}bot
 rate_limited: {str(rate_limited).lower()}
 de.sorunome.msc2409.push_ephemeral: {str(ephemeral).lower()}
 receive_ephemeral: {str(ephemeral).lower()}
+org.matrix.msc3202: {str(msc3202).lower()}
 namespaces:
   users:
     - regex: '{users}'
