@@ -150,7 +150,9 @@ def register_available():
 
 @bp.get("/login")
 def login_flows():
-    flows = [{"type": "m.login.password"}, {"type": APPSERVICE_LOGIN}]
+    flows = [{"type": "m.login.password"}]
+    if runtime().appservices.registrations:  # offered only where a bridge can use it
+        flows.append({"type": APPSERVICE_LOGIN})
     return json_response({"flows": flows})
 
 
