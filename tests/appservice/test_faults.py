@@ -198,6 +198,9 @@ def test_namespaces_and_masquerading(start_with_appservices):
         },
     )
     assert r.status_code == 401, r.text
+    # Its own alias namespace is its to use.
+    r = bot.post(f"{V3}/createRoom", json={"room_alias_name": "bridge_portal"})
+    assert r.status_code == 200, r.text
     # Everyone else: the namespace is exclusive.
     r = bot.get(f"{V3}/register/available", auth=False, params={"username": "bridge_dave"})
     assert r.status_code == 400 and r.json()["errcode"] == "M_EXCLUSIVE", r.text

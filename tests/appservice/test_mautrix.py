@@ -75,6 +75,8 @@ def test_a_mautrix_bridge_puppets_receives_pings_and_owns_its_namespace(bridged)
     assert r.status_code == 400 and r.json()["errcode"] == "M_EXCLUSIVE", r.text
     r = alice.put(f"{V3}/directory/room/{quote(alias, safe='')}", json={"room_id": room})
     assert r.status_code == 400 and r.json()["errcode"] == "M_EXCLUSIVE", r.text
+    r = alice.post(f"{V3}/createRoom", json={"room_alias_name": "bridge_somewhere"})
+    assert r.status_code == 400 and r.json()["errcode"] == "M_EXCLUSIVE", r.text
 
     # Its token acts only within its namespace.
     bot = as_client(weir, "bridge")
