@@ -19,6 +19,9 @@ from tests.appservice.conftest import (
 )
 from tests.peers.appservice import FakeAppservice
 from tests.support.server import MatrixClient, run_app, write_config
+from tests.support.spec import assert_matches_spec
+
+PING = "/_matrix/client/v1/appservice/{appserviceId}/ping"
 
 DEADLINE = 2.0  # appservice.deadline for these tests: a hung call ends within it
 
@@ -123,12 +126,14 @@ def test_ping_reports_what_the_appservice_did(start_with_appservices, tmp_path):
         path = "/_matrix/client/v1/appservice/bridge/ping"
         r = bot.post(path, json={"transaction_id": "t1"})
         assert r.status_code == 200 and isinstance(r.json()["duration_ms"], int), r.text
+        assert_matches_spec(r, "POST", PING)
         assert fake.received[-1].body == {"transaction_id": "t1"}
         assert fake.received[-1].headers["authorization"] == "Bearer hs-bridge"
 
         fake.hanging = True
         r, seconds = timed(lambda: bot.post(path, json={}))
         assert r.status_code == 504 and r.json()["errcode"] == "M_CONNECTION_TIMEOUT", r.text
+        assert_matches_spec(r, "POST", PING)
         assert seconds < DEADLINE + 1
         fake.stop()
         r = bot.post(path, json={})
