@@ -58,6 +58,11 @@ class _Service:
     timer: gevent.Greenlet | None = None
     ephemeral: deque = field(default_factory=lambda: deque(maxlen=MAX_QUEUED_EPHEMERAL))
     to_device: deque = field(default_factory=lambda: deque(maxlen=MAX_QUEUED_EPHEMERAL))
+    # Its row, as last read or written (storage/appservice.py): read again after an error.
+    loaded: bool = False
+    position: int = 0  # the stream position it has been served up to
+    saved: int = 0  # the position its row holds
+    txn: PendingTxn | None = None  # the transaction it is owed, kept in its row
 
 
 class AppserviceSender:
@@ -93,9 +98,15 @@ class AppserviceSender:
         """Resumes every appservice: what it was owed before a restart goes first."""
         self._running = True
         for service in self._services.values():
-            row = self.store.state(service.registration.id)
-            service.interval = row.retry_interval_ms / 1000
+            self._load(service)
             self._kick(service)
+
+    def _load(self, service: _Service) -> None:
+        row = self.store.state(service.registration.id)
+        service.position = service.saved = row.stream_position
+        service.txn = row.pending
+        service.interval = row.retry_interval_ms / 1000
+        service.loaded = True
 
     def stop(self) -> None:
         """Stops sending; a transaction in flight is abandoned (its row keeps it)."""
@@ -179,6 +190,7 @@ class AppserviceSender:
                     self.in_flight -= 1
         except Exception:
             log.exception("appservice %s: sending failed", service.registration.id)
+            service.loaded = False  # what its row holds is read again
             failed = True
         finally:
             service.busy = False
@@ -189,35 +201,41 @@ class AppserviceSender:
 
     def _drain(self, service: _Service) -> bool:
         """Sends until nothing is owed; False when a transaction failed."""
-        as_id = service.registration.id
+        if not service.loaded:
+            self._load(service)
         while self._running:
             service.pending = False
-            row = self.store.state(as_id)
-            txn = row.pending
-            if txn is None:
-                txn, more = self._next_transaction(service, row.stream_position)
-                if txn is None:
+            if service.txn is None:
+                more = self._next_transaction(service)
+                if service.txn is None:
                     if not more:
                         return True
                     continue
+            txn = service.txn
             if not self._deliver(service, txn):
                 return False
-            self.store.delivered(as_id, txn)
+            self.store.delivered(service.registration.id, txn)
+            service.position = service.saved = txn.up_to
+            service.txn = None
             service.interval = 0.0
         return True
 
-    def _next_transaction(self, service: _Service, position: int) -> tuple[PendingTxn | None, bool]:
-        """The next transaction, kept before it is sent, or None when the stream up to
-        where it was read holds nothing for the appservice; and whether more is to read."""
+    def _next_transaction(self, service: _Service) -> bool:
+        """Keeps the next transaction in `service.txn` (and its row) unless the stream up to
+        where it was read holds nothing for the appservice; True if there is more to read."""
         registration = service.registration
-        stored, reached, more = self.store.events_after(position, MAX_EVENTS)
+        stored, reached, more = self.store.events_after(service.position, MAX_EVENTS)
         events = self.interest(registration, stored)
         ephemeral = _take(service.ephemeral, MAX_EPHEMERAL)
         to_device = _take(service.to_device, MAX_EPHEMERAL)
         if not events and not ephemeral and not to_device:
-            if reached > position:
+            service.position = reached
+            # Written now and then, not per event: after a restart the few events read
+            # again are judged again, and only those it is sent move the row each time.
+            if reached - service.saved >= MAX_EVENTS:
                 self.store.advance(registration.id, reached)
-            return None, more
+                service.saved = reached
+            return more
         now = now_ms()
         body: dict = {"events": [client_event(s, now) for s in events]}
         if registration.ephemeral:
@@ -225,7 +243,8 @@ class AppserviceSender:
             body[MSC2409_EPHEMERAL] = ephemeral  # what mautrix and other bridges read
         if registration.msc3202:
             body[MSC2409_TO_DEVICE] = to_device
-        return self.store.begin(registration.id, reached, body), more
+        service.txn = self.store.begin(registration.id, reached, body)
+        return more
 
     def _deliver(self, service: _Service, txn: PendingTxn) -> bool:
         registration = service.registration
