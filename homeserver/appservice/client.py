@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from urllib.parse import quote
 
 import gevent
 import urllib3
@@ -94,13 +93,10 @@ class AppserviceClient:
             raise BadStatus(answer)
         return (time.monotonic() - started) * 1000
 
-    def exists(self, url: str, hs_token: str, kind: str, name: str, deadline: float) -> bool:
-        """Asks `/users/{userId}` or `/rooms/{alias}`: True when it answered 200 (it has
-        made the user or room meanwhile)."""
-        answer = self.call(
-            "GET", f"{url}/_matrix/app/v1/{kind}/{quote(name, safe='')}", hs_token, None, deadline
-        )
-        return answer.status == 200
+    def get_json(self, url: str, hs_token: str, deadline: float) -> object:
+        """GET's JSON answer when 200, else None."""
+        answer = self.call("GET", url, hs_token, None, deadline)
+        return answer.json() if answer.status == 200 else None
 
     def close(self) -> None:
         self._http.clear()

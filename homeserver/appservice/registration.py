@@ -88,6 +88,7 @@ class Registration:
     rate_limited: bool
     ephemeral: bool  # typing, receipts and presence in its transactions (MSC2409)
     msc3202: bool  # to-device messages for its users, and masquerading as a device
+    protocols: tuple[str, ...] = ()  # third-party protocols it answers lookups for
 
     def is_interested_in_user(self, user_id: str) -> bool:
         return user_id == self.sender or any(n.matches(user_id) for n in self.users)
@@ -127,6 +128,7 @@ def parse_registration(data: object, server_name: str) -> Registration:
         rate_limited=loaded["rate_limited"],
         ephemeral=loaded["receive_ephemeral"] or loaded["push_ephemeral"],
         msc3202=loaded["msc3202"],
+        protocols=tuple(loaded["protocols"]),
     )
 
 

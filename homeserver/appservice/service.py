@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from typing import Callable, TypeVar
+from urllib.parse import quote, urlencode
 
 from gevent.lock import BoundedSemaphore
 
@@ -182,23 +183,69 @@ class AppserviceService:
         return self._query("rooms", alias, lambda r: r.is_interested_in_alias(alias))
 
     def _query(self, kind: str, name: str, interested: Callable[[Registration], bool]) -> bool:
-        candidates = [r for r in self.registrations if r.url and interested(r)]
-        for registration in candidates:
-            slots = self._queries[registration.id]
-            if not slots.acquire(blocking=False):
-                raise limit_exceeded(1000, "Too many questions waiting on the appservice")
-            try:
-                assert registration.url is not None
-                deadline = min(QUERY_DEADLINE, self.client.deadline)
-                if self.client.exists(
-                    registration.url, registration.hs_token, kind, name, deadline
-                ):
+        path = f"/_matrix/app/v1/{kind}/{quote(name, safe='')}"
+        for registration in self.registrations:
+            if registration.url and interested(registration):
+                if self._ask(registration, path) is not None:
                     return True
-            except AppserviceUnreachable as e:
-                log.info("appservice %s: %s query: %s", registration.id, kind, e)
-            finally:
-                slots.release()
         return False
+
+    def _ask(self, registration: Registration, path: str) -> object:
+        """GET `path` of the appservice: its JSON answer if 200, else None. A few at once
+        per appservice (429 past them), each within QUERY_DEADLINE."""
+        slots = self._queries[registration.id]
+        if not slots.acquire(blocking=False):
+            raise limit_exceeded(1000, "Too many questions waiting on the appservice")
+        try:
+            assert registration.url is not None
+            deadline = min(QUERY_DEADLINE, self.client.deadline)
+            return self.client.get_json(registration.url + path, registration.hs_token, deadline)
+        except AppserviceUnreachable as e:
+            log.info("appservice %s: %s: %s", registration.id, path.partition("?")[0], e)
+            return None
+        finally:
+            slots.release()
+
+    # --- third-party networks (Application Service API, "Third-party networks") -----------
+
+    def protocols(self, only: str | None = None) -> dict[str, dict]:
+        """Each protocol the appservices offer, as they describe it; two offering one
+        protocol have their instances listed together."""
+        found: dict[str, dict] = {}
+        for registration in self.registrations:
+            for protocol in registration.protocols:
+                if registration.url is None or only not in (None, protocol):
+                    continue
+                path = f"/_matrix/app/v1/thirdparty/protocol/{quote(protocol, safe='')}"
+                answer = self._ask(registration, path)
+                if not isinstance(answer, dict):
+                    continue
+                if protocol in found:
+                    instances = answer.get("instances")
+                    if isinstance(instances, list):
+                        found[protocol].setdefault("instances", []).extend(instances)
+                else:
+                    found[protocol] = answer
+        return found
+
+    def lookup(self, kind: str, protocol: str | None, args: dict[str, str]) -> list:
+        """The `location`s or `user`s the appservices offering `protocol` (any protocol,
+        for a reverse lookup) find for `args`, together."""
+        suffix = "" if protocol is None else f"/{quote(protocol, safe='')}"
+        path = f"/_matrix/app/v1/thirdparty/{kind}{suffix}?{urlencode(args)}"
+        found: list = []
+        for registration in self.registrations:
+            offers = (
+                protocol in registration.protocols if protocol else bool(registration.protocols)
+            )
+            if registration.url and offers:
+                answer = self._ask(registration, path)
+                if isinstance(answer, list):
+                    found += [item for item in answer if isinstance(item, dict)]
+        return found
+
+    def offers(self, protocol: str) -> bool:
+        return any(protocol in r.protocols for r in self.registrations if r.url)
 
     def ping(self, requester: Requester, appservice_id: str, transaction_id: str | None) -> int:
         """The ping's duration in ms (client-server API, `/appservice/{id}/ping`)."""

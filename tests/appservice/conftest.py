@@ -28,6 +28,7 @@ def registration_yaml(
     rate_limited: bool = False,
     ephemeral: bool = True,
     msc3202: bool = False,
+    protocols: tuple[str, ...] = (),
 ) -> str:
     """A registration file as mautrix writes one."""
     url_line = "null" if url is None else json.dumps(url)
@@ -41,6 +42,7 @@ rate_limited: {str(rate_limited).lower()}
 de.sorunome.msc2409.push_ephemeral: {str(ephemeral).lower()}
 receive_ephemeral: {str(ephemeral).lower()}
 org.matrix.msc3202: {str(msc3202).lower()}
+protocols: {json.dumps(list(protocols))}
 namespaces:
   users:
     - regex: '{users}'

@@ -91,3 +91,44 @@ def test_typing_receipts_and_to_device_reach_the_appservice(start_with_appservic
         assert puppet.endswith(f":{SERVER_NAME}")
         # The other room's typing, sent before the to-device message, never came.
         assert all(e["room_id"] == watched for e in pushed(fake, "ephemeral"))
+
+
+def test_third_party_lookups_go_to_the_appservice_offering_the_protocol(start_with_appservices):
+    with FakeAppservice() as fake:
+        gitter = {
+            "user_fields": ["username"],
+            "location_fields": ["room"],
+            "icon": "mxc://example.org/gitter",
+            "field_types": {},
+            "instances": [{"desc": "Gitter", "fields": {}, "network_id": "gitter"}],
+        }
+        portal = {
+            "alias": "#bridge_gitter_matrix:weir.test",
+            "protocol": "gitter",
+            "fields": {"room": "matrix"},
+        }
+        fake.answers = {
+            "/_matrix/app/v1/thirdparty/protocol/gitter": (200, gitter),
+            "/_matrix/app/v1/thirdparty/location/gitter": (200, [portal]),
+            "/_matrix/app/v1/thirdparty/location": (200, [portal]),
+            "/_matrix/app/v1/thirdparty/user/gitter": (404, {"errcode": "M_NOT_FOUND"}),
+        }
+        weir = start_with_appservices(
+            {"bridge": registration_yaml("bridge", fake.url, protocols=("gitter",))}
+        )
+        alice = user(weir, "alice")
+        assert alice.get(f"{V3}/thirdparty/protocols").json() == {"gitter": gitter}
+        assert alice.get(f"{V3}/thirdparty/protocol/gitter").json() == gitter
+        r = alice.get(f"{V3}/thirdparty/protocol/irc")
+        assert r.status_code == 404 and r.json()["errcode"] == "M_NOT_FOUND"
+
+        r = alice.get(f"{V3}/thirdparty/location/gitter", params={"room": "matrix"})
+        assert r.status_code == 200 and r.json() == [portal], r.text
+        asked = fake.received[-1]
+        assert asked.path == "/_matrix/app/v1/thirdparty/location/gitter?room=matrix"
+        assert asked.headers["authorization"] == "Bearer hs-bridge"
+        r = alice.get(f"{V3}/thirdparty/location", params={"alias": portal["alias"]})
+        assert r.json() == [portal]
+        # The appservice found no one: an empty list, not its error.
+        assert alice.get(f"{V3}/thirdparty/user/gitter", params={"username": "x"}).json() == []
+        assert alice.get(f"{V3}/thirdparty/user/irc").status_code == 404

@@ -9,9 +9,10 @@ connection until the homeserver closes it.
         appservice.hanging = False                 # back: the next attempt is answered
         appservice.wait_for(lambda: len(appservice.answered) == 3)
 
-It runs as greenlets in the test process, so the server under test, in a subprocess, can
-reach it on loopback. `current` counts connections open now, `max_current` the most ever
-open at once.
+`answers` maps a path (without its query) to the (status, JSON body) to answer it with;
+any other path is answered 200 `{}`. It runs as greenlets in the test process, so the
+server under test, in a subprocess, can reach it on loopback. `current` counts connections
+open now, `max_current` the most ever open at once.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class Received:
 class FakeAppservice:
     def __init__(self, host: str = "127.0.0.1", port: int = 0):
         self.hanging = False
+        self.answers: dict[str, tuple[int, object]] = {}
         self.received: list[Received] = []  # every request read, answered or not
         self.answered: list[Received] = []
         self.current = 0
@@ -95,9 +97,12 @@ class FakeAppservice:
                     return
                 self.answered.append(request)
                 self._note()
+                status, body = self.answers.get(request.path.partition("?")[0], (200, {}))
+                raw = json.dumps(body).encode()
                 sock.sendall(
-                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                    b"Content-Length: 2\r\n\r\n{}"
+                    f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n"
+                    f"Content-Length: {len(raw)}\r\n\r\n".encode()
+                    + raw
                 )
         except OSError:
             return

@@ -1,14 +1,14 @@
 """Application services over the client-server API: `/appservice/{appserviceId}/ping`
 (appservice/service.py) and the third-party lookups.
 
-Third-party lookups are not passed through to appservices: no protocol is listed, a named
-protocol is unknown (404) and a reverse lookup finds nothing, the spec's shapes for a server
-whose appservices offer no protocol.
+Third-party lookups go to the appservices whose registration lists the protocol
+(`protocols`), each asked within the query deadline (appservice/service.py); a protocol none
+offers is 404.
 """
 
 from __future__ import annotations
 
-from flask import Blueprint
+from flask import Blueprint, request
 from marshmallow import Schema, fields
 
 from homeserver.api.auth import current_requester, requires_auth
@@ -37,19 +37,37 @@ def ping(appservice_id: str):
 @bp.get("/v3/thirdparty/protocols")
 @requires_auth
 def protocols():
-    return json_response({})
+    return json_response(runtime().appservices.protocols())
 
 
 @bp.get("/v3/thirdparty/protocol/<protocol>")
+@requires_auth
+def protocol(protocol: str):
+    found = runtime().appservices.protocols(only=protocol)
+    if protocol not in found:
+        raise not_found(f"No application service offers the protocol {protocol[:100]!r}")
+    return json_response(found[protocol])
+
+
 @bp.get("/v3/thirdparty/location/<protocol>")
 @bp.get("/v3/thirdparty/user/<protocol>")
 @requires_auth
 def by_protocol(protocol: str):
-    raise not_found(f"No application service offers the protocol {protocol[:100]!r}")
+    rt = runtime()
+    if not rt.appservices.offers(protocol):
+        raise not_found(f"No application service offers the protocol {protocol[:100]!r}")
+    kind = request.path.split("/")[-2]  # location or user
+    return json_response(rt.appservices.lookup(kind, protocol, _forwarded()))
 
 
 @bp.get("/v3/thirdparty/location")
 @bp.get("/v3/thirdparty/user")
 @requires_auth
 def reverse_lookup():
-    return json_response([])
+    kind = request.path.rsplit("/", 1)[-1]
+    return json_response(runtime().appservices.lookup(kind, None, _forwarded()))
+
+
+def _forwarded() -> dict[str, str]:
+    """The lookup's fields, passed on as they came; our token stays here."""
+    return {k: v for k, v in request.args.items() if k not in ("access_token", "user_id")}
