@@ -103,11 +103,10 @@ class AppserviceService:
     def check_user_id(self, registration: Registration | None, user_id: str) -> None:
         """400 M_EXCLUSIVE unless `registration` (None: a user, not an appservice) may
         take `user_id`."""
-        if registration is not None:
-            if not registration.owns_user(user_id):
-                raise MatrixError(400, EXCLUSIVE, "User ID is not in the appservice's namespace")
-            return
-        if any(r.exclusive_user(user_id) for r in self.registrations):
+        if registration is not None and not registration.owns_user(user_id):
+            raise MatrixError(400, EXCLUSIVE, "User ID is not in the appservice's namespace")
+        # Another appservice's exclusive namespace is closed to an appservice too.
+        if any(r is not registration and r.exclusive_user(user_id) for r in self.registrations):
             raise MatrixError(400, EXCLUSIVE, "This user ID is reserved by an application service")
 
     def check_alias(self, requester: Requester, alias: str) -> None:

@@ -149,8 +149,19 @@ def test_ping_reports_what_the_appservice_did(start_with_appservices, tmp_path):
 
 
 def test_namespaces_and_masquerading(start_with_appservices):
-    weir = start_with_appservices({"bridge": registration_yaml("bridge", None)})
+    wide = registration_yaml("wide", None, users="@.*:weir\\.test", aliases="#.*", exclusive=False)
+    weir = start_with_appservices({"bridge": registration_yaml("bridge", None), "wide": wide})
     bot = as_client(weir, "bridge")
+    # A non-exclusive namespace does not reach into another appservice's exclusive one.
+    other = as_client(weir, "wide")
+    r = other.post(
+        f"{V3}/register", json={"type": "m.login.application_service", "username": "bridge_x"}
+    )
+    assert r.status_code == 400 and r.json()["errcode"] == "M_EXCLUSIVE", r.text
+    r = other.post(
+        f"{V3}/register", json={"type": "m.login.application_service", "username": "wide_x"}
+    )
+    assert r.status_code == 200, r.text
     # Outside its namespace: refused, whoever asks.
     r = bot.post(
         f"{V3}/register", json={"type": "m.login.application_service", "username": "carol"}
