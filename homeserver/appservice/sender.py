@@ -13,8 +13,8 @@ trusted receivers instead of thousands of servers:
 - a failure backs off (`BACKOFF_START`, doubling to `BACKOFF_MAX`), and the appservice then
   catches up from where it was; a request from it (its as_token) ends the backoff at once,
   as a bridge that restarted calls us first;
-- typing, receipts and presence (MSC2409) wait in memory, per appservice, and go with the
-  next transaction; a restart forgets those not yet in one, as they are ephemeral.
+- typing and receipts (MSC2409) and to-device messages (MSC3202) wait in memory, per
+  appservice, and go with the next transaction; a restart forgets those not yet in one.
 
 Runs in main only (homeserver/processes/main.py starts and stops it).
 """
@@ -125,7 +125,7 @@ class AppserviceSender:
             self._kick(service)
 
     def send_ephemeral(self, edu: dict, wants: Callable[[Registration], bool]) -> None:
-        """Queues a typing, receipt or presence EDU for every appservice asking for them
+        """Queues a typing or receipt EDU for every appservice asking for them
         (`receive_ephemeral`) that `wants` it."""
         for service in self._services.values():
             if service.registration.ephemeral and wants(service.registration):
