@@ -86,7 +86,7 @@ class Registration:
     aliases: tuple[Namespace, ...]
     rooms: tuple[Namespace, ...]
     rate_limited: bool
-    ephemeral: bool  # typing, receipts and presence in its transactions (MSC2409)
+    ephemeral: bool  # typing and receipts in its transactions (MSC2409)
     msc3202: bool  # to-device messages for its users, and masquerading as a device
     protocols: tuple[str, ...] = ()  # third-party protocols it answers lookups for
 
