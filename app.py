@@ -30,8 +30,13 @@ DEFAULT_CONFIG = os.environ.get("WEIR_CONFIG", "config.toml")
 
 
 def _load_config_or_exit(path: str):
+    from homeserver.appservice.registration import load_registrations
+
     try:
-        return load_config(path)
+        config = load_config(path)
+        # Registration files are config too: a bad one stops the server before it serves.
+        load_registrations(config.app_service_config_files, config.server_name)
+        return config
     except ConfigError as e:
         print(f"config: {e}", file=sys.stderr)
         sys.exit(2)

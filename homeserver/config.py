@@ -432,6 +432,16 @@ class SlidingSyncConfig:
 
 
 @dataclass(frozen=True)
+class AppserviceConfig:
+    # Transactions to application services at once, in a pool of their own; one per
+    # appservice at most (homeserver/appservice/sender.py).
+    max_in_flight: int = setting(_int(1, 1000), 16)
+    # One total deadline for a call to an appservice: a transaction, a ping, a user or
+    # alias query.
+    deadline: float = setting(_seconds(), 30.0)
+
+
+@dataclass(frozen=True)
 class Config:
     server_name: str = setting(fields.String(validate=_server_name), "localhost:8008")
     # What clients are told to use (.well-known/matrix/client): an absolute http(s) URL.
@@ -453,6 +463,9 @@ class Config:
     voip: VoipConfig = section(VoipConfig)
     user_directory: UserDirectoryConfig = section(UserDirectoryConfig)
     sliding_sync: SlidingSyncConfig = section(SlidingSyncConfig)
+    # Application services' registration files (YAML, as Synapse's); checked at start.
+    app_service_config_files: tuple = setting(_string_list(), ())
+    appservice: AppserviceConfig = section(AppserviceConfig)
 
 
 def _first_error(messages: Any, prefix: str = "") -> tuple[str, str]:
@@ -486,6 +499,7 @@ def _resolve_paths(config: Config, base: str) -> Config:
     return dataclasses.replace(
         config,
         data_dir=resolve(config.data_dir),
+        app_service_config_files=tuple(resolve(p) for p in config.app_service_config_files),
         database=DatabaseConfig(url=url),
         federation=federation,
     )

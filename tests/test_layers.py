@@ -31,6 +31,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "homeserver.sync",
             "homeserver.e2ee",
             "homeserver.admin",
+            "homeserver.appservice",
         ),
     ),
     ("http", ("homeserver.http",)),

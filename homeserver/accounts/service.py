@@ -131,6 +131,15 @@ class AccountService:
             raise MatrixError(403, Codes.USER_DEACTIVATED, "This account has been deactivated")
         return self._new_session(user_id, device_id, display_name)
 
+    def login_as(
+        self, user_id: str, device_id: str | None, display_name: str | None
+    ) -> LoginResult:
+        """A session vouched for elsewhere (an appservice's as_token), no password."""
+        row = self.store.get_user(user_id)
+        if row is not None and row.deactivated:
+            raise MatrixError(403, Codes.USER_DEACTIVATED, "This account has been deactivated")
+        return self._new_session(user_id, device_id, display_name)
+
     def _unknown_user_hash(self) -> str:
         if self._dummy_hash is None:
             self._dummy_hash = self.hasher.hash(secrets.token_hex(16))

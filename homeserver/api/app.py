@@ -18,6 +18,7 @@ from homeserver.api.client import (
     admin_rooms,
     admin_tokens,
     admin_users,
+    appservice,
     capabilities,
     devices,
     directory,
@@ -96,6 +97,7 @@ def client_blueprints():
         key_backup.bp,
         devices.bp,
         keys.bp,
+        appservice.bp,
     ]
 
 

@@ -52,13 +52,33 @@ def optional_requester() -> Requester | None:
     token = access_token(environ)
     requester = None
     if token is not None:
-        requester = runtime().accounts.authenticate(token)
+        rt = runtime()
+        registration = rt.appservices.for_token(token) if rt.appservices.registrations else None
+        if registration is not None:
+            requester = _appservice_requester(registration)
+        else:
+            requester = rt.accounts.authenticate(token)
         if requester is None:
             raise MatrixError(
                 401, Codes.UNKNOWN_TOKEN, "Unrecognised access token", soft_logout=False
             )
     environ[_REQUESTER] = requester
     return requester
+
+
+def _appservice_requester(registration) -> Requester:
+    """An as_token acts as the appservice's sender, or as `user_id` in its namespace
+    (Application Service API, "Identity assertion"), on the device MSC3202 names."""
+    args = request.args
+    device_id = args.get("org.matrix.msc3202.device_id") or args.get("device_id")
+    return runtime().appservices.requester(registration, args.get("user_id"), device_id)
+
+
+def appservice_of_request():
+    """The appservice whose as_token the request carries, or None (registration and login
+    with `m.login.application_service`, before any user exists to act as)."""
+    token = access_token(request.environ)
+    return None if token is None else runtime().appservices.for_token(token)
 
 
 def current_requester() -> Requester:
@@ -97,6 +117,9 @@ def requires_admin(view):
 def enforce_rate_limit(limiter, key: str | None = None) -> None:
     """Counts this request against `limiter` under `key`, by default the caller's client
     key."""
+    requester = request.environ.get(_REQUESTER)
+    if requester is not None and not runtime().appservices.rate_limited(requester):
+        return  # an appservice registered with `rate_limited: false`
     decision = limiter.check(client_key() if key is None else key)
     if not decision.allowed:
         raise limit_exceeded(decision.retry_after_ms)

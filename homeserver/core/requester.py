@@ -11,3 +11,5 @@ class Requester:
     device_id: str
     is_admin: bool
     token_hash: str
+    # The application service acting through its as_token (appservice/service.py).
+    appservice_id: str | None = None

@@ -53,12 +53,16 @@ class ToDeviceService:
         notify_users: Callable[[Iterable[str]], None],
         outbound: FederationSender,
         max_pending: int = MAX_PENDING_PER_DEVICE,
+        on_local: Callable[[str, str, list], None] = lambda sender, event_type, local: None,
     ):
         self.store = store
         self.server_name = server_name
         self.notify_users = notify_users
         self.outbound = outbound
         self.max_pending = max_pending
+        # (sender, type, [(user, device, content)]) of each stored batch: appservices' users'
+        # messages go to their appservice too (MSC3202).
+        self._on_local = on_local
         self.dropped = 0
 
     def track_figures(self, metrics: Metrics) -> None:
@@ -129,6 +133,8 @@ class ToDeviceService:
             log.warning("to-device messages dropped, devices full: %s", full[:10])
         if stored:
             self.notify_users({user_id for user_id, _, _ in local})
+            if local:
+                self._on_local(sender[0], event_type, local)
             if edus:
                 self.outbound.durable_edus_queued(edus, left_out)
         return stored

@@ -25,18 +25,13 @@ from homeserver.accounts.shared_secret import SharedSecretRegistration
 from homeserver.accounts.turn import TurnCredentials
 from homeserver.accounts.uia import UserInteractiveAuth
 from homeserver.accounts.user_directory import UserDirectory
+from homeserver.appservice.sender import AppserviceSender
+from homeserver.appservice.service import AppserviceService
 from homeserver.core.collector import CollectorHold
 from homeserver.core.components import component
-from homeserver.core.identifiers import server_of
 from homeserver.directory.remote import RemoteDirectory
 from homeserver.directory.service import DirectoryService
-from homeserver.e2ee.devices import DeviceService
-from homeserver.e2ee.federation import E2eeFederation
-from homeserver.e2ee.key_backup import KeyBackupService
-from homeserver.e2ee.keys import KeyService
-from homeserver.e2ee.remote_keys import RemoteKeys
 from homeserver.e2ee.sync_part import E2eeSync
-from homeserver.e2ee.to_device import ToDeviceService
 from homeserver.rooms.backfill import Backfiller
 from homeserver.rooms.creation import RoomCreator
 from homeserver.rooms.departure import RoomDeparture
@@ -61,11 +56,10 @@ from homeserver.rooms.service import RoomService
 from homeserver.rooms.transactions import ShardTransactionReceiver, TransactionProcessor
 from homeserver.rooms.upgrades import RoomUpgrader
 from homeserver.runtime.admin import AdminComponents
+from homeserver.runtime.appservices import build_appservice_sender, build_appservices
+from homeserver.runtime.e2ee import E2eeComponents
 from homeserver.storage.accounts import AccountStore
 from homeserver.storage.directory import DirectoryStore
-from homeserver.storage.e2ee import E2eeStore
-from homeserver.storage.e2ee_remote import RemoteDeviceStore
-from homeserver.storage.key_backup import KeyBackupStore
 from homeserver.storage.openid import OpenIdStore
 from homeserver.storage.presence import PresenceStore
 from homeserver.storage.profiles import ProfileStore
@@ -96,9 +90,10 @@ from homeserver.sync.typing import TypingNotifications
 log = logging.getLogger(__name__)
 
 
-class HomeserverRuntime(AdminComponents):
+class HomeserverRuntime(AdminComponents, E2eeComponents):
     """Every domain service, on the admin API's (runtime/admin.py), the media parts
-    (runtime/media.py) and the infrastructure (runtime/infrastructure.py)."""
+    (runtime/media.py), the encryption parts (runtime/e2ee.py) and the infrastructure
+    (runtime/infrastructure.py)."""
 
     # --- accounts ------------------------------------------------------------------------
 
@@ -166,10 +161,21 @@ class HomeserverRuntime(AdminComponents):
             self.room_store, self.accounts, self.server_name, self.signing_key, self.profile_store
         )
         rooms.add_persist_listener(self.notifier.on_events_persisted)
+        rooms.add_persist_listener(lambda stored: self.appservice_sender.wake())
         rooms.add_outbox_listener(self.federation_sender.wake)
         # Looked up when first used: push actions read the rooms.
         rooms.add_write_hook(lambda events: self.push_actions.hook(events))
         return rooms
+
+    # --- application services (bridges) ----------------------------------------------------
+
+    @component
+    def appservices(self) -> AppserviceService:
+        return build_appservices(self)
+
+    @component
+    def appservice_sender(self) -> AppserviceSender:
+        return build_appservice_sender(self)
 
     @component
     def moderation(self) -> RoomModeration:
@@ -451,12 +457,21 @@ class HomeserverRuntime(AdminComponents):
         """Our user's typing, to the room's other servers (spec: m.typing EDU)."""
         content = {"room_id": room_id, "user_id": user_id, "typing": typing}
         self.federation_sender.send_edu(self._other_servers(room_id), "m.typing", content)
+        typing_now = {"user_ids": self.typing.changes([room_id], 0).get(room_id, [])}
+        self._to_appservices({"type": "m.typing", "room_id": room_id, "content": typing_now})
 
     def _send_receipt(self, room_id: str, user_id: str, event_id: str, data: dict) -> None:
         """Our user's public read receipt, to the room's other servers (m.receipt EDU)."""
         read = {user_id: {"event_ids": [event_id], "data": data}}
         content = {room_id: {"m.read": read}}
         self.federation_sender.send_edu(self._other_servers(room_id), "m.receipt", content)
+        receipt = {event_id: {"m.read": {user_id: data}}}
+        self._to_appservices({"type": "m.receipt", "room_id": room_id, "content": receipt})
+
+    def _to_appservices(self, edu: dict) -> None:
+        """Typing and receipts to the appservices asking for them, in rooms they watch."""
+        wants = self.appservices.interested_in_room
+        self.appservice_sender.send_ephemeral(edu, lambda r: wants(r, edu["room_id"]))
 
     @component
     def typing(self) -> TypingNotifications:
@@ -529,63 +544,3 @@ class HomeserverRuntime(AdminComponents):
             config.connections_per_device,
         )
         return SlidingSync(self.sync, connections, RoomLists(store))
-
-    # --- end-to-end encryption: keys, devices, to-device messages ------------------------
-
-    @component
-    def e2ee_store(self) -> E2eeStore:
-        # Shards claim one-time keys over federation: counts cannot be kept across a wake.
-        return E2eeStore(self.db, keys_written_elsewhere=self.config.federation.worker.shards > 0)
-
-    def _keys_changed(self, user_id: str, devices=(), signing: bool = False) -> None:
-        """Wakes the syncs of all who share a room with the user; tells other servers."""
-        if self.notifier.waiting():
-            self.notifier.notify_users(self.e2ee_store.users_sharing_a_room(user_id))
-        if (devices or signing) and server_of(user_id) == self.server_name:
-            self.e2ee_federation.server.changed(user_id, devices, signing)
-
-    @component
-    def keys(self) -> KeyService:
-        """Keys and cross-signing; other servers' users' under ADR-0079 (e2ee/remote_keys.py)."""
-        keys = KeyService(self.e2ee_store, self.server_name, self._keys_changed)
-        budget, cooldown = self.client_outbound_budget, self.address_cooldown
-        keys.remote = RemoteKeys(
-            self.federation_client,
-            budget,
-            cooldown,
-            self.metrics,
-            RemoteDeviceStore(self.db),
-            # Their whole list, fetched in the background (e2ee/inbound_edus.py).
-            cache_user=lambda user_id: self.e2ee_federation.resync.request(user_id),
-        )
-        return keys
-
-    @component
-    def e2ee_federation(self) -> E2eeFederation:
-        """Our users' keys for other servers, and their E2EE EDUs (main applies them)."""
-        return E2eeFederation(
-            self.keys,
-            self.to_device,
-            self.e2ee_store,
-            RemoteDeviceStore(self.db),
-            self.federation_client,
-            self.federation_sender,
-            self._keys_changed,
-            self.metrics,
-        )
-
-    @component
-    def devices(self) -> DeviceService:
-        return DeviceService(self.e2ee_store, self.accounts, self._keys_changed)
-
-    @component
-    def to_device(self) -> ToDeviceService:
-        service = ToDeviceService(
-            self.e2ee_store, self.server_name, self.notifier.notify_users, self.federation_sender
-        )
-        service.track_figures(self.metrics)
-        return service
-
-    @component
-    def key_backup(self) -> KeyBackupService:
-        return KeyBackupService(KeyBackupStore(self.db))

@@ -15,7 +15,9 @@ import subprocess
 import pytest
 import requests
 
+from tests.appservice.conftest import registration_yaml
 from tests.e2ee.conftest import PASSWORD, V3, count_rows
+from tests.peers.appservice import FakeAppservice
 from tests.peers.web import WebSite
 from tests.support.admin import register_admin
 from tests.support.server import MatrixClient
@@ -438,3 +440,35 @@ def test_sliding_sync_through_matrix_js_sdk(server, node, tmp_path):
     assert result["alice_read"] == "and one back"
     assert result["to_device_seen"] >= 1  # the room key, at least
     assert result["list_count"] == 1
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)  # both: tests/appservice/
+def test_an_appservice_puppet_through_matrix_js_sdk(start_weir, database_url, node, tmp_path):
+    """A bridge's puppet, registered and driven with matrix-js-sdk on the appservice's token
+    (`queryParams: { user_id }`), talks with alice's syncing client; her answer reaches the
+    appservice in a transaction."""
+    with FakeAppservice() as fake:
+        path = tmp_path / "bridge.yaml"
+        path.write_text(registration_yaml("bridge", fake.url))
+        weir = start_weir(
+            {"database": {"url": database_url}, "app_service_config_files": [str(path)]}
+        )
+        scenario = {
+            "alice": registered(weir, "alice"),
+            "as_token": "as-bridge",
+            "puppet": "bridge_js",
+        }
+        result = run_node(
+            node, "appservice.mjs", weir.client_url, json.dumps(scenario), tmp_path=tmp_path
+        )
+        puppet = "@bridge_js:weir.test"
+        assert result["puppet"] == puppet and result["whoami"] == puppet
+        assert result["seen"] == {"sender": puppet, "body": "hello from the other network"}
+
+        def answered() -> list[dict]:
+            return [e for t in fake.transactions() for e in t.body["events"]]
+
+        assert fake.wait_for(lambda: any(e["event_id"] == result["reply"] for e in answered()))
+        reply = next(e for e in answered() if e["event_id"] == result["reply"])
+        assert reply["sender"] == result["alice"] and reply["content"]["body"] == "hello back"
+        assert reply["room_id"] == result["room_id"]

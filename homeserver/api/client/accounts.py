@@ -5,7 +5,12 @@ from __future__ import annotations
 from flask import Blueprint, request
 from marshmallow import EXCLUDE, Schema, fields, validate
 
-from homeserver.api.auth import current_requester, enforce_rate_limit, requires_auth
+from homeserver.api.auth import (
+    appservice_of_request,
+    current_requester,
+    enforce_rate_limit,
+    requires_auth,
+)
 from homeserver.api.context import runtime
 from homeserver.core.errors import (
     Codes,
@@ -21,6 +26,9 @@ from homeserver.http.responses import json_response
 bp = Blueprint("accounts", __name__, url_prefix="/_matrix/client/v3")
 v1 = Blueprint("accounts_v1", __name__, url_prefix="/_matrix/client/v1")
 
+DUMMY_FLOWS = [{"stages": ["m.login.dummy"]}]
+APPSERVICE_LOGIN = "m.login.application_service"
+
 
 class RegisterBody(Schema):
     username = fields.String(validate=validate.Length(min=1, max=255))
@@ -29,6 +37,7 @@ class RegisterBody(Schema):
     initial_device_display_name = fields.String(validate=validate.Length(max=512))
     inhibit_login = fields.Boolean(load_default=False)
     auth = fields.Dict()
+    type = fields.String()  # m.login.application_service, where older bridges put it
 
 
 class UserIdentifier(Schema):
@@ -67,6 +76,9 @@ def register():
         raise MatrixError(403, Codes.GUEST_ACCESS_FORBIDDEN, "Guest access is disabled")
     if kind != "user":
         raise invalid_param(f"kind must be 'user' or 'guest', not {kind[:50]!r}")
+    appservice = appservice_of_request()
+    if appservice is not None:
+        return _register_appservice_user(appservice)
     if not rt.config.registration.enabled:
         raise forbidden("Registration has been disabled")
     enforce_rate_limit(rt.registration_rate_limiter)
@@ -77,6 +89,7 @@ def register():
         localpart = localpart.lower()
         if not rt.accounts.is_available(localpart):
             raise MatrixError(400, Codes.USER_IN_USE, "User ID already taken.")
+        rt.appservices.check_user_id(None, rt.accounts.user_id_for(localpart))
 
     # User-interactive auth: m.login.dummy, after m.login.registration_token when the
     # server requires a token (accounts/registration_tokens.py).
@@ -94,13 +107,39 @@ def register():
     return json_response(_login_response(result))
 
 
+def _register_appservice_user(appservice):
+    """`m.login.application_service`: a user in the appservice's namespace, without a
+    password, whether or not registration is open (Application Service API, "Server admin
+    style permissions")."""
+    rt = runtime()
+    body = validate_body(RegisterBody(), json_object())
+    if APPSERVICE_LOGIN not in (body.get("type"), (body.get("auth") or {}).get("type")):
+        raise MatrixError(400, Codes.UNKNOWN, f"An as_token registers with {APPSERVICE_LOGIN}")
+    if appservice.rate_limited:
+        enforce_rate_limit(rt.registration_rate_limiter)
+    if not body.get("username"):
+        raise missing_param("Missing parameter: username")
+    localpart = rt.accounts.validate_localpart(body["username"].lower())
+    rt.appservices.check_user_id(appservice, rt.accounts.user_id_for(localpart))
+    result = rt.accounts.register(
+        localpart,
+        None,
+        device_id=body.get("device_id"),
+        display_name=body.get("initial_device_display_name"),
+        inhibit_login=body["inhibit_login"],
+    )
+    return json_response(_login_response(result))
+
+
 @bp.get("/register/available")
 def register_available():
     username = request.args.get("username")
     if not username:
         raise missing_param("Missing parameter: username")
-    if not runtime().accounts.is_available(username.lower()):
+    rt = runtime()
+    if not rt.accounts.is_available(username.lower()):
         raise MatrixError(400, Codes.USER_IN_USE, "User ID already taken.")
+    rt.appservices.check_user_id(None, rt.accounts.user_id_for(username.lower()))
     return json_response({"available": True})
 
 
@@ -118,7 +157,10 @@ def registration_token_validity():
 
 @bp.get("/login")
 def login_flows():
-    return json_response({"flows": [{"type": "m.login.password"}]})
+    flows = [{"type": "m.login.password"}]
+    if runtime().appservices.registrations:  # offered only where a bridge can use it
+        flows.append({"type": APPSERVICE_LOGIN})
+    return json_response({"flows": flows})
 
 
 @bp.post("/login")
@@ -126,7 +168,7 @@ def login():
     rt = runtime()
     enforce_rate_limit(rt.login_rate_limiter)
     body = validate_body(LoginBody(), json_object())
-    if body["type"] != "m.login.password":
+    if body["type"] not in ("m.login.password", APPSERVICE_LOGIN):
         raise MatrixError(400, Codes.UNKNOWN, "Unknown login type")
     identifier = body.get("identifier")
     if identifier is not None:
@@ -137,10 +179,27 @@ def login():
         user = body.get("user")
     if not user:
         raise missing_param("Missing parameter: identifier.user")
+    if body["type"] == APPSERVICE_LOGIN:
+        return _login_appservice_user(user, body)
     if "password" not in body:
         raise missing_param("Missing parameter: password")
     result = rt.accounts.login_with_password(
         user, body["password"], body.get("device_id"), body.get("initial_device_display_name")
+    )
+    return json_response(_login_response(result))
+
+
+def _login_appservice_user(user: str, body: dict):
+    """A device and token for a user of the appservice's namespace, on its as_token."""
+    rt = runtime()
+    appservice = appservice_of_request()
+    if appservice is None:
+        raise MatrixError(401, Codes.MISSING_TOKEN, f"{APPSERVICE_LOGIN} needs an as_token")
+    user_id = rt.accounts.user_id_for(rt.accounts.localpart_of(user))
+    if not appservice.owns_user(user_id) or not rt.accounts.user_exists(user_id):
+        raise forbidden("This user is not one of the application service's")
+    result = rt.accounts.login_as(
+        user_id, body.get("device_id"), body.get("initial_device_display_name")
     )
     return json_response(_login_response(result))
 
@@ -163,6 +222,7 @@ def logout_all():
 @requires_auth
 def whoami():
     requester = current_requester()
-    return json_response(
-        {"user_id": requester.user_id, "device_id": requester.device_id, "is_guest": False}
-    )
+    body = {"user_id": requester.user_id, "device_id": requester.device_id, "is_guest": False}
+    if not requester.device_id:  # an appservice's as_token names no device (MSC3202 aside)
+        del body["device_id"]
+    return json_response(body)

@@ -44,7 +44,10 @@ class PublicRoomsBody(Schema):
 @bp.get("/directory/room/<path:room_alias>")
 def get_alias(room_alias: str):
     # No auth: the spec lets anyone resolve an alias (another server's under the budget).
-    room_id, servers = runtime().directory.resolve_alias(room_alias, outbound_caller())
+    rt, caller = runtime(), outbound_caller()
+    room_id, servers = rt.appservices.or_asked(
+        "rooms", room_alias, lambda: rt.directory.resolve_alias(room_alias, caller)
+    )
     return json_response({"room_id": room_id, "servers": servers})
 
 
@@ -52,7 +55,9 @@ def get_alias(room_alias: str):
 @requires_auth
 def put_alias(room_alias: str):
     body = validated_json(AliasBody())
-    runtime().directory.create_alias(current_requester(), room_alias, body["room_id"])
+    rt = runtime()
+    rt.appservices.check_alias(current_requester(), room_alias)
+    rt.directory.create_alias(current_requester(), room_alias, body["room_id"])
     return json_response({})
 
 

@@ -16,7 +16,10 @@ bp = Blueprint("profile", __name__, url_prefix="/_matrix/client/v3")
 
 @bp.get("/profile/<user_id>")
 def get_profile(user_id: str):
-    return json_response(runtime().profiles.profile(user_id))
+    rt = runtime()
+    return json_response(
+        rt.appservices.or_asked("users", user_id, lambda: rt.profiles.profile(user_id))
+    )
 
 
 @bp.get("/profile/<user_id>/<key>")

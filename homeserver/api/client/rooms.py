@@ -69,7 +69,11 @@ def create_room():
         )
     body["invite"] = tuple(body["invite"])
     body["initial_state"] = tuple(body["initial_state"])
-    room_id = runtime().room_creator.create(
+    rt = runtime()
+    if body["room_alias_name"] is not None:  # an appservice's exclusive alias is its own
+        alias = f"#{body['room_alias_name']}:{rt.server_name}"
+        rt.appservices.check_alias(current_requester(), alias)
+    room_id = rt.room_creator.create(
         current_requester().user_id, CreateRoomRequest(**body), outbound_caller()
     )
     return json_response({"room_id": room_id})
