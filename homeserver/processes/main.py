@@ -81,6 +81,7 @@ def serve(config: Config, config_path: str) -> int:
     if federation_url:
         # Main alone sends to other servers; shards only receive.
         runtime.federation_sender.start()
+        runtime.push_sender.start()
         runtime.presence.start()
         inbound = runtime.inbound_transactions
         if isinstance(inbound, TransactionProcessor):  # main's, always: shards relay to it
@@ -96,6 +97,7 @@ def serve(config: Config, config_path: str) -> int:
     before = [
         hub_lateness.stop,
         runtime.federation_sender.stop,
+        runtime.push_sender.stop,
         runtime.presence.stop,
         *([shards.stop] if shards else []),
     ]

@@ -60,7 +60,7 @@ from homeserver.rooms.server_acl import ServerAcls
 from homeserver.rooms.service import RoomService
 from homeserver.rooms.transactions import ShardTransactionReceiver, TransactionProcessor
 from homeserver.rooms.upgrades import RoomUpgrader
-from homeserver.runtime.media import MediaComponents
+from homeserver.runtime.push import PushComponents
 from homeserver.storage.accounts import AccountStore
 from homeserver.storage.directory import DirectoryStore
 from homeserver.storage.e2ee import E2eeStore
@@ -92,9 +92,9 @@ from homeserver.sync.typing import TypingNotifications
 log = logging.getLogger(__name__)
 
 
-class HomeserverRuntime(MediaComponents):
-    """Every domain service, on the infrastructure (runtime/infrastructure.py) and the media
-    parts (runtime/media.py)."""
+class HomeserverRuntime(PushComponents):
+    """Every domain service, on the infrastructure (runtime/infrastructure.py), the media
+    parts (runtime/media.py) and the pushers (runtime/push.py)."""
 
     # --- accounts ------------------------------------------------------------------------
 
@@ -136,7 +136,9 @@ class HomeserverRuntime(MediaComponents):
     def deactivation(self) -> AccountDeactivation:
         """Leaves through the membership service, so that other servers hear of it."""
         departure = RoomDeparture(self.remote_membership, self.remote_invites)
-        return AccountDeactivation(self.accounts, self.profile_store, departure.leave_all)
+        return AccountDeactivation(
+            self.accounts, self.profile_store, departure.leave_all, self.pushers.remove_all
+        )
 
     @component
     def openid_tokens(self) -> OpenIdTokens:
@@ -427,7 +429,9 @@ class HomeserverRuntime(MediaComponents):
     @component
     def push_actions(self) -> PushActions:
         """Each event's push actions for our users, written with it."""
-        return PushActions(self.push_rules, self.rooms, self.server_name)
+        return PushActions(
+            self.push_rules, self.rooms, self.server_name, on_notify=self.push_sender.wake
+        )
 
     @component
     def receipts(self) -> ReceiptService:
