@@ -213,18 +213,6 @@ class PusherStore:
             for r in rows
         ]
 
-    def has_owed(self, user_id: str, after: int) -> bool:
-        return (
-            self.db.read(
-                lambda tx: tx.fetchone(
-                    "SELECT 1 FROM event_push_actions WHERE user_id = ? AND stream_ordering > ?"
-                    " LIMIT 1",
-                    (user_id, after),
-                )
-            )
-            is not None
-        )
-
     def badge_counts(self, user_id: str) -> tuple[int, int]:
         """(unread notifications, unread call invites) in the rooms the user is joined to,
         after their read receipts (as storage/push.py counts a room's)."""

@@ -233,7 +233,8 @@ class PushSender:
                 self.pushers_removed([pusher.key])
             else:
                 self.store.advance(pusher.key, owed.stream_ordering)
-                state.pusher = pusher = dataclasses.replace(pusher, position=owed.stream_ordering)
+                # From state: the pusher's fields may have changed (pusher_set) meanwhile.
+                state.pusher = dataclasses.replace(state.pusher, position=owed.stream_ordering)
                 self._succeeded(state)
             self.outcomes[outcome] += 1  # once its effects are written
             if outcome in ("failure", "rejected"):
