@@ -6,7 +6,7 @@ records what it received, over real HTTP from the server under test in its own p
         notify = gateway.wait_for(lambda n: n["event_id"] == event_id)
         assert gateway.connections == 1
 
-What it answers is set per pushkey-less mode: `ok` ({"rejected": []}), `failing` (503),
+What it answers is set by `mode`: `ok` ({"rejected": []}), `failing` (503),
 `rejecting` ({"rejected": [every pushkey it was sent]}), `holding` (waits for `release()`,
 then 503). `notifications` holds the bodies it answered 200 to, in order; `arrived` every
 body that reached it, whatever it answered.
