@@ -381,6 +381,17 @@ class UrlPreviewConfig:
 
 
 @dataclass(frozen=True)
+class PushConfig:
+    # Notifies to push gateways at once, in the push sender's own pool (sync/push_sender.py).
+    max_in_flight: int = setting(_int(1, 10000), 16)
+    # One deadline for a notify: DNS, the connect and the gateway's answer.
+    deadline: float = setting(_seconds(), 10.0)
+    # Addresses a gateway may not be reached at; the allowlist wins, as for federation.
+    ip_range_denylist: tuple = setting(_string_list(validate=_cidrs), DEFAULT_IP_RANGE_DENYLIST)
+    ip_range_allowlist: tuple = setting(_string_list(validate=_cidrs), ())
+
+
+@dataclass(frozen=True)
 class LoggingConfig:
     level: str = setting(
         fields.String(validate=validate.OneOf(["DEBUG", "INFO", "WARNING", "ERROR"])), "INFO"
@@ -460,6 +471,7 @@ class Config:
     metrics: MetricsConfig = section(MetricsConfig)
     presence: PresenceConfig = section(PresenceConfig)
     url_preview: UrlPreviewConfig = section(UrlPreviewConfig)
+    push: PushConfig = section(PushConfig)
     voip: VoipConfig = section(VoipConfig)
     user_directory: UserDirectoryConfig = section(UserDirectoryConfig)
     sliding_sync: SlidingSyncConfig = section(SlidingSyncConfig)

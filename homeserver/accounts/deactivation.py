@@ -1,7 +1,8 @@
 """Account deactivation (client-server spec, "Account deactivation"), after the user proved
 their password: the account is marked deactivated first, so that no token works and no login
 succeeds while the rest runs; then its devices go (tokens, keys: those who share a room hear
-of the device list change), the profile if `erase`, and the user leaves every room.
+of the device list change), the profile if `erase`, its pushers, and the user leaves every
+room.
 
 The user row stays, so the name cannot be registered again (M_USER_IN_USE).
 """
@@ -18,13 +19,22 @@ from homeserver.storage.profiles import MEMBER_FIELDS, ProfileStore
 # runtime, since rooms sit above accounts. The caller's outbound slot is what a remote
 # invite's rejection is admitted under.
 LeaveRooms = Callable[[str, Caller], list[str]]
+# user_id -> None: removes the user's pushers (sync/pushers.py, above accounts too).
+RemovePushers = Callable[[str], None]
 
 
 class AccountDeactivation:
-    def __init__(self, accounts: AccountService, profiles: ProfileStore, leave_rooms: LeaveRooms):
+    def __init__(
+        self,
+        accounts: AccountService,
+        profiles: ProfileStore,
+        leave_rooms: LeaveRooms,
+        remove_pushers: RemovePushers,
+    ):
         self.accounts = accounts
         self.profiles = profiles
         self.leave_rooms = leave_rooms
+        self.remove_pushers = remove_pushers
 
     def deactivate(self, user_id: str, erase: bool, caller: Caller) -> list[str]:
         """Returns the rooms whose leave failed (logged; the deactivation stands)."""
@@ -35,6 +45,6 @@ class AccountDeactivation:
             # about to be followed by leaves.
             for field in MEMBER_FIELDS:
                 self.profiles.delete_field(user_id, field)
-        # Pushers: none exist yet. When they do, the user's are removed here, before the
-        # leaves, so that no notification follows a deactivation.
+        # Before the leaves, so that no notification follows a deactivation.
+        self.remove_pushers(user_id)
         return self.leave_rooms(user_id, caller)

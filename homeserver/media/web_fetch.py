@@ -2,11 +2,10 @@
 host a user names, so every rule of the federation transport holds here too
 (homeserver/federation/transport.py):
 
-- each hop's host is resolved here (an IP literal, or A/AAAA through `DnsResolver`) and every
-  address is filtered (`IpFilter`) before a connection; the connection goes to that IP
-  itself (`connect_pinned`), so neither a DNS answer nor a redirect reaches a denied address;
-- TLS is verified against the URL's host; at most `MAX_REDIRECTS` redirects, each hop
-  checked like the first;
+- each hop goes through `WebClient` (federation/web_client.py): its host resolved and every
+  address filtered (`IpFilter`) before a connection pinned to that IP, so neither a DNS
+  answer nor a redirect reaches a denied address; TLS verified against the URL's host;
+- at most `MAX_REDIRECTS` redirects, each hop checked like the first;
 - the content type is judged on the response head, before any of the body is read: HTML
   and images only;
 - the body is read up to `max_bytes`, then the connection is closed: a page cut there is
@@ -16,33 +15,15 @@ host a user names, so every rule of the federation transport holds here too
 
 from __future__ import annotations
 
-import socket
-import ssl
 from dataclasses import dataclass
 from urllib.parse import urljoin, urlsplit
 
-import urllib3
-from urllib3.connection import HTTPConnection, HTTPSConnection
-from urllib3.exceptions import (
-    ConnectTimeoutError,
-    HTTPError,
-    NewConnectionError,
-    ProtocolError,
-    ReadTimeoutError,
-    SSLError,
-)
+from urllib3.exceptions import HTTPError, ProtocolError, ReadTimeoutError
 
 from budget import OutboundDeadline
-from homeserver.federation.discovery import DnsResolver, ip_literal
 from homeserver.federation.errors import DestinationUnreachable, MalformedResponse, RemoteError
-from homeserver.federation.ip_filter import IpFilter
-from homeserver.federation.transport import (
-    CONNECT_TIMEOUT_CAP,
-    STREAM_CHUNK,
-    USER_AGENT,
-    connect_pinned,
-    discard,
-)
+from homeserver.federation.transport import STREAM_CHUNK, discard
+from homeserver.federation.web_client import WebClient
 
 MAX_REDIRECTS = 5
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
@@ -71,24 +52,6 @@ class WebPage:
         return self.content_type.startswith("image/")
 
 
-class _PinnedHTTPConnection(HTTPConnection):
-    def _new_conn(self) -> socket.socket:
-        return connect_pinned(self)
-
-
-class _PinnedHTTPSConnection(HTTPSConnection):
-    def _new_conn(self) -> socket.socket:
-        return connect_pinned(self)
-
-
-class _PinnedHTTPPool(urllib3.HTTPConnectionPool):
-    ConnectionCls = _PinnedHTTPConnection
-
-
-class _PinnedHTTPSPool(urllib3.HTTPSConnectionPool):
-    ConnectionCls = _PinnedHTTPSConnection
-
-
 def _content_type(header: str | None) -> tuple[str, str | None]:
     """(base type, charset) of a Content-Type header."""
     base, _, params = (header or "").partition(";")
@@ -101,18 +64,8 @@ def _content_type(header: str | None) -> tuple[str, str | None]:
 
 
 class WebFetcher:
-    def __init__(
-        self,
-        dns: DnsResolver,
-        ip_filter: IpFilter,
-        ssl_context: ssl.SSLContext,
-        *,
-        verify_tls: bool = True,
-    ):
-        self._dns = dns
-        self.ip_filter = ip_filter
-        self._ssl_context = ssl_context
-        self._verify_tls = verify_tls
+    def __init__(self, client: WebClient):
+        self.client = client
 
     def fetch(self, url: str, deadline: OutboundDeadline, max_bytes: int) -> WebPage:
         """GET `url`, following redirects, and read what it answers (see the module's rules).
@@ -138,81 +91,9 @@ class WebFetcher:
             url = urljoin(url, location)
         raise MalformedResponse(urlsplit(url).hostname or url, "too many redirects")
 
-    def _targets(self, host: str, deadline: OutboundDeadline) -> list[str]:
-        literal = ip_literal(host)
-        addresses = [literal] if literal is not None else self._dns.addresses(host, deadline)[0]
-        if not addresses:
-            raise DestinationUnreachable(host, "no address")
-        allowed = [a for a in addresses if self.ip_filter.allows(a)]
-        if not allowed:
-            raise DestinationUnreachable(host, f"denied address {', '.join(addresses)}")
-        return allowed
-
     def _get(self, url: str, deadline: OutboundDeadline):
-        """The response head of one hop, from the first allowed address that connects, and
-        the pool to close once its body is done with."""
-        parts = urlsplit(url)
-        host = parts.hostname
-        if parts.scheme not in ("http", "https") or not host:
-            raise MalformedResponse(host or url[:100], "not an http(s) URL")
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        headers = {
-            "Host": parts.netloc.rpartition("@")[2],
-            "User-Agent": USER_AGENT,
-            "Accept": ACCEPT,
-            "Accept-Encoding": "identity",
-        }
-        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        reason = "no address"
-        for ip in self._targets(host, deadline):
-            pool = self._pool(parts.scheme, ip, port, host)
-            timeout = urllib3.Timeout(
-                connect=deadline.step_timeout(CONNECT_TIMEOUT_CAP), read=deadline.step_timeout()
-            )
-            try:
-                response = pool.urlopen(
-                    "GET",
-                    target,
-                    headers=headers,
-                    retries=False,
-                    redirect=False,
-                    timeout=timeout,
-                    preload_content=False,
-                    release_conn=False,
-                    assert_same_host=False,
-                )
-            except (NewConnectionError, ConnectTimeoutError, SSLError) as e:
-                pool.close()
-                reason = f"cannot connect to {ip}:{port}: {e}"
-                continue  # nothing was sent: the next address may do
-            except ReadTimeoutError:
-                pool.close()
-                deadline.check(0.05)
-                raise DestinationUnreachable(host, f"{ip}:{port} did not answer") from None
-            except (ProtocolError, HTTPError, OSError) as e:
-                pool.close()
-                raise DestinationUnreachable(host, f"{ip}:{port} failed: {e}") from None
-            except BaseException:
-                pool.close()
-                raise
-            return response, pool
-        raise DestinationUnreachable(host, reason)
-
-    def _pool(self, scheme: str, ip: str, port: int, host: str) -> urllib3.HTTPConnectionPool:
-        # A pool per hop, closed after it: previews go to ever new hosts, and a kept
-        # connection would outlive the preview's deadline.
-        if scheme == "http":
-            return _PinnedHTTPPool(ip, port, maxsize=1, retries=False)
-        return _PinnedHTTPSPool(
-            ip,
-            port,
-            maxsize=1,
-            retries=False,
-            ssl_context=self._ssl_context,
-            server_hostname=host,
-            assert_hostname=host if self._verify_tls else False,
-            cert_reqs=ssl.CERT_REQUIRED if self._verify_tls else ssl.CERT_NONE,
-        )
+        """The response head of one hop, and the pool to close once its body is done with."""
+        return self.client.request("GET", url, deadline, {"Accept": ACCEPT})
 
     def _page(self, url: str, response, deadline: OutboundDeadline, max_bytes: int) -> WebPage:
         host = urlsplit(url).hostname or url

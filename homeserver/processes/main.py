@@ -82,6 +82,7 @@ def serve(config: Config, config_path: str) -> int:
         # Main alone sends to other servers; shards only receive.
         runtime.federation_sender.start()
         runtime.appservice_sender.start()
+        runtime.push_sender.start()
         runtime.presence.start()
         inbound = runtime.inbound_transactions
         if isinstance(inbound, TransactionProcessor):  # main's, always: shards relay to it
@@ -98,6 +99,7 @@ def serve(config: Config, config_path: str) -> int:
         hub_lateness.stop,
         runtime.federation_sender.stop,
         runtime.appservice_sender.stop,
+        runtime.push_sender.stop,
         runtime.presence.stop,
         *([shards.stop] if shards else []),
     ]

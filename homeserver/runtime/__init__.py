@@ -58,6 +58,7 @@ from homeserver.rooms.upgrades import RoomUpgrader
 from homeserver.runtime.admin import AdminComponents
 from homeserver.runtime.appservices import build_appservice_sender, build_appservices
 from homeserver.runtime.e2ee import E2eeComponents
+from homeserver.runtime.push import PushComponents
 from homeserver.storage.accounts import AccountStore
 from homeserver.storage.directory import DirectoryStore
 from homeserver.storage.openid import OpenIdStore
@@ -90,10 +91,10 @@ from homeserver.sync.typing import TypingNotifications
 log = logging.getLogger(__name__)
 
 
-class HomeserverRuntime(AdminComponents, E2eeComponents):
-    """Every domain service, on the admin API's (runtime/admin.py), the media parts
-    (runtime/media.py), the encryption parts (runtime/e2ee.py) and the infrastructure
-    (runtime/infrastructure.py)."""
+class HomeserverRuntime(AdminComponents, E2eeComponents, PushComponents):
+    """Every domain service, on the admin API's (runtime/admin.py), the encryption parts
+    (runtime/e2ee.py), the pushers (runtime/push.py), the media parts (runtime/media.py) and
+    the infrastructure (runtime/infrastructure.py)."""
 
     # --- accounts ------------------------------------------------------------------------
 
@@ -135,7 +136,9 @@ class HomeserverRuntime(AdminComponents, E2eeComponents):
     def deactivation(self) -> AccountDeactivation:
         """Leaves through the membership service, so that other servers hear of it."""
         departure = RoomDeparture(self.remote_membership, self.remote_invites)
-        return AccountDeactivation(self.accounts, self.profile_store, departure.leave_all)
+        return AccountDeactivation(
+            self.accounts, self.profile_store, departure.leave_all, self.pushers.remove_all
+        )
 
     @component
     def openid_tokens(self) -> OpenIdTokens:
@@ -437,7 +440,9 @@ class HomeserverRuntime(AdminComponents, E2eeComponents):
     @component
     def push_actions(self) -> PushActions:
         """Each event's push actions for our users, written with it."""
-        return PushActions(self.push_rules, self.rooms, self.server_name)
+        return PushActions(
+            self.push_rules, self.rooms, self.server_name, on_notify=self.push_sender.wake
+        )
 
     @component
     def receipts(self) -> ReceiptService:

@@ -24,6 +24,7 @@ from homeserver.federation.keyring import Keyring, shard_key_resolution_budget
 from homeserver.federation.sender import FederationSender
 from homeserver.federation.signing_key import key_id, load_or_create_signing_key
 from homeserver.federation.transport import make_ssl_context
+from homeserver.federation.web_client import WebClient
 from homeserver.http.handoff import MediaFetchHandoff
 from homeserver.http.places import WorkPool
 from homeserver.media.web_fetch import WebFetcher
@@ -220,10 +221,12 @@ class Infrastructure:
         config = self.config.url_preview
         fed = self.config.federation
         return WebFetcher(
-            self.federation_client.discovery.dns,
-            IpFilter(config.ip_range_denylist, config.ip_range_allowlist),
-            make_ssl_context(fed.verify_tls, fed.ca_file),
-            verify_tls=fed.verify_tls,
+            WebClient(
+                self.federation_client.discovery.dns,
+                IpFilter(config.ip_range_denylist, config.ip_range_allowlist),
+                make_ssl_context(fed.verify_tls, fed.ca_file),
+                verify_tls=fed.verify_tls,
+            )
         )
 
     @component

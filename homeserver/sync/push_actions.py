@@ -17,6 +17,7 @@ every `USERS_PER_PAUSE` users: `loadtests/push_rules_bench.py` measures it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, Iterable
 
 from homeserver.core.concurrency import in_turns
 from homeserver.core.events import Event
@@ -59,8 +60,16 @@ def thread_of(event: Event) -> str:
 
 
 class PushActions:
-    def __init__(self, rules: PushRules, rooms: RoomService, server_name: str):
+    def __init__(
+        self,
+        rules: PushRules,
+        rooms: RoomService,
+        server_name: str,
+        on_notify: Callable[[Iterable[str]], None] | None = None,
+    ):
         self.rules = rules
+        # Told the users with new rows once they are committed: the push sender's wake-up.
+        self.on_notify = on_notify
         self.store: PushStore = rules.store
         self.rooms = rooms
         self.server_name = server_name
@@ -85,6 +94,8 @@ class PushActions:
         def after(stored) -> None:
             if changes_state:  # read again once stored, whatever raced the write
                 self._rooms.pop(room_id, None)
+            if found and self.on_notify is not None:
+                self.on_notify({a.user_id for a in found})
 
         return (lambda tx: PushStore.insert_push_actions(tx, found)), after
 

@@ -18,6 +18,7 @@ import requests
 from tests.appservice.conftest import registration_yaml
 from tests.e2ee.conftest import PASSWORD, V3, count_rows
 from tests.peers.appservice import FakeAppservice
+from tests.peers.push_gateway import PushGateway
 from tests.peers.web import WebSite
 from tests.support.admin import register_admin
 from tests.support.server import MatrixClient
@@ -472,3 +473,35 @@ def test_an_appservice_puppet_through_matrix_js_sdk(start_weir, database_url, no
         reply = next(e for e in answered() if e["event_id"] == result["reply"])
         assert reply["sender"] == result["alice"] and reply["content"]["body"] == "hello back"
         assert reply["room_id"] == result["room_id"]
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)  # both: tests/sync/test_pushers
+def test_a_pusher_through_matrix_js_sdk(start_weir, database_url, node, tmp_path):
+    """bob's client sets an http pusher with setPusher and reads it back with getPushers;
+    alice's message then reaches his push gateway on loopback as a notify."""
+    gateway_ip = "127.40.70.11"
+    with PushGateway(gateway_ip) as gateway:
+        weir = start_weir(
+            {
+                "database": {"url": database_url},
+                "push": {"ip_range_allowlist": [f"{gateway_ip}/32"]},
+            }
+        )
+        scenario = {
+            "alice": registered(weir, "alice"),
+            "bob": registered(weir, "bob"),
+            "gateway_url": gateway.url,
+        }
+        result = run_node(
+            node, "pushers.mjs", weir.client_url, json.dumps(scenario), tmp_path=tmp_path
+        )
+        [pusher] = result["pushers"]
+        assert pusher["kind"] == "http" and pusher["app_id"] == "org.weir.js"
+        assert pusher["pushkey"] == "js-pushkey" and pusher["data"] == {"url": gateway.url}
+        notified = gateway.wait_for(lambda n: n["event_id"] == result["event_id"])
+        assert notified["room_id"] == result["room_id"]
+        assert notified["sender"] == result["alice"]
+        assert notified["room_name"] == "Pushed room"
+        assert notified["content"] == {"msgtype": "m.text", "body": "ring bob's phone"}
+        assert [d["pushkey"] for d in notified["devices"]] == ["js-pushkey"]
+        assert len(gateway.arrived) == 1
