@@ -156,11 +156,22 @@ def test_in_pieces_refuses_what_loads_refuses(value, data):
 
 
 def _brackets_only(raw: bytes):
-    """The nesting of raw's brackets, as lists, whatever else it holds."""
+    """The nesting of raw's brackets, as lists, whatever else it holds; a bracket inside a
+    string is text, not nesting (a key "}" once made a too-deep document look shallow)."""
     root: list = []
     stack = [root]
+    in_string = escaped = False
     for byte in raw:
-        if byte in b"[{":
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == ord("\\"):
+                escaped = True
+            elif byte == ord('"'):
+                in_string = False
+        elif byte == ord('"'):
+            in_string = True
+        elif byte in b"[{":
             stack[-1].append([])
             stack.append(stack[-1][-1])
         elif byte in b"]}" and len(stack) > 1:
