@@ -543,4 +543,7 @@ class HomeserverRuntime(AdminComponents, E2eeComponents):
             config.connection_lifetime,
             config.connections_per_device,
         )
-        return SlidingSync(self.sync, connections, RoomLists(store))
+        made = {k: self.metrics.sliding_lists.labels(k) for k in ("kept", "whole")}
+        return SlidingSync(
+            self.sync, connections, RoomLists(store), lambda made_from: made[made_from].inc()
+        )

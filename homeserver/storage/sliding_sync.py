@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass
 
 from homeserver.storage.database import Database, in_lists
+from homeserver.storage.sync import StreamPositions, read_positions
 
 EntryKey = tuple[str, str]  # (kind, room_id)
 
@@ -166,6 +167,16 @@ class SlidingSyncStore:
 
     # --- what a rooms list reads --------------------------------------------------------
 
+    def forgets(self, user_id: str) -> tuple[int, int]:
+        """(rooms forgotten, when last): what changes when the user forgets a room, which
+        moves no stream."""
+        return self.db.read(lambda tx: _forgets(tx, user_id))
+
+    def positions_and_forgets(self, user_id: str) -> tuple[StreamPositions, tuple[int, int]]:
+        """The streams' positions and `forgets`, in one read: what a connection's kept room
+        list is brought up to date from (sync/sliding_lists.py)."""
+        return self.db.read(lambda tx: (read_positions(tx), _forgets(tx, user_id)))
+
     def latest_positions(self, room_ids: list[str], up_to: int) -> dict[str, int]:
         """{room_id: the stream position of its latest event shown to clients, at or before
         `up_to`}: an index probe a room (events_by_room)."""
@@ -257,3 +268,10 @@ class SlidingSyncStore:
             )
         )
         return {room_id: json.loads(content) for room_id, content in rows}
+
+
+def _forgets(tx, user_id: str) -> tuple[int, int]:
+    row = tx.fetchone(
+        "SELECT COUNT(*), MAX(forgotten_ts) FROM forgotten_rooms WHERE user_id = ?", (user_id,)
+    )
+    return (row[0], row[1] or 0) if row else (0, 0)

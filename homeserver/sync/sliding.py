@@ -17,6 +17,7 @@ off the main pool, and computes again when something concerning the user is stor
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 from homeserver.core.clock import now_ms
 from homeserver.core.requester import Requester
@@ -26,8 +27,8 @@ from homeserver.sync.room_entries import SyncBatch, SyncRequest
 from homeserver.sync.service import MAX_TIMEOUT_MS, Parked, SyncService
 from homeserver.sync.sliding_connections import Connections, ConnectionState, Pos
 from homeserver.sync.sliding_extensions import SlidingExtensions
-from homeserver.sync.sliding_lists import ListsResult, Matched, RoomLists
-from homeserver.sync.sliding_request import SlidingRequest
+from homeserver.sync.sliding_lists import Listing, ListsResult, Matched, RoomLists
+from homeserver.sync.sliding_request import Extensions, SlidingRequest
 from homeserver.sync.sliding_rooms import SlidingRooms
 from homeserver.sync.tokens import SyncToken
 
@@ -68,8 +69,15 @@ class WaitingSlidingSync(Parked):
 
 
 class SlidingSync:
-    def __init__(self, sync: SyncService, connections: Connections, lists: RoomLists):
+    def __init__(
+        self,
+        sync: SyncService,
+        connections: Connections,
+        lists: RoomLists,
+        on_list: Callable[[str], None] = lambda made_from: None,
+    ):
         self.sync = sync
+        self.on_list = on_list  # "kept" or "whole", for each room list made
         self.connections = connections
         self.lists = lists
         self.rooms = SlidingRooms(sync.rooms, sync.history, sync.entries)
@@ -116,13 +124,14 @@ class SlidingSync:
             state.subscriptions.pop(room_id, None)
         state.subscriptions.update(request.subscriptions)
 
-        snapshot = self.sync.store.snapshot(
-            user_id, since.events if since else None, lambda room_id: True
-        )
         found = ListsResult({}, {}, {})
         if request.lists or state.subscriptions:  # not an extensions-only connection
-            listed = self.lists.rooms(user_id, snapshot, set(state.rooms))
-            found = self.lists.match(user_id, listed, request.lists)
+            snapshot, state.listing = self._listing(user_id, state, since, request.extensions)
+            found = self.lists.match(user_id, state.listing, request.lists)
+        else:
+            snapshot = self.sync.store.snapshot(
+                user_id, since.events if since else None, lambda room_id: True
+            )
         for room_id, config in state.subscriptions.items():
             if room_id not in found.rooms:
                 continue  # not the user's to see (the MSC: ignored)
@@ -159,6 +168,36 @@ class SlidingSync:
             "rooms": rooms,
             "extensions": extensions.body,
         }
+
+    def _listing(
+        self, user_id: str, state: ConnectionState, since: SyncToken | None, asked: Extensions
+    ) -> tuple[SyncSnapshot, Listing]:
+        """The snapshot to read up to and the user's rooms there: the connection's kept list
+        brought up to date when the events since allow (sliding_lists.py), else read whole."""
+        kept = state.listing
+        if kept is not None and since is not None:
+            positions, forgets = self.lists.store.positions_and_forgets(user_id)
+            recent = self.sync.notifier.recent
+            run = recent.after(kept.position) if recent.newest >= positions.events else None
+            # Device lists follow member moves since the pos (snapshot.member_moves): none
+            # only when the run has no member event and starts at the pos.
+            e2ee = asked.e2ee or asked.to_device
+            if run is not None and e2ee:
+                moves = any(s.event.type == "m.room.member" for s in run)
+                run = None if moves or since.events != kept.position else run
+            if run is not None:
+                listing = self.lists.advance(
+                    user_id, kept, run, positions.events, forgets, set(state.rooms)
+                )
+                if listing is not None:
+                    self.on_list("kept")
+                    return SyncSnapshot(positions, [], None, {}, [], {}), listing
+        self.on_list("whole")
+        forgets = self.lists.store.forgets(user_id)
+        snapshot = self.sync.store.snapshot(
+            user_id, since.events if since else None, lambda room_id: True
+        )
+        return snapshot, self.lists.rooms(user_id, snapshot, set(state.rooms), forgets)
 
     def _rooms(
         self,

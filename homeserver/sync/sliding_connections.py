@@ -22,6 +22,7 @@ from homeserver.core.caching import TtlCache
 from homeserver.core.errors import Codes, MatrixError
 from homeserver.core.requester import Requester
 from homeserver.storage.sliding_sync import SlidingSyncStore
+from homeserver.sync.sliding_lists import Listing
 from homeserver.sync.sliding_request import RoomConfig
 from homeserver.sync.tokens import SyncToken
 
@@ -84,6 +85,9 @@ class ConnectionState:
     subscriptions: dict[str, RoomConfig] = field(default_factory=dict)
     touched_ms: int = 0  # when its database row last had its use noted
     ticket: int = 0  # the request it was read for (Connections.commit)
+    # The room list its latest response was made from, in memory only: what its next
+    # request brings up to date (sliding_lists.py). None read back from the database.
+    listing: Listing | None = None
 
     def copy(self) -> "ConnectionState":
         return ConnectionState(
@@ -96,6 +100,7 @@ class ConnectionState:
             dict(self.subscriptions),
             self.touched_ms,
             self.ticket,
+            self.listing,
         )
 
 

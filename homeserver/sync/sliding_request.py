@@ -119,9 +119,6 @@ class ListConfig:
     config: RoomConfig
     filters: ListFilters
 
-    def in_range(self, index: int) -> bool:
-        return self.ranges is None or any(lo <= index <= hi for lo, hi in self.ranges)
-
 
 @dataclass(frozen=True)
 class Extensions:
