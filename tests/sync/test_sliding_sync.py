@@ -479,6 +479,53 @@ def test_a_kept_list_answers_as_a_whole_read_would(server, user):
     assert timeline[-2:] == ["one", "two"] and "initial" not in from_kept["rooms"][rooms[6]]
 
 
+def test_a_woken_answer_made_from_the_new_events_is_a_whole_reads(server, user):
+    """Another member's messages wake a parked long-poll, whose rooms already sent are
+    answered from the events themselves: the answer a whole read gives, room for room."""
+    alice, bob = user("alice"), user("bob")
+    gone = create_room(alice, name="gone")
+    assert alice.post(f"{V3}/rooms/{q(gone)}/leave", json={}).status_code == 200
+    rooms = [create_room(bob, preset="public_chat", name=f"b{i}") for i in range(3)]
+    for room in rooms:
+        join(alice, room)
+    request = {"lists": {"all": room_list([[0, 9]], timeline_limit=2)}}
+    kept = slide(alice, {**request, "conn_id": "kept"})
+    whole = slide(alice, {**request, "conn_id": "whole"})
+    results: dict = {}
+
+    def wait():
+        results["body"] = slide(
+            alice, {**request, "conn_id": "kept"}, pos=kept["pos"], timeout=20_000
+        )
+
+    made = lists_made(server)
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    wait_until(lambda: metric(server, "weir_sync_waiters") == 1)  # parked
+    first = send(bob, rooms[0], "wake up")
+    waiter.join(20)
+    assert not waiter.is_alive()
+    woken = results["body"]
+    assert lists_made(server)["kept"] == made["kept"] + 2  # parking, then woken
+    entry = woken["rooms"][rooms[0]]
+    assert [e["event_id"] for e in entry["timeline"]] == [first]
+    assert entry["num_live"] == 1 and entry["limited"] is False and "initial" not in entry
+    # Forgetting a room left before moves no stream: the kept list is read whole again.
+    assert alice.post(f"{V3}/rooms/{q(gone)}/forget", json={}).status_code == 200
+    from_whole = slide(alice, {**request, "conn_id": "whole"}, pos=whole["pos"])
+    assert woken["lists"] == from_whole["lists"] == {"all": {"count": 3}}
+    assert without_ages(woken["rooms"]) == without_ages(from_whole["rooms"])
+    # Three more than the timeline takes: read from the database, limited, as a whole read.
+    for text in ("one", "two", "three"):
+        send(bob, rooms[1], text)
+    again = slide(alice, {**request, "conn_id": "kept"}, pos=woken["pos"])
+    entry = again["rooms"][rooms[1]]
+    assert entry["limited"] is True and [e["content"]["body"] for e in entry["timeline"]] == [
+        "two",
+        "three",
+    ]
+
+
 def test_a_membership_or_a_state_change_reads_the_list_whole(server, user):
     """A room joined, or renamed, after a response is listed as a whole read lists it."""
     alice, bob = user("alice"), user("bob")
