@@ -117,33 +117,12 @@ class SlidingSyncStore:
         one the client came back with; rows past it were never acknowledged and go, as do
         the rows the new ones supersede before it (a retry of `from_generation` still reads
         its own). Returns the new generation; None if the connection has ended meanwhile."""
-        generation = from_generation + 1
+        return self.save_many([(connection_id, from_generation, changes, now_ms)])[0]
 
-        def write(tx) -> int | None:
-            if not tx.fetchall(
-                "UPDATE sliding_sync_connections SET generation = ?, last_used_ts = ?"
-                " WHERE id = ? RETURNING id",
-                (generation, now_ms, connection_id),
-            ):
-                return None
-            tx.execute(
-                "DELETE FROM sliding_sync_entries WHERE connection_id = ? AND generation > ?",
-                (connection_id, from_generation),
-            )
-            for kind, room_id in changes:
-                tx.execute(
-                    "DELETE FROM sliding_sync_entries WHERE connection_id = ? AND kind = ?"
-                    " AND room_id = ? AND generation < ?",
-                    (connection_id, kind, room_id, from_generation),
-                )
-            tx.executemany(
-                "INSERT INTO sliding_sync_entries (connection_id, generation, kind, room_id,"
-                " value) VALUES (?, ?, ?, ?, ?)",
-                [(connection_id, generation, k, r, v) for (k, r), v in changes.items()],
-            )
-            return generation
-
-        return self.db.write(write)
+    def save_many(self, saves: list[tuple[int, int, dict, int]]) -> list[int | None]:
+        """`save` for each (connection_id, from_generation, changes, now_ms), in order, in
+        one transaction."""
+        return self.db.write(lambda tx: [_save(tx, *save) for save in saves])
 
     def touch(self, connection_id: int, now_ms: int) -> None:
         self.db.write(
@@ -275,3 +254,31 @@ def _forgets(tx, user_id: str) -> tuple[int, int]:
         "SELECT COUNT(*), MAX(forgotten_ts) FROM forgotten_rooms WHERE user_id = ?", (user_id,)
     )
     return (row[0], row[1] or 0) if row else (0, 0)
+
+
+def _save(
+    tx, connection_id: int, from_generation: int, changes: dict[EntryKey, str | None], now_ms: int
+) -> int | None:
+    generation = from_generation + 1
+    if not tx.fetchall(
+        "UPDATE sliding_sync_connections SET generation = ?, last_used_ts = ?"
+        " WHERE id = ? RETURNING id",
+        (generation, now_ms, connection_id),
+    ):
+        return None
+    tx.execute(
+        "DELETE FROM sliding_sync_entries WHERE connection_id = ? AND generation > ?",
+        (connection_id, from_generation),
+    )
+    for kind, room_id in changes:
+        tx.execute(
+            "DELETE FROM sliding_sync_entries WHERE connection_id = ? AND kind = ?"
+            " AND room_id = ? AND generation < ?",
+            (connection_id, kind, room_id, from_generation),
+        )
+    tx.executemany(
+        "INSERT INTO sliding_sync_entries (connection_id, generation, kind, room_id,"
+        " value) VALUES (?, ?, ?, ?, ?)",
+        [(connection_id, generation, k, r, v) for (k, r), v in changes.items()],
+    )
+    return generation
