@@ -498,7 +498,7 @@ class HomeserverRuntime(AdminComponents, E2eeComponents):
             self.server_name,
             self.config.presence.enabled,
             self.e2ee_store.users_sharing_a_room,
-            self.notifier.notify_users,
+            self.notifier.notify_presence,
             self.federation_sender.send_edu,
         )
 

@@ -63,7 +63,8 @@ class WaitingSlidingSync(Parked):
     __slots__ = ("_service", "_call")
 
     def __init__(self, service: "SlidingSync", call: _Call, deadline: float):
-        super().__init__(service.sync.notifier, call.requester.user_id, deadline)
+        # It carries no presence: a change of it is no reason to compute again.
+        super().__init__(service.sync.notifier, call.requester.user_id, deadline, presence=False)
         self._service = service
         self._call = call
 
