@@ -156,6 +156,7 @@ class SlidingSync:
             SyncRequest(requester, since, NO_FILTER), request.extensions, batch, window
         )
         if not (must_answer or call.pos is None or rooms or extensions.has_updates):
+            call.before.listing = state.listing  # what the next computation goes on from
             return None
         positions = batch.positions
         token = SyncToken(

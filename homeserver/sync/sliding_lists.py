@@ -27,7 +27,7 @@ DIRECT_TYPE = "m.direct"
 NO_FILTERS = ListFilters()
 
 
-@dataclass
+@dataclass(slots=True)  # a connection keeps one for each of its user's rooms
 class ListedRoom:
     room_id: str
     membership: str
