@@ -69,11 +69,19 @@ class WaitingSlidingSync(Parked):
         self._call = call
 
     def step(self, woken: bool) -> dict | None:
-        assert self._waiter is not None, "computed after close"
-        events_only = woken and not self._waiter.recompute
-        self._waiter.clear()
-        notifier = self._service.sync.notifier
-        return self._service.compute(self._call, self.expired(notifier), events_only)
+        waiter = self._waiter
+        assert waiter is not None, "computed after close"
+        events_only = woken and not waiter.recompute
+        # A burst's hold on the collector (notifier.py) lasts until this computation is
+        # done, not only begun: it waits on the database for its counts and its save.
+        burst, waiter.burst = waiter.burst, None
+        waiter.clear()
+        try:
+            notifier = self._service.sync.notifier
+            return self._service.compute(self._call, self.expired(notifier), events_only)
+        finally:
+            if burst is not None:
+                burst.done()
 
 
 class SlidingSync:
