@@ -567,5 +567,27 @@ def test_a_connection_goes_on_from_the_database(server, user):
     alice.base_url = server.client_url
     assert slide(alice, request, pos=body["pos"])["rooms"] == {}  # nothing new: nothing sent
     newer = send(alice, room, "after the restart")
-    entry = slide(alice, request, pos=body["pos"])["rooms"][room]
+    later = slide(alice, request, pos=body["pos"])
+    entry = later["rooms"][room]
     assert "initial" not in entry and [e["event_id"] for e in entry["timeline"]] == [newer]
+    # A long-poll read back from the rows goes on, once woken, from the list it read.
+    server.stop()
+    server.start()
+    alice.base_url = server.client_url
+    results: dict = {}
+
+    def wait():
+        results["body"] = slide(alice, request, pos=later["pos"], timeout=20_000)
+
+    made = lists_made(server)
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    wait_until(lambda: metric(server, "weir_sync_waiters") == 1)  # parked
+    latest = send(alice, room, "while it waits")
+    waiter.join(20)
+    assert not waiter.is_alive()
+    entry = results["body"]["rooms"][room]
+    assert [e["event_id"] for e in entry["timeline"]] == [latest]
+    made_now = lists_made(server)
+    assert made_now["kept"] == made.get("kept", 0) + 1  # woken: the list it read, brought on
+    assert made_now["whole"] == made.get("whole", 0) + 1  # parked: the rows, its list whole
