@@ -434,8 +434,9 @@ class UserDirectoryConfig:
 @dataclass(frozen=True)
 class SlidingSyncConfig:
     # Connections of the simplified sliding sync (sync/sliding.py) kept in memory, most
-    # recently used first; the rest are read back from the database when next used.
-    cached_connections: int = setting(_int(1), 1000)
+    # recently used first; the rest are read back from the database when next used, their
+    # room lists read whole. As many as the server's connections: each parked one is in use.
+    cached_connections: int = setting(_int(1), 10000)
     # A connection unused this long is forgotten: its next request gets M_UNKNOWN_POS.
     connection_lifetime: float = setting(_seconds(), 7 * 86400.0)
     # Connections one device may keep (one per conn_id); a new one ends its oldest past it.

@@ -168,6 +168,14 @@ class Metrics:
             ["answered_from"],
             registry=self.registry,
         )
+        # A sliding sync's room list: its connection's kept list brought up to date, or
+        # read whole (homeserver/sync/sliding_lists.py says when).
+        self.sliding_lists = Counter(
+            "weir_sliding_sync_lists",
+            "Sliding sync room lists made, by how (kept, whole)",
+            ["made_from"],
+            registry=self.registry,
+        )
         self._hub_figures()
 
     def _hub_figures(self) -> None:

@@ -503,7 +503,7 @@ class HomeserverRuntime(AdminComponents, E2eeComponents, PushComponents):
             self.server_name,
             self.config.presence.enabled,
             self.e2ee_store.users_sharing_a_room,
-            self.notifier.notify_users,
+            self.notifier.notify_presence,
             self.federation_sender.send_edu,
         )
 
@@ -548,4 +548,7 @@ class HomeserverRuntime(AdminComponents, E2eeComponents, PushComponents):
             config.connection_lifetime,
             config.connections_per_device,
         )
-        return SlidingSync(self.sync, connections, RoomLists(store))
+        made = {k: self.metrics.sliding_lists.labels(k) for k in ("kept", "whole")}
+        return SlidingSync(
+            self.sync, connections, RoomLists(store), lambda made_from: made[made_from].inc()
+        )

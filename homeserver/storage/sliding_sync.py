@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass
 
 from homeserver.storage.database import Database, in_lists
+from homeserver.storage.sync import StreamPositions, read_positions
 
 EntryKey = tuple[str, str]  # (kind, room_id)
 
@@ -116,33 +117,12 @@ class SlidingSyncStore:
         one the client came back with; rows past it were never acknowledged and go, as do
         the rows the new ones supersede before it (a retry of `from_generation` still reads
         its own). Returns the new generation; None if the connection has ended meanwhile."""
-        generation = from_generation + 1
+        return self.save_many([(connection_id, from_generation, changes, now_ms)])[0]
 
-        def write(tx) -> int | None:
-            if not tx.fetchall(
-                "UPDATE sliding_sync_connections SET generation = ?, last_used_ts = ?"
-                " WHERE id = ? RETURNING id",
-                (generation, now_ms, connection_id),
-            ):
-                return None
-            tx.execute(
-                "DELETE FROM sliding_sync_entries WHERE connection_id = ? AND generation > ?",
-                (connection_id, from_generation),
-            )
-            for kind, room_id in changes:
-                tx.execute(
-                    "DELETE FROM sliding_sync_entries WHERE connection_id = ? AND kind = ?"
-                    " AND room_id = ? AND generation < ?",
-                    (connection_id, kind, room_id, from_generation),
-                )
-            tx.executemany(
-                "INSERT INTO sliding_sync_entries (connection_id, generation, kind, room_id,"
-                " value) VALUES (?, ?, ?, ?, ?)",
-                [(connection_id, generation, k, r, v) for (k, r), v in changes.items()],
-            )
-            return generation
-
-        return self.db.write(write)
+    def save_many(self, saves: list[tuple[int, int, dict, int]]) -> list[int | None]:
+        """`save` for each (connection_id, from_generation, changes, now_ms), in order, in
+        one transaction."""
+        return self.db.write(lambda tx: [_save(tx, *save) for save in saves])
 
     def touch(self, connection_id: int, now_ms: int) -> None:
         self.db.write(
@@ -165,6 +145,16 @@ class SlidingSyncStore:
         return self.db.write(write)
 
     # --- what a rooms list reads --------------------------------------------------------
+
+    def forgets(self, user_id: str) -> tuple[int, int]:
+        """(rooms forgotten, when last): what changes when the user forgets a room, which
+        moves no stream."""
+        return self.db.read(lambda tx: _forgets(tx, user_id))
+
+    def positions_and_forgets(self, user_id: str) -> tuple[StreamPositions, tuple[int, int]]:
+        """The streams' positions and `forgets`, in one read: what a connection's kept room
+        list is brought up to date from (sync/sliding_lists.py)."""
+        return self.db.read(lambda tx: (read_positions(tx), _forgets(tx, user_id)))
 
     def latest_positions(self, room_ids: list[str], up_to: int) -> dict[str, int]:
         """{room_id: the stream position of its latest event shown to clients, at or before
@@ -257,3 +247,38 @@ class SlidingSyncStore:
             )
         )
         return {room_id: json.loads(content) for room_id, content in rows}
+
+
+def _forgets(tx, user_id: str) -> tuple[int, int]:
+    row = tx.fetchone(
+        "SELECT COUNT(*), MAX(forgotten_ts) FROM forgotten_rooms WHERE user_id = ?", (user_id,)
+    )
+    return (row[0], row[1] or 0) if row else (0, 0)
+
+
+def _save(
+    tx, connection_id: int, from_generation: int, changes: dict[EntryKey, str | None], now_ms: int
+) -> int | None:
+    generation = from_generation + 1
+    if not tx.fetchall(
+        "UPDATE sliding_sync_connections SET generation = ?, last_used_ts = ?"
+        " WHERE id = ? RETURNING id",
+        (generation, now_ms, connection_id),
+    ):
+        return None
+    tx.execute(
+        "DELETE FROM sliding_sync_entries WHERE connection_id = ? AND generation > ?",
+        (connection_id, from_generation),
+    )
+    for kind, room_id in changes:
+        tx.execute(
+            "DELETE FROM sliding_sync_entries WHERE connection_id = ? AND kind = ?"
+            " AND room_id = ? AND generation < ?",
+            (connection_id, kind, room_id, from_generation),
+        )
+    tx.executemany(
+        "INSERT INTO sliding_sync_entries (connection_id, generation, kind, room_id,"
+        " value) VALUES (?, ?, ?, ?, ?)",
+        [(connection_id, generation, k, r, v) for (k, r), v in changes.items()],
+    )
+    return generation

@@ -46,6 +46,11 @@ class StreamPositions:
     presence: int
 
 
+def read_positions(tx) -> StreamPositions:
+    rows = dict(tx.fetchall("SELECT stream_name, position FROM stream_positions"))
+    return StreamPositions(*(rows[name] for name in _STREAMS))
+
+
 @dataclass(frozen=True)
 class AccountData:
     room_id: str  # "" for global account data
@@ -100,8 +105,7 @@ class SyncStore:
         waking of a thousand syncs at once is bounded by database round trips."""
 
         def read(tx):
-            rows = dict(tx.fetchall("SELECT stream_name, position FROM stream_positions"))
-            positions = StreamPositions(*(rows[name] for name in _STREAMS))
+            positions = read_positions(tx)
             every = memberships_in(tx, user_id)
             # A forgotten room is out of the sync; its member moves still count for device
             # lists (the user's leave is one).

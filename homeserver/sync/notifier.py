@@ -46,12 +46,13 @@ class Waiter:
     by anything that concerns its user; `recompute` too, unless that was only new room
     events. A class rather than a generator context: every parked sync keeps one."""
 
-    __slots__ = ("woken", "recompute", "burst", "_notifier", "_user_id")
+    __slots__ = ("woken", "recompute", "burst", "presence", "_notifier", "_user_id")
 
-    def __init__(self, notifier: "Notifier", user_id: str):
+    def __init__(self, notifier: "Notifier", user_id: str, presence: bool = True):
         self.woken = Event()
         self.recompute = False
         self.burst: Burst | None = None  # the burst it was woken in, until it takes the wake
+        self.presence = presence  # woken by presence changes (a sliding sync carries none)
         self._notifier = notifier
         self._user_id = user_id
 
@@ -102,11 +103,11 @@ class Notifier:
         self.closed = False
         self.recent = RecentEvents()  # heard before anyone is woken: what they answer from
 
-    def registered(self, user_id: str) -> Waiter:
+    def registered(self, user_id: str, presence: bool = True) -> Waiter:
         """A sync of `user_id`, registered while its `with` block runs: woken whenever
-        something concerning the user happens, and removed on every way out, a client
-        hang-up (GreenletExit) included."""
-        return Waiter(self, user_id)
+        something concerning the user happens (presence changes only if `presence`), and
+        removed on every way out, a client hang-up (GreenletExit) included."""
+        return Waiter(self, user_id, presence)
 
     def _add(self, user_id: str, waiter: Waiter) -> None:
         if self.closed:
@@ -125,11 +126,14 @@ class Notifier:
         """Syncs registered now (the weir_sync_waiters gauge)."""
         return self._count
 
-    def notify_users(self, user_ids: Iterable[str], recompute: bool = True) -> None:
+    def notify_users(
+        self, user_ids: Iterable[str], recompute: bool = True, presence: bool = False
+    ) -> None:
+        """`presence`: a presence change, which wakes only the syncs that carry it."""
         woken = []
         for user_id in user_ids:
             for waiter in self._waiting.get(user_id, ()):
-                if waiter.wake(recompute):
+                if (waiter.presence or not presence) and waiter.wake(recompute):
                     woken.append(waiter)
         if self._collector is not None and len(woken) >= BURST_WAKES:
             burst = self._collector.begin(len(woken))
@@ -163,6 +167,10 @@ class Notifier:
         finally:
             if reading is not None:
                 reading.done()
+
+    def notify_presence(self, user_ids: Iterable[str]) -> None:
+        """A presence change of someone sharing a room with `user_ids`."""
+        self.notify_users(user_ids, presence=True)
 
     def on_events_persisted(self, stored: list[StoredEvent]) -> None:
         """The rooms persist listener: one batch of events, all in one room."""

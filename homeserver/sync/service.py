@@ -59,9 +59,9 @@ class Parked:
 
     __slots__ = ("_deadline", "_waiter")
 
-    def __init__(self, notifier: Notifier, user_id: str, deadline: float):
+    def __init__(self, notifier: Notifier, user_id: str, deadline: float, presence: bool = True):
         self._deadline = deadline
-        self._waiter: Waiter | None = notifier.registered(user_id).__enter__()
+        self._waiter: Waiter | None = notifier.registered(user_id, presence).__enter__()
 
     def answer(self, while_waiting=contextlib.nullcontext) -> dict | EncodedJson:
         """Waits, then the answer. `while_waiting()` is entered around each wait: the HTTP

@@ -12,22 +12,29 @@ streams (storage/sync.py), timelines and event formatting (room_entries.py), the
 streams and end-to-end encryption parts, and the long-poll: a request with a `pos` and a
 `timeout` that finds nothing new parks on the notifier like a /sync (service.py `Parked`),
 off the main pool, and computes again when something concerning the user is stored.
+
+What it costs is what changed: a connection keeps its room list in memory and brings it up
+to date from the events stored since (sliding_lists.py), a room already sent whose new
+events are all in hand is answered from them (sliding_rooms.py `live_result`), and a
+long-poll woken by room events alone reads no stream positions (as woken.py's /sync).
 """
 
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 from homeserver.core.clock import now_ms
 from homeserver.core.requester import Requester
-from homeserver.storage.sync import SyncSnapshot
+from homeserver.storage.rooms import StoredEvent
+from homeserver.storage.sync import StreamPositions, SyncSnapshot
 from homeserver.sync.filters import NO_FILTER
 from homeserver.sync.room_entries import SyncBatch, SyncRequest
 from homeserver.sync.service import MAX_TIMEOUT_MS, Parked, SyncService
 from homeserver.sync.sliding_connections import Connections, ConnectionState, Pos
 from homeserver.sync.sliding_extensions import SlidingExtensions
-from homeserver.sync.sliding_lists import ListsResult, Matched, RoomLists
-from homeserver.sync.sliding_request import SlidingRequest
+from homeserver.sync.sliding_lists import Listing, ListsResult, Matched, RoomLists
+from homeserver.sync.sliding_request import Extensions, SlidingRequest
 from homeserver.sync.sliding_rooms import SlidingRooms
 from homeserver.sync.tokens import SyncToken
 
@@ -56,20 +63,37 @@ class WaitingSlidingSync(Parked):
     __slots__ = ("_service", "_call")
 
     def __init__(self, service: "SlidingSync", call: _Call, deadline: float):
-        super().__init__(service.sync.notifier, call.requester.user_id, deadline)
+        # It carries no presence: a change of it is no reason to compute again.
+        super().__init__(service.sync.notifier, call.requester.user_id, deadline, presence=False)
         self._service = service
         self._call = call
 
     def step(self, woken: bool) -> dict | None:
-        assert self._waiter is not None, "computed after close"
-        self._waiter.clear()
-        body = self._service.compute(self._call, self.expired(self._service.sync.notifier))
-        return body
+        waiter = self._waiter
+        assert waiter is not None, "computed after close"
+        events_only = woken and not waiter.recompute
+        # A burst's hold on the collector (notifier.py) lasts until this computation is
+        # done, not only begun: it waits on the database for its counts and its save.
+        burst, waiter.burst = waiter.burst, None
+        waiter.clear()
+        try:
+            notifier = self._service.sync.notifier
+            return self._service.compute(self._call, self.expired(notifier), events_only)
+        finally:
+            if burst is not None:
+                burst.done()
 
 
 class SlidingSync:
-    def __init__(self, sync: SyncService, connections: Connections, lists: RoomLists):
+    def __init__(
+        self,
+        sync: SyncService,
+        connections: Connections,
+        lists: RoomLists,
+        on_list: Callable[[str], None] = lambda made_from: None,
+    ):
         self.sync = sync
+        self.on_list = on_list  # "kept" or "whole", for each room list made
         self.connections = connections
         self.lists = lists
         self.rooms = SlidingRooms(sync.rooms, sync.history, sync.entries)
@@ -106,8 +130,10 @@ class SlidingSync:
         waiting.close()
         return body
 
-    def compute(self, call: _Call, must_answer: bool) -> dict | None:
-        """The response, or None when it would carry nothing new and need not be sent."""
+    def compute(self, call: _Call, must_answer: bool, events_only: bool = False) -> dict | None:
+        """The response, or None when it would carry nothing new and need not be sent.
+        `events_only`: woken by room events alone (notifier.py), nothing else of the user's
+        has changed since its last computation."""
         requester, request = call.requester, call.request
         user_id = requester.user_id
         since = call.pos.token if call.pos is not None else None
@@ -116,29 +142,29 @@ class SlidingSync:
             state.subscriptions.pop(room_id, None)
         state.subscriptions.update(request.subscriptions)
 
-        snapshot = self.sync.store.snapshot(
-            user_id, since.events if since else None, lambda room_id: True
-        )
         found = ListsResult({}, {}, {})
+        kept, live = None, None
         if request.lists or state.subscriptions:  # not an extensions-only connection
-            listed = self.lists.rooms(user_id, snapshot, set(state.rooms))
-            found = self.lists.match(user_id, listed, request.lists)
-        for room_id, config in state.subscriptions.items():
-            if room_id not in found.rooms:
-                continue  # not the user's to see (the MSC: ignored)
-            matched = found.matched.get(room_id)
-            if matched is None:
-                found.matched[room_id] = Matched(config)
-            else:
-                matched.config = matched.config.merged(config)
-
-        rooms = self._rooms(requester, snapshot, found, state, since)
+            kept = state.listing
+            snapshot, state.listing, live = self._listing(
+                user_id, state, since, request.extensions, events_only
+            )
+            found = self.lists.match(user_id, state.listing, request.lists)
+        else:
+            snapshot = self.sync.store.snapshot(
+                user_id, since.events if since else None, lambda room_id: True
+            )
+        _add_subscriptions(found, state)
+        rooms = self._rooms(
+            requester, snapshot, found, state, since, (kept, live) if kept and live else None
+        )
         batch = SyncBatch(snapshot.positions, now_ms(), snapshot)
         window = [r for r in found.matched if found.rooms[r].membership == "join"]
         extensions = self.extensions.part(
             SyncRequest(requester, since, NO_FILTER), request.extensions, batch, window
         )
         if not (must_answer or call.pos is None or rooms or extensions.has_updates):
+            call.before.listing = state.listing  # what the next computation goes on from
             return None
         positions = batch.positions
         token = SyncToken(
@@ -160,6 +186,48 @@ class SlidingSync:
             "extensions": extensions.body,
         }
 
+    def _listing(
+        self,
+        user_id: str,
+        state: ConnectionState,
+        since: SyncToken | None,
+        asked: Extensions,
+        events_only: bool,
+    ) -> tuple[SyncSnapshot, Listing, dict[str, list[StoredEvent]] | None]:
+        """The snapshot to read up to and the user's rooms there: the connection's kept list
+        brought up to date when the events since allow (sliding_lists.py), else read whole;
+        and, when brought up to date, each room's new events."""
+        kept = state.listing
+        recent = self.sync.notifier.recent
+        if kept is not None and since is not None and recent.newest >= kept.position:
+            e2ee = asked.e2ee or asked.to_device
+            if events_only and not e2ee:
+                # Only room events since the last computation: the other streams are where
+                # the pos left them (as woken.py answers /sync), no room was forgotten.
+                positions, forgets = _moved_on(since, recent.newest), kept.forgets
+            else:
+                positions, forgets = self.lists.store.positions_and_forgets(user_id)
+            run = recent.after(kept.position) if recent.newest >= positions.events else None
+            # Device lists follow member moves since the pos (snapshot.member_moves): none
+            # only when the run has no member event and starts at the pos.
+            if run is not None and e2ee:
+                moves = any(s.event.type == "m.room.member" for s in run)
+                run = None if moves or since.events != kept.position else run
+            if run is not None:
+                listing = self.lists.advance(
+                    user_id, kept, run, positions.events, forgets, set(state.rooms)
+                )
+                if listing is not None:
+                    self.on_list("kept")
+                    snapshot = SyncSnapshot(positions, [], None, {}, [], {})
+                    return snapshot, listing, _by_room(run, positions.events)
+        self.on_list("whole")
+        forgets = self.lists.store.forgets(user_id)
+        snapshot = self.sync.store.snapshot(
+            user_id, since.events if since else None, lambda room_id: True
+        )
+        return snapshot, self.lists.rooms(user_id, snapshot, set(state.rooms), forgets), None
+
     def _rooms(
         self,
         requester: Requester,
@@ -167,21 +235,30 @@ class SlidingSync:
         found,
         state: ConnectionState,
         since: SyncToken | None,
+        live: tuple[Listing, dict[str, list[StoredEvent]]] | None,
     ) -> dict:
         """Each matched room's result, most recent first; `state.rooms` follows what is
-        sent."""
+        sent. `live`: the kept list brought up to date, and each room's new events: a room
+        whose result they make needs no reads (sliding_rooms.py `live_result`)."""
         now, up_to = now_ms(), snapshot.positions.events
         rooms = {}
         for room_id, matched in found.matched.items():
-            room = found.rooms[room_id]
-            result, sent = self.rooms.result(
-                requester,
-                room,
-                matched.config,
-                state.rooms.get(room_id),
-                since.events if since else None,
-                up_to,
-                now,
+            room, sent = found.rooms[room_id], state.rooms.get(room_id)
+            made = None
+            if live is not None and sent is not None and room_id in live[1]:
+                made = self.rooms.live_result(
+                    requester.user_id,
+                    room,
+                    live[0].by_id[room_id].bump_stamp,
+                    matched.config,
+                    sent,
+                    live[1][room_id],
+                    since.events if since else 0,
+                    up_to,
+                    now,
+                )
+            result, sent = made or self.rooms.result(
+                requester, room, matched.config, sent, since.events if since else None, up_to, now
             )
             state.rooms[room_id] = sent
             if result is not None:
@@ -199,3 +276,38 @@ class SlidingSync:
             return
         for room_id, fields in notifications.unread_fields(user_id, joined, False).items():
             rooms[room_id].update(fields["unread_notifications"])
+
+
+def _add_subscriptions(found: ListsResult, state: ConnectionState) -> None:
+    """The connection's room subscriptions among the rooms the response may carry."""
+    for room_id, config in state.subscriptions.items():
+        if room_id not in found.rooms:
+            continue  # not the user's to see (the MSC: ignored)
+        matched = found.matched.get(room_id)
+        if matched is None:
+            found.matched[room_id] = Matched(config)
+        else:
+            matched.config = matched.config.merged(config)
+
+
+def _moved_on(since: SyncToken, events: int) -> StreamPositions:
+    """The pos' positions, moved on in the events stream."""
+    return StreamPositions(
+        events,
+        since.account_data,
+        since.receipts,
+        since.to_device,
+        since.device_lists,
+        since.presence,
+    )
+
+
+def _by_room(run: list[StoredEvent], up_to: int) -> dict[str, list[StoredEvent]]:
+    """The run's events up to `up_to` shown to clients, by room."""
+    found: dict[str, list[StoredEvent]] = {}
+    for stored in run:
+        if stored.stream_ordering > up_to:
+            break
+        if not stored.soft_failed:
+            found.setdefault(stored.event.room_id, []).append(stored)
+    return found

@@ -18,10 +18,14 @@ import re
 import time
 from dataclasses import dataclass, field
 
+import gevent
+from gevent.event import AsyncResult
+
 from homeserver.core.caching import TtlCache
 from homeserver.core.errors import Codes, MatrixError
 from homeserver.core.requester import Requester
 from homeserver.storage.sliding_sync import SlidingSyncStore
+from homeserver.sync.sliding_lists import Listing
 from homeserver.sync.sliding_request import RoomConfig
 from homeserver.sync.tokens import SyncToken
 
@@ -30,6 +34,8 @@ ROOM, SUBSCRIPTION = "room", "sub"
 # A connection in use whose entries do not change has its use written down this often:
 # its lifetime counts from there after a restart.
 TOUCH_EVERY_MS = 3600 * 1000
+# Saves written in one transaction at most (_Saves).
+SAVE_BATCH = 500
 
 
 def unknown_pos(why: str) -> MatrixError:
@@ -84,6 +90,9 @@ class ConnectionState:
     subscriptions: dict[str, RoomConfig] = field(default_factory=dict)
     touched_ms: int = 0  # when its database row last had its use noted
     ticket: int = 0  # the request it was read for (Connections.commit)
+    # The room list its latest response was made from, in memory only: what its next
+    # request brings up to date (sliding_lists.py). None read back from the database.
+    listing: Listing | None = None
 
     def copy(self) -> "ConnectionState":
         return ConnectionState(
@@ -96,6 +105,7 @@ class ConnectionState:
             dict(self.subscriptions),
             self.touched_ms,
             self.ticket,
+            self.listing,
         )
 
 
@@ -118,6 +128,7 @@ class Connections:
         # request sends the next at once, and the one it left must not write over it.
         self._latest = TtlCache(clock, cached)
         self._tickets = itertools.count(1)
+        self._saves = _Saves(store)
 
     def start(self, requester: Requester, conn_id: str, now_ms: int) -> ConnectionState:
         """A new connection (a request without pos), replacing the device's of that name."""
@@ -187,12 +198,47 @@ class Connections:
                 after.touched_ms = now_ms
             self._cache.put(after.connection_id, after, self._lifetime_s)
             return before.generation
-        generation = self.store.save(after.connection_id, before.generation, changes, now_ms)
+        generation = self._saves.save(after.connection_id, before.generation, changes, now_ms)
         if generation is None:
             return None
         after.generation, after.touched_ms = generation, now_ms
         self._cache.put(after.connection_id, after.copy(), self._lifetime_s)
         return after.generation
+
+
+class _Saves:
+    """Saves waiting for the writer, written together: one message wakes every parked
+    connection of its room's members, and a transaction each would queue them one behind
+    another. Each still answers once its own save is written."""
+
+    def __init__(self, store: SlidingSyncStore):
+        self.store = store
+        self._queue: list[tuple[tuple, AsyncResult]] = []
+        self._writing = False
+
+    def save(self, connection_id: int, from_generation: int, changes: dict, now_ms: int):
+        """SlidingSyncStore.save's answer, written with the saves queued meanwhile."""
+        done = AsyncResult()
+        self._queue.append(((connection_id, from_generation, changes, now_ms), done))
+        if not self._writing:
+            self._writing = True
+            gevent.spawn(self._write)
+        return done.get()
+
+    def _write(self) -> None:
+        try:
+            while self._queue:
+                batch, self._queue = self._queue[:SAVE_BATCH], self._queue[SAVE_BATCH:]
+                try:
+                    outcomes = self.store.save_many([save for save, _ in batch])
+                except Exception as e:  # each waiting request is told
+                    for _, done in batch:
+                        done.set_exception(e)
+                    continue
+                for (_, done), outcome in zip(batch, outcomes):
+                    done.set(outcome)
+        finally:
+            self._writing = False
 
 
 def _changes(kind: str, before: dict, after: dict, text) -> dict[tuple[str, str], str | None]:

@@ -6,20 +6,28 @@ see in it. In a joined room that is the room's latest event shown to clients; in
 the user was invited to, knocked on, left or was banned from, their membership event (what
 came after it is not theirs to see). Rooms left by the user's own hand are listed only if
 the connection sent them before (the MSC: they know they left); kicks and bans always.
+
+A connection keeps its list in memory (`Listing`, on sliding_connections.py's state). Its
+next request brings it up to date from the events stored since (`advance`, from the
+notifier's recent events, as sync/woken.py answers a woken /sync) when those only moved
+rooms up: new events in rooms the user is joined to, none of them state, no member event
+about the user, no room forgotten. It reads the whole list again otherwise.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from homeserver.storage.rooms import StoredEvent
 from homeserver.storage.sliding_sync import RoomFacts, SlidingSyncStore
 from homeserver.storage.sync import TAG_TYPE, SyncSnapshot
 from homeserver.sync.sliding_request import ListConfig, ListFilters, RoomConfig
 
 DIRECT_TYPE = "m.direct"
+NO_FILTERS = ListFilters()
 
 
-@dataclass
+@dataclass(slots=True)  # a connection keeps one for each of its user's rooms
 class ListedRoom:
     room_id: str
     membership: str
@@ -39,6 +47,22 @@ class Matched:
     lists: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True, eq=False)
+class Listing:
+    """The user's rooms as listed at events position `position`, with the user's forgotten
+    rooms as `forgets` (storage/sliding_sync.py) said then. Shared, never changed."""
+
+    position: int
+    forgets: tuple[int, int]
+    rooms: list[ListedRoom]  # most recent first
+    own_leaves: frozenset[str]  # left by the user's own hand and unsent: out of the lists
+    by_id: dict[str, ListedRoom]
+
+
+def _listing(position: int, forgets, rooms: list[ListedRoom], own_leaves) -> Listing:
+    return Listing(position, forgets, rooms, frozenset(own_leaves), {r.room_id: r for r in rooms})
+
+
 @dataclass
 class ListsResult:
     counts: dict[str, int]
@@ -51,10 +75,14 @@ class RoomLists:
         self.store = store
 
     def rooms(
-        self, user_id: str, snapshot: SyncSnapshot, sent_before: set[str]
-    ) -> list[ListedRoom]:
+        self,
+        user_id: str,
+        snapshot: SyncSnapshot,
+        sent_before: set[str],
+        forgets: tuple[int, int] = (0, 0),
+    ) -> Listing:
         """The user's rooms as of the snapshot, most recent first; those the lists leave
-        out (`in_lists`) among them."""
+        out (`in_lists`) among them. `forgets`: read before the snapshot."""
         up_to = snapshot.positions.events
         kept: list[tuple[str, str, int]] = []
         left: list[str] = []
@@ -85,7 +113,48 @@ class RoomLists:
             room.in_lists = room_id not in unlisted
             listed.append(room)
         listed.sort(key=lambda r: (-r.bump_stamp, r.room_id))
-        return listed
+        return _listing(up_to, forgets, listed, unlisted)
+
+    def advance(
+        self,
+        user_id: str,
+        kept: Listing,
+        run: list[StoredEvent],
+        up_to: int,
+        forgets: tuple[int, int],
+        sent_before: set[str],
+    ) -> Listing | None:
+        """`kept` brought up to `up_to` by `run`, the events stored after its position
+        (RecentEvents.after); None when they change more than which rooms lead, or a room
+        was forgotten: the whole list is read again."""
+        if forgets != kept.forgets:
+            return None
+        bumped: dict[str, int] = {}
+        for stored in run:
+            if stored.stream_ordering > up_to:
+                break  # stored after the positions were read: the next request has it
+            event = stored.event
+            if event.type == "m.room.member" and event.state_key == user_id:
+                return None
+            room = kept.by_id.get(event.room_id)
+            if room is None:
+                continue  # not the user's, or forgotten
+            if event.is_state:
+                return None  # a filter's or a header's facts may have changed
+            if not stored.soft_failed and room.membership == "join":
+                bumped[event.room_id] = stored.stream_ordering
+        sent = kept.own_leaves & sent_before
+        if not bumped and not sent:
+            return replace(kept, position=max(up_to, kept.position))
+        # Every new stamp is past the kept position, every kept stamp at or before it.
+        moved = sorted(
+            (replace(kept.by_id[r], bump_stamp=at) for r, at in bumped.items()),
+            key=lambda r: (-r.bump_stamp, r.room_id),
+        )
+        listed = moved + [r for r in kept.rooms if r.room_id not in bumped]
+        if sent:  # sent since (by a subscription): in the lists from now on
+            listed = [replace(r, in_lists=True) if r.room_id in sent else r for r in listed]
+        return _listing(max(up_to, kept.position), forgets, listed, kept.own_leaves - sent)
 
     def _kicked(self, user_id: str, left: list[str], sent_before: set[str]) -> set[str]:
         unsent = [r for r in left if r not in sent_before]
@@ -94,26 +163,33 @@ class RoomLists:
         senders = self.store.member_senders(user_id, unsent)
         return {room_id for room_id, sender in senders.items() if sender != user_id}
 
-    def match(
-        self, user_id: str, listed: list[ListedRoom], lists: tuple[ListConfig, ...]
-    ) -> ListsResult:
+    def match(self, user_id: str, listing: Listing, lists: tuple[ListConfig, ...]) -> ListsResult:
         """Each list's count, and the rooms within its ranges."""
-        result = ListsResult({}, {}, {r.room_id: r for r in listed})
+        listed, by_id = listing.rooms, listing.by_id
+        result = ListsResult({}, {}, by_id)
         needs = _Lookups(self.store, user_id, lists, result.rooms)
+        in_lists = [room for room in listed if room.in_lists]
         for config in lists:
-            index = 0
-            for room in listed:
-                if not room.in_lists or not needs.keeps(config.filters, room):
-                    continue
-                if config.in_range(index):
-                    found = result.matched.get(room.room_id)
-                    if found is None:
-                        result.matched[room.room_id] = Matched(config.config, [config.name])
-                    else:
-                        found.config = found.config.merged(config.config)
-                        found.lists.append(config.name)
-                index += 1
-            result.counts[config.name] = index
+            if config.filters == NO_FILTERS:
+                kept = in_lists
+            else:
+                kept = [room for room in in_lists if needs.keeps(config.filters, room)]
+            if config.ranges is None:
+                picked: list[int] | range = range(len(kept))
+            else:
+                last = len(kept) - 1
+                picked = sorted(
+                    {i for lo, hi in config.ranges for i in range(lo, min(hi, last) + 1)}
+                )
+            for index in picked:
+                room = kept[index]
+                found = result.matched.get(room.room_id)
+                if found is None:
+                    result.matched[room.room_id] = Matched(config.config, [config.name])
+                else:
+                    found.config = found.config.merged(config.config)
+                    found.lists.append(config.name)
+            result.counts[config.name] = len(kept)
         return result
 
 

@@ -119,9 +119,6 @@ class ListConfig:
     config: RoomConfig
     filters: ListFilters
 
-    def in_range(self, index: int) -> bool:
-        return self.ranges is None or any(lo <= index <= hi for lo, hi in self.ranges)
-
 
 @dataclass(frozen=True)
 class Extensions:
@@ -206,9 +203,14 @@ class _Body(Schema):
         unknown = INCLUDE  # pos and timeout may come in the body (the MSC's final form)
 
 
+# One for every request: a schema's making (its fields copied, its nested schemas made) costs
+# more than a request's reading, and every long-poll's next request is read again.
+_BODY = _Body()
+
+
 def parse_request(body: dict) -> SlidingRequest:
     try:
-        loaded = _Body().load(body)
+        loaded = _BODY.load(body)
     except ValidationError as e:
         raise invalid_param(f"Bad sliding sync request: {e.messages}") from e
     if len(loaded["lists"]) > MAX_LISTS:

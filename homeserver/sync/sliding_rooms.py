@@ -5,12 +5,17 @@ sent (a longer timeline, more state).
 
 Timelines and event formatting are /sync's (room_entries.py), read as of the position the
 request reads up to; a room the user is no longer in is read up to their membership event.
+A joined room already sent, whose new events the kept list brought in, is made from them
+with no read (`live_result`), when that gives what the reads would.
 """
 
 from __future__ import annotations
 
 from homeserver.core.requester import Requester
+from homeserver.rooms.format import client_event
 from homeserver.rooms.history import RoomHistory
+from homeserver.rooms.pagination import stream_token
+from homeserver.rooms.redactions import REDACTION
 from homeserver.rooms.service import RoomService
 from homeserver.storage.rooms import StoredEvent
 from homeserver.sync.filters import NO_FILTER
@@ -84,6 +89,59 @@ class SlidingRooms:
         if initial or _HEADER_TYPES.intersection(touched):
             result.update(self._header(requester.user_id, room))
         return result, SentRoom(room_up_to, config)
+
+    def live_result(
+        self,
+        user_id: str,
+        room: ListedRoom,
+        stamp_before: int,
+        config: RoomConfig,
+        sent: SentRoom,
+        events: list[StoredEvent],
+        since: int,
+        up_to: int,
+        now: int,
+    ) -> tuple[dict, SentRoom] | None:
+        """A joined room's result from its new events alone, as the notifier heard them
+        (sync/woken.py's RecentEvents): `events`, all it has after the kept list's
+        position, none of them state (sliding_lists.py `advance`); `stamp_before`, its
+        place in the kept list. None when `result`'s reads are needed: the room not sent up
+        to that place, more events than its timeline takes, lazy members, a relation among
+        them (bundled aggregations), or one of the user's own (its transaction ID)."""
+        if (
+            room.membership != "join"
+            or room.facts is None
+            or _is_initial(room, config, sent)
+            or stamp_before > sent.position
+            or len(events) > config.timeline_limit
+            or config.required_state.lazy
+        ):
+            return None
+        ids = {s.event.event_id for s in events}
+        for stored in events:
+            if stored.event.sender == user_id or stored.event.type == REDACTION:
+                return None
+            relates = stored.event.content.get("m.relates_to")
+            if isinstance(relates, dict) and relates.get("event_id") in ids:
+                return None
+        timeline = []
+        for stored in events:
+            # A member joined throughout sees them all, as woken.py serves them.
+            event = client_event(stored, now, None, "join")
+            del event["room_id"]  # as format_events gives it
+            timeline.append(event)
+        result = {
+            "timeline": timeline,
+            "required_state": [],
+            "prev_batch": stream_token(events[0].stream_ordering - 1),
+            "limited": False,
+            "num_live": sum(1 for s in events if s.stream_ordering > since) if since else 0,
+            "bump_stamp": room.bump_stamp,
+            "membership": "join",
+            "notification_count": 0,
+            "highlight_count": 0,
+        }
+        return result, SentRoom(up_to, config)
 
     def _stripped(
         self, requester: Requester, room: ListedRoom, config: RoomConfig, sent: SentRoom | None

@@ -48,6 +48,19 @@ def test_only_the_users_an_event_concerns_are_woken():
     assert members.reads == reads
 
 
+def test_a_presence_change_wakes_only_the_syncs_that_carry_presence():
+    """A sliding sync carries no presence: a room's presence changes leave it parked."""
+    notifier = Notifier(Members({}))
+    with (
+        notifier.registered("@a") as sync,
+        notifier.registered("@a", presence=False) as sliding,
+    ):
+        notifier.notify_presence(["@a"])
+        assert sync.woken.is_set() and sync.recompute and not sliding.woken.is_set()
+        notifier.notify_users(["@a"])  # anything else wakes it
+        assert sliding.woken.is_set() and sliding.recompute
+
+
 def test_registration_is_removed_when_the_waiting_greenlet_is_killed():
     notifier = Notifier(Members({}))
     parked = Event()

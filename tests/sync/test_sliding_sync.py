@@ -3,9 +3,11 @@ recency with counts, a long-poll woken by a message, room subscriptions, invites
 members, unknown positions, each extension, and a connection that outlives a restart of
 its cache."""
 
+import re
 import threading
 
 import pytest
+import requests
 
 from tests.e2ee.conftest import device  # noqa: F401 - fixture
 from tests.rooms.conftest import V3, create_room, send
@@ -432,6 +434,126 @@ def test_list_filters(user):
     assert body["rooms"][dm]["heroes"][0]["user_id"] == bob.user_id
 
 
+def lists_made(server) -> dict:
+    """weir_sliding_sync_lists_total by made_from: kept (brought up to date) or whole."""
+    text = requests.get(server.url("/metrics"), timeout=10).text
+    found = re.findall(r'^weir_sliding_sync_lists_total\{made_from="(\w+)"\} (\S+)$', text, re.M)
+    return {name: float(value) for name, value in found}
+
+
+def without_ages(value):
+    """The response as a recomputation would give it again: ages move with the clock."""
+    if isinstance(value, dict):
+        return {k: without_ages(v) for k, v in value.items() if k != "age"}
+    if isinstance(value, list):
+        return [without_ages(v) for v in value]
+    return value
+
+
+def test_a_kept_list_answers_as_a_whole_read_would(server, user):
+    """Messages after a response move their rooms up in the kept list (no rooms read); the
+    answer is the one a connection that reads the whole list gives, room for room."""
+    alice = user("alice")
+    gone = create_room(alice, name="gone")
+    assert alice.post(f"{V3}/rooms/{q(gone)}/leave", json={}).status_code == 200
+    rooms = [create_room(alice, name=f"r{i}") for i in range(8)]
+    request = {"lists": {"top": room_list([[0, 2]], timeline_limit=3, required_state=ALL_STATE)}}
+    kept = slide(alice, {**request, "conn_id": "kept"})
+    whole = slide(alice, {**request, "conn_id": "whole"})
+    assert kept["rooms"].keys() == whole["rooms"].keys() == set(rooms[5:])
+    send(alice, rooms[0], "from the bottom")  # into the window
+    send(alice, rooms[6], "within it")
+    send(alice, rooms[2], "one")
+    send(alice, rooms[2], "two")  # to the top, with two new events
+    made = lists_made(server)
+    from_kept = slide(alice, {**request, "conn_id": "kept"}, pos=kept["pos"])
+    assert lists_made(server)["kept"] == made["kept"] + 1
+    # Forgetting a room left before moves no stream: the kept list is read whole again.
+    assert alice.post(f"{V3}/rooms/{q(gone)}/forget", json={}).status_code == 200
+    from_whole = slide(alice, {**request, "conn_id": "whole"}, pos=whole["pos"])
+    assert lists_made(server)["whole"] == made["whole"] + 1
+    assert set(from_kept["rooms"]) == {rooms[2], rooms[6], rooms[0]}
+    assert from_kept["lists"] == from_whole["lists"] == {"top": {"count": 8}}
+    assert without_ages(from_kept["rooms"]) == without_ages(from_whole["rooms"])
+    timeline = [e["content"].get("body") for e in from_kept["rooms"][rooms[2]]["timeline"]]
+    assert timeline[-2:] == ["one", "two"] and "initial" not in from_kept["rooms"][rooms[6]]
+
+
+def test_a_woken_answer_made_from_the_new_events_is_a_whole_reads(server, user):
+    """Another member's messages wake a parked long-poll, whose rooms already sent are
+    answered from the events themselves: the answer a whole read gives, room for room."""
+    alice, bob = user("alice"), user("bob")
+    gone = create_room(alice, name="gone")
+    assert alice.post(f"{V3}/rooms/{q(gone)}/leave", json={}).status_code == 200
+    rooms = [create_room(bob, preset="public_chat", name=f"b{i}") for i in range(3)]
+    for room in rooms:
+        join(alice, room)
+    request = {"lists": {"all": room_list([[0, 9]], timeline_limit=2)}}
+    kept = slide(alice, {**request, "conn_id": "kept"})
+    whole = slide(alice, {**request, "conn_id": "whole"})
+    results: dict = {}
+
+    def wait():
+        results["body"] = slide(
+            alice, {**request, "conn_id": "kept"}, pos=kept["pos"], timeout=20_000
+        )
+
+    made = lists_made(server)
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    wait_until(lambda: metric(server, "weir_sync_waiters") == 1)  # parked
+    first = send(bob, rooms[0], "wake up")
+    waiter.join(20)
+    assert not waiter.is_alive()
+    woken = results["body"]
+    assert lists_made(server)["kept"] == made["kept"] + 2  # parking, then woken
+    entry = woken["rooms"][rooms[0]]
+    assert [e["event_id"] for e in entry["timeline"]] == [first]
+    assert entry["num_live"] == 1 and entry["limited"] is False and "initial" not in entry
+    # Forgetting a room left before moves no stream: the kept list is read whole again.
+    assert alice.post(f"{V3}/rooms/{q(gone)}/forget", json={}).status_code == 200
+    from_whole = slide(alice, {**request, "conn_id": "whole"}, pos=whole["pos"])
+    assert woken["lists"] == from_whole["lists"] == {"all": {"count": 3}}
+    assert without_ages(woken["rooms"]) == without_ages(from_whole["rooms"])
+    # Three more than the timeline takes: read from the database, limited, as a whole read.
+    for text in ("one", "two", "three"):
+        send(bob, rooms[1], text)
+    again = slide(alice, {**request, "conn_id": "kept"}, pos=woken["pos"])
+    entry = again["rooms"][rooms[1]]
+    assert entry["limited"] is True and [e["content"]["body"] for e in entry["timeline"]] == [
+        "two",
+        "three",
+    ]
+
+
+def test_a_membership_or_a_state_change_reads_the_list_whole(server, user):
+    """A room joined, or renamed, after a response is listed as a whole read lists it."""
+    alice, bob = user("alice"), user("bob")
+    mine = [create_room(alice, name=f"m{i}") for i in range(3)]
+    theirs = create_room(bob, preset="public_chat", name="theirs")
+    request = {"lists": {"all": room_list([[0, 9]])}}
+    body = slide(alice, request)
+    send(alice, mine[0], "warm")
+    body = slide(alice, request, pos=body["pos"])  # the kept list, brought up to date
+    made = lists_made(server)
+    join(alice, theirs)
+    joined = slide(alice, request, pos=body["pos"])
+    assert lists_made(server)["whole"] == made["whole"] + 1
+    assert joined["lists"]["all"]["count"] == 4
+    assert joined["rooms"][theirs]["initial"] is True
+    assert joined["rooms"][theirs]["name"] == "theirs"
+    r = alice.put(f"{V3}/rooms/{q(mine[1])}/state/m.room.name", json={"name": "renamed"})
+    assert r.status_code == 200, r.text
+    renamed = slide(alice, request, pos=joined["pos"])
+    assert lists_made(server)["whole"] == made["whole"] + 2
+    assert renamed["rooms"][mine[1]]["name"] == "renamed"
+    assert renamed["rooms"][mine[1]]["required_state"][0]["content"] == {"name": "renamed"}
+    send(alice, mine[2], "quiet again")
+    again = slide(alice, request, pos=renamed["pos"])
+    assert lists_made(server)["kept"] == made["kept"] + 1
+    assert list(again["rooms"]) == [mine[2]] and again["lists"]["all"]["count"] == 4
+
+
 def test_a_connection_goes_on_from_the_database(server, user):
     """The in-memory state gone (a restart, or a connection pushed out of the cache), the
     next request is answered from the rows."""
@@ -445,5 +567,27 @@ def test_a_connection_goes_on_from_the_database(server, user):
     alice.base_url = server.client_url
     assert slide(alice, request, pos=body["pos"])["rooms"] == {}  # nothing new: nothing sent
     newer = send(alice, room, "after the restart")
-    entry = slide(alice, request, pos=body["pos"])["rooms"][room]
+    later = slide(alice, request, pos=body["pos"])
+    entry = later["rooms"][room]
     assert "initial" not in entry and [e["event_id"] for e in entry["timeline"]] == [newer]
+    # A long-poll read back from the rows goes on, once woken, from the list it read.
+    server.stop()
+    server.start()
+    alice.base_url = server.client_url
+    results: dict = {}
+
+    def wait():
+        results["body"] = slide(alice, request, pos=later["pos"], timeout=20_000)
+
+    made = lists_made(server)
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    wait_until(lambda: metric(server, "weir_sync_waiters") == 1)  # parked
+    latest = send(alice, room, "while it waits")
+    waiter.join(20)
+    assert not waiter.is_alive()
+    entry = results["body"]["rooms"][room]
+    assert [e["event_id"] for e in entry["timeline"]] == [latest]
+    made_now = lists_made(server)
+    assert made_now["kept"] == made.get("kept", 0) + 1  # woken: the list it read, brought on
+    assert made_now["whole"] == made.get("whole", 0) + 1  # parked: the rows, its list whole
