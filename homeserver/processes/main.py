@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import logging
 import resource
+import sys
 
 from homeserver.api.app import CLIENT, FEDERATION
 from homeserver.config import Config
@@ -16,6 +17,7 @@ from homeserver.processes.listeners import HomeserverServer
 from homeserver.processes.shards import FederationShards
 from homeserver.rooms.transactions import TransactionProcessor
 from homeserver.runtime import HomeserverRuntime
+from homeserver.storage.instances import InstanceTaken, hold_instance
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +49,20 @@ def raise_open_files_limit(max_connections: int) -> None:
 
 
 def serve(config: Config, config_path: str) -> int:
-    """Serves until SIGTERM or SIGINT; 1 if a listener or a shard could not start."""
+    """Serves until SIGTERM or SIGINT; 1 if a listener or a shard could not start, 2 if
+    another process serves this instance (its name, or the SQLite database)."""
+    try:
+        lock = hold_instance(config.database.url, config.instance_name)
+    except InstanceTaken as e:
+        print(f"weir: {e}", file=sys.stderr, flush=True)
+        return 2
+    try:
+        return _serve(config, config_path)
+    finally:
+        lock.close()
+
+
+def _serve(config: Config, config_path: str) -> int:
     raise_open_files_limit(config.server.http.max_connections)
     runtime = HomeserverRuntime(config, pools=True)
     runtime.build_all()
