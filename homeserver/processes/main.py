@@ -7,6 +7,7 @@ import gc
 import logging
 import resource
 import sys
+from typing import Callable
 
 from homeserver.api.app import CLIENT, FEDERATION
 from homeserver.config import Config
@@ -17,6 +18,7 @@ from homeserver.processes.listeners import HomeserverServer
 from homeserver.processes.shards import FederationShards
 from homeserver.rooms.transactions import TransactionProcessor
 from homeserver.runtime import HomeserverRuntime
+from homeserver.storage.announcements import StreamAnnouncements
 from homeserver.storage.instances import InstanceTaken, hold_instance
 
 log = logging.getLogger(__name__)
@@ -62,10 +64,23 @@ def serve(config: Config, config_path: str) -> int:
         lock.close()
 
 
+def _listen_to_instances(config: Config, runtime: HomeserverRuntime) -> list[Callable]:
+    """With other instances on the database, their writes wake this one's syncs; what
+    stops that on drain."""
+    if config.cluster.instances < 2:
+        return []
+    announcements = StreamAnnouncements(
+        config.database.url, config.instance_name, runtime.cluster_wakes.on_positions
+    )
+    announcements.start()
+    return [announcements.stop]
+
+
 def _serve(config: Config, config_path: str) -> int:
     raise_open_files_limit(config.server.http.max_connections)
     runtime = HomeserverRuntime(config, pools=True)
     runtime.build_all()
+    stop_listening = _listen_to_instances(config, runtime)
     # With worker shards, they serve federation and main the client API.
     shards = FederationShards(runtime, config_path) if config.federation.worker.shards else None
     server = HomeserverServer(runtime, listeners=(CLIENT,) if shards else (CLIENT, FEDERATION))
@@ -109,6 +124,7 @@ def _serve(config: Config, config_path: str) -> int:
             federation_url,
         )
     before = [
+        *stop_listening,
         hub_lateness.stop,
         runtime.federation_sender.stop,
         runtime.presence.stop,

@@ -74,10 +74,12 @@ from homeserver.storage.remote_invites import RemoteInviteStore
 from homeserver.storage.reports import ReportStore
 from homeserver.storage.room_graph import RoomGraphStore
 from homeserver.storage.rooms import RoomStore
+from homeserver.storage.stream_changes import StreamChanges
 from homeserver.storage.sync import SyncStore
 from homeserver.storage.transactions import ReceivedTransactionStore, StagingCaps
 from homeserver.storage.user_directory import UserDirectoryStore
 from homeserver.sync.account_data import AccountDataService
+from homeserver.sync.cluster import ClusterWakes
 from homeserver.sync.edus import InboundEdus
 from homeserver.sync.filters import Filters
 from homeserver.sync.notifications import Notifications
@@ -409,6 +411,19 @@ class HomeserverRuntime(AdminComponents):
         return notifier
 
     @component
+    def cluster_wakes(self) -> ClusterWakes:
+        """Other instances' writes, heard through LISTEN/NOTIFY, wake this one's syncs."""
+        wakes = ClusterWakes(
+            StreamChanges(self.db), self.notifier, self.e2ee_store.users_sharing_a_room
+        )
+        self.metrics.track_counter(
+            "weir_cluster_wakes",
+            "Batches of other instances' writes that woke syncs here",
+            lambda: wakes.wakes,
+        )
+        return wakes
+
+    @component
     def sync_store(self) -> SyncStore:
         return SyncStore(self.db)
 
@@ -518,7 +533,9 @@ class HomeserverRuntime(AdminComponents):
     @component
     def e2ee_store(self) -> E2eeStore:
         # Shards claim one-time keys over federation: counts cannot be kept across a wake.
-        return E2eeStore(self.db, keys_written_elsewhere=self.config.federation.worker.shards > 0)
+        # Other instances too.
+        elsewhere = self.config.federation.worker.shards > 0 or self.config.cluster.instances > 1
+        return E2eeStore(self.db, keys_written_elsewhere=elsewhere)
 
     def _keys_changed(self, user_id: str, devices=(), signing: bool = False) -> None:
         """Wakes the syncs of all who share a room with the user; tells other servers."""

@@ -94,7 +94,11 @@ class Infrastructure:
     def db(self) -> Database:
         """The database, migrated to the newest schema."""
         os.makedirs(self.config.data_dir, exist_ok=True)
-        db = open_database(self.config.database.url)
+        # With other instances on the database, its writes announce their stream positions.
+        clustered = self.config.cluster.instances > 1
+        db = open_database(
+            self.config.database.url, announce_as=self.config.instance_name if clustered else None
+        )
         migrate(db)
         if db.readers:  # SQLite: connections on threads of its own; PostgreSQL waits on sockets
             self.metrics.track_queue("database_read", lambda: db.waiting_reads, db.readers)
