@@ -279,6 +279,8 @@ class Infrastructure:
             max_queued_edus=self.config.federation.sender.max_queued_edus,
             on_outcome=lambda outcome: outcomes.labels(outcome).inc(),
             on_edu_dropped=lambda edu_type, reason: dropped.labels(edu_type, reason).inc(),
+            # A destination's lease names the instance that sends to it.
+            owner=self.config.instance_name,
         )
         sender.track_figures(self.metrics)
         return sender
