@@ -414,11 +414,15 @@ class HomeserverRuntime(AdminComponents):
     def cluster_wakes(self) -> ClusterWakes:
         """Other instances' writes, heard through LISTEN/NOTIFY, wake this one's syncs."""
         wakes = ClusterWakes(
-            StreamChanges(self.db), self.notifier, self.e2ee_store.users_sharing_a_room
+            StreamChanges(self.db),
+            self.notifier,
+            self.e2ee_store.users_sharing_a_room,
+            forget_room=self.push_actions.forget_room,
+            forget_rules=self.push_rules.forget,
         )
         self.metrics.track_counter(
             "weir_cluster_wakes",
-            "Batches of other instances' writes that woke syncs here",
+            "Ranges of other instances' writes read to wake syncs here",
             lambda: wakes.wakes,
         )
         return wakes

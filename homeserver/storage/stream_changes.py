@@ -19,6 +19,7 @@ class RoomChanges:
     """Events stored in a range: per room, the users its member events are about."""
 
     rooms: dict[str, set[str]] = field(default_factory=dict)
+    state_changed: set[str] = field(default_factory=set)  # rooms with a state event
     invited: set[str] = field(default_factory=set)  # invites and knocks kept out of rooms
 
 
@@ -29,13 +30,15 @@ class StreamChanges:
     def room_events(self, after: int, upto: int) -> RoomChanges:
         def read(tx) -> RoomChanges:
             changes = RoomChanges()
-            for room_id, event_type, state_key in tx.fetchall(
-                "SELECT room_id, type, state_key FROM events"
+            for room_id, event_type, state_key, soft_failed in tx.fetchall(
+                "SELECT room_id, type, state_key, soft_failed FROM events"
                 " WHERE stream_ordering > ? AND stream_ordering <= ? AND outlier = 0"
                 " ORDER BY stream_ordering",
                 (after, upto),
             ):
                 targets = changes.rooms.setdefault(room_id, set())
+                if state_key is not None and not soft_failed:
+                    changes.state_changed.add(room_id)
                 if event_type == "m.room.member" and state_key is not None:
                     targets.add(state_key)
             # Invites from other servers take positions of the events stream too.

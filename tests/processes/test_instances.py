@@ -223,3 +223,26 @@ def write_settings(directory, overrides: dict) -> str:
     path = str(directory / "config.toml")
     write_config(path, merge(base_settings(str(directory / "data")), overrides))
     return path
+
+
+def test_a_join_through_one_instance_is_counted_by_the_others_push_rules(two_instances):
+    """Push actions keep each room's members in memory: a join through b makes a forget
+    them, so alice's next message through a notifies bob."""
+    a, b, _ = two_instances
+    alice, bob = client(a), client(b)
+    alice.register("alice")
+    bob.register("bob")
+    r = alice.post("/_matrix/client/v3/createRoom", json={"invite": ["@bob:weir.test"]})
+    room_id = r.json()["room_id"]
+    send(alice, room_id, "before-bob")  # a keeps the room's members: alice alone
+    since = sync(a, alice.token)["next_batch"]
+    parked = gevent.spawn(sync, a, alice.token, since, 30_000)
+    wait_for_metric(a.client_url, "weir_sync_waiters", 1, timeout=15)
+    r = bob.post(f"/_matrix/client/v3/rooms/{room_id}/join", json={})
+    assert r.status_code == 200, r.text
+    # a woke alice for the join, which it does after forgetting the room's members.
+    joined = [e for e in timeline(parked.get(timeout=30), room_id) if e["type"] == "m.room.member"]
+    assert [e["state_key"] for e in joined] == ["@bob:weir.test"]
+    send(alice, room_id, "for-bob")
+    room = sync(b, bob.token)["rooms"]["join"][room_id]
+    assert room["unread_notifications"]["notification_count"] == 1
