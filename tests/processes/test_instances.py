@@ -130,7 +130,7 @@ def test_other_streams_wake_a_sync_parked_on_the_other_instance(two_instances):
 
 
 def test_concurrent_writes_through_both_reach_every_sync_once_in_order(two_instances):
-    a, b, _ = two_instances
+    a, b, url = two_instances
     alice, bob, shared = shared_room(a, b)
     own = {}
     for name, c in (("alice", alice), ("bob", bob)):
@@ -179,6 +179,20 @@ def test_concurrent_writes_through_both_reach_every_sync_once_in_order(two_insta
         )
         ids = [e["event_id"] for e in r.json()["chunk"] if e["event_id"] in seen[0]]
         assert list(reversed(ids)) == seen[0]
+    # Writers to one room take turns across instances: each event follows the one before,
+    # and the room never forked.
+    assert prev_counts(url, shared) == {1}
+
+
+def prev_counts(url: str, room_id: str) -> set[int]:
+    """How many prev_events the room's events after its create event name."""
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT json FROM events WHERE room_id = %s AND type <> 'm.room.create'", (room_id,)
+        ).fetchall()
+    return {len(json.loads(text)["prev_events"]) for (text,) in rows}
 
 
 def test_a_duplicate_instance_name_exits_2(pg_cluster, start_weir, tmp_path):
