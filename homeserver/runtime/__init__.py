@@ -281,7 +281,7 @@ class HomeserverRuntime(AdminComponents):
         """PUT /send: main checks, authorises and stores the PDUs; a worker shard (given the
         relay to main) checks them under its own budget and relays them."""
         checker = PduChecker(self.keyring, self.rooms, self.out_of_room_ends, self.server_acls)
-        received = ReceivedTransactionStore(self.db)
+        received = ReceivedTransactionStore(self.db, self.config.instance_name)
         if self._transaction_relay is None:
             processor = TransactionProcessor(
                 checker,
