@@ -74,6 +74,9 @@ class Tx:
 class Database:
     dialect = ""
 
+    # Other instances write to this database too (PostgreSQL, cluster.instances > 1).
+    shared = False
+
     # Greenlets waiting for a connection to read or write on: the queues /metrics shows.
     waiting_reads = 0
     waiting_writes = 0
@@ -265,6 +268,7 @@ class PostgresDatabase(Database):
 
         self._psycopg = psycopg
         self._announce_as = announce_as
+        self.shared = announce_as is not None
         conninfo = re.sub(r"^postgres(ql)?://", "postgresql://", url)
         # A server-side statement timeout bounds every query even if the caller is killed
         # mid-wait; a gevent.Timeout alone would leave the query running on the server.

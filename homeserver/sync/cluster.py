@@ -8,8 +8,7 @@ announced; the rows between the last position this instance knew and it say whom
   `recompute`, as the rooms' persist listener does. Those events are not in this
   instance's `RecentEvents`, only their newest position is, so a woken sync finds a gap
   there and reads the database (sync/woken.py): nothing answers from memory that another
-  instance wrote. Invites from
-  other servers (the same stream) wake the invited user.
+  instance wrote. Invites from other servers (the same stream) wake the invited user.
 - receipts: the room's members (a private receipt: its owner).
 - account data and to-device messages: their owner.
 - device lists and presence: everyone sharing a room with the user.
@@ -25,13 +24,10 @@ instances").
 
 from __future__ import annotations
 
-import logging
 from typing import Callable, Iterable
 
 from homeserver.storage.stream_changes import PER_USER_STREAMS, StreamChanges
 from homeserver.sync.notifier import Notifier
-
-log = logging.getLogger(__name__)
 
 SHARED_WITH_ROOMS = frozenset({"device_lists", "presence"})
 
