@@ -1,6 +1,7 @@
 """Several Weir instances on one PostgreSQL, as real processes: another instance's message
 wakes a parked /sync, tokens travel between instances, concurrent writes through both reach
-every sync once and in order; and the refusals: SQLite with several instances or a second
+every sync once and in order, a join elsewhere reaches push rules, one instance at a time
+sends to a destination (whose sink counts duplicates); and the refusals: SQLite with several instances or a second
 process on one SQLite file, and a duplicate instance_name, exit 2 with one line."""
 
 import json
@@ -10,7 +11,11 @@ import time
 import gevent
 import pytest
 
+from tests.peers.origins import OriginKeyServer
+from tests.peers.receiver import TransactionSink
+from tests.support.federation import federation_settings, tls_listener_settings
 from tests.support.metrics import metric, wait_for_metric
+from tests.support.remote_room import room_joined_by
 from tests.support.server import (
     MatrixClient,
     WeirProcess,
@@ -21,6 +26,7 @@ from tests.support.server import (
 )
 
 SYNC = "/_matrix/client/v3/sync"
+WEIR_IP, SENDER_PEER_IP = "127.66.0.1", "127.66.0.2"
 # No timeline gaps: every event a sync answers is in its timeline.
 FILTER = json.dumps({"room": {"timeline": {"limit": 1000}}})
 
@@ -260,3 +266,52 @@ def test_a_join_through_one_instance_is_counted_by_the_others_push_rules(two_ins
     send(alice, room_id, "for-bob")
     room = sync(b, bob.token)["rooms"]["join"][room_id]
     assert room["unread_notifications"]["notification_count"] == 1
+
+
+@pytest.fixture(scope="module")
+def sender_keys(test_ca, dns):
+    with OriginKeyServer("instances.test", test_ca, dns, host=SENDER_PEER_IP) as server:
+        yield server
+
+
+def test_one_instance_at_a_time_sends_to_a_destination(
+    pg_cluster, start_weir, tmp_path, test_ca, dns, sender_keys
+):
+    """Both instances write events a remote server must get; the destination's lease lets
+    one send at a time: every PDU arrives once, never two transactions at once."""
+    sink = TransactionSink(sender_keys)
+    fed = federation_settings(test_ca, dns, remote_timeout=3)
+    fed.update(tls_listener_settings(test_ca, "weir.test", WEIR_IP, port=0))
+    shared = {
+        "database": {"url": pg_cluster.new_database()},
+        "data_dir": str(tmp_path / "shared-data"),
+        "cluster": {"instances": 2},
+        "federation": fed,
+    }
+    a = start_weir(merge(shared, {"instance_name": "a"}), name="a")
+    b = start_weir(merge(shared, {"instance_name": "b"}), name="b")
+    sink.trust("weir.test", a.federation_url, test_ca)  # one signing key: the shared data_dir
+    origin = sender_keys.add_origin("remote")
+    alice, bob = client(a), client(b)
+    alice.register("alice")
+    bob.register("bob")
+    room, _ = room_joined_by(a, test_ca, alice, origin)
+    r = bob.post(f"/_matrix/client/v3/rooms/{room.room_id}/join", json={})
+    assert r.status_code == 200, r.text
+    expected = {f"{who}-{i}" for who in ("alice", "bob") for i in range(10)}
+    writers = [
+        gevent.spawn(lambda c=c, who=who: [send(c, room.room_id, f"{who}-{i}") for i in range(10)])
+        for c, who in ((alice, "alice"), (bob, "bob"))
+    ]
+    gevent.joinall(writers, raise_error=True)
+
+    def bodies() -> list:
+        return [p["content"].get("body") for p in sink.pdus(origin.name)]
+
+    # A lease held elsewhere is looked at again within 5 s: well within this wait.
+    assert sink.wait_until(lambda: expected <= set(bodies()), timeout=60), sink.attempts(
+        origin.name
+    )
+    messages = [body for body in bodies() if body in expected]
+    assert len(messages) == len(expected)  # none sent twice
+    assert sink.max_in_flight[origin.name] == 1  # one sender at a time
