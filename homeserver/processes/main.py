@@ -73,6 +73,11 @@ def _listen_to_instances(config: Config, runtime: HomeserverRuntime) -> list[Cal
         config.database.url, config.instance_name, runtime.cluster_wakes.on_positions
     )
     announcements.start()
+    runtime.metrics.track_counter(
+        "weir_cluster_listen_reconnects",
+        "Listening connections for other instances' writes lost and replaced",
+        lambda: announcements.reconnects,
+    )
     return [announcements.stop]
 
 

@@ -64,7 +64,10 @@ class StreamAnnouncements:
     def _listen(self) -> None:
         import psycopg  # after gevent's patching, as storage/database.py does
 
-        self._conn = psycopg.connect(self._conninfo, autocommit=True)
+        # Named, so that an operator sees it in pg_stat_activity.
+        self._conn = psycopg.connect(
+            self._conninfo, autocommit=True, application_name=f"weir-listen-{self._own}"
+        )
         self._conn.execute(f"LISTEN {CHANNEL}")
         rows = self._conn.execute("SELECT stream_name, position FROM stream_positions")
         self._pending = dict(rows.fetchall())

@@ -55,7 +55,9 @@ def _hold_postgres(url: str, instance_name: str) -> InstanceLock:
     import psycopg  # after gevent's patching, as storage/database.py does
 
     conninfo = re.sub(r"^postgres(ql)?://", "postgresql://", url)
-    conn = psycopg.connect(conninfo, autocommit=True)
+    conn = psycopg.connect(
+        conninfo, autocommit=True, application_name=f"weir-instance-{instance_name}"
+    )
     row = conn.execute(
         "SELECT pg_try_advisory_lock(%s, hashtext(%s))", (LOCK_SPACE, instance_name)
     ).fetchone()

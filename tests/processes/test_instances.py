@@ -315,3 +315,28 @@ def test_one_instance_at_a_time_sends_to_a_destination(
     messages = [body for body in bodies() if body in expected]
     assert len(messages) == len(expected)  # none sent twice
     assert sink.max_in_flight[origin.name] == 1  # one sender at a time
+
+
+def test_a_lost_listening_connection_is_replaced_and_misses_nothing(two_instances):
+    """b's LISTEN connection is ended by the database; a message sent through a before b
+    listens again still wakes bob's sync on b, read from where b had got to."""
+    a, b, url = two_instances
+    alice, bob, room_id = shared_room(a, b)
+    since = sync(b, bob.token)["next_batch"]
+    parked = gevent.spawn(sync, b, bob.token, since, 30_000)
+    wait_for_metric(b.client_url, "weir_sync_waiters", 1, timeout=15)
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        ended = conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE application_name = 'weir-listen-b'"
+        ).fetchall()
+        assert ended == [(True,)]
+        # Sent while b is not listening: b reconnects a second after it notices.
+        started = time.monotonic()
+        event_id = send(alice, room_id, "while-b-was-away")
+    answer = parked.get(timeout=30)
+    assert time.monotonic() - started < 10  # woken, not the long-poll's end
+    assert [e["event_id"] for e in timeline(answer, room_id)] == [event_id]
+    assert metric(b.client_url, "weir_cluster_listen_reconnects_total") == 1
