@@ -479,6 +479,7 @@ class FederationSender:
         )
         if txn_id is None:  # another instance holds the destination
             dest.edus.extendleft(reversed(ephemeral))
+            dest.pending = True  # still owed: sent by its holder, or by us once it lapses
             self._retry_in(dest, HELD_ELSEWHERE_RETRY)
             return False
         # Until it answers, a destination has the unproven lane's time, not the whole deadline.

@@ -125,5 +125,8 @@ class StreamAnnouncements:
         try:
             self._deliver(pending)
         except Exception:
-            # The consumer keeps its own last positions: the next batch covers this one.
+            # Tried again after the next wait (1 s at most): the consumer reads from the
+            # last position it applied, so nothing is woken or forgotten twice or never.
             log.exception("could not wake syncs for other instances' writes")
+            for stream, position in pending.items():
+                self._pending[stream] = max(position, self._pending.get(stream, 0))

@@ -316,6 +316,25 @@ def test_one_instance_at_a_time_sends_to_a_destination(
     messages = [body for body in bodies() if body in expected]
     assert len(messages) == len(expected)  # none sent twice
     assert sink.max_in_flight[origin.name] == 1  # one sender at a time
+    # The holder falls idle; a message through the other instance waits for its lease to
+    # lapse (remote_timeout + 10 s after its last transaction), then that instance takes over.
+    holder = lease_owner(shared["database"]["url"], origin.name)
+    taker, through = ("b", bob) if holder == "a" else ("a", alice)
+    send(through, room.room_id, "after-the-holder")
+    assert sink.wait_until(lambda: "after-the-holder" in bodies(), timeout=60)
+    assert lease_owner(shared["database"]["url"], origin.name) == taker
+    assert bodies().count("after-the-holder") == 1
+
+
+def lease_owner(url: str, destination: str) -> str:
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "SELECT lease_owner FROM federation_destinations WHERE destination = %s",
+            (destination,),
+        ).fetchone()
+    return row[0]
 
 
 def test_a_lost_listening_connection_is_replaced_and_misses_nothing(two_instances):
