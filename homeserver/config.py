@@ -454,6 +454,13 @@ class AppserviceConfig:
 
 
 @dataclass(frozen=True)
+class ClusterConfig:
+    # Instances serving one server on one PostgreSQL database (docs/operations.md,
+    # "Several instances"); more than 1 turns on their wake-ups through LISTEN/NOTIFY.
+    instances: int = setting(_int(1, 64), 1)
+
+
+@dataclass(frozen=True)
 class Config:
     server_name: str = setting(fields.String(validate=_server_name), "localhost:8008")
     # What clients are told to use (.well-known/matrix/client): an absolute http(s) URL.
@@ -461,6 +468,16 @@ class Config:
         fields.Url(schemes={"http", "https"}, require_tld=False), "http://localhost:8008/"
     )
     data_dir: str = setting(fields.String(), "data")
+    # This instance's name, unique among the instances on one database.
+    instance_name: str = setting(
+        fields.String(
+            validate=validate.Regexp(
+                r"^[A-Za-z0-9._-]{1,64}$", error="Expected 1 to 64 of A-Z a-z 0-9 . _ -"
+            )
+        ),
+        "main",
+    )
+    cluster: ClusterConfig = section(ClusterConfig)
     server: ServerConfig = section(ServerConfig)
     federation: FederationConfig = section(FederationConfig)
     database: DatabaseConfig = section(DatabaseConfig)
@@ -527,6 +544,11 @@ def parse_config(data: dict, base_dir: str = ".") -> Config:
         raise ConfigError(
             "federation.tls_private_key",
             "tls_certificate and tls_private_key must be set together.",
+        )
+    if config.cluster.instances > 1 and sqlite_path(config.database.url) is not None:
+        raise ConfigError(
+            "cluster.instances",
+            "several instances need PostgreSQL: SQLite is served by one process.",
         )
     return _resolve_paths(config, os.path.abspath(base_dir))
 

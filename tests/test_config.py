@@ -101,6 +101,10 @@ def test_shipped_config_toml_is_valid_and_matches_defaults():
             "security.federation.trusted_key_servers.0.verify_keys",
             "Not an ed25519 key",
         ),
+        ({"instance_name": "a b"}, "instance_name", "Expected 1 to 64"),
+        ({"instance_name": ""}, "instance_name", "Expected 1 to 64"),
+        ({"cluster": {"instances": 0}}, "cluster.instances", ""),
+        ({"cluster": {"instances": 2}}, "cluster.instances", "need PostgreSQL"),
     ],
 )
 def test_invalid_values_name_the_dotted_key(data, key, reason):
@@ -108,6 +112,17 @@ def test_invalid_values_name_the_dotted_key(data, key, reason):
         parse_config(data)
     assert info.value.key == key
     assert reason in info.value.reason
+
+
+def test_several_instances_on_postgresql_are_accepted():
+    config = parse_config(
+        {
+            "instance_name": "worker-2",
+            "cluster": {"instances": 3},
+            "database": {"url": "postgresql://weir@db/weir"},
+        }
+    )
+    assert (config.instance_name, config.cluster.instances) == ("worker-2", 3)
 
 
 def test_config_is_frozen():

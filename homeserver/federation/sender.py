@@ -66,6 +66,9 @@ MAX_EDU_REFUSALS = 3
 CATCH_UP_ROOM_LIMIT = 50
 BACKOFF_START = 10.0
 BACKOFF_MAX = 3600.0
+# Another instance holds the destination's lease: it sends whatever is queued (ours too) at
+# its next transaction; we look again this often rather than back off as from a failure.
+HELD_ELSEWHERE_RETRY = 5.0
 # The lanes' defaults (federation.sender.live_window, federation.sender.unproven_timeout).
 LIVE_WINDOW_SECONDS = 300.0
 UNPROVEN_TIMEOUT_SECONDS = 10.0
@@ -476,7 +479,8 @@ class FederationSender:
         )
         if txn_id is None:  # another instance holds the destination
             dest.edus.extendleft(reversed(ephemeral))
-            self._back_off(dest, persist=False)
+            dest.pending = True  # still owed: sent by its holder, or by us once it lapses
+            self._retry_in(dest, HELD_ELSEWHERE_RETRY)
             return False
         # Until it answers, a destination has the unproven lane's time, not the whole deadline.
         seconds = None if self.lane_of(dest) == LIVE else self.unproven_timeout
@@ -557,14 +561,17 @@ class FederationSender:
     def _back_off(self, dest: _Destination, persist: bool) -> None:
         interval = self.backoff_start if not dest.interval else dest.interval * 2
         dest.interval = min(interval, self.backoff_max)
-        dest.retry_at = time.monotonic() + dest.interval
         if persist:
             self.store.set_retry(
                 dest.name, int(dest.interval * 1000), now_ms() + int(dest.interval * 1000)
             )
+        self._retry_in(dest, dest.interval)
+
+    def _retry_in(self, dest: _Destination, seconds: float) -> None:
+        dest.retry_at = time.monotonic() + seconds
         if dest.timer is not None:
             dest.timer.kill(block=False)
-        dest.timer = gevent.spawn_later(dest.interval, self._retry, dest)
+        dest.timer = gevent.spawn_later(seconds, self._retry, dest)
 
     def _retry(self, dest: _Destination) -> None:
         dest.timer = None

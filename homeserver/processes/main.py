@@ -6,6 +6,8 @@ from __future__ import annotations
 import gc
 import logging
 import resource
+import sys
+from typing import Callable
 
 from homeserver.api.app import CLIENT, FEDERATION
 from homeserver.config import Config
@@ -16,6 +18,8 @@ from homeserver.processes.listeners import HomeserverServer
 from homeserver.processes.shards import FederationShards
 from homeserver.rooms.transactions import TransactionProcessor
 from homeserver.runtime import HomeserverRuntime
+from homeserver.storage.announcements import StreamAnnouncements
+from homeserver.storage.instances import InstanceTaken, hold_instance
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +51,41 @@ def raise_open_files_limit(max_connections: int) -> None:
 
 
 def serve(config: Config, config_path: str) -> int:
-    """Serves until SIGTERM or SIGINT; 1 if a listener or a shard could not start."""
+    """Serves until SIGTERM or SIGINT; 1 if a listener or a shard could not start, 2 if
+    another process serves this instance (its name, or the SQLite database)."""
+    try:
+        lock = hold_instance(config.database.url, config.instance_name)
+    except InstanceTaken as e:
+        print(f"weir: {e}", file=sys.stderr, flush=True)
+        return 2
+    try:
+        return _serve(config, config_path)
+    finally:
+        lock.close()
+
+
+def _listen_to_instances(config: Config, runtime: HomeserverRuntime) -> list[Callable]:
+    """With other instances on the database, their writes wake this one's syncs; what
+    stops that on drain."""
+    if config.cluster.instances < 2:
+        return []
+    announcements = StreamAnnouncements(
+        config.database.url, config.instance_name, runtime.cluster_wakes.on_positions
+    )
+    announcements.start()
+    runtime.metrics.track_counter(
+        "weir_cluster_listen_reconnects",
+        "Listening connections for other instances' writes lost and replaced",
+        lambda: announcements.reconnects,
+    )
+    return [announcements.stop]
+
+
+def _serve(config: Config, config_path: str) -> int:
     raise_open_files_limit(config.server.http.max_connections)
     runtime = HomeserverRuntime(config, pools=True)
     runtime.build_all()
+    stop_listening = _listen_to_instances(config, runtime)
     # With worker shards, they serve federation and main the client API.
     shards = FederationShards(runtime, config_path) if config.federation.worker.shards else None
     server = HomeserverServer(runtime, listeners=(CLIENT,) if shards else (CLIENT, FEDERATION))
@@ -96,6 +131,7 @@ def serve(config: Config, config_path: str) -> int:
             federation_url,
         )
     before = [
+        *stop_listening,
         hub_lateness.stop,
         runtime.federation_sender.stop,
         runtime.appservice_sender.stop,

@@ -13,8 +13,10 @@ persist point; the filters, tokens and pages that reads use are `pagination.py`'
 from __future__ import annotations
 
 import logging
+import random
 from typing import Callable, Iterable
 
+import gevent
 from signedjson.key import get_verify_key
 from signedjson.sign import SignatureVerifyException, verify_signed_json
 
@@ -57,8 +59,11 @@ from homeserver.storage.rooms import (
 log = logging.getLogger(__name__)
 
 # A room whose extremities keep moving under us (another process writing) is retried this
-# many times before the request gives up.
+# many times before the request gives up; with other instances writing to it, more times,
+# after a random pause of up to 5 ms per attempt so that no writer keeps losing the race.
 _PERSIST_ATTEMPTS = 3
+_SHARED_PERSIST_ATTEMPTS = 20
+_SHARED_PAUSE_SECONDS = 0.005
 
 MEMBERSHIPS = ("join", "invite", "knock", "leave", "ban")
 
@@ -259,11 +264,13 @@ class RoomService:
                 existing = self.store.event_for_txn(txn)
                 if existing is not None:
                     return existing
-            for _ in range(_PERSIST_ATTEMPTS):
+            shared = self.store.db.shared
+            for attempt in range(_SHARED_PERSIST_ATTEMPTS if shared else _PERSIST_ATTEMPTS):
                 try:
                     return self._append_once(version, room_id, planned, txn, skip_if_unchanged)
                 except StaleExtremities:
-                    continue
+                    if shared:
+                        gevent.sleep(random.uniform(0, _SHARED_PAUSE_SECONDS * (attempt + 1)))
         raise MatrixError(503, Codes.UNKNOWN, "The room is busy; try again")
 
     def _append_once(

@@ -70,10 +70,12 @@ from homeserver.storage.reports import ReportStore
 from homeserver.storage.room_graph import RoomGraphStore
 from homeserver.storage.rooms import RoomStore
 from homeserver.storage.sliding_sync import SlidingSyncStore
+from homeserver.storage.stream_changes import StreamChanges
 from homeserver.storage.sync import SyncStore
 from homeserver.storage.transactions import ReceivedTransactionStore, StagingCaps
 from homeserver.storage.user_directory import UserDirectoryStore
 from homeserver.sync.account_data import AccountDataService
+from homeserver.sync.cluster import ClusterWakes
 from homeserver.sync.edus import InboundEdus
 from homeserver.sync.filters import Filters
 from homeserver.sync.notifications import Notifications
@@ -292,7 +294,7 @@ class HomeserverRuntime(AdminComponents, E2eeComponents, PushComponents):
         """PUT /send: main checks, authorises and stores the PDUs; a worker shard (given the
         relay to main) checks them under its own budget and relays them."""
         checker = PduChecker(self.keyring, self.rooms, self.out_of_room_ends, self.server_acls)
-        received = ReceivedTransactionStore(self.db)
+        received = ReceivedTransactionStore(self.db, self.config.instance_name)
         if self._transaction_relay is None:
             processor = TransactionProcessor(
                 checker,
@@ -420,6 +422,23 @@ class HomeserverRuntime(AdminComponents, E2eeComponents, PushComponents):
             lambda: notifier.bursts,
         )
         return notifier
+
+    @component
+    def cluster_wakes(self) -> ClusterWakes:
+        """Other instances' writes, heard through LISTEN/NOTIFY, wake this one's syncs."""
+        wakes = ClusterWakes(
+            StreamChanges(self.db),
+            self.notifier,
+            self.e2ee_store.users_sharing_a_room,
+            forget_room=self.push_actions.forget_room,
+            forget_rules=self.push_rules.forget,
+        )
+        self.metrics.track_counter(
+            "weir_cluster_wakes",
+            "Ranges of other instances' writes read to wake syncs here",
+            lambda: wakes.wakes,
+        )
+        return wakes
 
     @component
     def sync_store(self) -> SyncStore:

@@ -95,7 +95,11 @@ class Infrastructure:
     def db(self) -> Database:
         """The database, migrated to the newest schema."""
         os.makedirs(self.config.data_dir, exist_ok=True)
-        db = open_database(self.config.database.url)
+        # With other instances on the database, its writes announce their stream positions.
+        clustered = self.config.cluster.instances > 1
+        db = open_database(
+            self.config.database.url, announce_as=self.config.instance_name if clustered else None
+        )
         migrate(db)
         if db.readers:  # SQLite: connections on threads of its own; PostgreSQL waits on sockets
             self.metrics.track_queue("database_read", lambda: db.waiting_reads, db.readers)
@@ -278,6 +282,8 @@ class Infrastructure:
             max_queued_edus=self.config.federation.sender.max_queued_edus,
             on_outcome=lambda outcome: outcomes.labels(outcome).inc(),
             on_edu_dropped=lambda edu_type, reason: dropped.labels(edu_type, reason).inc(),
+            # A destination's lease names the instance that sends to it.
+            owner=self.config.instance_name,
         )
         sender.track_figures(self.metrics)
         return sender

@@ -45,9 +45,12 @@ def in_lists(values: list) -> Iterator[tuple[list, str]]:
 class Tx:
     """One transaction on one connection; `?` placeholders on both engines."""
 
-    def __init__(self, conn, dialect: str):
+    def __init__(self, conn, dialect: str, announce_as: str | None = None):
         self.conn = conn
         self.dialect = dialect
+        # The instance that announces this transaction's stream positions to the others
+        # at its commit (storage/streams.py); None with one instance.
+        self.announce_as = announce_as
 
     def execute(self, sql: str, params: tuple | list = ()):
         if self.dialect == "postgres":
@@ -70,6 +73,9 @@ class Tx:
 
 class Database:
     dialect = ""
+
+    # Other instances write to this database too (PostgreSQL, cluster.instances > 1).
+    shared = False
 
     # Greenlets waiting for a connection to read or write on: the queues /metrics shows.
     waiting_reads = 0
@@ -249,13 +255,20 @@ class PostgresDatabase(Database):
     dialect = "postgres"
 
     def __init__(
-        self, url: str, min_size: int = 1, max_size: int = 10, statement_timeout_ms: int = 30000
+        self,
+        url: str,
+        min_size: int = 1,
+        max_size: int = 10,
+        statement_timeout_ms: int = 30000,
+        announce_as: str | None = None,
     ):
         # Imported here, never at module level: psycopg must see the patched socket module.
         import psycopg
         from psycopg_pool import ConnectionPool
 
         self._psycopg = psycopg
+        self._announce_as = announce_as
+        self.shared = announce_as is not None
         conninfo = re.sub(r"^postgres(ql)?://", "postgresql://", url)
         # A server-side statement timeout bounds every query even if the caller is killed
         # mid-wait; a gevent.Timeout alone would leave the query running on the server.
@@ -272,7 +285,7 @@ class PostgresDatabase(Database):
         with self._pool.connection() as conn:
             try:
                 with conn.transaction():
-                    return fn(Tx(conn, "postgres"), *args)
+                    return fn(Tx(conn, "postgres", self._announce_as), *args)
             except (gevent.Timeout, gevent.GreenletExit):
                 # The query may still be running: cancel it and do not reuse the connection.
                 try:
@@ -294,7 +307,9 @@ class PostgresDatabase(Database):
         return isinstance(exc, self._psycopg.errors.UniqueViolation)
 
 
-def open_database(url: str) -> Database:
+def open_database(url: str, announce_as: str | None = None) -> Database:
+    """`announce_as`: this instance's name, when other instances share the (PostgreSQL)
+    database and must hear of its writes."""
     if url.startswith("sqlite:///"):
         return SqliteDatabase(url[len("sqlite:///") :])
-    return PostgresDatabase(url)
+    return PostgresDatabase(url, announce_as=announce_as)

@@ -89,11 +89,22 @@ class StaleExtremities(Exception):
     """The room moved on between building an event and storing it."""
 
 
+# The first key of a room's advisory lock while an event of it is written ("ROOM").
+ROOM_WRITES = 0x524F4F4D
+
 _EVENT_COLUMNS = "e.stream_ordering, e.event_id, e.json, e.unsigned"
 
 
 def _stored(row) -> StoredEvent:
     return StoredEvent(PARSED.event(row[1], row[2]), row[0], json.loads(row[3] or "{}"))
+
+
+def _one_writer_per_room(tx, room_id: str) -> None:
+    """With other instances on the database, they write to the room too, and
+    rooms/service.py's room lock is one process's: one writer per room cluster-wide, until
+    commit, so the extremity check sees their commits instead of forking the room."""
+    if tx.announce_as is not None:
+        tx.execute("SELECT pg_advisory_xact_lock(?, hashtext(?))", (ROOM_WRITES, room_id))
 
 
 def _state_key_of(stored: StoredEvent) -> StateKey:
@@ -150,6 +161,7 @@ class RoomStore(RoomMembers):
 
     def _persist(self, tx, events, new_room, txn, now_ms, extra_writes, received, send_to, res):
         room_id = events[0].room_id
+        _one_writer_per_room(tx, room_id)
         if new_room is not None:
             tx.execute(
                 "INSERT INTO rooms (room_id, room_version, creator, created_ts)"

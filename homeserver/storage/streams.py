@@ -3,9 +3,19 @@
 `advance` must run inside the write transaction that stores what the positions are for: the
 row it updates stays locked until that transaction commits, so positions become visible in
 order on both engines (see 0003_rooms.sql).
+
+With several instances on one PostgreSQL, the same row lock orders them all: a writer of a
+stream waits for the previous one to commit, so positions are committed in order
+cluster-wide. `advance` then also queues a NOTIFY on `CHANNEL` with the stream and its new
+position, which PostgreSQL delivers only at commit, in commit order, and never for a
+rolled-back write (storage/announcements.py listens; docs/architecture.md, "Several
+instances").
 """
 
 from __future__ import annotations
+
+# The LISTEN/NOTIFY channel of stream positions; the payload is "<instance> <stream> <position>".
+CHANNEL = "weir_streams"
 
 
 def advance(tx, stream_name: str, count: int = 1) -> int:
@@ -17,6 +27,8 @@ def advance(tx, stream_name: str, count: int = 1) -> int:
     )
     if row is None:
         raise RuntimeError(f"unknown stream {stream_name!r}")
+    if tx.announce_as is not None:
+        tx.execute("SELECT pg_notify(?, ?)", (CHANNEL, f"{tx.announce_as} {stream_name} {row[0]}"))
     return row[0]
 
 

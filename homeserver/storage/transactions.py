@@ -37,8 +37,11 @@ class StagingCaps:
 
 
 class ReceivedTransactionStore:
-    def __init__(self, db: Database):
+    def __init__(self, db: Database, instance_name: str = "main"):
+        """`instance_name`: whose staged and held work this is. With several instances each
+        applies and retries only what it staged or held itself, so no two apply it twice."""
         self.db = db
+        self.instance = instance_name
 
     def answer(self, origin: str, txn_id: str) -> dict | None:
         """The answer given to ``(origin, txn_id)``, if it was answered."""
@@ -84,9 +87,10 @@ class ReceivedTransactionStore:
             if not caps.allow(tx, origin, count, len(text), held_except=txn_id):
                 return False
             tx.execute(
-                "INSERT INTO inbound_staging (origin, txn_id, body, pdus, bytes, staged_ts)"
-                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (origin, txn_id) DO NOTHING",
-                (origin, txn_id, text, count, len(text), now_ms),
+                "INSERT INTO inbound_staging (origin, txn_id, body, pdus, bytes, staged_ts,"
+                " instance_name) VALUES (?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (origin, txn_id) DO NOTHING",
+                (origin, txn_id, text, count, len(text), now_ms, self.instance),
             )
             return True
 
@@ -95,12 +99,20 @@ class ReceivedTransactionStore:
     def staged(self) -> list[tuple[str, str, dict]]:
         """Every staged (origin, txn_id, body), in the order they came."""
         rows = self.db.read(
-            lambda tx: tx.fetchall("SELECT origin, txn_id, body FROM inbound_staging ORDER BY id")
+            lambda tx: tx.fetchall(
+                "SELECT origin, txn_id, body FROM inbound_staging WHERE instance_name = ?"
+                " ORDER BY id",
+                (self.instance,),
+            )
         )
         return [(row[0], row[1], json.loads(row[2])) for row in rows]
 
     def staged_count(self) -> int:
-        return self.db.read(lambda tx: tx.fetchone("SELECT COUNT(*) FROM inbound_staging"))[0]
+        return self.db.read(
+            lambda tx: tx.fetchone(
+                "SELECT COUNT(*) FROM inbound_staging WHERE instance_name = ?", (self.instance,)
+            )
+        )[0]
 
     # --- held: PDUs whose missing events could not be fetched yet -----------------------
 
@@ -119,7 +131,8 @@ class ReceivedTransactionStore:
                 return False
             tx.execute(
                 "INSERT INTO inbound_held (origin, event_id, txn_id, pdu, source_ip, bytes,"
-                " held_ts, next_try_ts, tries) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0)",
+                " held_ts, next_try_ts, tries, instance_name)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, ?)",
                 (
                     held.origin,
                     held.event_id,
@@ -129,6 +142,7 @@ class ReceivedTransactionStore:
                     len(text),
                     held.held_ms,
                     held.next_try_ms,
+                    self.instance,
                 ),
             )
             return True
@@ -140,15 +154,21 @@ class ReceivedTransactionStore:
         rows = self.db.read(
             lambda tx: tx.fetchall(
                 "SELECT id, origin, event_id, pdu, source_ip, held_ts, next_try_ts, tries"
-                " FROM inbound_held WHERE next_try_ts <= ? ORDER BY next_try_ts, id LIMIT ?",
-                (now_ms, limit),
+                " FROM inbound_held WHERE next_try_ts <= ? AND instance_name = ?"
+                " ORDER BY next_try_ts, id LIMIT ?",
+                (now_ms, self.instance, limit),
             )
         )
         return [HeldPdu(r[1], r[2], json.loads(r[3]), r[4], r[5], r[6], r[7], r[0]) for r in rows]
 
     def held_next_try(self) -> int | None:
         """When the next held PDU is due, if any is held."""
-        return self.db.read(lambda tx: tx.fetchone("SELECT MIN(next_try_ts) FROM inbound_held"))[0]
+        return self.db.read(
+            lambda tx: tx.fetchone(
+                "SELECT MIN(next_try_ts) FROM inbound_held WHERE instance_name = ?",
+                (self.instance,),
+            )
+        )[0]
 
     def retry_held_later(self, row_id: int, tries: int, next_try_ms: int) -> None:
         self.db.write(
@@ -162,8 +182,9 @@ class ReceivedTransactionStore:
         """The origin's held PDUs due before `until_ms` wait until then."""
         self.db.write(
             lambda tx: tx.execute(
-                "UPDATE inbound_held SET next_try_ts = ? WHERE origin = ? AND next_try_ts < ?",
-                (until_ms, origin, until_ms),
+                "UPDATE inbound_held SET next_try_ts = ?"
+                " WHERE origin = ? AND next_try_ts < ? AND instance_name = ?",
+                (until_ms, origin, until_ms, self.instance),
             )
         )
 
@@ -171,7 +192,11 @@ class ReceivedTransactionStore:
         self.db.write(lambda tx: tx.execute("DELETE FROM inbound_held WHERE id = ?", (row_id,)))
 
     def held_count(self) -> int:
-        return self.db.read(lambda tx: tx.fetchone("SELECT COUNT(*) FROM inbound_held"))[0]
+        return self.db.read(
+            lambda tx: tx.fetchone(
+                "SELECT COUNT(*) FROM inbound_held WHERE instance_name = ?", (self.instance,)
+            )
+        )[0]
 
 
 @dataclass(frozen=True)

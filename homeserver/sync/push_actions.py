@@ -99,6 +99,10 @@ class PushActions:
 
         return (lambda tx: PushStore.insert_push_actions(tx, found)), after
 
+    def forget_room(self, room_id: str) -> None:
+        """Another instance changed the room's state (sync/cluster.py)."""
+        self._rooms.pop(room_id, None)
+
     def _room_facts(self, room_id: str) -> RoomFacts:
         facts = self._rooms.get(room_id)
         if facts is None:

@@ -194,6 +194,10 @@ class PushRules:
             raise not_found("No such push rule")
         self._changed(user_id)
 
+    def forget(self, user_id: str) -> None:
+        """Another instance may have changed the user's rules (its account data moved)."""
+        self._compiled.pop(user_id, None)
+
     def _changed(self, user_id: str) -> None:
         self._compiled.pop(user_id, None)
         self.account_data.set(user_id, "", PUSH_RULES_TYPE, {"global": self.ruleset(user_id)})

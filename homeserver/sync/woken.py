@@ -103,6 +103,12 @@ class RecentEvents:
             if gone is not None:
                 self._position_of.pop(gone.event.event_id, None)
 
+    def stored_elsewhere(self, position: int) -> None:
+        """Another instance stored events up to `position` (sync/cluster.py): a run
+        reaching over them is not known here, so a sync past them reads the database, and
+        one before them never takes an empty run for "nothing new"."""
+        self.newest = max(self.newest, position)
+
     def after(self, position: int) -> list[StoredEvent] | None:
         """Every event stored after `position`, oldest first; None when a position between
         it and the newest heard of is unknown."""

@@ -21,6 +21,7 @@ from tests.peers.appservice import FakeAppservice
 from tests.peers.push_gateway import PushGateway
 from tests.peers.web import WebSite
 from tests.support.admin import register_admin
+from tests.support.metrics import metric
 from tests.support.server import MatrixClient
 
 JS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "js")
@@ -505,3 +506,33 @@ def test_a_pusher_through_matrix_js_sdk(start_weir, database_url, node, tmp_path
         assert notified["content"] == {"msgtype": "m.text", "body": "ring bob's phone"}
         assert [d["pushkey"] for d in notified["devices"]] == ["js-pushkey"]
         assert len(gateway.arrived) == 1
+
+
+# PostgreSQL only: several instances need it (SQLite with two exits 2, test_instances.py).
+def test_two_instances_through_matrix_js_sdk(pg_cluster, start_weir, node, tmp_path):
+    """alice's client syncs on instance a, bob's on b, of one server on one PostgreSQL: the
+    invite, the joins, the room keys (to-device) and a later device of bob's on a (a device
+    list change) all cross instances, and every message is decrypted on the other side."""
+    shared = {
+        "database": {"url": pg_cluster.new_database()},
+        "data_dir": str(tmp_path / "shared-data"),
+        "cluster": {"instances": 2},
+    }
+    a = start_weir({**shared, "instance_name": "a"}, name="a")
+    b = start_weir({**shared, "instance_name": "b"}, name="b")
+    messages = {"from_alice": "hello from a", "from_bob": "hello from b", "later": "to bob2"}
+    scenario = {
+        "alice": registered(a, "alice"),
+        "bob": registered(b, "bob"),
+        "other_url": b.client_url,
+        "messages": messages,
+    }
+    result = run_node(node, "instances.mjs", a.client_url, json.dumps(scenario), tmp_path=tmp_path)
+    devices, sent, received = result["devices"], result["sent"], result["received"]
+    assert received[devices["bob"]][sent["fromAlice"]] == messages["from_alice"]
+    assert received[devices["alice"]][sent["fromBob"]] == messages["from_bob"]
+    assert received[devices["bob2"]][sent["later"]] == messages["later"]
+    assert received[devices["bob"]][sent["later"]] == messages["later"]
+    # Both instances woke syncs for what the other wrote.
+    for proc in (a, b):
+        assert metric(proc.client_url, "weir_cluster_wakes_total") > 0

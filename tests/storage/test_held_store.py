@@ -77,3 +77,22 @@ def test_due_held_pdus_come_in_order_and_are_put_off(store):
     assert store.held_next_try() == 150
     store.release_held(first.row_id)
     assert store.held_count() == 3
+
+
+def test_each_instance_resumes_and_retries_only_its_own_work(store):
+    """Two instances on one database: what one staged or held, the other never applies."""
+    other = ReceivedTransactionStore(store.db, "b")
+    assert store.stage(ORIGIN, "t1", {"pdus": [{}]}, caps(10), 1)
+    assert other.stage(ORIGIN, "t2", {"pdus": [{}]}, caps(10), 1)
+    assert [txn for _, txn, _ in store.staged()] == ["t1"]
+    assert [txn for _, txn, _ in other.staged()] == ["t2"]
+    assert store.hold(held(1), "t1", caps(10))
+    assert other.hold(held(2), "t2", caps(10))
+    assert other.hold(held(1), "t2", caps(10))  # held already, by main: not held twice
+    assert [h.event_id for h in store.held_due(1000, 10)] == ["$e1"]
+    assert [h.event_id for h in other.held_due(1000, 10)] == ["$e2"]
+    other.postpone_held(ORIGIN, 5000)
+    assert [h.event_id for h in store.held_due(1000, 10)] == ["$e1"]
+    assert (store.held_count(), other.held_count()) == (1, 1)
+    # The caps are the database's: both instances' work counts against the origin's.
+    assert not other.stage(ORIGIN, "t3", {"pdus": [{}]}, caps(4), 1)
