@@ -104,22 +104,23 @@ class WeirHandler(WSGIHandler):
         return super()._handle_client_error(ex)
 
     def read_requestline(self):
-        # Between requests the connection is idle: a shutdown may close it at once.
+        if self._kept_alive:
+            # pywsgi reads a keep-alive request that has already arrived without going
+            # through the hub, so a busy connection would be served run after run while
+            # every other one waits. One turn of the hub first: each ready connection is
+            # served once before any is served twice (docs/operations.md).
+            gevent.sleep(0)
+        else:
+            self._kept_alive = True
+        if self.server.closing:
+            return ""
+        # Idle until the first byte of the next request (or the keep-alive timeout): only
+        # now may a shutdown, or a new connection at max_connections, close it. A request
+        # already in the read buffer is never dropped: peek returns it without a switch.
         idle = self.server.idle_greenlets
         current = gevent.getcurrent()
         idle[current] = None  # last in order: the idle longest come first
         try:
-            if self._kept_alive:
-                # pywsgi reads a keep-alive request that has already arrived without going
-                # through the hub, so a busy connection would be served run after run while
-                # every other one waits. One turn of the hub first: each ready connection is
-                # served once before any is served twice (docs/operations.md).
-                gevent.sleep(0)
-            else:
-                self._kept_alive = True
-            if self.server.closing:
-                return ""
-            # Idle until the first byte of the next request (or the keep-alive timeout).
             if not self.rfile.peek(1):
                 return ""
         finally:
