@@ -482,6 +482,6 @@ def test_a_client_that_hangs_up_leaves_no_room_behind(federating, test_ca, keys,
         prefix = f"/_matrix/federation/v1/make_leave/{later_room}/"
         return any(r.path.startswith(prefix) for r in keys.requests)
 
-    assert sink.wait_until(asked_later, timeout=30)
+    assert keys.wait_until(asked_later, timeout=30)  # the peer that is asked
     refused = login(federating, kim.user_id)
     assert (refused.status_code, refused.json()["errcode"]) == (403, "M_USER_DEACTIVATED")

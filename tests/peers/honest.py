@@ -225,8 +225,12 @@ class HonestPeer:
         return sum(1 for r in self.requests if r.path.startswith(FEDERATION_MEDIA_DOWNLOAD))
 
     def wait_hits(self, path: str | None, n: int, timeout: float = 10) -> bool:
+        return self.wait_until(lambda: self.hits(path) >= n, timeout)
+
+    def wait_until(self, predicate, timeout: float = 10) -> bool:
+        """Whether `predicate()` held within `timeout`, looked at after each request seen."""
         end = time.monotonic() + timeout
-        while self.hits(path) < n:
+        while not predicate():
             left = end - time.monotonic()
             if left <= 0:
                 return False
