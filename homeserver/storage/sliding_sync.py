@@ -175,6 +175,20 @@ class SlidingSyncStore:
         self.db.read(read)
         return found
 
+    def latest_of_types(self, room_id: str, up_to: int, types: frozenset[str]) -> int | None:
+        """The stream position of the room's latest event of one of `types` shown to
+        clients, at or before `up_to`: read backwards from `up_to` (events_by_room)."""
+        marks = ", ".join("?" * len(types))
+        row = self.db.read(
+            lambda tx: tx.fetchone(
+                "SELECT stream_ordering FROM events WHERE room_id = ? AND stream_ordering <= ?"
+                f" AND type IN ({marks}) AND soft_failed = 0 AND outlier = 0"
+                " ORDER BY stream_ordering DESC LIMIT 1",
+                (room_id, up_to, *sorted(types)),
+            )
+        )
+        return row[0] if row else None
+
     def room_facts(self, room_ids: list[str]) -> dict[str, RoomFacts]:
         """The facts of each room this server holds state of (room_stats and current
         state); rooms it does not (a remote invite's) are left out."""

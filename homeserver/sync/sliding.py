@@ -96,7 +96,7 @@ class SlidingSync:
         self.on_list = on_list  # "kept" or "whole", for each room list made
         self.connections = connections
         self.lists = lists
-        self.rooms = SlidingRooms(sync.rooms, sync.history, sync.entries)
+        self.rooms = SlidingRooms(sync.rooms, sync.history, sync.entries, lists.store)
         self.extensions = SlidingExtensions(sync)
 
     def begin(
@@ -249,7 +249,7 @@ class SlidingSync:
                 made = self.rooms.live_result(
                     requester.user_id,
                     room,
-                    live[0].by_id[room_id].bump_stamp,
+                    live[0].by_id[room_id].activity,
                     matched.config,
                     sent,
                     live[1][room_id],

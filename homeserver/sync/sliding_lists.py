@@ -1,11 +1,13 @@
 """A sliding sync's room lists (MSC4186, "Lists"): the user's rooms, most recent activity
 first, filtered per list, and the rooms of each list's ranges.
 
-A room's place is its `bump_stamp`: the stream position of the latest event the user may
-see in it. In a joined room that is the room's latest event shown to clients; in a room
-the user was invited to, knocked on, left or was banned from, their membership event (what
-came after it is not theirs to see). Rooms left by the user's own hand are listed only if
-the connection sent them before (the MSC: they know they left); kicks and bans always.
+A room's place is its `activity`: the stream position of the latest event the user may
+see in it, of any type (the MSC: lists are by last activity, not by `bump_stamp`, which
+counts only some types: sliding_rooms.py). In a joined room that is the room's latest event
+shown to clients; in a room the user was invited to, knocked on, left or was banned from,
+their membership event (what came after it is not theirs to see). Rooms left by the user's
+own hand are listed only if the connection sent them before (the MSC: they know they left);
+kicks and bans always.
 
 A connection keeps its list in memory (`Listing`, on sliding_connections.py's state). Its
 next request brings it up to date from the events stored since (`advance`, from the
@@ -31,7 +33,7 @@ NO_FILTERS = ListFilters()
 class ListedRoom:
     room_id: str
     membership: str
-    bump_stamp: int
+    activity: int  # its place in the lists: the latest event's position (see above)
     membership_at: int  # where the user's membership was set
     facts: RoomFacts | None  # None for a room this server has no state of (a remote invite)
     stripped: list | None = None  # a remote invite's or knock's stripped state
@@ -112,7 +114,7 @@ class RoomLists:
             room = ListedRoom(room_id, membership, stamp, at, facts.get(room_id), stripped)
             room.in_lists = room_id not in unlisted
             listed.append(room)
-        listed.sort(key=lambda r: (-r.bump_stamp, r.room_id))
+        listed.sort(key=lambda r: (-r.activity, r.room_id))
         return _listing(up_to, forgets, listed, unlisted)
 
     def advance(
@@ -146,10 +148,10 @@ class RoomLists:
         sent = kept.own_leaves & sent_before
         if not bumped and not sent:
             return replace(kept, position=max(up_to, kept.position))
-        # Every new stamp is past the kept position, every kept stamp at or before it.
+        # Every new activity is past the kept position, every kept one at or before it.
         moved = sorted(
-            (replace(kept.by_id[r], bump_stamp=at) for r, at in bumped.items()),
-            key=lambda r: (-r.bump_stamp, r.room_id),
+            (replace(kept.by_id[r], activity=at) for r, at in bumped.items()),
+            key=lambda r: (-r.activity, r.room_id),
         )
         listed = moved + [r for r in kept.rooms if r.room_id not in bumped]
         if sent:  # sent since (by a subscription): in the lists from now on

@@ -7,6 +7,11 @@ Timelines and event formatting are /sync's (room_entries.py), read as of the pos
 request reads up to; a room the user is no longer in is read up to their membership event.
 A joined room already sent, whose new events the kept list brought in, is made from them
 with no read (`live_result`), when that gives what the reads would.
+
+A room's `bump_stamp` is the position of its latest event of a type that counts as activity
+(BUMP_TYPES, the MSC's list), not its place in the lists (any event: sliding_lists.py), so
+that a client sorting by it does not move a room for a reaction, an edit or a member
+change. Omitted when unchanged (the MSC), as the new events of a room sent before show.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from homeserver.rooms.pagination import stream_token
 from homeserver.rooms.redactions import REDACTION
 from homeserver.rooms.service import RoomService
 from homeserver.storage.rooms import StoredEvent
+from homeserver.storage.sliding_sync import SlidingSyncStore
 from homeserver.sync.filters import NO_FILTER
 from homeserver.sync.room_entries import HEROES, RoomEntries, SyncRequest, Timeline
 from homeserver.sync.sliding_connections import SentRoom
@@ -28,13 +34,32 @@ from homeserver.sync.sliding_request import RoomConfig
 _HEADER_TYPES = frozenset(
     {"m.room.name", "m.room.avatar", "m.room.canonical_alias", "m.room.member"}
 )
+# MSC4186 `bump_stamp`: the "proper" activity a client sorts its room list by.
+BUMP_TYPES = frozenset(
+    {
+        "m.room.create",
+        "m.room.message",
+        "m.room.encrypted",
+        "m.sticker",
+        "m.call.invite",
+        "m.poll.start",
+        "m.beacon_info",
+    }
+)
 
 
 class SlidingRooms:
-    def __init__(self, rooms: RoomService, history: RoomHistory, entries: RoomEntries):
+    def __init__(
+        self,
+        rooms: RoomService,
+        history: RoomHistory,
+        entries: RoomEntries,
+        store: SlidingSyncStore,
+    ):
         self.rooms = rooms
         self.history = history
         self.entries = entries
+        self.store = store
 
     def result(
         self,
@@ -54,7 +79,7 @@ class SlidingRooms:
             return _remote_end(room, config, sent)
         room_up_to = up_to if room.membership == "join" else room.membership_at
         initial = _is_initial(room, config, sent)
-        if not initial and sent is not None and room.bump_stamp <= sent.position:
+        if not initial and sent is not None and room.activity <= sent.position:
             return None, SentRoom(sent.position, config)
         after = 0 if initial or sent is None else sent.position
         request = SyncRequest(requester, None, NO_FILTER)
@@ -76,11 +101,13 @@ class SlidingRooms:
             "num_live": (
                 sum(1 for s in timeline.events if s.stream_ordering > since) if since else 0
             ),
-            "bump_stamp": room.bump_stamp,
             "membership": room.membership,
             "notification_count": 0,  # the joined rooms': sliding.py, _add_counts
             "highlight_count": 0,
         }
+        bump_stamp = self._bump_stamp(room, timeline, initial, room_up_to)
+        if bump_stamp is not None:
+            result["bump_stamp"] = bump_stamp
         if initial:
             result["initial"] = True
             if sent is not None and config.timeline_limit > sent.config.timeline_limit:
@@ -136,11 +163,13 @@ class SlidingRooms:
             "prev_batch": stream_token(events[0].stream_ordering - 1),
             "limited": False,
             "num_live": sum(1 for s in events if s.stream_ordering > since) if since else 0,
-            "bump_stamp": room.bump_stamp,
             "membership": "join",
             "notification_count": 0,
             "highlight_count": 0,
         }
+        bump_stamp = _last_bump(events)
+        if bump_stamp is not None:
+            result["bump_stamp"] = bump_stamp
         return result, SentRoom(up_to, config)
 
     def _stripped(
@@ -158,7 +187,7 @@ class SlidingRooms:
         result = {
             "initial": True,
             "membership": room.membership,
-            "bump_stamp": room.bump_stamp,
+            "bump_stamp": room.membership_at,
             # invite_state is what clients of the unstable path read; stripped_state the
             # MSC's final name for it.
             "stripped_state": events,
@@ -175,6 +204,21 @@ class SlidingRooms:
             elif event.get("type") == "m.room.avatar" and isinstance(content.get("url"), str):
                 result["avatar"] = content["url"]
         return result, now_sent
+
+    def _bump_stamp(
+        self, room: ListedRoom, timeline: Timeline, initial: bool, up_to: int
+    ) -> int | None:
+        """The room's `bump_stamp` as of `up_to`; a room the user is not joined to has their
+        membership's. None (unchanged) for a room sent before whose new events, all in the
+        timeline, have no activity."""
+        if room.membership != "join":
+            return room.membership_at
+        found = _last_bump(timeline.events)
+        if found is None and (initial or timeline.limited):
+            found = self.store.latest_of_types(room.room_id, up_to, BUMP_TYPES)
+            # None: its activity is not stored here (a remote room's joined since).
+            return room.membership_at if found is None else found
+        return found
 
     def _required_state(
         self, user_id: str, room_id: str, config: RoomConfig, after: int, up_to: int
@@ -232,6 +276,13 @@ class SlidingRooms:
         return heroes
 
 
+def _last_bump(events: list[StoredEvent]) -> int | None:
+    for stored in reversed(events):
+        if stored.event.type in BUMP_TYPES:
+            return stored.stream_ordering
+    return None
+
+
 def _is_initial(room: ListedRoom, config: RoomConfig, sent: SentRoom | None) -> bool:
     """Whether the room goes whole: never sent on the connection, the user's membership
     changed since, or its config asks for more than was sent."""
@@ -250,5 +301,5 @@ def _remote_end(
     to show of a room this server holds nothing of."""
     if sent is not None and sent.position >= room.membership_at:
         return None, sent
-    gone = {"initial": True, "membership": room.membership, "bump_stamp": room.bump_stamp}
+    gone = {"initial": True, "membership": room.membership, "bump_stamp": room.membership_at}
     return {**gone, "timeline": [], "required_state": []}, SentRoom(room.membership_at, config)

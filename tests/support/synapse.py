@@ -140,6 +140,8 @@ class SynapseServer:
             "rc_registration": {"per_second": 100, "burst_count": 100},
             # Tests that build history send dozens of messages in a row.
             "rc_message": {"per_second": 100, "burst_count": 100},
+            # The sliding sync comparison's user creates 30 rooms at once.
+            "rc_room_creation": {"per_second": 100, "burst_count": 100},
             "rc_login": {
                 "address": {"per_second": 100, "burst_count": 100},
                 "account": {"per_second": 100, "burst_count": 100},
