@@ -1,0 +1,11 @@
+-- A lease on each appservice's and pusher's queue, as federation_destinations has one
+-- (homeserver/storage/leases.py): the instance sending for it, and until when.
+ALTER TABLE appservice_state ADD COLUMN lease_owner TEXT;
+ALTER TABLE appservice_state ADD COLUMN lease_until_ms BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE pushers ADD COLUMN lease_owner TEXT;
+ALTER TABLE pushers ADD COLUMN lease_until_ms BIGINT NOT NULL DEFAULT 0;
+-- Another instance's events are read by position when its NOTIFY arrives, to wake the
+-- queues this instance holds (runtime/queues.py): which destinations and which users'
+-- pushers they concern. Only several instances read them, and those are on PostgreSQL.
+CREATE INDEX federation_outbox_by_stream_ordering ON federation_outbox (stream_ordering);
+CREATE INDEX event_push_actions_by_stream_ordering ON event_push_actions (stream_ordering);
