@@ -15,11 +15,14 @@ when a lease lapses. A lease outlasts the call it was claimed for by `MARGIN` at
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Callable
 
 from homeserver.storage.database import Database
+
+log = logging.getLogger(__name__)
 
 # What a holder's call may overrun its deadline by: a timer the hub fires late, the
 # socket's close. A lease is at least a call's deadline and twice this.
@@ -129,13 +132,16 @@ class QueueLeases:
         """Gives every lease up (a stop, once nothing is in flight): another instance with
         work takes the queues at its next look, not after the lease's time."""
         self._until.clear()
-        self.db.write(
-            lambda tx: tx.execute(
-                f"UPDATE {self.table.name} SET lease_owner = NULL, lease_until_ms = 0"
-                " WHERE lease_owner = ?",
-                (self.owner,),
+        try:
+            self.db.write(
+                lambda tx: tx.execute(
+                    f"UPDATE {self.table.name} SET lease_owner = NULL, lease_until_ms = 0"
+                    " WHERE lease_owner = ?",
+                    (self.owner,),
+                )
             )
-        )
+        except Exception:  # they lapse all the same; the drain goes on
+            log.exception("could not give up the leases on %s", self.table.name)
 
 
 # The fence of a write only the holder may make, e.g. "... WHERE id = ?" + HELD_BY.
