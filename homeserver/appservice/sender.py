@@ -37,7 +37,7 @@ from homeserver.appservice.client import AppserviceClient, AppserviceUnreachable
 from homeserver.appservice.registration import Registration
 from homeserver.core.clock import now_ms
 from homeserver.rooms.format import client_event
-from homeserver.storage.appservice import APPSERVICES, AppserviceStore, PendingTxn
+from homeserver.storage.appservice import APPSERVICES, AppserviceStore, Handover, PendingTxn
 from homeserver.storage.leases import QueueLeases, lease_seconds
 from homeserver.storage.rooms import StoredEvent
 
@@ -128,7 +128,8 @@ class AppserviceSender:
             self._kick(service)
 
     def stored_elsewhere(self, _after: int, _upto: int) -> None:
-        """Another instance stored events: the stream may hold some for each appservice."""
+        """Another instance stored events, or handed typing, receipts or to-device messages
+        over: the appservices this one holds may be owed them."""
         self.wake()
 
     def send_ephemeral(self, edu: dict, wants: Callable[[Registration], bool]) -> None:
@@ -179,12 +180,25 @@ class AppserviceSender:
     # --- sending --------------------------------------------------------------------------
 
     def _kick(self, service: _Service) -> None:
-        if not self._running or service.busy or service.timer is not None:
+        if not self._running or service.busy:
             return
+        work = self._run
+        if service.timer is not None:  # backing off, or another instance holds it
+            if service.held_elsewhere is None or not (service.ephemeral or service.to_device):
+                return
+            work = self._pass_on  # what arrived meanwhile goes to the holder now
         service.busy = True
-        runner = gevent.spawn(self._run, service)
+        runner = gevent.spawn(work, service)
         self._runners.add(runner)
         runner.link(self._runners.discard)
+
+    def _pass_on(self, service: _Service) -> None:
+        try:
+            self._hand_over(service)
+        except Exception:  # still in memory: handed over or sent at the next look
+            log.exception("appservice %s: handing over failed", service.registration.id)
+        finally:
+            service.busy = False
 
     def _run(self, service: _Service) -> None:
         failed = False
@@ -214,6 +228,7 @@ class AppserviceSender:
         while self._running:
             service.pending = False
             if not self._hold(service):
+                self._hand_over(service)
                 return True
             if service.txn is None:
                 more = self._next_transaction(service)
@@ -254,8 +269,11 @@ class AppserviceSender:
         registration = service.registration
         stored, reached, more = self.store.events_after(service.position, MAX_EVENTS)
         events = self.interest(registration, stored)
-        ephemeral = _take(service.ephemeral, MAX_EPHEMERAL)
-        to_device = _take(service.to_device, MAX_EPHEMERAL)
+        handed = self._handed_over(registration.id)
+        more = more or len(handed.ids) == MAX_EPHEMERAL
+        own = _take(service.ephemeral, MAX_EPHEMERAL - len(handed.ephemeral))
+        own_to_device = _take(service.to_device, MAX_EPHEMERAL - len(handed.to_device))
+        ephemeral, to_device = handed.ephemeral + own, handed.to_device + own_to_device
         if not events and not ephemeral and not to_device:
             service.position = reached
             # Written now and then, not per event: after a restart the few events read
@@ -271,12 +289,32 @@ class AppserviceSender:
             body[MSC2409_EPHEMERAL] = ephemeral  # what mautrix and other bridges read
         if registration.msc3202:
             body[MSC2409_TO_DEVICE] = to_device
-        service.txn = self.store.begin(registration.id, reached, body, self.leases.owner)
+        service.txn = self.store.begin(registration.id, reached, body, self.leases.owner, handed)
         if service.txn is None:  # the lease was lost meanwhile: claimed afresh, or not
             self.leases.forget((registration.id,))
+            _put_back(service.ephemeral, own)
+            _put_back(service.to_device, own_to_device)
+        return more
+
+    def _handed_over(self, appservice_id: str) -> Handover:
+        """What other instances received for the appservice while this one held it."""
+        if not self.store.db.shared:
+            return Handover()
+        return self.store.handed_over(appservice_id, MAX_EPHEMERAL)
+
+    def _hand_over(self, service: _Service) -> None:
+        """Another instance holds the appservice: the typing, receipts and to-device
+        messages this one received for it go to the holder through the database."""
+        if not self.store.db.shared or not (service.ephemeral or service.to_device):
+            return
+        ephemeral = _take(service.ephemeral, len(service.ephemeral))
+        to_device = _take(service.to_device, len(service.to_device))
+        try:
+            self.store.hand_over(service.registration.id, ephemeral, to_device)
+        except BaseException:
             _put_back(service.ephemeral, ephemeral)
             _put_back(service.to_device, to_device)
-        return more
+            raise
 
     def _deliver(self, service: _Service, txn: PendingTxn) -> bool:
         registration = service.registration

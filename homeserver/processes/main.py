@@ -70,7 +70,10 @@ def _listen_to_instances(config: Config, runtime: HomeserverRuntime) -> list[Cal
     outbound queues; what stops that on drain."""
     if config.cluster.instances < 2:
         return []
-    queues = QueueWakes(runtime.federation_sender, runtime.appservice_sender, runtime.push_sender)
+    appservices = runtime.appservice_sender
+    queues = QueueWakes(
+        runtime.federation_sender, appservices, runtime.push_sender, handed_to=appservices
+    )
 
     def heard(positions: dict[str, int]) -> None:
         try:

@@ -12,19 +12,26 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from homeserver.storage.appservice import HANDOVER
+
 
 class _Queues(Protocol):
     def stored_elsewhere(self, after: int, upto: int) -> None: ...
 
 
 class QueueWakes:
-    def __init__(self, *senders: _Queues):
+    def __init__(self, *senders: _Queues, handed_to: _Queues | None = None):
+        """`handed_to`: the appservices, woken when another instance hands them ephemeral
+        data (storage/appservice.py, `hand_over`)."""
         self._senders = senders
+        self._handed_to = handed_to
         self._last: int | None = None  # the events stream's position last applied
         self.wakes = 0  # ranges read (weir_cluster_queue_wakes_total)
 
     def on_positions(self, positions: dict[str, int]) -> None:
         """The newest positions other instances announced."""
+        if HANDOVER in positions and self._handed_to is not None:
+            self._handed_to.stored_elsewhere(0, positions[HANDOVER])
         upto = positions.get("events")
         if upto is None or (self._last is not None and upto <= self._last):
             return

@@ -5,10 +5,10 @@ sending to it (0073_queue_leases)."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from homeserver.storage import streams
-from homeserver.storage.database import Database
+from homeserver.storage.database import Database, in_lists
 from homeserver.storage.leases import HELD_BY, LeasedTable, QueueLeases
 from homeserver.storage.rooms import _EVENT_COLUMNS, EVENTS_STREAM, StoredEvent, _stored
 
@@ -21,6 +21,26 @@ class PendingTxn:
     txn_id: int
     up_to: int  # the stream position it takes the appservice to once answered
     body: dict
+
+
+# The NOTIFY of a handover (storage/streams.py's format; no stream of positions behind it).
+HANDOVER = "appservice_handover"
+EPHEMERAL, TO_DEVICE = "ephemeral", "to_device"
+
+
+@dataclass
+class Handover:
+    ids: list[int] = field(default_factory=list)
+    ephemeral: list = field(default_factory=list)
+    to_device: list = field(default_factory=list)
+
+
+class _NotKept(Exception):
+    pass
+
+
+def _text(value) -> str:
+    return json.dumps(value, separators=(",", ":"))
 
 
 @dataclass(frozen=True)
@@ -90,22 +110,68 @@ class AppserviceStore:
             )
         )
 
-    def begin(self, appservice_id: str, up_to: int, body: dict, owner: str) -> PendingTxn | None:
-        """Keeps `body` as its transaction, with an ID never handed out before; None (and
-        nothing kept) unless `owner` holds its lease and it is owed no transaction."""
+    def begin(
+        self, appservice_id: str, up_to: int, body: dict, owner: str, handed: Handover
+    ) -> PendingTxn | None:
+        """Keeps `body` as its transaction, with an ID never handed out before, and drops
+        the `handed` rows it carries; None (and nothing kept) unless `owner` holds its lease
+        and it is owed no transaction."""
 
         def write(tx) -> PendingTxn | None:
+            for chunk, marks in in_lists(handed.ids):
+                tx.execute(f"DELETE FROM appservice_handover WHERE id IN ({marks})", chunk)
             row = tx.fetchone(
                 "UPDATE appservice_state SET next_txn_id = next_txn_id + 1,"
                 " pending_txn_id = next_txn_id, pending_up_to = ?, pending_body = ?"
                 " WHERE appservice_id = ? AND pending_txn_id IS NULL"
                 + HELD_BY
                 + " RETURNING pending_txn_id",
-                (up_to, json.dumps(body, separators=(",", ":")), appservice_id, owner),
+                (up_to, _text(body), appservice_id, owner),
             )
-            return None if row is None else PendingTxn(row[0], up_to, body)
+            if row is None:
+                raise _NotKept
+            return PendingTxn(row[0], up_to, body)
 
-        return self.db.write(write)
+        try:
+            return self.db.write(write)
+        except _NotKept:  # rolled back: the handed rows stay
+            return None
+
+    # --- what other instances hand to the holder --------------------------------------------
+
+    def hand_over(self, appservice_id: str, ephemeral: list, to_device: list) -> None:
+        """Typing, receipts and to-device messages for an appservice another instance holds:
+        kept for the holder's next transaction (`handed_over`), which hears of them at once."""
+        rows = [(appservice_id, EPHEMERAL, _text(e)) for e in ephemeral]
+        rows += [(appservice_id, TO_DEVICE, _text(m)) for m in to_device]
+
+        def write(tx) -> None:
+            tx.executemany(
+                "INSERT INTO appservice_handover (appservice_id, section, content)"
+                " VALUES (?, ?, ?)",
+                rows,
+            )
+            (last,) = tx.fetchone("SELECT MAX(id) FROM appservice_handover")
+            streams.announce(tx, HANDOVER, last)
+
+        if rows:
+            self.db.write(write)
+
+    def handed_over(self, appservice_id: str, limit: int) -> Handover:
+        """The oldest `limit` items handed over for the appservice."""
+        rows = self.db.read(
+            lambda tx: tx.fetchall(
+                "SELECT id, section, content FROM appservice_handover WHERE appservice_id = ?"
+                " ORDER BY id LIMIT ?",
+                (appservice_id, limit),
+            )
+        )
+        handed = Handover([row[0] for row in rows])
+        for _, section, content in rows:
+            (handed.ephemeral if section == EPHEMERAL else handed.to_device).append(
+                json.loads(content)
+            )
+        return handed
 
     def delivered(self, appservice_id: str, txn: PendingTxn) -> None:
         self.db.write(

@@ -1,7 +1,7 @@
 """An appservice's and a pusher's queue have one sending instance at a time, as real
 processes on the suite's PostgreSQL (homeserver/storage/leases.py): two instances store
 messages at once and each reaches the fake appservice in one transaction, and the push
-gateway once; then the holder is killed (-9) in the middle of a call, and the other
+gateway once; receipts through either reach the appservice; then the holder is killed (-9) in the middle of a call, and the other
 instance takes the queue over once the lease lapses, resending the unanswered transaction
 under its txnId (the notification of the same event), and losing nothing.
 
@@ -89,6 +89,17 @@ def bodies(transactions) -> list[str]:
     ]
 
 
+def receipt_users(bridge: FakeAppservice) -> set[str]:
+    return {
+        user_id
+        for t in bridge.transactions()
+        for edu in t.body.get("ephemeral", [])
+        if edu["type"] == "m.receipt"
+        for receipt in edu["content"].values()
+        for user_id in receipt.get("m.read", {})
+    }
+
+
 def assert_each_in_one_transaction(bridge: FakeAppservice, expected: set[str]) -> None:
     """Every message in one transaction ID, answered once; an ID sent again (a retry)
     carried the same events."""
@@ -124,6 +135,17 @@ def test_one_instance_sends_to_an_appservice_and_another_takes_it_over(start_pai
         )
         assert bridge.wait_for(lambda: expected <= set(bodies(bridge.transactions())), 60)
         assert_each_in_one_transaction(bridge, expected)
+        # Receipts through either instance reach it from the holder: the other hands its
+        # receipt over through the database, rather than waiting to hold the appservice.
+        read = send(alice, room, "read-me")
+        assert bridge.wait_for(lambda: "read-me" in bodies(bridge.transactions()))
+        holder = lease_owner(url, "appservice_state", "appservice_id", "bridge")
+        for client in (alice, carol):
+            r = client.post(f"{V3}/rooms/{quote(room)}/receipt/m.read/{quote(read)}", json={})
+            assert r.status_code == 200, r.text
+        users = {alice.user_id, carol.user_id}
+        assert bridge.wait_for(lambda: users <= receipt_users(bridge), 30)
+        assert lease_owner(url, "appservice_state", "appservice_id", "bridge") == holder
 
         # The holder's call hangs; it dies with the transaction unanswered.
         bridge.hanging = True
