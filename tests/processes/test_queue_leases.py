@@ -1,9 +1,10 @@
 """An appservice's and a pusher's queue have one sending instance at a time, as real
 processes on the suite's PostgreSQL (homeserver/storage/leases.py): two instances store
 messages at once and each reaches the fake appservice in one transaction, and the push
-gateway once; receipts through either reach the appservice; then the holder is killed (-9) in the middle of a call, and the other
-instance takes the queue over once the lease lapses, resending the unanswered transaction
-under its txnId (the notification of the same event), and losing nothing.
+gateway once; receipts through either reach the appservice; then the holder is killed
+(-9) in the middle of a call, and the other instance takes the queue over once the lease
+lapses, resending the unanswered transaction under its txnId (the notification of the
+same event), and losing nothing.
 
 The calls' deadline is 2 s and `cluster.queue_lease` 1 s, so a lease lasts 4 s."""
 
@@ -16,9 +17,11 @@ import psycopg
 import pytest
 
 from tests.appservice.conftest import V3, create_room, registration_yaml, send, user
+from tests.appservice.test_faults import bodies
 from tests.peers.appservice import FakeAppservice
 from tests.peers.push_gateway import PushGateway
 from tests.support.server import WeirProcess, merge
+from tests.sync.test_pushers import set_pusher
 
 AS_IP, GATEWAY_IP = "127.73.0.1", "127.73.0.2"
 DEADLINE = 2.0  # appservice.deadline and push.deadline; a lease lasts this + 2 s
@@ -78,15 +81,6 @@ def joined(room: str, *clients) -> None:
 
 def txn_id(request) -> str:
     return request.path.partition("?")[0].rsplit("/", 1)[1]
-
-
-def bodies(transactions) -> list[str]:
-    return [
-        e["content"]["body"]
-        for t in transactions
-        for e in t.body["events"]
-        if e["type"] == "m.room.message"
-    ]
 
 
 def receipt_users(bridge: FakeAppservice) -> set[str]:
@@ -168,20 +162,6 @@ def test_one_instance_sends_to_an_appservice_and_another_takes_it_over(start_pai
 
 
 # --- pushers -------------------------------------------------------------------------------
-
-
-def set_pusher(client, url: str) -> None:
-    body = {
-        "kind": "http",
-        "app_id": "org.weir.test",
-        "pushkey": "key-" + client.user_id,
-        "app_display_name": "Weir tests",
-        "device_display_name": "A test phone",
-        "lang": "en",
-        "data": {"url": url},
-    }
-    r = client.post(f"{V3}/pushers/set", json=body)
-    assert r.status_code == 200, r.text
 
 
 def test_one_instance_notifies_for_a_pusher_and_another_takes_it_over(start_pair):
