@@ -124,7 +124,7 @@ class QueueLeases:
         self._until.pop(key, None)
 
     def held(self) -> int:
-        """Leases this instance holds now (weir_queue_leases)."""
+        """Leases this instance holds now (weir_<queue>_leases)."""
         now = self._clock()
         return sum(1 for until in self._until.values() if until > now)
 
