@@ -458,6 +458,10 @@ class ClusterConfig:
     # Instances serving one server on one PostgreSQL database (docs/operations.md,
     # "Several instances"); more than 1 turns on their wake-ups through LISTEN/NOTIFY.
     instances: int = setting(_int(1, 64), 1)
+    # How long an instance's lease on an outbound queue (a federation destination, an
+    # appservice, a pusher) lasts unless renewed: a dead instance's queues are taken over
+    # within it, or within one call's deadline + 2 s where that is longer.
+    queue_lease: float = setting(_seconds(), 30.0)
 
 
 @dataclass(frozen=True)

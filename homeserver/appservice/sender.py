@@ -14,7 +14,11 @@ trusted receivers instead of thousands of servers:
   catches up from where it was; a request from it (its as_token) ends the backoff at once,
   as a bridge that restarted calls us first;
 - typing and receipts (MSC2409) and to-device messages (MSC3202) wait in memory, per
-  appservice, and go with the next transaction; a restart forgets those not yet in one.
+  appservice, and go with the next transaction; a restart forgets those not yet in one;
+- with several instances, one sends to an appservice at a time: the holder of its lease
+  (storage/leases.py), claimed before a call its lease would not cover, which also reads
+  its row again (another instance may have moved it on). Another instance looks again when
+  the lease lapses, and resends the transaction the holder left unanswered, same txnId.
 
 Runs in main only (homeserver/processes/main.py starts and stops it).
 """
@@ -33,7 +37,8 @@ from homeserver.appservice.client import AppserviceClient, AppserviceUnreachable
 from homeserver.appservice.registration import Registration
 from homeserver.core.clock import now_ms
 from homeserver.rooms.format import client_event
-from homeserver.storage.appservice import AppserviceStore, PendingTxn
+from homeserver.storage.appservice import APPSERVICES, AppserviceStore, Handover, PendingTxn
+from homeserver.storage.leases import QueueLeases, lease_seconds
 from homeserver.storage.rooms import StoredEvent
 
 log = logging.getLogger(__name__)
@@ -55,11 +60,11 @@ class _Service:
     busy: bool = False  # its runner is alive (waiting for a slot, sending, or backing off)
     pending: bool = True  # the stream may hold events for it
     interval: float = 0.0  # the current backoff, 0 when none
-    timer: gevent.Greenlet | None = None
+    timer: gevent.Greenlet | None = None  # the end of a backoff, or of another's lease
+    held_elsewhere: float | None = None  # seconds until another instance's lease lapses
     ephemeral: deque = field(default_factory=lambda: deque(maxlen=MAX_QUEUED_EPHEMERAL))
     to_device: deque = field(default_factory=lambda: deque(maxlen=MAX_QUEUED_EPHEMERAL))
-    # Its row, as last read or written (storage/appservice.py): read again after an error.
-    loaded: bool = False
+    # Its row, as last claimed or written (storage/appservice.py).
     position: int = 0  # the stream position it has been served up to
     saved: int = 0  # the position its row holds
     txn: PendingTxn | None = None  # the transaction it is owed, kept in its row
@@ -76,8 +81,13 @@ class AppserviceSender:
         *,
         backoff_start: float = BACKOFF_START,
         backoff_max: float = BACKOFF_MAX,
+        leases: QueueLeases | None = None,
     ):
         self.store = store
+        # Whose appservices these are: the instance's leases (one instance by default).
+        self.leases = leases or QueueLeases(
+            store.db, APPSERVICES, "main", lease_seconds(0, client.deadline)
+        )
         self.client = client
         self.interest = interest
         self.max_in_flight = max_in_flight
@@ -98,15 +108,7 @@ class AppserviceSender:
         """Resumes every appservice: what it was owed before a restart goes first."""
         self._running = True
         for service in self._services.values():
-            self._load(service)
             self._kick(service)
-
-    def _load(self, service: _Service) -> None:
-        row = self.store.state(service.registration.id)
-        service.position = service.saved = row.stream_position
-        service.txn = row.pending
-        service.interval = row.retry_interval_ms / 1000
-        service.loaded = True
 
     def stop(self) -> None:
         """Stops sending; a transaction in flight is abandoned (its row keeps it)."""
@@ -115,6 +117,7 @@ class AppserviceSender:
             if service.timer is not None:
                 service.timer.kill(block=False)
         gevent.killall(list(self._runners), block=True, timeout=5)
+        self.leases.release_all()
 
     # --- what the rest of the server tells us -------------------------------------------
 
@@ -123,6 +126,11 @@ class AppserviceSender:
         for service in self._services.values():
             service.pending = True
             self._kick(service)
+
+    def stored_elsewhere(self, _after: int, _upto: int) -> None:
+        """Another instance stored events, or handed typing, receipts or to-device messages
+        over: the appservices this one holds may be owed them."""
+        self.wake()
 
     def send_ephemeral(self, edu: dict, wants: Callable[[Registration], bool]) -> None:
         """Queues a typing or receipt EDU for every appservice asking for them
@@ -158,7 +166,7 @@ class AppserviceSender:
     def on_request_from(self, appservice_id: str) -> None:
         """The appservice called us: it is up. Its backoff ends and it catches up now."""
         service = self._services.get(appservice_id)
-        if service is None or service.timer is None:
+        if service is None or service.timer is None or service.held_elsewhere is not None:
             return
         service.timer.kill(block=False)
         service.timer = None
@@ -167,17 +175,30 @@ class AppserviceSender:
         self._kick(service)
 
     def backing_off(self) -> int:
-        return sum(1 for s in self._services.values() if s.timer is not None)
+        return sum(1 for s in self._services.values() if s.timer and s.held_elsewhere is None)
 
     # --- sending --------------------------------------------------------------------------
 
     def _kick(self, service: _Service) -> None:
-        if not self._running or service.busy or service.timer is not None:
+        if not self._running or service.busy:
             return
+        work = self._run
+        if service.timer is not None:  # backing off, or another instance holds it
+            if service.held_elsewhere is None or not (service.ephemeral or service.to_device):
+                return
+            work = self._pass_on  # what arrived meanwhile goes to the holder now
         service.busy = True
-        runner = gevent.spawn(self._run, service)
+        runner = gevent.spawn(work, service)
         self._runners.add(runner)
         runner.link(self._runners.discard)
+
+    def _pass_on(self, service: _Service) -> None:
+        try:
+            self._hand_over(service)
+        except Exception:  # still in memory: handed over or sent at the next look
+            log.exception("appservice %s: handing over failed", service.registration.id)
+        finally:
+            service.busy = False
 
     def _run(self, service: _Service) -> None:
         failed = False
@@ -190,27 +211,33 @@ class AppserviceSender:
                     self.in_flight -= 1
         except Exception:
             log.exception("appservice %s: sending failed", service.registration.id)
-            service.loaded = False  # what its row holds is read again
+            self.leases.forget((service.registration.id,))  # its row is claimed afresh
             failed = True
         finally:
             service.busy = False
         if failed:
             self._back_off(service)
+        elif service.held_elsewhere is not None:
+            self._look_again(service, service.held_elsewhere)
         elif service.pending or service.ephemeral or service.to_device:
             self._kick(service)
 
     def _drain(self, service: _Service) -> bool:
-        """Sends until nothing is owed; False when a transaction failed."""
-        if not service.loaded:
-            self._load(service)
+        """Sends until nothing is owed, or another instance holds the appservice; False
+        when a transaction failed."""
         while self._running:
             service.pending = False
+            if not self._hold(service):
+                self._hand_over(service)
+                return True
             if service.txn is None:
                 more = self._next_transaction(service)
                 if service.txn is None:
                     if not more:
                         return True
                     continue
+                if not self._hold(service):  # the call must end within the lease
+                    return True
             txn = service.txn
             if not self._deliver(service, txn):
                 return False
@@ -220,20 +247,39 @@ class AppserviceSender:
             service.interval = 0.0
         return True
 
+    def _hold(self, service: _Service) -> bool:
+        """Whether this instance holds the appservice's lease through one more call; when
+        not sure, claims it and reads its row afresh. False while another holds it."""
+        key = (service.registration.id,)
+        service.held_elsewhere = None
+        if self.leases.covers(key, self.client.deadline):
+            return True
+        row, lapses_in = self.store.claim(self.leases, key[0])
+        if row is None:
+            service.held_elsewhere = lapses_in
+            return False
+        service.position = service.saved = row.stream_position
+        service.txn = row.pending
+        service.interval = row.retry_interval_ms / 1000
+        return True
+
     def _next_transaction(self, service: _Service) -> bool:
         """Keeps the next transaction in `service.txn` (and its row) unless the stream up to
         where it was read holds nothing for the appservice; True if there is more to read."""
         registration = service.registration
         stored, reached, more = self.store.events_after(service.position, MAX_EVENTS)
         events = self.interest(registration, stored)
-        ephemeral = _take(service.ephemeral, MAX_EPHEMERAL)
-        to_device = _take(service.to_device, MAX_EPHEMERAL)
+        handed = self._handed_over(registration.id)
+        more = more or len(handed.ids) == MAX_EPHEMERAL
+        own = _take(service.ephemeral, MAX_EPHEMERAL - len(handed.ephemeral))
+        own_to_device = _take(service.to_device, MAX_EPHEMERAL - len(handed.to_device))
+        ephemeral, to_device = handed.ephemeral + own, handed.to_device + own_to_device
         if not events and not ephemeral and not to_device:
             service.position = reached
             # Written now and then, not per event: after a restart the few events read
             # again are judged again, and only those it is sent move the row each time.
             if reached - service.saved >= MAX_EVENTS:
-                self.store.advance(registration.id, reached)
+                self.store.advance(registration.id, reached, self.leases.owner)
                 service.saved = reached
             return more
         now = now_ms()
@@ -243,8 +289,32 @@ class AppserviceSender:
             body[MSC2409_EPHEMERAL] = ephemeral  # what mautrix and other bridges read
         if registration.msc3202:
             body[MSC2409_TO_DEVICE] = to_device
-        service.txn = self.store.begin(registration.id, reached, body)
+        service.txn = self.store.begin(registration.id, reached, body, self.leases.owner, handed)
+        if service.txn is None:  # the lease was lost meanwhile: claimed afresh, or not
+            self.leases.forget((registration.id,))
+            _put_back(service.ephemeral, own)
+            _put_back(service.to_device, own_to_device)
         return more
+
+    def _handed_over(self, appservice_id: str) -> Handover:
+        """What other instances received for the appservice while this one held it."""
+        if not self.store.db.shared:
+            return Handover()
+        return self.store.handed_over(appservice_id, MAX_EPHEMERAL)
+
+    def _hand_over(self, service: _Service) -> None:
+        """Another instance holds the appservice: the typing, receipts and to-device
+        messages this one received for it go to the holder through the database."""
+        if not self.store.db.shared or not (service.ephemeral or service.to_device):
+            return
+        ephemeral = _take(service.ephemeral, len(service.ephemeral))
+        to_device = _take(service.to_device, len(service.to_device))
+        try:
+            self.store.hand_over(service.registration.id, ephemeral, to_device)
+        except BaseException:
+            _put_back(service.ephemeral, ephemeral)
+            _put_back(service.to_device, to_device)
+            raise
 
     def _deliver(self, service: _Service, txn: PendingTxn) -> bool:
         registration = service.registration
@@ -276,10 +346,21 @@ class AppserviceSender:
         self.store.set_retry(service.registration.id, int(service.interval * 1000))
         service.timer = gevent.spawn_later(service.interval, self._retry, service)
 
+    def _look_again(self, service: _Service, seconds: float) -> None:
+        """Another instance holds the appservice: it sends what the stream holds; this one
+        claims it once the lease lapses, should the holder have stopped."""
+        if self._running:
+            service.timer = gevent.spawn_later(max(0.05, seconds), self._retry, service)
+
     def _retry(self, service: _Service) -> None:
         service.timer = None
+        service.held_elsewhere = None
         self._kick(service)
 
 
 def _take(queue: deque, limit: int) -> list:
     return [queue.popleft() for _ in range(min(limit, len(queue)))]
+
+
+def _put_back(queue: deque, items: list) -> None:
+    queue.extendleft(reversed(items))

@@ -28,7 +28,8 @@ The rules (server-server spec, "Transactions"; docs/architecture.md, "Processes"
   it counts as a failure (backoff, unproven), its PDUs stay in the outbox.
 
 Runs in main only (homeserver/processes/main.py starts and stops it). With several instances
-on one database, each destination's row carries a lease (`owner`): only its holder sends.
+on one database, each destination's row carries a lease (storage/leases.py): only its
+holder sends, and another instance looks again when it lapses.
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ from homeserver.core.clock import now_ms
 from homeserver.federation.client import FederationClient
 from homeserver.federation.errors import DeadlineExceeded, FederationError, RemoteError
 from homeserver.metrics import Metrics
-from homeserver.storage.outbox import OutboxStore
+from homeserver.storage.leases import QueueLeases, lease_seconds
+from homeserver.storage.outbox import DESTINATIONS, OutboxStore
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +68,6 @@ MAX_EDU_REFUSALS = 3
 CATCH_UP_ROOM_LIMIT = 50
 BACKOFF_START = 10.0
 BACKOFF_MAX = 3600.0
-# Another instance holds the destination's lease: it sends whatever is queued (ours too) at
-# its next transaction; we look again this often rather than back off as from a failure.
-HELD_ELSEWHERE_RETRY = 5.0
 # The lanes' defaults (federation.sender.live_window, federation.sender.unproven_timeout).
 LIVE_WINDOW_SECONDS = 300.0
 UNPROVEN_TIMEOUT_SECONDS = 10.0
@@ -123,7 +122,7 @@ class FederationSender:
         client: FederationClient,
         max_in_flight: int,
         *,
-        owner: str = "main",
+        leases: QueueLeases | None = None,
         backoff_start: float = BACKOFF_START,
         backoff_max: float = BACKOFF_MAX,
         live_window: float = LIVE_WINDOW_SECONDS,
@@ -144,7 +143,10 @@ class FederationSender:
         self.live_window = live_window
         self.unproven_timeout = min(unproven_timeout, client.remote_timeout)
         self.late_after_floor = late_after
-        self.owner = owner
+        # Whose destinations these are: the instance's leases (one instance by default).
+        self.leases = leases or QueueLeases(
+            store.db, DESTINATIONS, "main", lease_seconds(0, client.remote_timeout)
+        )
         self.backoff_start = backoff_start
         self.backoff_max = backoff_max
         self.max_queued_edus = max_queued_edus
@@ -190,8 +192,13 @@ class FederationSender:
             if dest.timer is not None:
                 dest.timer.kill(block=False)
         self.pool.kill(block=True, timeout=5)
+        self.leases.release_all()
 
     # --- what the rest of the server tells us -------------------------------------------
+
+    def stored_elsewhere(self, after: int, upto: int) -> None:
+        """Another instance stored events in (after, upto]: their destinations may be ours."""
+        self.wake(self.store.destinations_between(after, upto))
 
     def wake(self, destinations: Iterable[str]) -> None:
         """PDUs were queued for `destinations` (after the commit). Never blocks."""
@@ -474,14 +481,13 @@ class FederationSender:
             return False
         if len(pdus) == MAX_PDUS or len(durable) == MAX_EDUS:
             dest.pending = True  # never cleared here: a wake-up during the read stands
-        txn_id = self.store.begin_transaction(
-            dest.name, self.owner, now_ms(), int(self.client.remote_timeout * 1000) + 10_000
-        )
-        if txn_id is None:  # another instance holds the destination
+        claim = self.store.begin_transaction(dest.name, self.leases)
+        if not claim.claimed or claim.row is None:  # another instance holds it
             dest.edus.extendleft(reversed(ephemeral))
             dest.pending = True  # still owed: sent by its holder, or by us once it lapses
-            self._retry_in(dest, HELD_ELSEWHERE_RETRY)
+            self._retry_in(dest, max(0.05, claim.lapses_in))
             return False
+        txn_id = claim.row[0]
         # Until it answers, a destination has the unproven lane's time, not the whole deadline.
         seconds = None if self.lane_of(dest) == LIVE else self.unproven_timeout
         edus = [edu for _, edu in durable] + ephemeral

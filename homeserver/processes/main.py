@@ -18,6 +18,7 @@ from homeserver.processes.listeners import HomeserverServer
 from homeserver.processes.shards import FederationShards
 from homeserver.rooms.transactions import TransactionProcessor
 from homeserver.runtime import HomeserverRuntime
+from homeserver.runtime.queues import QueueWakes
 from homeserver.storage.announcements import StreamAnnouncements
 from homeserver.storage.instances import InstanceTaken, hold_instance
 
@@ -65,14 +66,28 @@ def serve(config: Config, config_path: str) -> int:
 
 
 def _listen_to_instances(config: Config, runtime: HomeserverRuntime) -> list[Callable]:
-    """With other instances on the database, their writes wake this one's syncs; what
-    stops that on drain."""
+    """With other instances on the database, their writes wake this one's syncs and
+    outbound queues; what stops that on drain."""
     if config.cluster.instances < 2:
         return []
-    announcements = StreamAnnouncements(
-        config.database.url, config.instance_name, runtime.cluster_wakes.on_positions
+    appservices = runtime.appservice_sender
+    queues = QueueWakes(
+        runtime.federation_sender, appservices, runtime.push_sender, handed_to=appservices
     )
+
+    def heard(positions: dict[str, int]) -> None:
+        try:
+            runtime.cluster_wakes.on_positions(positions)
+        finally:  # each keeps the last position it applied: a batch heard again is safe
+            queues.on_positions(positions)
+
+    announcements = StreamAnnouncements(config.database.url, config.instance_name, heard)
     announcements.start()
+    runtime.metrics.track_counter(
+        "weir_cluster_queue_wakes",
+        "Ranges of other instances' events read to wake this one's outbound queues",
+        lambda: queues.wakes,
+    )
     runtime.metrics.track_counter(
         "weir_cluster_listen_reconnects",
         "Listening connections for other instances' writes lost and replaced",

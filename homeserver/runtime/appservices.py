@@ -9,7 +9,7 @@ from homeserver.appservice.client import AppserviceClient
 from homeserver.appservice.registration import load_registrations
 from homeserver.appservice.sender import AppserviceSender
 from homeserver.appservice.service import QUERIES_AT_ONCE, AppserviceService
-from homeserver.storage.appservice import AppserviceStore
+from homeserver.storage.appservice import APPSERVICES, AppserviceStore
 
 if TYPE_CHECKING:
     from homeserver.runtime import HomeserverRuntime
@@ -41,6 +41,7 @@ def build_appservice_sender(rt: HomeserverRuntime) -> AppserviceSender:
         AppserviceClient(settings.deadline),
         rt.appservices.interest,
         settings.max_in_flight,
+        leases=rt.queue_leases("appservice", APPSERVICES, settings.deadline),
     )
     rt.metrics.track_gauge(
         "weir_appservice_in_flight",

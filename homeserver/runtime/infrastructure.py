@@ -35,8 +35,9 @@ from homeserver.rooms.transactions import (
 )
 from homeserver.storage.database import Database, open_database
 from homeserver.storage.keys import ServerKeyStore
+from homeserver.storage.leases import LeasedTable, QueueLeases, lease_seconds
 from homeserver.storage.migrations import migrate
-from homeserver.storage.outbox import OutboxStore
+from homeserver.storage.outbox import DESTINATIONS, OutboxStore
 
 log = logging.getLogger(__name__)
 
@@ -283,10 +284,22 @@ class Infrastructure:
             on_outcome=lambda outcome: outcomes.labels(outcome).inc(),
             on_edu_dropped=lambda edu_type, reason: dropped.labels(edu_type, reason).inc(),
             # A destination's lease names the instance that sends to it.
-            owner=self.config.instance_name,
+            leases=self.queue_leases(
+                "federation", DESTINATIONS, self.config.federation.remote_timeout
+            ),
         )
         sender.track_figures(self.metrics)
         return sender
+
+    def queue_leases(self, queue: str, table: LeasedTable, call_deadline: float) -> QueueLeases:
+        """This instance's leases on one kind of outbound queue (storage/leases.py), each
+        lasting `cluster.queue_lease`, or longer where one call may take longer."""
+        seconds = lease_seconds(self.config.cluster.queue_lease, call_deadline)
+        leases = QueueLeases(self.db, table, self.config.instance_name, seconds)
+        self.metrics.track_gauge(
+            f"weir_{queue}_leases", f"Outbound {queue} queues this instance holds", leases.held
+        )
+        return leases
 
     @component
     def event_resolution(self) -> EventResolutionBudget:

@@ -10,7 +10,7 @@ from homeserver.federation.ip_filter import IpFilter
 from homeserver.federation.transport import make_ssl_context
 from homeserver.federation.web_client import WebClient
 from homeserver.runtime.media import MediaComponents
-from homeserver.storage.pushers import PusherStore
+from homeserver.storage.pushers import PUSHERS, PusherStore
 from homeserver.sync.push_gateway import PushGateway
 from homeserver.sync.push_sender import LIVE, UNPROVEN, PushSender
 from homeserver.sync.pushers import PusherService
@@ -33,8 +33,15 @@ class PushComponents(MediaComponents):
             make_ssl_context(fed.verify_tls, fed.ca_file),
             verify_tls=fed.verify_tls,
         )
+        leases = self.queue_leases("push", PUSHERS, config.deadline)
         sender = PushSender(
-            self.pusher_store, PushGateway(client), config.max_in_flight, config.deadline
+            self.pusher_store,
+            PushGateway(client),
+            config.max_in_flight,
+            config.deadline,
+            leases=leases,
+            # Pushers set through other instances are found once a lease time.
+            find_every=leases.seconds if self.config.cluster.instances > 1 else None,
         )
         self.metrics.track_pool("push_sender", sender.pool, config.max_in_flight)
         self.metrics.track_gauge("weir_pushers", "Pushers of our users", sender.pushers)

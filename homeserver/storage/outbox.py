@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from homeserver.storage.database import Database, in_lists
+from homeserver.storage.leases import Claim, LeasedTable, QueueLeases
 
 
 def queue_pdus(tx, destinations: Iterable[str], stored: Iterable[tuple[int, str, str]]) -> None:
@@ -56,6 +57,10 @@ def queue_edus(
             rows,
         )
     return left_out
+
+
+# Each destination's row carries its lease (storage/leases.py).
+DESTINATIONS = LeasedTable("federation_destinations", ("destination",))
 
 
 @dataclass(frozen=True)
@@ -196,30 +201,36 @@ class OutboxStore:
 
     # --- per destination ------------------------------------------------------------------
 
-    def begin_transaction(
-        self, destination: str, owner: str, now_ms: int, lease_ms: int
-    ) -> int | None:
-        """The ID of a new transaction to `destination`, never handed out before, and the
-        destination's lease for `owner` until `now_ms + lease_ms`; None while another
+    def begin_transaction(self, destination: str, leases: QueueLeases) -> Claim:
+        """Claims (or renews) `destination`'s lease and takes the ID of a new transaction to
+        it, never handed out before: the claim's row is (txn_id,). Not claimed while another
         instance holds the lease."""
 
-        def write(tx) -> int | None:
+        def known(tx) -> None:
             tx.execute(
                 "INSERT INTO federation_destinations (destination) VALUES (?)"
                 " ON CONFLICT (destination) DO NOTHING",
                 (destination,),
             )
-            row = tx.fetchone(
-                "UPDATE federation_destinations SET next_txn_id = next_txn_id + 1,"
-                " lease_owner = ?, lease_until_ms = ?"
-                " WHERE destination = ?"
-                " AND (lease_owner IS NULL OR lease_owner = ? OR lease_until_ms < ?)"
-                " RETURNING next_txn_id - 1",
-                (owner, now_ms + lease_ms, destination, owner, now_ms),
-            )
-            return None if row is None else row[0]
 
-        return self.db.write(write)
+        return leases.claim(
+            (destination,),
+            returning="next_txn_id - 1",
+            also_set="next_txn_id = next_txn_id + 1",
+            before=known,
+        )
+
+    def destinations_between(self, after: int, upto: int) -> list[str]:
+        """Destinations owed events stored at stream positions in (after, upto]: those
+        another instance stored, when its NOTIFY arrives."""
+        rows = self.db.read(
+            lambda tx: tx.fetchall(
+                "SELECT DISTINCT destination FROM federation_outbox"
+                " WHERE stream_ordering > ? AND stream_ordering <= ?",
+                (after, upto),
+            )
+        )
+        return [row[0] for row in rows]
 
     def set_retry(self, destination: str, interval_ms: int, retry_at_ms: int) -> None:
         self.db.write(

@@ -10,9 +10,12 @@ import json
 from dataclasses import dataclass
 
 from homeserver.storage.database import Database
+from homeserver.storage.leases import LeasedTable, QueueLeases
 from homeserver.storage.push import READ_RECEIPTS
 
 PusherKey = tuple[str, str, str]  # (user_id, app_id, pushkey)
+# Each pusher's row carries its lease (storage/leases.py; 0073_queue_leases).
+PUSHERS = LeasedTable("pushers", ("user_id", "app_id", "pushkey"))
 
 
 @dataclass(frozen=True)
@@ -175,6 +178,29 @@ class PusherStore:
             )
         )
         return None if row is None else _pusher(row)
+
+    def claim(self, leases: QueueLeases, key: PusherKey) -> tuple[Pusher | None, bool, float]:
+        """Claims (or renews) the pusher's lease: (the pusher as stored, whether claimed,
+        seconds until the other holder's lease lapses if not); (None, False, 0) when the
+        pusher is gone."""
+        claim = leases.claim(key, returning=_COLUMNS)
+        pusher = None if claim.row is None else _pusher(claim.row)
+        return pusher, claim.claimed, claim.lapses_in
+
+    def notified_between(self, after: int, upto: int) -> list[Pusher]:
+        """The pushers of users with notifying push actions at stream positions in
+        (after, upto]: those another instance stored, when its NOTIFY arrives."""
+        return self.db.read(
+            lambda tx: [
+                _pusher(r)
+                for r in tx.fetchall(
+                    f"SELECT {_COLUMNS} FROM pushers WHERE user_id IN ("
+                    " SELECT user_id FROM event_push_actions"
+                    " WHERE stream_ordering > ? AND stream_ordering <= ? AND notif = 1)",
+                    (after, upto),
+                )
+            ]
+        )
 
     def advance(self, key: PusherKey, position: int) -> None:
         """The gateway took everything up to `position`; a pusher gone meanwhile stays gone."""

@@ -27,9 +27,17 @@ def advance(tx, stream_name: str, count: int = 1) -> int:
     )
     if row is None:
         raise RuntimeError(f"unknown stream {stream_name!r}")
-    if tx.announce_as is not None:
-        tx.execute("SELECT pg_notify(?, ?)", (CHANNEL, f"{tx.announce_as} {stream_name} {row[0]}"))
+    announce(tx, stream_name, row[0])
     return row[0]
+
+
+def announce(tx, stream_name: str, position: int) -> None:
+    """Tells the other instances, at commit, that `stream_name` reached `position`; nothing
+    with one instance."""
+    if tx.announce_as is not None:
+        tx.execute(
+            "SELECT pg_notify(?, ?)", (CHANNEL, f"{tx.announce_as} {stream_name} {position}")
+        )
 
 
 def current(tx, stream_name: str) -> int:

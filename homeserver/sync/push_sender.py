@@ -16,7 +16,12 @@ The rules, those of the federation sender (federation/sender.py) where they fit:
 - a failing pusher backs off (1 s, doubling to an hour), then catches up from its position;
 - a gateway's `rejected` naming the pushkey removes the pusher (push gateway spec); an
   answer refusing the content (400, 413) skips that notification rather than wedge the
-  pusher.
+  pusher;
+- with several instances, one sends for a pusher at a time: the holder of its lease
+  (storage/leases.py), claimed before a notify its lease would not cover, which also reads
+  the pusher afresh (another instance may have moved it on, or changed it). Another
+  instance with rows owed looks again when the lease lapses, and stops looking once the
+  holder has sent them. Pushers set through another instance are found every lease time.
 
 Runs in main only (homeserver/processes/main.py starts and stops it).
 """
@@ -34,7 +39,8 @@ from gevent.pool import Pool
 
 from budget import OutboundDeadline
 from homeserver.federation.errors import DeadlineExceeded, FederationError, RemoteError
-from homeserver.storage.pushers import OwedAction, Pusher, PusherKey, PusherStore
+from homeserver.storage.leases import QueueLeases, lease_seconds
+from homeserver.storage.pushers import PUSHERS, OwedAction, Pusher, PusherKey, PusherStore
 from homeserver.sync.push_gateway import EVENT_ID_ONLY, PushGateway, notification
 
 log = logging.getLogger(__name__)
@@ -59,7 +65,8 @@ class _State:
     lane: str = UNPROVEN
     interval: float = 0.0  # the current backoff, 0 when none
     retry_at: float = 0.0  # monotonic
-    timer: gevent.Greenlet | None = None
+    timer: gevent.Greenlet | None = None  # the end of a backoff, or of another's lease
+    held_elsewhere: bool = False  # the timer waits for another instance's lease to lapse
     removed: bool = False
 
 
@@ -73,8 +80,15 @@ class PushSender:
         *,
         backoff_start: float = BACKOFF_START,
         backoff_max: float = BACKOFF_MAX,
+        leases: QueueLeases | None = None,
+        find_every: float | None = None,
     ):
+        """`find_every`: with other instances, how often to look for pushers they set."""
         self.store = store
+        # Whose pushers these are: the instance's leases (one instance by default).
+        self.leases = leases or QueueLeases(store.db, PUSHERS, "main", lease_seconds(0, deadline))
+        self.find_every = find_every
+        self._finder: gevent.Greenlet | None = None
         self.gateway = gateway
         self.max_in_flight = max_in_flight
         self.deadline = deadline
@@ -96,23 +110,36 @@ class PushSender:
         """Loads every pusher and resumes each at once: a restart catches up."""
         self._running = True
         pushers = self.store.all_pushers()
-        for pusher in pushers:
-            state = self._add(pusher)
-            state.interval = pusher.retry_interval_ms / 1000
-            state.pending = True
-            self._kick(state)
+        self.wake_pushers(pushers)
+        if self.find_every:
+            self._finder = gevent.spawn(self._find_pushers, self.find_every)
         log.info("push sender started: %d pushers", len(pushers))
+
+    def _find_pushers(self, every: float) -> None:
+        """Pushers set through other instances: this one learns of them within `every`, so
+        none is left unsent should the instance that set it die."""
+        while self._running:
+            gevent.sleep(every)
+            try:
+                self.wake_pushers(
+                    [p for p in self.store.all_pushers() if p.key not in self._pushers]
+                )
+            except Exception:
+                log.exception("push sender: could not read the pushers")
 
     def stop(self) -> None:
         """Stops sending. A notify in flight has `STOP_GRACE` to be answered and its
         position written (one the gateway took would otherwise come again after a
         restart); past it, it is abandoned, its row still owed."""
         self._running = False
+        if self._finder is not None:
+            self._finder.kill(block=False)
         for state in self._pushers.values():
             if state.timer is not None:
                 state.timer.kill(block=False)
         self.pool.join(timeout=STOP_GRACE)
         self.pool.kill(block=True, timeout=5)
+        self.leases.release_all()
 
     # --- what the rest of the server tells us -------------------------------------------
 
@@ -123,6 +150,21 @@ class PushSender:
                 state = self._pushers[key]
                 state.pending = True
                 self._kick(state)
+
+    def stored_elsewhere(self, after: int, upto: int) -> None:
+        """Another instance stored events in (after, upto]: the pushers they notify."""
+        self.wake_pushers(self.store.notified_between(after, upto))
+
+    def wake_pushers(self, pushers: list[Pusher]) -> None:
+        """These pushers may owe rows: read at start, found set elsewhere, or those of users
+        another instance's events notify (runtime/queues.py). Never blocks."""
+        for pusher in pushers:
+            state = self._pushers.get(pusher.key)
+            if state is None:
+                state = self._add(pusher)
+                state.interval = pusher.retry_interval_ms / 1000
+            state.pending = True
+            self._kick(state)
 
     def pusher_set(self, pusher: Pusher, removed: list[PusherKey]) -> None:
         """A pusher was added or changed, and `removed` deleted (service.py's writes)."""
@@ -142,6 +184,7 @@ class PushSender:
             if state is None:
                 continue
             state.removed = True
+            self.leases.forget(key)
             if state.timer is not None:
                 state.timer.kill(block=False)
             users = self._by_user.get(key[0], set())
@@ -159,7 +202,7 @@ class PushSender:
 
     def in_backoff(self) -> int:
         now = time.monotonic()
-        return sum(1 for s in self._pushers.values() if s.retry_at > now)
+        return sum(1 for s in self._pushers.values() if s.retry_at > now and not s.held_elsewhere)
 
     def pushers(self) -> int:
         return len(self._pushers)
@@ -219,11 +262,15 @@ class PushSender:
     def _send_some(self, state: _State) -> bool:
         """Sends what the pusher owes, a batch at most; True if more may be owed now."""
         state.pending = False
+        if not self._hold(state):
+            return False
         pusher = state.pusher
         rows = self.store.owed(pusher.user_id, pusher.position, BATCH)
         for owed in rows:
-            if not self._running:
+            if not self._running or not self._hold(state):
                 return False
+            if owed.stream_ordering <= state.pusher.position:
+                continue  # taken by the gateway while another instance held the lease
             outcome = self._send(state, owed)
             if outcome == "failure":
                 self._failed(state)
@@ -242,6 +289,26 @@ class PushSender:
         if len(rows) == BATCH:
             state.pending = True
         return state.pending
+
+    def _hold(self, state: _State) -> bool:
+        """Whether this instance holds the pusher's lease through one more notify; when not
+        sure, claims it and reads the pusher afresh. False while another holds it (this one
+        looks again when it lapses if rows are still owed then), or once it is gone."""
+        key = state.pusher.key
+        if self.leases.covers(key, self.deadline):
+            return True
+        pusher, claimed, lapses_in = self.store.claim(self.leases, key)
+        if pusher is None:  # deleted through another instance
+            self.pushers_removed([key])
+            return False
+        # Its position as stored: this instance's notifies are written before the next.
+        state.pusher = pusher
+        if claimed:
+            return True
+        if self.store.owed(pusher.user_id, pusher.position, 1):
+            state.held_elsewhere, state.pending = True, True
+            self._wait(state, lapses_in)
+        return False
 
     def _send(self, state: _State, owed: OwedAction) -> str:
         """One notify: "success", "rejected", "refused" or "failure"."""
@@ -276,14 +343,20 @@ class PushSender:
         state.pending = True
         interval = self.backoff_start if not state.interval else state.interval * 2
         state.interval = min(interval, self.backoff_max)
-        state.retry_at = time.monotonic() + state.interval
         if not state.removed:
             self.store.set_retry(state.pusher.key, int(state.interval * 1000))
+        self._wait(state, state.interval)
+
+    def _wait(self, state: _State, seconds: float) -> None:
+        """Tries the pusher again in `seconds`: a backoff, or the end of another's lease."""
+        seconds = max(0.05, seconds)
+        state.retry_at = time.monotonic() + seconds
         if state.timer is not None:
             state.timer.kill(block=False)
-        state.timer = gevent.spawn_later(state.interval, self._retry, state)
+        state.timer = gevent.spawn_later(seconds, self._retry, state)
 
     def _retry(self, state: _State) -> None:
         state.timer = None
         state.retry_at = 0.0
+        state.held_elsewhere = False
         self._kick(state)

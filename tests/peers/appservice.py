@@ -12,7 +12,8 @@ connection until the homeserver closes it.
 `answers` maps a path (without its query) to the (status, JSON body) to answer it with;
 any other path is answered 200 `{}`. It runs as greenlets in the test process, so the
 server under test, in a subprocess, can reach it on loopback. `current` counts connections
-open now, `max_current` the most ever open at once.
+open now, `max_current` the most ever open at once; `max_in_flight` the most requests read
+and not yet answered (or hung up on) at once.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ class FakeAppservice:
         self.answered: list[Received] = []
         self.current = 0
         self.max_current = 0
+        self.in_flight = 0
+        self.max_in_flight = 0
         self._changed = Event()
         self._server = StreamServer((host, port), self._serve)
         self._server.init_socket()
@@ -90,20 +93,14 @@ class FakeAppservice:
                 if request is None:
                     return
                 self.received.append(request)
+                self.in_flight += 1
+                self.max_in_flight = max(self.max_in_flight, self.in_flight)
                 self._note()
-                if self.hanging:
-                    while reader.read(4096):  # never answer; see the peer hang up
-                        pass
-                    return
-                self.answered.append(request)
-                self._note()
-                status, body = self.answers.get(request.path.partition("?")[0], (200, {}))
-                raw = json.dumps(body).encode()
-                sock.sendall(
-                    f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n"
-                    f"Content-Length: {len(raw)}\r\n\r\n".encode()
-                    + raw
-                )
+                try:
+                    if not self._answer(sock, reader, request):
+                        return
+                finally:
+                    self.in_flight -= 1
         except OSError:
             return
         finally:
@@ -111,6 +108,23 @@ class FakeAppservice:
             sock.close()
             self.current -= 1
             self._note()
+
+    def _answer(self, sock, reader, request: Received) -> bool:
+        """Answers `request`, or while `hanging` waits for the peer to hang up (False)."""
+        if self.hanging:
+            while reader.read(4096):  # never answer; see the peer hang up
+                pass
+            return False
+        self.answered.append(request)
+        self._note()
+        status, body = self.answers.get(request.path.partition("?")[0], (200, {}))
+        raw = json.dumps(body).encode()
+        sock.sendall(
+            f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(raw)}\r\n\r\n".encode()
+            + raw
+        )
+        return True
 
     @staticmethod
     def _read(reader) -> Received | None:

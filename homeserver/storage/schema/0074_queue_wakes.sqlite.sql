@@ -1,0 +1,2 @@
+-- Nothing: SQLite is one instance, which never reads another's events by position
+-- (0074_queue_wakes.postgres.sql).
