@@ -45,7 +45,7 @@ def test_haproxy_marks_weir_down_before_its_listeners_close(config):
     # The checks are each backend's default-server's: no server line sets its own.
     assert re.findall(r"^\s*server \S+ \S+[ \t]+(\S.*)$", haproxy, re.MULTILINE) == []
     defaults = re.findall(r"^\s*default-server (.*)$", haproxy, re.MULTILINE)
-    assert len(defaults) == 2
+    assert len(defaults) == len(re.findall(r"^backend ", haproxy, re.MULTILINE)) == 3
     for params in defaults:
         words = params.split()
         value = {k: words[i + 1] for i, k in enumerate(words[:-1])}
@@ -64,9 +64,10 @@ def test_the_instances_agree_across_compose_haproxy_and_weir_toml():
     names = [services[name]["environment"]["WEIR_INSTANCE_NAME"] for name in instances]
     assert names == instances == ["weir-1", "weir-2", "weir-3"]
     assert load_config(os.path.join(DEPLOY, "weir.toml")).cluster.instances == len(instances)
-    for port in (8008, 8448):
+    # Both client backends (requests, and long-polls) and the federation one.
+    for port, backends in ((8008, 2), (8448, 1)):
         lines = re.findall(rf"^\s*server (\S+) (\S+):{port}\s*$", read("haproxy.cfg"), re.M)
-        assert lines == [(name, name) for name in instances], port
+        assert lines == [(name, name) for name in instances] * backends, port
     assert sorted(services["lb"]["depends_on"]) == instances
     for name in instances:
         service = services[name]
@@ -84,3 +85,17 @@ def test_compose_gives_the_drain_and_in_flight_requests_time_to_finish(config):
     assert len(graces) == 3
     for grace in graces.values():
         assert seconds(grace) > drain + SHUTDOWN_GRACE_SECONDS
+
+
+def test_long_polls_have_their_own_limit_within_max_connections():
+    """A parked /sync holds a connection to Weir but no place in its main pool: the `sync`
+    backend's per-server limit is far above `client`'s (under main_pool_size), and both
+    together stay under each instance's max_connections."""
+    http = load_config(os.path.join(DEPLOY, "weir.toml")).server.http
+    haproxy = read("haproxy.cfg")
+    limits = {}
+    for backend, body in re.findall(r"^backend (\S+)\n((?:[ \t].*\n|\n)*)", haproxy, re.M):
+        limits[backend] = int(re.search(r"^\s*default-server .*\bmaxconn (\d+)", body, re.M)[1])
+    assert limits["client"] < http.main_pool_size
+    assert limits["sync"] > 5 * limits["client"]
+    assert limits["client"] + limits["sync"] < http.max_connections

@@ -149,19 +149,14 @@ def test_rendering_changes_only_addresses_limits_and_check_intervals():
     rendered = render_config("\n".join(source), **RENDER_ARGS).splitlines()
     removed = [line.split()[0] for line in source if line not in rendered]
     added = [line.split()[0:2] for line in rendered if line not in source]
-    # deploy/ has three instances; this test renders them as one.
-    assert (
-        sorted(removed)
-        == ["bind", "bind", "default-server", "default-server", "maxconn"] + ["server"] * 6
-    )
+    # deploy/ has three instances in each of its three backends; this test renders one.
+    assert sorted(removed) == ["bind"] * 2 + ["default-server"] * 3 + ["maxconn"] + ["server"] * 9
     assert sorted(added) == [
         ["bind", "fd@3"],
         ["bind", "fd@4"],
-        ["default-server", "check"],
-        ["default-server", "check"],
+        *[["default-server", "check"]] * 3,
         ["maxconn", "9900"],
-        ["server", "weir-1"],
-        ["server", "weir-1"],
+        *[["server", "weir-1"]] * 3,
         ["stats", "socket"],
     ]
     defaults = [line for line in rendered if line.strip().startswith("default-server")]
@@ -179,9 +174,9 @@ def test_rendering_points_each_backend_at_every_instance():
     servers = [
         line.split()[1:3] for line in rendered.splitlines() if line.strip().startswith("server ")
     ]
-    assert servers == [[f"weir-{n + 1}", f"127.0.0.1:{2000 + n}"] for n in range(4)] + [
-        [f"weir-{n + 1}", f"127.0.0.1:{3000 + n}"] for n in range(4)
-    ]
+    client = [[f"weir-{n + 1}", f"127.0.0.1:{2000 + n}"] for n in range(4)]
+    federation = [[f"weir-{n + 1}", f"127.0.0.1:{3000 + n}"] for n in range(4)]
+    assert servers == client + client + federation  # the client and sync backends, then 8448
 
 
 @pytest.mark.parametrize(

@@ -86,7 +86,7 @@ def render_config(
     """deploy/haproxy.cfg (``source``) for loopback.
 
     ``client_bind``/``federation_bind`` replace ``:443``/``:8448`` (e.g. ``fd@3``).
-    ``client_servers``/``federation_servers`` (``host:port`` each) replace the backends'
+    ``client_servers``/``federation_servers`` (``host:port`` each) replace each backend's
     ``server weir-N weir-N:8008``/``:8448`` lines: one line each, named ``weir-1``,
     ``weir-2``, ... in that order, whatever number deploy/ has. ``certs`` replaces the
     image's certificate folder. A stats socket is added to ``global``: the tests read
@@ -132,24 +132,34 @@ def render_config(
             text,
             flags=re.MULTILINE,
         )
-        if count != 2:
-            raise RenderError(f"deploy/haproxy.cfg: expected 2 default-server lines, found {count}")
+        backends = len(re.findall(r"^backend ", text, flags=re.MULTILINE))
+        if count != backends:
+            raise RenderError(
+                f"deploy/haproxy.cfg: {backends} backends, {count} default-server lines"
+            )
     return text
 
 
 def _servers(text: str, port: int, servers: Sequence[str]) -> str:
-    """``text`` with its ``server weir-N weir-N:<port>`` lines replaced by one line per
-    address in ``servers``, where the first of them was."""
+    """``text`` with each backend's ``server weir-N weir-N:<port>`` lines replaced by one
+    line per address in ``servers``, where the first of them was."""
     pattern = rf"^(\s*)server weir-\d+ weir-\d+:{port}[ \t]*\n"
-    found = list(re.finditer(pattern, text, flags=re.MULTILINE))
-    if not found or not servers:
+    sections = re.split(r"(?m)^(?=\S)", text)  # at each unindented line: a section's head
+    rendered, backends = [], 0
+    for section in sections:
+        found = re.search(pattern, section, flags=re.MULTILINE)
+        if found is not None and servers:
+            backends += 1
+            indent = found.group(1)
+            lines = "".join(f"{indent}server weir-{n} {a}\n" for n, a in enumerate(servers, 1))
+            tail = re.sub(pattern, "", section[found.start() :], flags=re.MULTILINE)
+            section = section[: found.start()] + lines + tail
+        rendered.append(section)
+    if backends == 0:
         raise RenderError(
             f"deploy/haproxy.cfg: expected 'server weir-N weir-N:{port}' lines, found none"
         )
-    indent = found[0].group(1)
-    lines = "".join(f"{indent}server weir-{n} {address}\n" for n, address in enumerate(servers, 1))
-    head, tail = text[: found[0].start()], text[found[0].start() :]
-    return head + lines + re.sub(pattern, "", tail, flags=re.MULTILINE)
+    return "".join(rendered)
 
 
 def _intervals(params: str, check_inter: str) -> str:
@@ -219,9 +229,10 @@ class HAProxy:
         client_sock, federation_sock = self._listeners
         self.client_url = f"https://{host}:{client_sock.getsockname()[1]}"
         self.federation_url = f"https://{host}:{federation_sock.getsockname()[1]}"
+        # deploy/'s backends: client requests, long-polls (the client listeners), federation.
         self.names = {
             backend: [f"weir-{n}" for n in range(1, len(_urls(urls)) + 1)]
-            for backend, urls in (("client", client), ("federation", federation))
+            for backend, urls in (("client", client), ("sync", client), ("federation", federation))
         }
         certs = write_cert_folder(test_ca, os.path.join(directory, "certs"), "weir.test", host)
         with open(DEPLOY_CONFIG) as f:
