@@ -22,7 +22,9 @@ import pytest
 import requests
 
 from tests.e2ee.test_js_sdk import node, run_node  # noqa: F401 - the node fixture
-from tests.rooms.test_membership_synapse import SynapseUser, synapse_sync, wait_for_message
+from tests.federation.test_sender_synapse import wait_for_bodies
+from tests.processes.test_instances import send, timeline
+from tests.rooms.test_membership_synapse import SynapseUser, wait_for_message
 from tests.support.cluster import PASSWORD, Cluster, wait_until
 from tests.support.federation import federation_settings
 from tests.support.metrics import metric
@@ -61,15 +63,6 @@ def cluster(haproxy_bin, test_ca, pg_cluster, synapse, tmp_path_factory):
     stack.stop()
 
 
-def send(client, room_id: str, body: str) -> str:
-    r = client.put(
-        f"{V3}/rooms/{quote(room_id, safe='')}/send/m.room.message/{body}",
-        json={"msgtype": "m.text", "body": body},
-    )
-    assert r.status_code == 200, r.text
-    return r.json()["event_id"]
-
-
 def sync(client, since: str | None = None, timeout_ms: int = 0) -> dict:
     params = {"timeout": timeout_ms, "filter": FILTER, **({"since": since} if since else {})}
     r = client.get(f"{V3}/sync", params=params, timeout=90)
@@ -78,11 +71,7 @@ def sync(client, since: str | None = None, timeout_ms: int = 0) -> dict:
 
 
 def timeline_ids(answer: dict, room_id: str) -> list[str]:
-    room = answer.get("rooms", {}).get("join", {}).get(room_id)
-    if room is None:
-        return []
-    assert not room["timeline"].get("limited"), "a gap in the timeline"
-    return [e["event_id"] for e in room["timeline"]["events"]]
+    return [e["event_id"] for e in timeline(answer, room_id)]
 
 
 def waiters(cluster: Cluster, name: str) -> float:
@@ -191,29 +180,9 @@ def test_e2ee_through_matrix_js_sdk_with_each_device_on_its_own_instance(
 # -- federation with Synapse, through the balancer ------------------------------------------
 
 
-def synapse_bodies(user: SynapseUser, room_id: str) -> list[str]:
-    """The room's messages as Synapse has them (its /messages), oldest first."""
-    r = user.call(
-        "GET", f"/rooms/{quote(room_id, safe='')}/messages", params={"dir": "b", "limit": 1000}
-    )
-    assert r.status_code == 200, r.text
-    chunk = reversed(r.json()["chunk"])
-    return [e["content"].get("body") for e in chunk if e["type"] == "m.room.message"]
-
-
 def wait_for_synapse(user: SynapseUser, room_id: str, want: list[str], within: float) -> list:
-    """Waits until Synapse has every body of `want`, in that order; its long-polled /sync is
-    the wake-up, its /messages the record. Returns what /messages showed."""
-    deadline = time.monotonic() + within
-    poll = synapse_sync(user)
-    since = poll(None, 0)["next_batch"]
-    while True:
-        seen = synapse_bodies(user, room_id)
-        if [b for b in seen if b in want] == want:
-            return seen
-        left = deadline - time.monotonic()
-        assert left > 0, f"Synapse has {seen}, wanted {want}"
-        since = poll(since, int(min(left, 5) * 1000))["next_batch"]
+    """Waits until Synapse's /messages has every body of `want`, in that order."""
+    return wait_for_bodies(user, room_id, want, within, limit=1000)
 
 
 @pytest.fixture(scope="module")
@@ -304,6 +273,7 @@ class Sender:
         self.acked: list[tuple[str, str, float]] = []  # (body, event ID, when)
         self.failures: list[str] = []
         self.start = ""  # a sync token from before the load
+        self.acked_last = ""  # the event ID of the last message acknowledged
 
     def run(self, enough) -> None:
         while not enough(self):
@@ -311,6 +281,10 @@ class Sender:
             self.acked.append((body, self.send(self.room_id, body), time.monotonic()))
 
     def send(self, room_id: str, body: str) -> str:
+        self.acked_last = self._send(room_id, body)
+        return self.acked_last
+
+    def _send(self, room_id: str, body: str) -> str:
         path = f"{V3}/rooms/{quote(room_id, safe='')}/send/m.room.message/{body}"
         for _ in range(20):
             try:
@@ -403,64 +377,76 @@ def test_kill_9_of_an_instance_under_load_loses_nothing(cluster, federated_room,
     takes the destination over within the lease; the syncs parked on the dead instance go
     on through another and miss nothing."""
     _, bob, room_id = federated_room
-    destination = synapse.server_name
     senders, watchers, running, (talker, quiet_room) = load_and_watchers(cluster, room_id)
-    killed_at: list[float] = []
+    killed: list[float] = []  # when, on the wall clock (ms): the lease is kept on it
 
     def enough(sender: Sender) -> bool:
-        return bool(killed_at) and sum(t > killed_at[0] for *_, t in sender.acked) >= LOAD_AFTER
+        return bool(killed) and sum(t > killed[0] for *_, t in sender.acked) >= LOAD_AFTER
 
     load = [gevent.spawn(sender.run, enough) for sender in senders]
     try:
         wait_until(
             lambda: all(len(s.acked) >= LOAD_BEFORE for s in senders), 60, "the load got going"
         )
-        victim, until_ms = lease(cluster.database_url, destination)
-        index = cluster.names.index(victim)
+        victim, _ = lease(cluster.database_url, synapse.server_name)
+        sent_before = transactions_sent(cluster)
         os.kill(cluster.instance(victim).proc.pid, signal.SIGKILL)
-        killed_at.append(time.monotonic())
-        killed_ms = time.time() * 1000
+        killed += [time.monotonic(), time.time() * 1000]
+        takeover = gevent.spawn(taken_over, cluster.database_url, synapse.server_name, victim)
         cluster.instance(victim).proc.wait(10)
+        # As the dead instance left it (it may have renewed it since the read above).
+        holder, held_until = lease(cluster.database_url, synapse.server_name)
+        assert holder == victim
         talker.send(quiet_room, "after-the-kill")
         gevent.joinall(load, timeout=120, raise_error=True)
-        wait_until(
-            lambda: lease(cluster.database_url, destination)[0] != victim,
-            LEASE_SECONDS + 15,
-            "no survivor took the destination over",
-        )
-        took_over = time.monotonic() - killed_at[0]
         acked = {body: event_id for s in senders for body, event_id, _ in s.acked}
         order = history(cluster, senders, acked)
-        wait_until(
-            lambda: all(set(order) <= set(w.seen) for w in watchers["busy"]),
-            30,
-            "a busy watcher missed a message",
-        )
-        wait_until(
-            lambda: all(len(w.seen) == 1 for w in watchers["quiet"]),
-            30,
-            "a quiet watcher missed the message after the kill",
-        )
+        for group, want in (("busy", set(order)), ("quiet", {talker.acked_last})):
+            wait_until(
+                lambda g=group, w=want: all(w <= set(x.seen) for x in watchers[g]),
+                30,
+                f"a {group} watcher missed a message",
+            )
+        owner, owned_until = takeover.get(timeout=LEASE_SECONDS + 15)
     finally:
-        gevent.killall(running + load)
-    # The survivors' syncs, and the dead instance's, got each message once, in order.
+        gevent.killall([*running, *load])
+    # Every watcher got each message once, in order: the dead instance's too.
     for watcher in watchers["busy"]:
         assert [e for e in watcher.seen if e in set(order)] == order
-    assert watchers["quiet"][index].errors, "the parked sync was not cut by the kill"
-    # Synapse has every message, once each, in the room's order.
+    cut = watchers["quiet"][cluster.names.index(victim)].errors
+    assert cut, "the sync parked on the dead instance was not cut by the kill"
+    # Synapse has every message, once each, in the room's order, sent by the new owner.
     by_id = {event_id: body for body, event_id in acked.items()}
     want = [by_id[event_id] for event_id in order]
     seen = wait_for_synapse(bob, room_id, want, within=LEASE_SECONDS + 30)
     assert [b for b in seen if b in acked] == want
-    owner, _ = lease(cluster.database_url, destination)
+    assert transactions_sent(cluster)[owner] > sent_before[owner]
+    # Its first transaction began then (the lease runs from it): within the dead one's lease.
+    took_over = (owned_until - LEASE_SECONDS * 1000 - killed[1]) / 1000
     print(
-        f"\nkilled {victim} (lease until {(until_ms - killed_ms) / 1000:+.1f} s) after"
-        f" {sum(LOAD_BEFORE <= len(s.acked) for s in senders)} senders had {LOAD_BEFORE}+;"
-        f" {len(acked)} acknowledged, retries {[s.failures for s in senders]};"
+        f"\nkilled {victim}, its lease ending {(held_until - killed[1]) / 1000:.1f} s later;"
+        f" {len(acked)} acknowledged, failed tries {[s.failures for s in senders]};"
         f" {owner} took the destination over {took_over:.1f} s after the kill"
-        f" (lease {LEASE_SECONDS} s); the sync parked on it: {watchers['quiet'][index].errors}"
+        f" (lease {LEASE_SECONDS} s); the sync parked on {victim}: {cut}"
     )
-    assert took_over <= LEASE_SECONDS + 3
+    assert held_until > killed[1]  # the dead instance held it at its death
+    assert took_over <= (held_until - killed[1]) / 1000 + 1.0
+
+
+def taken_over(url: str, destination: str, victim: str) -> tuple[str, int]:
+    """The lease of `destination` as first seen held by another than `victim`."""
+    while (held := lease(url, destination))[0] == victim:
+        gevent.sleep(0.02)  # a database row: nothing to wait on but reading it again
+    return held
+
+
+def transactions_sent(cluster: Cluster) -> dict[str, float]:
+    """Transactions each live instance had answered 200 by other servers."""
+    return {
+        name: metric(proc.client_url, "weir_federation_transactions_total", outcome="success")
+        for name, proc in zip(cluster.names, cluster.instances)
+        if proc.proc.poll() is None
+    }
 
 
 def history(cluster: Cluster, senders: list[Sender], acked: dict[str, str]) -> list[str]:
