@@ -37,9 +37,10 @@ V3 = "/_matrix/client/v3"
 # reaches the instances through it, never directly.
 LB_IP = "127.70.0.1"
 WEIR_NAME = f"{LB_IP}:8448"
-# A destination's lease is remote_timeout + 10 s: small here, so a takeover is quick.
+# A destination's lease lasts cluster.queue_lease, or remote_timeout + 2 s if longer
+# (storage/leases.py): small here, so that a takeover is quick.
 REMOTE_TIMEOUT = 2
-LEASE_SECONDS = REMOTE_TIMEOUT + 10
+LEASE_SECONDS = 5
 # No timeline gaps: every event a sync answers is in its timeline.
 FILTER = json.dumps({"room": {"timeline": {"limit": 1000}}})
 
@@ -49,6 +50,7 @@ def cluster(haproxy_bin, test_ca, pg_cluster, synapse, tmp_path_factory):
     settings = {
         "server_name": WEIR_NAME,
         "federation": federation_settings(test_ca, remote_timeout=REMOTE_TIMEOUT),
+        "cluster": {"queue_lease": LEASE_SECONDS},
     }
     stack = Cluster(
         str(tmp_path_factory.mktemp("cluster")),
