@@ -12,12 +12,15 @@ import ipaddress
 import os
 import tomllib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 from marshmallow import RAISE, Schema, ValidationError, fields, post_load, validate
 from unpaddedbase64 import decode_base64
 
 from homeserver.core.identifiers import is_valid_server_name
+
+# Overrides `instance_name` from the config file (load_config).
+INSTANCE_NAME_ENV = "WEIR_INSTANCE_NAME"
 
 DEFAULT_IP_RANGE_DENYLIST = (
     # IPv4: "this network", private, CGNAT, loopback, link-local, IETF, documentation,
@@ -557,7 +560,10 @@ def parse_config(data: dict, base_dir: str = ".") -> Config:
     return _resolve_paths(config, os.path.abspath(base_dir))
 
 
-def load_config(path: str) -> Config:
+def load_config(path: str, environ: Mapping[str, str] | None = None) -> Config:
+    """`path`'s config, with `instance_name` taken from `WEIR_INSTANCE_NAME` in the
+    environment when that is set: several instances may share one config file, each
+    started with its own name (deploy/docker-compose.yml)."""
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)
@@ -567,7 +573,15 @@ def load_config(path: str) -> Config:
         raise ConfigError("", f"{path}: cannot be read: {e.strerror}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:  # TOML is UTF-8 only
         raise ConfigError("", f"{path}: not valid TOML: {e}") from None
-    return parse_config(data, os.path.dirname(os.path.abspath(path)))
+    name = (os.environ if environ is None else environ).get(INSTANCE_NAME_ENV)
+    if name is not None:
+        data["instance_name"] = name
+    try:
+        return parse_config(data, os.path.dirname(os.path.abspath(path)))
+    except ConfigError as e:
+        if name is None or e.key != "instance_name":
+            raise
+        raise ConfigError(e.key, f"{e.reason} (from {INSTANCE_NAME_ENV})") from None
 
 
 def sqlite_path(url: str) -> str | None:

@@ -125,6 +125,20 @@ def test_several_instances_on_postgresql_are_accepted():
     assert (config.instance_name, config.cluster.instances) == ("worker-2", 3)
 
 
+def test_weir_instance_name_in_the_environment_names_the_instance(tmp_path):
+    """Several instances share one config file (deploy/docker-compose.yml), each started
+    with its own WEIR_INSTANCE_NAME."""
+    path = tmp_path / "weir.toml"
+    path.write_text('instance_name = "from-file"\n')
+    assert load_config(str(path), environ={}).instance_name == "from-file"
+    named = load_config(str(path), environ={"WEIR_INSTANCE_NAME": "weir-2"})
+    assert named.instance_name == "weir-2"
+    with pytest.raises(ConfigError) as info:
+        load_config(str(path), environ={"WEIR_INSTANCE_NAME": "weir 2"})
+    assert info.value.key == "instance_name"
+    assert info.value.reason.endswith("(from WEIR_INSTANCE_NAME)"), info.value.reason
+
+
 def test_config_is_frozen():
     config = Config()
     with pytest.raises(dataclasses.FrozenInstanceError):

@@ -483,7 +483,16 @@ class FederationSender:
             dest.pending = True  # never cleared here: a wake-up during the read stands
         claim = self.store.begin_transaction(dest.name, self.leases)
         if not claim.claimed or claim.row is None:  # another instance holds it
-            dest.edus.extendleft(reversed(ephemeral))
+            # Events wake their holder (runtime/queues.py), EDUs do not, and it cannot read
+            # our memory: our typing and receipts go to the durable outbox, and the holder
+            # is told to send now rather than at its next transaction.
+            ephemeral += [dest.edus.popleft() for _ in range(len(dest.edus))]
+            if ephemeral or durable:
+                holder = claim.row[1] if claim.row else None  # a row: its claim made it
+                for _, edu_type in self.store.hand_over(
+                    dest.name, holder, ephemeral, self.max_queued_edus
+                ):
+                    self._edus_dropped(edu_type, "backlog")
             dest.pending = True  # still owed: sent by its holder, or by us once it lapses
             self._retry_in(dest, max(0.05, claim.lapses_in))
             return False

@@ -81,7 +81,13 @@ def _listen_to_instances(config: Config, runtime: HomeserverRuntime) -> list[Cal
         finally:  # each keeps the last position it applied: a batch heard again is safe
             queues.on_positions(positions)
 
-    announcements = StreamAnnouncements(config.database.url, config.instance_name, heard)
+    announcements = StreamAnnouncements(
+        config.database.url,
+        config.instance_name,
+        heard,
+        # Destinations whose lease this instance holds, to which others handed EDUs.
+        send_to=runtime.federation_sender.wake,
+    )
     announcements.start()
     runtime.metrics.track_counter(
         "weir_cluster_queue_wakes",

@@ -1,4 +1,6 @@
-"""Hears other instances' stream positions: LISTEN on storage/streams.py's CHANNEL.
+"""Hears other instances' stream positions: LISTEN on storage/streams.py's CHANNEL; and
+their requests that this instance send to a destination whose lease it holds
+(storage/outbox.py's OUTBOX_CHANNEL, `hand_over`).
 
 One connection of its own, outside the pool, waits in a greenlet: psycopg 3 waits on its
 socket through gevent once the standard library is patched. Notifications that arrive
@@ -7,7 +9,8 @@ call. Each instance ignores its own: its writes woke its syncs already.
 
 The positions current when listening starts (LISTEN first, then the read, so nothing falls
 between) are delivered first, and again after a lost connection is replaced: the consumer
-reads everything from the last position it knew, so a reconnect loses no wake-up.
+reads everything from the last position it knew, so a reconnect loses no wake-up. A
+request to send lost that way waits for its instance's next look (a lease time at most).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any, Callable
 
 import gevent
 
+from homeserver.storage.outbox import OUTBOX_CHANNEL
 from homeserver.storage.streams import CHANNEL
 
 log = logging.getLogger(__name__)
@@ -39,12 +43,21 @@ def parse(payload: str) -> tuple[str, str, int] | None:
 
 
 class StreamAnnouncements:
-    def __init__(self, url: str, own_name: str, deliver: Callable[[dict[str, int]], None]):
-        """`deliver(positions)`: the newest position heard per stream, called in the
-        listening greenlet, one batch at a time."""
+    def __init__(
+        self,
+        url: str,
+        own_name: str,
+        deliver: Callable[[dict[str, int]], None],
+        send_to: Callable[[list[str]], None] = lambda destinations: None,
+    ):
+        """`deliver(positions)`: the newest position heard per stream; `send_to(names)`:
+        the destinations other instances asked this one to send to. Both are called in
+        the listening greenlet, one batch at a time."""
         self._conninfo = re.sub(r"^postgres(ql)?://", "postgresql://", url)
         self._own = own_name
         self._deliver = deliver
+        self._send_to = send_to
+        self._destinations: set[str] = set()
         self._greenlet: gevent.Greenlet | None = None
         self._conn: Any = None  # a psycopg connection, imported late
         self._pending: dict[str, int] = {}
@@ -69,6 +82,7 @@ class StreamAnnouncements:
             self._conninfo, autocommit=True, application_name=f"weir-listen-{self._own}"
         )
         self._conn.execute(f"LISTEN {CHANNEL}")
+        self._conn.execute(f"LISTEN {OUTBOX_CHANNEL}")
         rows = self._conn.execute("SELECT stream_name, position FROM stream_positions")
         self._pending = dict(rows.fetchall())
 
@@ -102,15 +116,20 @@ class StreamAnnouncements:
         heard = 0
         for note in self._conn.notifies(timeout=WAIT_SECONDS, stop_after=1):
             heard += 1
-            self._note(note.payload)
+            self._note(note.channel, note.payload)
         rounds = DRAIN_ROUNDS
         while heard and rounds:  # drain what came meanwhile, without waiting
             heard, rounds = 0, rounds - 1
             for note in self._conn.notifies(timeout=0):
                 heard += 1
-                self._note(note.payload)
+                self._note(note.channel, note.payload)
 
-    def _note(self, payload: str) -> None:
+    def _note(self, channel: str, payload: str) -> None:
+        if channel == OUTBOX_CHANNEL:
+            holder, _, destination = payload.partition(" ")
+            if holder == self._own and destination:
+                self._destinations.add(destination)
+            return
         parsed = parse(payload)
         if parsed is None or parsed[0] == self._own:
             return
@@ -119,6 +138,12 @@ class StreamAnnouncements:
             self._pending[stream] = position
 
     def _hand_on(self) -> None:
+        if self._destinations:
+            destinations, self._destinations = sorted(self._destinations), set()
+            try:
+                self._send_to(destinations)
+            except Exception:  # asked again at their instances' next look
+                log.exception("could not send to %s for other instances", destinations)
         if not self._pending:
             return
         pending, self._pending = self._pending, {}

@@ -17,6 +17,12 @@ from typing import Iterable
 from homeserver.storage.database import Database, in_lists
 from homeserver.storage.leases import Claim, LeasedTable, QueueLeases
 
+# The LISTEN/NOTIFY channel on which an instance asks the holder of a destination's lease
+# to send what it handed over: "<holder> <destination>" (storage/announcements.py). Not
+# the streams' channel, as appservices' handovers are: the destination is in the payload,
+# so the holder reads nothing to learn whom to send to.
+OUTBOX_CHANNEL = "weir_outbox"
+
 
 def queue_pdus(tx, destinations: Iterable[str], stored: Iterable[tuple[int, str, str]]) -> None:
     """Queues every (stream_ordering, event_id, room_id) for every destination."""
@@ -203,8 +209,8 @@ class OutboxStore:
 
     def begin_transaction(self, destination: str, leases: QueueLeases) -> Claim:
         """Claims (or renews) `destination`'s lease and takes the ID of a new transaction to
-        it, never handed out before: the claim's row is (txn_id,). Not claimed while another
-        instance holds the lease."""
+        it, never handed out before: the claim's row is (txn_id, holder). Not claimed while
+        another instance, the holder, holds the lease."""
 
         def known(tx) -> None:
             tx.execute(
@@ -215,10 +221,27 @@ class OutboxStore:
 
         return leases.claim(
             (destination,),
-            returning="next_txn_id - 1",
+            returning="next_txn_id - 1, lease_owner",
             also_set="next_txn_id = next_txn_id + 1",
             before=known,
         )
+
+    def hand_over(
+        self, destination: str, holder: str | None, edus: list[dict], max_backlog: int
+    ) -> list[tuple[str, str]]:
+        """`holder` holds `destination`'s lease: our ephemeral `edus` for it (typing,
+        receipts: in our memory only) join the durable EDU outbox it sends from, and it is
+        told at this write's commit to send what we owe it, those and any PDUs or durable
+        EDUs we queued. Returns (destination, edu_type) of each EDU left out (`queue_edus`)."""
+
+        def write(tx) -> list[tuple[str, str]]:
+            queued = [(destination, edu["edu_type"], edu["content"]) for edu in edus]
+            left_out = queue_edus(tx, queued, max_backlog)
+            if tx.announce_as is not None and holder:  # other instances listen (PostgreSQL)
+                tx.execute("SELECT pg_notify(?, ?)", (OUTBOX_CHANNEL, f"{holder} {destination}"))
+            return left_out
+
+        return self.db.write(write)
 
     def destinations_between(self, after: int, upto: int) -> list[str]:
         """Destinations owed events stored at stream positions in (after, upto]: those

@@ -8,6 +8,7 @@ import os
 import re
 
 import pytest
+import yaml  # type: ignore[import-untyped]
 
 from homeserver.config import load_config
 from homeserver.processes.listeners import SHUTDOWN_GRACE_SECONDS
@@ -40,9 +41,12 @@ def test_haproxy_marks_weir_down_before_its_listeners_close(config):
     `fastinter`: the balancer must have stopped sending before shutdown_drain_delay ends,
     with deploy/'s config and with the image's own."""
     drain = load_config(config).server.http.shutdown_drain_delay
-    servers = re.findall(r"^\s*server weir \S+ (.*)$", read("haproxy.cfg"), re.MULTILINE)
-    assert len(servers) == 2
-    for params in servers:
+    haproxy = read("haproxy.cfg")
+    # The checks are each backend's default-server's: no server line sets its own.
+    assert re.findall(r"^\s*server \S+ \S+[ \t]+(\S.*)$", haproxy, re.MULTILINE) == []
+    defaults = re.findall(r"^\s*default-server (.*)$", haproxy, re.MULTILINE)
+    assert len(defaults) == len(re.findall(r"^backend ", haproxy, re.MULTILINE)) == 3
+    for params in defaults:
         words = params.split()
         value = {k: words[i + 1] for i, k in enumerate(words[:-1])}
         inter = seconds(value.get("inter", "2s"))
@@ -52,8 +56,46 @@ def test_haproxy_marks_weir_down_before_its_listeners_close(config):
         assert marked_down_within < drain, (params, drain)
 
 
+def test_the_instances_agree_across_compose_haproxy_and_weir_toml():
+    """Each compose instance has its own name, a server line in both backends, and
+    weir.toml's cluster.instances counts them."""
+    services = yaml.safe_load(read("docker-compose.yml"))["services"]
+    instances = sorted(name for name in services if name.startswith("weir-"))
+    names = [services[name]["environment"]["WEIR_INSTANCE_NAME"] for name in instances]
+    assert names == instances == ["weir-1", "weir-2", "weir-3"]
+    assert load_config(os.path.join(DEPLOY, "weir.toml")).cluster.instances == len(instances)
+    # Both client backends (requests, and long-polls) and the federation one.
+    for port, backends in ((8008, 2), (8448, 1)):
+        lines = re.findall(rf"^\s*server (\S+) (\S+):{port}\s*$", read("haproxy.cfg"), re.M)
+        assert lines == [(name, name) for name in instances] * backends, port
+    assert sorted(services["lb"]["depends_on"]) == instances
+    for name in instances:
+        service = services[name]
+        assert service["environment"]["WEIR_CONFIG"] == "/etc/weir/config.toml"
+        assert "./weir.toml:/etc/weir/config.toml:ro" in service["volumes"]
+        # One signing key and one media store for the server, whichever instance serves.
+        assert {"weir-data:/data", "weir-media:/data/media"} <= set(service["volumes"])
+
+
 @pytest.mark.parametrize("config", [os.path.join(DEPLOY, "weir.toml"), CONTAINER_CONFIG])
 def test_compose_gives_the_drain_and_in_flight_requests_time_to_finish(config):
     drain = load_config(config).server.http.shutdown_drain_delay
-    grace = re.search(r"stop_grace_period: (\S+)", read("docker-compose.yml")).group(1)
-    assert seconds(grace) > drain + SHUTDOWN_GRACE_SECONDS
+    services = yaml.safe_load(read("docker-compose.yml"))["services"]
+    graces = {name: s["stop_grace_period"] for name, s in services.items() if "weir" in name}
+    assert len(graces) == 3
+    for grace in graces.values():
+        assert seconds(grace) > drain + SHUTDOWN_GRACE_SECONDS
+
+
+def test_long_polls_have_their_own_limit_within_max_connections():
+    """A parked /sync holds a connection to Weir but no place in its main pool: the `sync`
+    backend's per-server limit is far above `client`'s (under main_pool_size), and both
+    together stay under each instance's max_connections."""
+    http = load_config(os.path.join(DEPLOY, "weir.toml")).server.http
+    haproxy = read("haproxy.cfg")
+    limits = {}
+    for backend, body in re.findall(r"^backend (\S+)\n((?:[ \t].*\n|\n)*)", haproxy, re.M):
+        limits[backend] = int(re.search(r"^\s*default-server .*\bmaxconn (\d+)", body, re.M)[1])
+    assert limits["client"] < http.main_pool_size
+    assert limits["sync"] > 5 * limits["client"]
+    assert limits["client"] + limits["sync"] < http.max_connections

@@ -134,8 +134,8 @@ def assert_refused_at_once(response):
 RENDER_ARGS = {
     "client_bind": "fd@3",
     "federation_bind": "fd@4",
-    "client_server": "127.0.0.1:1001",
-    "federation_server": "127.0.0.1:1002",
+    "client_servers": ["127.0.0.1:1001"],
+    "federation_servers": ["127.0.0.1:1002"],
     "certs": "/tmp/certs",
     "stats_socket": "/tmp/s.sock",
     "max_fds": 20000,
@@ -149,23 +149,40 @@ def test_rendering_changes_only_addresses_limits_and_check_intervals():
     rendered = render_config("\n".join(source), **RENDER_ARGS).splitlines()
     removed = [line.split()[0] for line in source if line not in rendered]
     added = [line.split()[0:2] for line in rendered if line not in source]
-    assert sorted(removed) == ["bind", "bind", "maxconn", "server", "server"]
+    # deploy/ has three instances in each of its three backends; this test renders one.
+    assert sorted(removed) == ["bind"] * 2 + ["default-server"] * 3 + ["maxconn"] + ["server"] * 9
     assert sorted(added) == [
         ["bind", "fd@3"],
         ["bind", "fd@4"],
+        *[["default-server", "check"]] * 3,
         ["maxconn", "9900"],
-        ["server", "weir"],
-        ["server", "weir"],
+        *[["server", "weir-1"]] * 3,
         ["stats", "socket"],
     ]
-    servers = [line for line in rendered if line.strip().startswith("server weir")]
-    assert all(" inter 200ms fastinter 200ms " in line for line in servers), servers
+    defaults = [line for line in rendered if line.strip().startswith("default-server")]
+    assert all(" inter 200ms fastinter 200ms " in line for line in defaults), defaults
+
+
+def test_rendering_points_each_backend_at_every_instance():
+    with open(DEPLOY_CONFIG) as f:
+        source = f.read()
+    instances = {"client_servers": [], "federation_servers": []}
+    for n in range(4):  # one more than deploy/ has: the rendering follows the test
+        instances["client_servers"].append(f"127.0.0.1:{2000 + n}")
+        instances["federation_servers"].append(f"127.0.0.1:{3000 + n}")
+    rendered = render_config(source, **{**RENDER_ARGS, **instances})
+    servers = [
+        line.split()[1:3] for line in rendered.splitlines() if line.strip().startswith("server ")
+    ]
+    client = [[f"weir-{n + 1}", f"127.0.0.1:{2000 + n}"] for n in range(4)]
+    federation = [[f"weir-{n + 1}", f"127.0.0.1:{3000 + n}"] for n in range(4)]
+    assert servers == client + client + federation  # the client and sync backends, then 8448
 
 
 @pytest.mark.parametrize(
     "old, new",
     [
-        ("server weir weir:8008 ", "server app weir:8008 "),  # a renamed server
+        ("server weir-2 weir-2:8008", "server app weir-2:8008"),  # a renamed server
         ("bind :8448 ", "bind :8443 "),  # a moved frontend
         ("    maxconn 20000\n", ""),  # no global maxconn
         ("global\n", "global\n    stats socket /x\nglobal\n"),  # two global sections

@@ -45,9 +45,12 @@ def node():
     return binary
 
 
-def run_node(node: str, script: str, *args: str, tmp_path, timeout: float = 240) -> dict:
+def run_node(
+    node: str, script: str, *args: str, tmp_path, timeout: float = 240, env: dict | None = None
+) -> dict:
     """Runs a harness script; its last stdout line is its JSON result. The SDK's logs go to
-    a file, shown when the script fails."""
+    a file, shown when the script fails. `env` adds to the environment (for example
+    NODE_EXTRA_CA_CERTS, to trust a test CA)."""
     log = tmp_path / f"{script}.log"
     with open(log, "wb") as stderr:
         proc = subprocess.run(
@@ -56,6 +59,7 @@ def run_node(node: str, script: str, *args: str, tmp_path, timeout: float = 240)
             stdout=subprocess.PIPE,
             stderr=stderr,
             timeout=timeout,
+            env={**os.environ, **(env or {})},
         )
     lines = proc.stdout.decode().strip().splitlines()
     result = json.loads(lines[-1]) if lines else {}

@@ -68,24 +68,27 @@ def weir(test_ca, synapse, tmp_path_factory):
     proc.stop()
 
 
-def bodies_seen(user: SynapseUser, room_id: str) -> list[str]:
-    """The room's messages as Synapse has them (its /messages), oldest first."""
+def bodies_seen(user: SynapseUser, room_id: str, limit: int = 50) -> list[str]:
+    """The room's messages as Synapse has them (its /messages: the last `limit` events),
+    oldest first."""
     r = user.call(
-        "GET", f"/rooms/{quote(room_id, safe='')}/messages", params={"dir": "b", "limit": 50}
+        "GET", f"/rooms/{quote(room_id, safe='')}/messages", params={"dir": "b", "limit": limit}
     )
     assert r.status_code == 200, r.text
     chunk = r.json()["chunk"]
     return [e["content"].get("body") for e in reversed(chunk) if e["type"] == "m.room.message"]
 
 
-def wait_for_bodies(user: SynapseUser, room_id: str, want: list[str], within: float) -> list[str]:
+def wait_for_bodies(
+    user: SynapseUser, room_id: str, want: list[str], within: float, limit: int = 50
+) -> list[str]:
     """Waits until Synapse has `want` in the room, in that order; a long-polled /sync is the
-    wake-up, /messages the record."""
+    wake-up, /messages (its last `limit` events) the record."""
     deadline = time.monotonic() + within
     sync = synapse_sync(user)
     since = sync(None, 0)["next_batch"]
     while True:
-        seen = bodies_seen(user, room_id)
+        seen = bodies_seen(user, room_id, limit)
         if [b for b in seen if b in want] == want:
             return seen
         left = deadline - time.monotonic()

@@ -5,6 +5,7 @@ elsewhere reaches push rules, one instance at a time sends to a destination; and
 refusals: SQLite with several instances or a second process on one SQLite file, and a
 duplicate instance_name, exit 2 with one line."""
 
+import itertools
 import json
 import os
 import signal
@@ -320,9 +321,10 @@ def test_one_instance_at_a_time_sends_to_a_destination(
     messages = [body for body in bodies() if body in expected]
     assert len(messages) == len(expected)  # none sent twice
     assert sink.max_in_flight[origin.name] == 1  # one sender at a time
+    holder = lease_owner(shared["database"]["url"], origin.name)
+    read_receipt_goes_through_the_holder(sink, origin, room.room_id, holder, alice, bob)
     # The holder dies; a message through the other instance waits for the holder's lease
     # to lapse (5 s after its last transaction), then that instance takes over.
-    holder = lease_owner(shared["database"]["url"], origin.name)
     dead, taker, through = (a, "b", bob) if holder == "a" else (b, "a", alice)
     dead.proc.send_signal(signal.SIGKILL)
     dead.proc.wait()
@@ -330,6 +332,31 @@ def test_one_instance_at_a_time_sends_to_a_destination(
     assert sink.wait_until(lambda: "after-the-holder" in bodies(), timeout=60)
     assert lease_owner(shared["database"]["url"], origin.name) == taker
     assert bodies().count("after-the-holder") == 1
+
+
+def read_receipt_goes_through_the_holder(sink, origin, room_id, holder, alice, bob) -> None:
+    """While the holder of the destination's lease keeps sending (so it never lapses), a
+    read receipt through the other instance, which only that instance's memory holds,
+    reaches the destination: handed over through the durable outbox, the holder told."""
+    keeps, other = (alice, bob) if holder == "a" else (bob, alice)
+    event_id = send(other, room_id, "read-me")
+
+    def receipted() -> bool:
+        receipts = [e for e in sink.edus(origin.name) if e["edu_type"] == "m.receipt"]
+        return any(event_id in json.dumps(e["content"]) for e in receipts)
+
+    def keep_sending() -> None:
+        for i in itertools.count():
+            send(keeps, room_id, f"keep-{i}")
+
+    busy = gevent.spawn(keep_sending)
+    try:
+        r = other.post(f"/_matrix/client/v3/rooms/{room_id}/receipt/m.read/{event_id}", json={})
+        assert r.status_code == 200, r.text
+        assert sink.wait_until(receipted, timeout=30), "the receipt never left its instance"
+    finally:
+        busy.kill()
+    assert sink.max_in_flight[origin.name] == 1
 
 
 def lease_owner(url: str, destination: str) -> str:

@@ -1,17 +1,19 @@
-"""Real HAProxy on loopback in front of a real Weir, with the configuration from deploy/.
+"""Real HAProxy on loopback in front of real Weir instances, with the configuration from
+deploy/.
 
 `render_config` rewrites deploy/haproxy.cfg for loopback: the frontends listen on sockets
 the test bound (HAProxy takes them as inherited descriptors, `fd@N`, so there is no race
-for a free port), TLS ends with a certificate from the test CA, and the backends point at
-the test server's listeners. Everything else (timeouts, X-Forwarded-For, routing, health
-checks, the /metrics refusal) is the deployed configuration as it is. Every rewrite must
-match its line exactly once: if deploy/haproxy.cfg changes shape, rendering fails loudly
-rather than testing something else.
+for a free port), TLS ends with a certificate from the test CA, and each backend's server
+lines (deploy/'s weir-1, weir-2, ...) become one line per test instance's listener.
+Everything else (timeouts, X-Forwarded-For, routing, balancing, health checks, the /metrics
+refusal) is the deployed configuration as it is. Every rewrite must match its lines
+exactly: if deploy/haproxy.cfg changes shape, rendering fails loudly rather than testing
+something else.
 
-    with HAProxy(directory, test_ca, client=weir.client_url,
-                 federation=weir.federation_url) as lb:
+    with HAProxy(directory, test_ca, client=[w.client_url for w in weirs],
+                 federation=[w.federation_url for w in weirs]) as lb:
         requests.get(lb.client_url + "/_matrix/client/versions", verify=test_ca.ca_path)
-        lb.server("client")["status"]          # "UP", from HAProxy's stats socket
+        lb.server("client", "weir-2")["status"]   # "UP", from HAProxy's stats socket
 
 Under CI (CI=true) a missing haproxy binary is a failure; elsewhere the tests skip
 (tests/deploy/conftest.py). The Makefile installs it with apt-get where it can.
@@ -30,7 +32,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from typing import Self
+from typing import Self, Sequence
 from urllib.parse import urlsplit
 
 import gevent
@@ -74,8 +76,8 @@ def render_config(
     *,
     client_bind: str,
     federation_bind: str,
-    client_server: str,
-    federation_server: str,
+    client_servers: Sequence[str],
+    federation_servers: Sequence[str],
     certs: str,
     stats_socket: str,
     max_fds: int | None = None,
@@ -83,16 +85,18 @@ def render_config(
 ) -> str:
     """deploy/haproxy.cfg (``source``) for loopback.
 
-    ``client_bind``/``federation_bind`` replace ``:443``/``:8448`` (e.g. ``fd@3``),
-    ``client_server``/``federation_server`` replace ``weir:8008``/``weir:8448`` (``host:port``),
-    ``certs`` replaces the image's certificate folder. A stats socket is added to ``global``:
-    the tests read server states from it. ``max_fds`` lowers the global ``maxconn`` so that
-    it fits that many descriptors (two per proxied connection): HAProxy refuses to start when
-    the hard RLIMIT_NOFILE is below what ``maxconn`` needs, and a test machine's may be (the
-    compose file gives the balancer enough). ``check_inter`` (e.g. ``"200ms"``) replaces the
-    servers' health-check intervals (``inter``, ``fastinter``), so that a test sees a server go
-    down in well under a second rather than in the deployed 3 s; with ``maxconn`` it is the
-    only behaviour the rendering changes.
+    ``client_bind``/``federation_bind`` replace ``:443``/``:8448`` (e.g. ``fd@3``).
+    ``client_servers``/``federation_servers`` (``host:port`` each) replace each backend's
+    ``server weir-N weir-N:8008``/``:8448`` lines: one line each, named ``weir-1``,
+    ``weir-2``, ... in that order, whatever number deploy/ has. ``certs`` replaces the
+    image's certificate folder. A stats socket is added to ``global``: the tests read
+    server states from it. ``max_fds`` lowers the global ``maxconn`` so that it fits that
+    many descriptors (two per proxied connection): HAProxy refuses to start when the hard
+    RLIMIT_NOFILE is below what ``maxconn`` needs, and a test machine's may be (the compose
+    file gives the balancer enough). ``check_inter`` (e.g. ``"200ms"``) replaces the
+    ``default-server`` lines' health-check intervals (``inter``, ``fastinter``), so that a
+    test sees a server go down in well under a second rather than in the deployed 3 s; with
+    ``maxconn`` it is the only behaviour the rendering changes.
     """
     certs = certs.rstrip("/") + "/"
     text = source
@@ -116,26 +120,54 @@ def render_config(
             lambda m: f"{m.group(1)}{min(int(m.group(2)), (max_fds - 200) // 2)}",
             "global 'maxconn N' line",
         )
-    for port, server in ((8008, client_server), (8448, federation_server)):
-        text = _replace_once(
+    odd = re.findall(r"^\s*server (?!weir-\d+ weir-\d+:(?:8008|8448)[ \t]*$).*$", text, re.M)
+    if odd:
+        raise RenderError(f"deploy/haproxy.cfg: a server line of another shape: {odd[0]!r}")
+    for port, servers in ((8008, client_servers), (8448, federation_servers)):
+        text = _servers(text, port, servers)
+    if check_inter is not None:
+        text, count = re.subn(
+            r"^(\s*default-server )(.*)$",
+            lambda m: m.group(1) + _intervals(m.group(2), check_inter),
             text,
-            rf"^(\s*server weir )weir:{port}( check\b.*)$",
-            lambda m, server=server: f"{m.group(1)}{server}{_intervals(m.group(2), check_inter)}",
-            f"'server weir weir:{port} check ...' line",
+            flags=re.MULTILINE,
         )
+        backends = len(re.findall(r"^backend ", text, flags=re.MULTILINE))
+        if count != backends:
+            raise RenderError(
+                f"deploy/haproxy.cfg: {backends} backends, {count} default-server lines"
+            )
     return text
 
 
-def _intervals(params: str, check_inter: str | None) -> str:
-    """A server line's parameters with its check intervals (inter, fastinter) set to
-    ``check_inter``."""
-    if check_inter is None:
-        return params
+def _servers(text: str, port: int, servers: Sequence[str]) -> str:
+    """``text`` with each backend's ``server weir-N weir-N:<port>`` lines replaced by one
+    line per address in ``servers``, where the first of them was."""
+    pattern = rf"^(\s*)server weir-\d+ weir-\d+:{port}[ \t]*\n"
+    sections = re.split(r"(?m)^(?=\S)", text)  # at each unindented line: a section's head
+    rendered, backends = [], 0
+    for section in sections:
+        found = re.search(pattern, section, flags=re.MULTILINE)
+        if found is not None and servers:
+            backends += 1
+            indent = found.group(1)
+            lines = "".join(f"{indent}server weir-{n} {a}\n" for n, a in enumerate(servers, 1))
+            tail = re.sub(pattern, "", section[found.start() :], flags=re.MULTILINE)
+            section = section[: found.start()] + lines + tail
+        rendered.append(section)
+    if backends == 0:
+        raise RenderError(
+            f"deploy/haproxy.cfg: expected 'server weir-N weir-N:{port}' lines, found none"
+        )
+    return "".join(rendered)
+
+
+def _intervals(params: str, check_inter: str) -> str:
+    """A default-server line's parameters with its check intervals (inter, fastinter) set
+    to ``check_inter``."""
     params, count = re.subn(r"\b((?:fast)?inter) \S+", rf"\g<1> {check_inter}", params)
     if count == 0:
-        raise RenderError(
-            f"deploy/haproxy.cfg: a 'server weir' line has no 'inter': {params.strip()!r}"
-        )
+        raise RenderError(f"deploy/haproxy.cfg: a default-server line has no 'inter': {params!r}")
     return params
 
 
@@ -155,28 +187,36 @@ def _host_port(url: str) -> str:
     return f"{parts.hostname}:{parts.port}"
 
 
-def _listen(host: str) -> socket.socket:
+def _urls(urls: str | Sequence[str]) -> list[str]:
+    return [urls] if isinstance(urls, str) else list(urls)
+
+
+def _listen(host: str, port: int = 0) -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, 0))
+    sock.bind((host, port))
     sock.listen(1024)
     return sock
 
 
 class HAProxy:
-    """`haproxy -db` with deploy/haproxy.cfg rendered for loopback, in front of one Weir."""
+    """`haproxy -db` with deploy/haproxy.cfg rendered for loopback, in front of one Weir
+    instance or several (a URL, or a list of them, per listener)."""
 
     def __init__(
         self,
         directory: str,
         test_ca,
         *,
-        client: str,
-        federation: str,
+        client: str | Sequence[str],
+        federation: str | Sequence[str],
         host: str = "127.0.0.1",
+        federation_port: int = 0,
         check_inter: str | None = None,
         binary: str | None = None,
     ):
+        """``federation_port``: a fixed port for the federation frontend (on ``host``), for
+        a server name that other servers reach without discovery (``host:port``)."""
         self.binary = binary or haproxy_binary()
         if self.binary is None:
             raise RuntimeError("haproxy not found")
@@ -185,18 +225,23 @@ class HAProxy:
         # The stats socket's path must fit in sun_path (108 bytes): pytest's folders may not.
         self._sock_dir = tempfile.mkdtemp(prefix="weir-lb-")
         self.stats_path = os.path.join(self._sock_dir, "stats.sock")
-        self._listeners = [_listen(host), _listen(host)]
+        self._listeners = [_listen(host), _listen(host, federation_port)]
         client_sock, federation_sock = self._listeners
         self.client_url = f"https://{host}:{client_sock.getsockname()[1]}"
         self.federation_url = f"https://{host}:{federation_sock.getsockname()[1]}"
+        # deploy/'s backends: client requests, long-polls (the client listeners), federation.
+        self.names = {
+            backend: [f"weir-{n}" for n in range(1, len(_urls(urls)) + 1)]
+            for backend, urls in (("client", client), ("sync", client), ("federation", federation))
+        }
         certs = write_cert_folder(test_ca, os.path.join(directory, "certs"), "weir.test", host)
         with open(DEPLOY_CONFIG) as f:
             self.config = render_config(
                 f.read(),
                 client_bind=f"fd@{client_sock.fileno()}",
                 federation_bind=f"fd@{federation_sock.fileno()}",
-                client_server=_host_port(client),
-                federation_server=_host_port(federation),
+                client_servers=[_host_port(url) for url in _urls(client)],
+                federation_servers=[_host_port(url) for url in _urls(federation)],
                 certs=certs,
                 stats_socket=self.stats_path,
                 max_fds=resource.getrlimit(resource.RLIMIT_NOFILE)[1],
@@ -227,17 +272,17 @@ class HAProxy:
             stderr=subprocess.STDOUT,
             pass_fds=[s.fileno() for s in self._listeners],
         )
-        # Up means: both backends' server passed a real health check (GET /health).
-        self.wait_for(
-            lambda: all(
-                self.server(b).get("check_status") == "L7OK"
-                and self.server(b).get("status") == "UP"
-                for b in ("client", "federation")
-            ),
-            timeout,
-            "HAProxy's servers never came UP",
-        )
+        # Up means: every server of both backends passed a real health check (GET /health).
+        self.wait_for(self.all_up, timeout, "HAProxy's servers never came UP")
         return self
+
+    def all_up(self) -> bool:
+        return all(
+            self.server(backend, name).get("check_status") == "L7OK"
+            and self.server(backend, name).get("status") == "UP"
+            for backend, names in self.names.items()
+            for name in names
+        )
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -278,7 +323,7 @@ class HAProxy:
             raise RuntimeError(f"unexpected stats answer: {text[:200]!r}")
         return list(csv.DictReader(io.StringIO(text[2:])))
 
-    def server(self, backend: str, name: str = "weir") -> dict:
+    def server(self, backend: str, name: str = "weir-1") -> dict:
         """The stats row of server ``name`` in ``backend`` ({} while HAProxy is starting)."""
         if self.proc is not None and self.proc.poll() is not None:
             raise RuntimeError(f"haproxy exited with {self.proc.returncode}: {self.log_tail()}")
@@ -287,6 +332,14 @@ class HAProxy:
         except OSError:
             return {}  # the socket is not there yet
         return next((r for r in rows if r["pxname"] == backend and r["svname"] == name), {})
+
+    def requests_served(self, backend: str) -> dict[str, int]:
+        """Requests each server of ``backend`` has been sent so far (health checks aside)."""
+        return {
+            row["svname"]: int(row["req_tot"] or 0)
+            for row in self.stats()
+            if row["pxname"] == backend and row["svname"] in self.names[backend]
+        }
 
     def wait_for(self, predicate, timeout: float, message: str) -> float:
         """Seconds until ``predicate()`` held. HAProxy has no event to wait on from outside:

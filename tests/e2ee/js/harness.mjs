@@ -35,8 +35,10 @@ export async function login(user, password, url = baseUrl) {
     return response.json();
 }
 
-export async function startDevice(user, password, url = baseUrl) {
-    const session = await login(user, password, url);
+// `session`: a login made beforehand ({user_id, device_id, access_token}), used instead of
+// a new one (a test that places each device's token behind a load balancer).
+export async function startDevice(user, password, url = baseUrl, session = null) {
+    session ||= await login(user, password, url);
     const client = createClient({
         baseUrl: url,
         userId: session.user_id,

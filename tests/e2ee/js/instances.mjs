@@ -9,6 +9,9 @@
 // room keys are to-device messages and the devices are device list changes written on one
 // instance and read on the other. Then bob's second device, on A, decrypts alice's next
 // message. Prints what each device decrypted, by event ID.
+//
+// Behind a load balancer both URLs are the balancer's, and the scenario's "sessions"
+// ({alice, bob, bob2}: logins made beforehand) are what put each device on its instance.
 import {
     decrypted,
     invited,
@@ -21,13 +24,13 @@ import {
     step,
 } from "./harness.mjs";
 
-main(async ({ alice: a, bob: b, other_url: otherUrl, messages }) => {
+main(async ({ alice: a, bob: b, other_url: otherUrl, messages, sessions = {} }) => {
     const received = {};
     const note = (client, eventId, body) => {
         (received[client.getDeviceId()] ||= {})[eventId] = body.body;
     };
-    const alice = await startDevice(a.user, a.password);
-    const bob = await startDevice(b.user, b.password, otherUrl);
+    const alice = await startDevice(a.user, a.password, undefined, sessions.alice);
+    const bob = await startDevice(b.user, b.password, otherUrl, sessions.bob);
     const { room_id: roomId } = await alice.createRoom({
         invite: [bob.getUserId()],
         initial_state: [
@@ -50,7 +53,7 @@ main(async ({ alice: a, bob: b, other_url: otherUrl, messages }) => {
     note(alice, fromBob, await step("alice decrypts bob", decrypted(alice, roomId, fromBob)));
 
     // bob's second device logs in on A: alice hears of it through device_lists.changed.
-    const bob2 = await startDevice(b.user, b.password);
+    const bob2 = await startDevice(b.user, b.password, undefined, sessions.bob2);
     await step("bob2 sees the room", joinedRoom(bob2, roomId));
     await step("alice knows bob2", knowsDevice(alice, bob.getUserId(), bob2.getDeviceId()));
     const later = await send(alice, roomId, messages.later);
