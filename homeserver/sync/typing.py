@@ -56,6 +56,7 @@ ORPHAN_GRACE_SECONDS = 10.0
 
 # on_local_typing(room_id, user_id, typing, here): `here` when it happened on this instance.
 LocalTyping = Callable[[str, str, bool, bool], None]
+_Tell = tuple[str, str, bool, bool]
 
 
 @dataclass
@@ -117,8 +118,7 @@ class TypingNotifications:
 
     def _publish(self, change: TypingChange) -> None:
         if self._shared is None:
-            with self._applying:
-                self._apply(self.position + 1, change)
+            self._tell_others(self._apply(self.position + 1, change))
         else:
             self.apply_upto(self._shared.add_typing(change))
 
@@ -126,13 +126,18 @@ class TypingNotifications:
         """Applies the shared changes up to `upto`, in order, from the last one applied."""
         if self._shared is None or upto <= self.position:
             return
-        with self._applying:
+        tells = []
+        with self._applying:  # reading the rows yields: one greenlet applies at a time
             if upto > self.position:
                 for position, change in self._shared.typing_changes(self.position, upto):
-                    self._apply(position, change)
+                    tells.append(self._apply(position, change))
                 self.position = max(self.position, upto)
+        for tell in tells:  # outside: sending reads the database too
+            self._tell_others(tell)
 
-    def _apply(self, position: int, change: TypingChange) -> None:
+    def _apply(self, position: int, change: TypingChange) -> _Tell | None:
+        """Applies a change (no yield before the position is set, then the room's syncs are
+        woken); returns what to tell other servers."""
         room_id, user_id = change.room_id, change.user_id
         room = self._rooms.setdefault(room_id, _RoomTyping())
         timer = room.expiries.pop(user_id, None)
@@ -148,15 +153,16 @@ class TypingNotifications:
             room.position = position
             self._on_change(room_id)
         if (changed or change.typing) and server_of(user_id) == self.rooms.server_name:
-            self._tell_others(room_id, user_id, change.typing, here)
+            return (room_id, user_id, change.typing, here)
+        return None
 
-    def _tell_others(self, room_id: str, user_id: str, typing: bool, here: bool) -> None:
-        if self._on_local_typing is None:
+    def _tell_others(self, tell: _Tell | None) -> None:
+        if tell is None or self._on_local_typing is None:
             return
         try:
-            self._on_local_typing(room_id, user_id, typing, here)
+            self._on_local_typing(*tell)
         except Exception:  # the change stands for syncs; only its EDU is lost
-            log.exception("could not send typing of %s in %s", user_id, room_id)
+            log.exception("could not send typing of %s in %s", tell[1], tell[0])
 
     def _expire(self, room_id: str, user_id: str) -> None:
         if self._rooms[room_id].expiries.get(user_id) is not gevent.getcurrent():
