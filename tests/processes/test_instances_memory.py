@@ -205,3 +205,25 @@ def test_a_logout_through_one_instance_refuses_the_token_on_the_other(pair):
     assert not refused_on_b(laptop)
     logged_out_through_a("/_matrix/client/v3/logout/all", laptop)
     assert refused_on_b(laptop) and refused_on_b(desk)
+    # A deactivation through a: every token of the user, the devices' removal after it.
+    desk.login("leaver")
+    assert not refused_on_b(desk)
+    auth = {
+        "type": "m.login.password",
+        "identifier": {"type": "m.id.user", "user": "leaver"},
+        "password": "correct horse battery",
+    }
+    r = MatrixClient(a.client_url, desk.token).post(
+        "/_matrix/client/v3/account/deactivate", json={"auth": auth}
+    )
+    assert r.status_code == 200, r.text
+    applied_on_b(b, stream_position(url, "token_revocations"))
+    assert refused_on_b(desk)
+
+
+def applied_on_b(b: WeirProcess, position: int) -> None:
+    """Waits until b has applied the token revocations up to `position` (more may follow)."""
+    name, labels = "weir_cluster_position", {"stream": "token_revocations"}
+    with gevent.Timeout(10, AssertionError(f"b never applied position {position}")):
+        while metric(b.client_url, name, **labels) < position:
+            gevent.sleep(0.02)
