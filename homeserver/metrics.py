@@ -16,7 +16,7 @@ limit), and the federation worker shards' liveness (federation/shards.py).
 from __future__ import annotations
 
 import ipaddress
-from typing import Callable
+from typing import Callable, Mapping
 
 from prometheus_client import (
     CollectorRegistry,
@@ -40,6 +40,7 @@ class _LiveCollector:
         self.threadpools: list[tuple[str, Callable[[], int], int]] = []
         self.pool_waits: list[tuple[str, object]] = []
         self.gauges: list[tuple[str, str, Callable[[], float]]] = []
+        self.labelled: list[tuple[str, str, str, Callable[[], Mapping[str, float]]]] = []
         self.counters: list[tuple[str, str, Callable[[], float]]] = []
 
     def collect(self):
@@ -92,6 +93,11 @@ class _LiveCollector:
         yield from self._pool_waits()
         for name, doc, read in self.gauges:
             yield GaugeMetricFamily(name, doc, value=read())
+        for name, doc, label, read_all in self.labelled:
+            family = GaugeMetricFamily(name, doc, labels=[label])
+            for value_of, value in read_all().items():
+                family.add_metric([value_of], value)
+            yield family
         for name, doc, read in self.counters:
             yield CounterMetricFamily(name, doc, value=read())
 
@@ -260,6 +266,12 @@ class Metrics:
 
     def track_gauge(self, name: str, doc: str, read: Callable[[], float]) -> None:
         self._live.gauges.append((name, doc, read))
+
+    def track_gauges(
+        self, name: str, doc: str, label: str, read: Callable[[], Mapping[str, float]]
+    ) -> None:
+        """Gauges of one name, one per `label` value that `read` gives."""
+        self._live.labelled.append((name, doc, label, read))
 
     def track_counter(self, name: str, doc: str, read: Callable[[], float]) -> None:
         """A count kept by a live object that only rises; exposed as `<name>_total`."""

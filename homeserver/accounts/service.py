@@ -182,6 +182,14 @@ class AccountService:
         with any of their tokens reads its owner from the database again."""
         self.requesters.forget_user(user_id)
 
+    def forget_revoked(self, user_id: str, device_id: str | None) -> None:
+        """Another instance ended the device's tokens, or every one of the user's (None),
+        or changed the user's admin flag (sync/cluster.py)."""
+        if device_id is None:
+            self.requesters.forget_user(user_id)
+        else:
+            self.requesters.forget_devices(user_id, [device_id])
+
     def check_password(self, user_id: str, password: str) -> bool:
         """The user's own password, checked as login does (user-interactive auth)."""
         row = self.store.get_user(user_id)

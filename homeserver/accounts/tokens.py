@@ -11,9 +11,10 @@ from homeserver.core.requester import Requester
 
 # Tokens in use at once: past this, the least recently used is read again from the database.
 CACHE_SIZE = 10_000
-# The longest a cached answer is believed: a change this process did not make itself (a row
-# deleted by hand, another instance on the same database) is seen within this time. Every
-# change this process makes is seen at once.
+# The longest a cached answer is believed: a change this process did not make itself and was
+# not told of (a row deleted by hand) is seen within this time. Every change this process
+# makes is seen at once, and another instance's as soon as its notification arrives
+# (storage/cluster_memory.py, sync/cluster.py).
 CACHE_TTL_SECONDS = 30.0
 
 

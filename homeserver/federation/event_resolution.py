@@ -5,8 +5,9 @@ A PDU whose prev_events or auth_events we lack makes us ask its origin for them
 (homeserver/rooms/gaps.py: ``/get_missing_events``, ``/state_ids``, ``/event``). Like a key
 fetch, that is work another server caused, so it is admitted first:
 
-- one slot of ``event_resolution_max_in_flight`` (whole process; a shard gets its share by the
-  shard rule, ``shard_event_resolution_budget``) is held for the whole fetch, and the fetch's
+- one slot of ``event_resolution_max_in_flight`` (whole process; each of several instances,
+  and each of an instance's shards, gets its share by the shard rule,
+  ``shard_event_resolution_budget``) is held for the whole fetch, and the fetch's
   calls run one after another under it, so calls in flight never exceed the slots;
 - one token of ``event_resolution_per_origin_rate`` for the origin server, per fetch;
 - one total deadline for the fetch, all its calls included.

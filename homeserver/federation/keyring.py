@@ -83,9 +83,10 @@ STORED_KEYS_MEMO_SECONDS = 2.0
 
 
 def shard_key_resolution_budget(config: Config, shards: int) -> FederationSecurityConfig:
-    """``security.federation`` for one of ``shards`` worker shards: the in-flight limit and
-    the per-IP rate's ``max_requests`` divided (rounded down, at least 1), the rest as is
-    (adr/key-resolution-shards.md)."""
+    """``security.federation`` for one of ``shards`` processes sharing the budget (worker
+    shards times ``cluster.instances``: homeserver/runtime/infrastructure.py): the in-flight
+    limit and the per-IP rate's ``max_requests`` divided (rounded down, at least 1), the
+    rest as is (adr/key-resolution-shards.md)."""
     sec = config.security.federation
     in_flight, max_requests = split_budget(
         sec.key_resolution_max_in_flight, sec.key_resolution_per_ip_rate.max_requests, shards

@@ -216,6 +216,20 @@ class FederationSender:
             dest.edus.append({"edu_type": edu_type, "content": content})
             self._kick(dest)
 
+    def send_edu_where_held(
+        self, destinations: Iterable[str], edu_type: str, content: dict, here: bool
+    ) -> None:
+        """An ephemeral EDU every instance hears of (typing: sync/typing.py), queued here for
+        the destinations whose lease this instance holds, and for those nobody holds if it
+        happened `here`: so one instance sends it to each, and none queues what it may not
+        send (a lease held elsewhere is never freed while its holder keeps sending)."""
+        names = [name for name in destinations if name != self.server_name]
+        holders = self.store.lease_holders(names, now_ms()) if names else {}
+        unheld = self.leases.owner if here else None
+        self.send_edu(
+            [n for n in names if holders.get(n, unheld) == self.leases.owner], edu_type, content
+        )
+
     def queue_durable_edus(self, edus: list[tuple[str, str, dict]]) -> None:
         """Durable (destination, edu_type, content) EDUs that no other write makes (a
         signing key update): queued in a write of their own."""
@@ -292,6 +306,11 @@ class FederationSender:
             "weir_federation_sender_edu_queue",
             "Durable EDUs (to-device, device list updates) to other servers still owed",
             self.store.edu_depth,
+        )
+        metrics.track_gauge(
+            "weir_federation_sender_ephemeral_queue",
+            "Typing, receipt and presence EDUs waiting in memory for their destinations",
+            lambda: sum(len(dest.edus) for dest in self._destinations.values()),
         )
         metrics.track_gauge(
             "weir_federation_sender_backoff",

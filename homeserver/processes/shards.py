@@ -13,8 +13,9 @@ connection per wake-up, so a burst spreads over the shards instead of going to t
 one awake.
 
 A shard serves every ``/_matrix/federation/*`` and ``/_matrix/key/*`` route with a runtime
-built with ``key_resolution_shards=N`` (its share of the key budget); main serves the
-client API and keeps the whole budget for re-verifying the PDUs shards relay to it.
+built with ``key_resolution_shards=N`` (its share of its instance's key budget, which is
+itself the configured one divided by ``cluster.instances``); main serves the client API and
+keeps its instance's whole share for re-verifying the PDUs shards relay to it.
 
 Supervision: a shard that dies is restarted after a backoff (doubling from
 ``RESTART_BACKOFF_SECONDS`` up to ``RESTART_BACKOFF_MAX_SECONDS``, reset once a shard has

@@ -57,6 +57,7 @@ from homeserver.rooms.transactions import ShardTransactionReceiver, TransactionP
 from homeserver.rooms.upgrades import RoomUpgrader
 from homeserver.runtime.admin import AdminComponents
 from homeserver.runtime.appservices import build_appservice_sender, build_appservices
+from homeserver.runtime.cluster import ClusterComponents
 from homeserver.runtime.e2ee import E2eeComponents
 from homeserver.runtime.push import PushComponents
 from homeserver.storage.accounts import AccountStore
@@ -70,12 +71,10 @@ from homeserver.storage.reports import ReportStore
 from homeserver.storage.room_graph import RoomGraphStore
 from homeserver.storage.rooms import RoomStore
 from homeserver.storage.sliding_sync import SlidingSyncStore
-from homeserver.storage.stream_changes import StreamChanges
 from homeserver.storage.sync import SyncStore
 from homeserver.storage.transactions import ReceivedTransactionStore, StagingCaps
 from homeserver.storage.user_directory import UserDirectoryStore
 from homeserver.sync.account_data import AccountDataService
-from homeserver.sync.cluster import ClusterWakes
 from homeserver.sync.edus import InboundEdus
 from homeserver.sync.filters import Filters
 from homeserver.sync.notifications import Notifications
@@ -88,15 +87,15 @@ from homeserver.sync.service import SyncService
 from homeserver.sync.sliding import SlidingSync
 from homeserver.sync.sliding_connections import Connections
 from homeserver.sync.sliding_lists import RoomLists
-from homeserver.sync.typing import TypingNotifications
 
 log = logging.getLogger(__name__)
 
 
-class HomeserverRuntime(AdminComponents, E2eeComponents, PushComponents):
+class HomeserverRuntime(AdminComponents, E2eeComponents, PushComponents, ClusterComponents):
     """Every domain service, on the admin API's (runtime/admin.py), the encryption parts
-    (runtime/e2ee.py), the pushers (runtime/push.py), the media parts (runtime/media.py) and
-    the infrastructure (runtime/infrastructure.py)."""
+    (runtime/e2ee.py), the pushers (runtime/push.py), typing and other instances' wakes
+    (runtime/cluster.py), the media parts (runtime/media.py) and the infrastructure
+    (runtime/infrastructure.py)."""
 
     # --- accounts ------------------------------------------------------------------------
 
@@ -424,23 +423,6 @@ class HomeserverRuntime(AdminComponents, E2eeComponents, PushComponents):
         return notifier
 
     @component
-    def cluster_wakes(self) -> ClusterWakes:
-        """Other instances' writes, heard through LISTEN/NOTIFY, wake this one's syncs."""
-        wakes = ClusterWakes(
-            StreamChanges(self.db),
-            self.notifier,
-            self.e2ee_store.users_sharing_a_room,
-            forget_room=self.push_actions.forget_room,
-            forget_rules=self.push_rules.forget,
-        )
-        self.metrics.track_counter(
-            "weir_cluster_wakes",
-            "Ranges of other instances' writes read to wake syncs here",
-            lambda: wakes.wakes,
-        )
-        return wakes
-
-    @component
     def sync_store(self) -> SyncStore:
         return SyncStore(self.db)
 
@@ -474,16 +456,6 @@ class HomeserverRuntime(AdminComponents, E2eeComponents, PushComponents):
             on_read_receipt=self._send_receipt,
         )
 
-    def _other_servers(self, room_id: str) -> list[str]:
-        return [s for s in self.rooms.joined_servers(room_id) if s != self.server_name]
-
-    def _send_typing(self, room_id: str, user_id: str, typing: bool) -> None:
-        """Our user's typing, to the room's other servers (spec: m.typing EDU)."""
-        content = {"room_id": room_id, "user_id": user_id, "typing": typing}
-        self.federation_sender.send_edu(self._other_servers(room_id), "m.typing", content)
-        typing_now = {"user_ids": self.typing.changes([room_id], 0).get(room_id, [])}
-        self._to_appservices({"type": "m.typing", "room_id": room_id, "content": typing_now})
-
     def _send_receipt(self, room_id: str, user_id: str, event_id: str, data: dict) -> None:
         """Our user's public read receipt, to the room's other servers (m.receipt EDU)."""
         read = {user_id: {"event_ids": [event_id], "data": data}}
@@ -491,17 +463,6 @@ class HomeserverRuntime(AdminComponents, E2eeComponents, PushComponents):
         self.federation_sender.send_edu(self._other_servers(room_id), "m.receipt", content)
         receipt = {event_id: {"m.read": {user_id: data}}}
         self._to_appservices({"type": "m.receipt", "room_id": room_id, "content": receipt})
-
-    def _to_appservices(self, edu: dict) -> None:
-        """Typing and receipts to the appservices asking for them, in rooms they watch."""
-        wants = self.appservices.interested_in_room
-        self.appservice_sender.send_ephemeral(edu, lambda r: wants(r, edu["room_id"]))
-
-    @component
-    def typing(self) -> TypingNotifications:
-        return TypingNotifications(
-            self.rooms, self.notifier.notify_room, on_local_typing=self._send_typing
-        )
 
     def _receive_edus(self, origin: str, edus: list) -> None:
         """Typing and receipts (sync/edus.py), presence, then end-to-end encryption's (e2ee/)."""
@@ -516,7 +477,8 @@ class HomeserverRuntime(AdminComponents, E2eeComponents, PushComponents):
 
     @component
     def presence(self) -> PresenceService:
-        """Presence: our users' and other servers' (main tracks it; shards relay EDUs)."""
+        """Presence: our users' and other servers' (main tracks it; shards relay EDUs); with
+        other instances, who is online until when is stored (sync/presence.py)."""
         return PresenceService(
             PresenceStore(self.db),
             self.server_name,
@@ -524,6 +486,7 @@ class HomeserverRuntime(AdminComponents, E2eeComponents, PushComponents):
             self.e2ee_store.users_sharing_a_room,
             self.notifier.notify_presence,
             self.federation_sender.send_edu,
+            shared=self.clustered,
         )
 
     @component

@@ -62,7 +62,11 @@ class Infrastructure:
         self.pools = pools
         self.trusted_proxies = parse_networks(config.server.http.trusted_proxies)
         self.metrics_allowed_networks = parse_networks(config.metrics.allowed_networks)
-        self._key_resolution_shards = key_resolution_shards
+        # Key and event resolution are split across every process that resolves:
+        # `cluster.instances` times this instance's shards, or the instances alone for
+        # main, which keeps its instance's whole share (adr/key-resolution-shards.md's rule;
+        # docs/architecture.md, "Budgets").
+        self._resolution_shares = key_resolution_shards * config.cluster.instances
         self._transaction_relay = transaction_relay
         self._membership_relay = membership_relay
         self._building = RLock()
@@ -236,16 +240,16 @@ class Infrastructure:
 
     @component
     def key_resolution_budget(self) -> InFlightBudget:
-        """A worker shard gets its share of the key-resolution budget; main keeps the whole of
-        it (docs/architecture.md, "Processes")."""
-        keys = shard_key_resolution_budget(self.config, self._key_resolution_shards)
+        """A worker shard gets its share of its instance's key-resolution budget; main keeps
+        its instance's whole share (docs/architecture.md, "Processes")."""
+        keys = shard_key_resolution_budget(self.config, self._resolution_shares)
         budget = InFlightBudget(keys.key_resolution_max_in_flight, None, name="key_resolution")
         self.metrics.track_budget(budget)
         return budget
 
     @component
     def key_resolution_rate(self) -> RateLimiter:
-        keys = shard_key_resolution_budget(self.config, self._key_resolution_shards)
+        keys = shard_key_resolution_budget(self.config, self._resolution_shares)
         rate = keys.key_resolution_per_ip_rate
         limiter = RateLimiter(rate.max_requests, rate.per_seconds)
         self.metrics.track_rate_limiter("key_resolution_per_ip", limiter)
@@ -253,7 +257,7 @@ class Infrastructure:
 
     @component
     def keyring(self) -> Keyring:
-        keys = shard_key_resolution_budget(self.config, self._key_resolution_shards)
+        keys = shard_key_resolution_budget(self.config, self._resolution_shares)
         return Keyring(
             self.server_name,
             self.signing_key,
@@ -303,8 +307,9 @@ class Infrastructure:
 
     @component
     def event_resolution(self) -> EventResolutionBudget:
-        """Calls inbound PDUs cause (rooms/gaps.py); a shard's share, or main's whole."""
-        budget = EventResolutionBudget.from_config(self.config, self._key_resolution_shards)
+        """Calls inbound PDUs cause (rooms/gaps.py); a shard's share, or main's whole
+        (of its instance's share)."""
+        budget = EventResolutionBudget.from_config(self.config, self._resolution_shares)
         self.metrics.track_budget(budget.budget)
         self.metrics.track_rate_limiter("event_resolution_per_origin", budget.rate)
         return budget

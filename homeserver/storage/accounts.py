@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from homeserver.storage.cluster_memory import revoke_tokens
 from homeserver.storage.database import Database
 from homeserver.storage.e2ee import delete_device_rows
 from homeserver.storage.user_directory import index_local_user
@@ -74,9 +75,12 @@ class AccountStore:
     def mark_deactivated(self, user_id: str) -> None:
         """The row stays, so the name is never registered again; the password hash stays
         too, so that a login with it is told the account is deactivated."""
-        self.db.write(
-            lambda tx: tx.execute("UPDATE users SET deactivated = 1 WHERE user_id = ?", (user_id,))
-        )
+
+        def write(tx) -> None:
+            tx.execute("UPDATE users SET deactivated = 1 WHERE user_id = ?", (user_id,))
+            revoke_tokens(tx, user_id, None)
+
+        self.db.write(write)
 
     def count_users(self) -> int:
         return self.db.read(lambda tx: tx.fetchone("SELECT COUNT(*) FROM users"))[0]
@@ -97,10 +101,11 @@ class AccountStore:
                 " SET last_seen_ts = excluded.last_seen_ts",
                 (user_id, device_id, display_name, now_ms, now_ms),
             )
-            tx.execute(
-                "DELETE FROM access_tokens WHERE user_id = ? AND device_id = ?",
+            if tx.fetchall(
+                "DELETE FROM access_tokens WHERE user_id = ? AND device_id = ? RETURNING 1",
                 (user_id, device_id),
-            )
+            ):
+                revoke_tokens(tx, user_id, device_id)
             tx.execute(
                 "INSERT INTO access_tokens (token_hash, user_id, device_id, created_ts)"
                 " VALUES (?, ?, ?, ?)",
@@ -131,6 +136,7 @@ class AccountStore:
                     "DELETE FROM access_tokens WHERE user_id = ? AND device_id = ?",
                     (user_id, device_id),
                 )
+                revoke_tokens(tx, user_id, device_id)
                 tx.execute(
                     "DELETE FROM devices WHERE user_id = ? AND device_id = ?",
                     (user_id, device_id),
@@ -193,11 +199,13 @@ class AccountStore:
         return row[0] if row else None
 
     def set_admin(self, user_id: str, admin: bool) -> None:
-        self.db.write(
-            lambda tx: tx.execute(
-                "UPDATE users SET admin = ? WHERE user_id = ?", (int(admin), user_id)
-            )
-        )
+        """Every cached owner of the user's tokens carries the flag: they are forgotten."""
+
+        def write(tx) -> None:
+            tx.execute("UPDATE users SET admin = ? WHERE user_id = ?", (int(admin), user_id))
+            revoke_tokens(tx, user_id, None)
+
+        self.db.write(write)
 
     def reactivate(self, user_id: str) -> None:
         """An admin's undoing of `mark_deactivated` (with a new password set first)."""

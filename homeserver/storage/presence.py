@@ -3,6 +3,10 @@
 A change takes the next position of the presence stream in its write, so /sync asks for
 what changed after its token's position, and only of the users who share a room with its
 user (or the user itself).
+
+With several instances, `online_until_ms` says until when a user counts as online, whichever
+instance they sync through: each extends it, and any instance's sweep takes the users past
+it offline (sync/presence.py).
 """
 
 from __future__ import annotations
@@ -50,22 +54,30 @@ def _row(row) -> Presence:
     return Presence(row[0], row[1], row[2], int(row[3]), bool(row[4]), int(row[5]))
 
 
+class _NotNow(Exception):
+    pass
+
+
 class PresenceStore:
     def __init__(self, db: Database):
         self.db = db
 
-    def put(self, presence: Presence) -> int:
-        """Stores the user's presence; returns its stream position."""
+    def put(self, presence: Presence, online_until_ms: int = 0) -> int:
+        """Stores the user's presence, and that they are online until `online_until_ms`
+        unless a later time is stored; returns its stream position."""
 
         def write(tx) -> int:
             position = streams.advance(tx, PRESENCE_STREAM)
             tx.execute(
                 "INSERT INTO presence (user_id, state, status_msg, last_active_ts,"
-                " currently_active, stream_position) VALUES (?, ?, ?, ?, ?, ?)"
+                " currently_active, stream_position, online_until_ms)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT (user_id) DO UPDATE SET state = excluded.state,"
                 " status_msg = excluded.status_msg, last_active_ts = excluded.last_active_ts,"
                 " currently_active = excluded.currently_active,"
-                " stream_position = excluded.stream_position",
+                " stream_position = excluded.stream_position,"
+                " online_until_ms = CASE WHEN excluded.online_until_ms > presence.online_until_ms"
+                " THEN excluded.online_until_ms ELSE presence.online_until_ms END",
                 (
                     presence.user_id,
                     presence.state,
@@ -73,11 +85,56 @@ class PresenceStore:
                     presence.last_active_ts,
                     int(presence.currently_active),
                     position,
+                    online_until_ms,
                 ),
             )
             return position
 
         return self.db.write(write)
+
+    def keep_online(self, user_id: str, until_ms: int) -> None:
+        """The user counts as online until `until_ms` at least."""
+        self.db.write(
+            lambda tx: tx.execute(
+                "UPDATE presence SET online_until_ms = ? WHERE user_id = ? AND online_until_ms < ?",
+                (until_ms, user_id, until_ms),
+            )
+        )
+
+    def past_online(self, now_ms: int, limit: int) -> list[str]:
+        """Users not offline whose online time has run out."""
+        rows = self.db.read(
+            lambda tx: tx.fetchall(
+                "SELECT user_id FROM presence WHERE state <> 'offline' AND online_until_ms < ?"
+                " LIMIT ?",
+                (now_ms, limit),
+            )
+        )
+        return [user_id for (user_id,) in rows]
+
+    def go_offline(self, user_id: str, now_ms: int) -> Presence | None:
+        """Takes the user offline if their online time has run out still: the stored
+        presence then, or None (another instance's sweep or a sync got there first)."""
+
+        def write(tx) -> Presence:
+            # The stream's row first, as every presence write takes it: one lock order.
+            position = streams.advance(tx, PRESENCE_STREAM)
+            row = tx.fetchone(
+                "UPDATE presence SET state = 'offline', currently_active = 0,"
+                " stream_position = ? WHERE user_id = ? AND state <> 'offline'"
+                " AND online_until_ms < ?"
+                " RETURNING user_id, state, status_msg, last_active_ts, currently_active,"
+                " stream_position",
+                (position, user_id, now_ms),
+            )
+            if row is None:
+                raise _NotNow  # rolled back: no position taken, nothing announced
+            return _row(row)
+
+        try:
+            return self.db.write(write)
+        except _NotNow:
+            return None
 
     def get(self, user_id: str) -> Presence | None:
         row = self.db.read(

@@ -79,6 +79,18 @@ class StreamChanges:
         )
         return {user_id for (user_id,) in rows}
 
+    def revoked_tokens(self, after: int, upto: int) -> list[tuple[str, str | None]]:
+        """(user_id, device_id, or None for every one of the user's) of the access tokens
+        ended in the range (storage/cluster_memory.py)."""
+        rows = self.db.read(
+            lambda tx: tx.fetchall(
+                "SELECT user_id, device_id FROM token_revocations"
+                " WHERE stream_position > ? AND stream_position <= ? ORDER BY stream_position",
+                (after, upto),
+            )
+        )
+        return [(user_id, device_id) for user_id, device_id in rows]
+
     def positions(self) -> dict[str, int]:
         return dict(
             self.db.read(

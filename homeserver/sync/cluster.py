@@ -13,23 +13,40 @@ announced; the rows between the last position this instance knew and it say whom
 - account data and to-device messages: their owner.
 - device lists and presence: everyone sharing a room with the user.
 
-The same reads keep this instance's memory of what others changed: push rules' facts about
-a room whose state changed, and a user's compiled push rules when their account data moved
-(a rule's change writes m.push_rules), are forgotten whether or not anyone waits. Until the
-notification arrives (milliseconds) they may be stale.
-
-Typing is in each instance's memory and is not carried (docs/operations.md, "Several
-instances").
+The same reads keep this instance's memory of what others changed (`KeptInMemory`), whether
+or not anyone waits: push rules' facts about a room whose state changed, a user's compiled
+push rules when their account data moved (a rule's change writes m.push_rules), a user's
+presence as last seen here, and the owners of access tokens another instance ended are
+forgotten; typing changes are applied in position order (sync/typing.py). Until the
+notification arrives (milliseconds) they may be stale (docs/architecture.md, "What memory
+may not serve").
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Iterable
 
+from homeserver.storage.cluster_memory import TOKENS_STREAM, TYPING_STREAM
 from homeserver.storage.stream_changes import PER_USER_STREAMS, StreamChanges
 from homeserver.sync.notifier import Notifier
 
 SHARED_WITH_ROOMS = frozenset({"device_lists", "presence"})
+
+
+def _nothing(*_) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class KeptInMemory:
+    """What this instance keeps of what others change, and how to put it right."""
+
+    forget_room: Callable[[str], None] = _nothing  # push facts of a room (state changed)
+    forget_rules: Callable[[str], None] = _nothing  # a user's compiled push rules
+    forget_presence: Callable[[str], None] = _nothing  # a user's presence as last seen
+    forget_tokens: Callable[[str, str | None], None] = _nothing  # (user, device or all)
+    typing_upto: Callable[[int], None] = _nothing  # apply typing changes up to a position
 
 
 class ClusterWakes:
@@ -38,16 +55,13 @@ class ClusterWakes:
         changes: StreamChanges,
         notifier: Notifier,
         sharing: Callable[[str], Iterable[str]],
-        forget_room: Callable[[str], None] = lambda room_id: None,
-        forget_rules: Callable[[str], None] = lambda user_id: None,
+        kept: KeptInMemory = KeptInMemory(),
     ):
-        """`sharing(user_id)`: the users who share a room with `user_id`; `forget_room`,
-        `forget_rules`: what is kept in memory about a room's state and a user's push rules."""
+        """`sharing(user_id)`: the users who share a room with `user_id`."""
         self._changes = changes
         self._notifier = notifier
         self._sharing = sharing
-        self._forget_room = forget_room
-        self._forget_rules = forget_rules
+        self._kept = kept
         self._last: dict[str, int] = {}
         self.wakes = 0  # ranges read to wake syncs (weir_cluster_wakes_total)
 
@@ -59,27 +73,39 @@ class ClusterWakes:
                 continue
             if after is not None:  # else where this instance started: nothing to wake
                 self._apply(stream, after, upto)
+            elif stream == TYPING_STREAM:  # applied from typing's own position
+                self._kept.typing_upto(upto)
             # Only once applied: a failed read is tried again with the next batch.
             self._last[stream] = upto
 
+    def positions(self) -> dict[str, int]:
+        """How far this instance has applied each stream (weir_cluster_position)."""
+        return dict(self._last)
+
     def _apply(self, stream: str, after: int, upto: int) -> None:
+        kept = self._kept
         if stream == "events":
             self._notifier.recent.stored_elsewhere(upto)
             self._room_events(after, upto)
-        elif stream == "account_data":
+        elif stream == TYPING_STREAM:
+            kept.typing_upto(upto)  # wakes the rooms' syncs itself
+        elif stream == TOKENS_STREAM:
+            for user_id, device_id in self._changes.revoked_tokens(after, upto):
+                kept.forget_tokens(user_id, device_id)
+        elif stream in ("account_data", "presence"):
             users = self._changes.users(stream, after, upto)
+            forget = kept.forget_rules if stream == "account_data" else kept.forget_presence
             for user_id in users:
-                self._forget_rules(user_id)
+                forget(user_id)
             if self._notifier.waiting():
-                self._notifier.notify_users(users)
-                self.wakes += 1
+                self._wake_users(stream, users)
         elif self._notifier.waiting():
             self._wake(stream, after, upto)
 
     def _room_events(self, after: int, upto: int) -> None:
         changes = self._changes.room_events(after, upto)
         for room_id in changes.state_changed:
-            self._forget_room(room_id)
+            self._kept.forget_room(room_id)
         if self._notifier.waiting():
             notifier = self._notifier
             for room_id, targets in changes.rooms.items():
@@ -88,17 +114,18 @@ class ClusterWakes:
             self.wakes += 1
 
     def _wake(self, stream: str, after: int, upto: int) -> None:
-        notifier = self._notifier
+        """Else a stream no sync answers from (history, directory, auth chains)."""
         if stream == "receipts":
             rooms, users = self._changes.receipts(after, upto)
             for room_id in rooms:
-                notifier.notify_room(room_id)
-            notifier.notify_users(users)
+                self._notifier.notify_room(room_id)
+            self._notifier.notify_users(users)
+            self.wakes += 1
         elif stream in PER_USER_STREAMS:
-            users = self._changes.users(stream, after, upto)
-            if stream in SHARED_WITH_ROOMS:
-                users = {shared for user_id in users for shared in self._sharing(user_id)}
-            notifier.notify_users(users)
-        else:
-            return  # a stream no sync answers from (history, directory, auth chains)
+            self._wake_users(stream, self._changes.users(stream, after, upto))
+
+    def _wake_users(self, stream: str, users: set[str]) -> None:
+        if stream in SHARED_WITH_ROOMS:
+            users = {shared for user_id in users for shared in self._sharing(user_id)}
+        self._notifier.notify_users(users)
         self.wakes += 1

@@ -18,6 +18,15 @@ same state, message and activity) is neither stored nor sent.
 
 With `presence.enabled = false`, nothing is tracked: the endpoints answer 403, syncs carry
 no presence, and other servers' EDUs are dropped.
+
+With several instances (`shared`), a user may sync through any of them, so until when they
+count as online is stored (`online_until_ms`) and memory only saves writes: an instance
+stores a time `SHARED_ONLINE_AHEAD_MS` past what it needs, and writes again only once its
+syncs need more, so a busy user costs each instance a write every 30 s at most. Each
+instance's sweep reads the stored times, not its memory, and takes a user offline only if
+their time has run out still when it writes (`PresenceStore.go_offline`): one they left is
+never taken offline while another keeps them online, and one whose instance died is taken
+offline by the others. The price: offline up to 30 s later than with one instance.
 """
 
 from __future__ import annotations
@@ -49,6 +58,10 @@ MAX_STATUS_MSG_BYTES = 1024
 MAX_REMOTE_ITEMS = 1000
 # Presence events in one sync response.
 MAX_SYNC_EVENTS = 1000
+# Several instances: how far past what a sync needs the stored online time is put.
+SHARED_ONLINE_AHEAD_MS = 30_000
+# Users one sweep takes offline at most; the rest go at the next.
+SWEEP_BATCH = 1000
 
 # send_edu(destinations, edu_type, content): the federation sender's in-memory queue.
 SendEdu = Callable[[Iterable[str], str, dict], None]
@@ -76,8 +89,11 @@ class PresenceService:
         notify_users: Callable[[Iterable[str]], None],
         send_edu: SendEdu,
         clock: Callable[[], float] = time.monotonic,
+        shared: bool = False,
+        wall_ms: Callable[[], int] = now_ms,
     ):
-        """`sharing(user_id)`: the users who share a room with the user, itself included."""
+        """`sharing(user_id)`: the users who share a room with the user, itself included;
+        `shared`: other instances share the database."""
         self.store = store
         self.server_name = server_name
         self.enabled = enabled
@@ -91,6 +107,10 @@ class PresenceService:
         # costs no read.
         self._local: dict[str, Presence] = {}
         self._sweeper: gevent.Greenlet | None = None
+        self._shared = shared
+        self._wall_ms = wall_ms  # stored online times: every instance's clock
+        # Several instances: the online time this instance last stored, per user (ms).
+        self._stored_until: dict[str, int] = {}
 
     # --- life cycle (main only: homeserver/processes/main.py) ---------------------------
 
@@ -144,24 +164,48 @@ class PresenceService:
             current.state == state or (set_presence is None and current.state != "offline")
         ):
             self._local[user_id] = current
-            self._online_until[user_id] = max(
-                self._online_until.get(user_id, 0.0), self._clock() + until_seconds
-            )
+            stored = self._keep_online(user_id, until_seconds)
+            if stored:
+                self.store.keep_online(user_id, stored)
             return
         status_msg = current.status_msg if current is not None else None
         self._set_local(user_id, state, status_msg, until_seconds)
 
+    def _keep_online(self, user_id: str, for_s: float) -> int:
+        """Keeps the user online for `for_s` from now. With several instances, the online
+        time to store (in the same write as a change, if any), or 0 if what this instance
+        stored covers it."""
+        if not self._shared:
+            until = self._clock() + for_s
+            self._online_until[user_id] = max(self._online_until.get(user_id, 0.0), until)
+            return 0
+        until_ms = self._wall_ms() + int(for_s * 1000)
+        if until_ms <= self._stored_until.get(user_id, 0):
+            return 0
+        self._stored_until[user_id] = until_ms + SHARED_ONLINE_AHEAD_MS
+        return self._stored_until[user_id]
+
+    def _not_online(self, user_id: str) -> None:
+        self._online_until.pop(user_id, None)
+        self._stored_until.pop(user_id, None)
+
+    def forget(self, user_id: str) -> None:
+        """Another instance changed the user's presence: read it again, store again."""
+        self._local.pop(user_id, None)
+        self._stored_until.pop(user_id, None)
+
     def _set_local(self, user_id: str, state: str, status_msg: str | None, for_s: float) -> None:
         now = now_ms()
         presence = Presence(user_id, state, status_msg, now, state == "online")
+        stored = 0
         if state == "offline":
-            self._online_until.pop(user_id, None)
+            self._not_online(user_id)
         else:
-            self._online_until[user_id] = max(
-                self._online_until.get(user_id, 0.0), self._clock() + for_s
-            )
-        if self._changed(presence):
+            stored = self._keep_online(user_id, for_s)
+        if self._changed(presence, online_until_ms=stored):
             self._tell_servers(presence, now)
+        elif stored:
+            self.store.keep_online(user_id, stored)
         if state == "offline":
             self._local.pop(user_id, None)
         else:
@@ -220,26 +264,33 @@ class PresenceService:
         if not any(server_of(u) == self.server_name for u in sharing):
             return False  # no user of ours shares a room with them
         presence = Presence(user_id, state, status_msg, now_ms() - ago, active is True)
+        stored = 0
         if state == "offline":
-            self._online_until.pop(user_id, None)
+            self._not_online(user_id)
         else:
-            self._online_until[user_id] = self._clock() + REMOTE_TIMEOUT_MS / 1000
-        self._changed(presence, sharing)
+            self._online_until.pop(user_id, None)  # from now, not the latest of the two
+            stored = self._keep_online(user_id, REMOTE_TIMEOUT_MS / 1000)
+        if not self._changed(presence, sharing, stored) and stored:
+            self.store.keep_online(user_id, stored)
         return True
 
     # --- both -------------------------------------------------------------------------------
 
-    def _changed(self, presence: Presence, sharing: set[str] | None = None) -> bool:
+    def _changed(
+        self, presence: Presence, sharing: set[str] | None = None, online_until_ms: int = 0
+    ) -> bool:
         """Stores `presence` if a client would see a change, and wakes the syncs of those
         who share a room with its user; whether it changed."""
         if presence.same_as(self.store.get(presence.user_id)):
             return False
-        self.store.put(presence)
+        self.store.put(presence, online_until_ms)
         self._notify_users(sharing if sharing is not None else self._sharing(presence.user_id))
         return True
 
     def sweep(self) -> int:
         """Everyone whose time ran out goes offline; returns how many did."""
+        if self._shared:
+            return self._sweep_stored()
         now = self._clock()
         gone = [user_id for user_id, until in self._online_until.items() if until <= now]
         for user_id in gone:
@@ -252,6 +303,23 @@ class PresenceService:
             if self._changed(offline) and server_of(user_id) == self.server_name:
                 self._tell_servers(offline, now_ms())
         return len(gone)
+
+    def _sweep_stored(self) -> int:
+        """Several instances: those whose stored online time ran out, whichever instance
+        they synced through, each taken offline by one instance."""
+        now = self._wall_ms()
+        gone = 0
+        for user_id in self.store.past_online(now, SWEEP_BATCH):
+            offline = self.store.go_offline(user_id, now)
+            if offline is None:
+                continue
+            gone += 1
+            self._not_online(user_id)
+            self._local.pop(user_id, None)
+            self._notify_users(self._sharing(user_id))
+            if server_of(user_id) == self.server_name:
+                self._tell_servers(offline, now)
+        return gone
 
     def _sweep_forever(self) -> None:
         while True:

@@ -363,11 +363,11 @@ class SyncService:
                 if receipt.receipt_type == "m.read.private" and receipt.user_id != request.user_id:
                     continue
                 batch.receipts[receipt.room_id].append(receipt)
-        # No yield between these two lines: the position covers exactly these changes.
-        batch.typing = self.typing.changes(
-            joined, since.typing_since(self.typing.epoch) if since else 0
-        )
-        batch.typing_position = self.typing.position
+        # No yield between these lines: the position covers exactly these changes. A token
+        # from another instance may be further on than this one has applied yet.
+        typing_since = since.typing_since(self.typing.epoch) if since else 0
+        batch.typing = self.typing.changes(joined, typing_since)
+        batch.typing_position = max(self.typing.position, typing_since)
 
 
 def _joined_and_all(joined: list[str], memberships: list) -> tuple[frozenset, frozenset]:

@@ -4,7 +4,8 @@
 All but
 typing and epoch are positions in streams kept in the database, so a token means the same
 after a restart. Typing lives in memory: its position counts from 0 again in each process,
-and `epoch` names the process that gave it (see typing.py for why that loses nothing). The
+and `epoch` names the process that gave it (see typing.py for why that loses nothing);
+several instances take typing positions from the database and share one epoch. The
 token starts like a /messages token (`s<events>`), so /messages accepts a next_batch as
 `from`, as the spec asks. Clients treat it as opaque. A token from before the last parts
 existed reads them as 0.

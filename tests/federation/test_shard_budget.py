@@ -74,3 +74,35 @@ def test_runtime_applies_its_share(tmp_path):
     finally:
         shard.close()
         main.close()
+
+
+@pytest.mark.parametrize(
+    "instances, shards, keys, events",
+    [
+        (2, 1, (8, 15), (8, 15)),  # main of each of two instances
+        (3, 1, (5, 10), (5, 10)),
+        (2, 4, (2, 3), (2, 3)),  # a shard of one of two instances with four each
+        (40, 1, (1, 1), (1, 1)),  # more processes than the limit: each still gets 1
+    ],
+)
+def test_instances_times_shards_share_the_budgets(tmp_path, instances, shards, keys, events):
+    """With `cluster.instances`, each process's key and event-resolution budgets are the
+    configured ones divided by the instances times its instance's shards (main: by the
+    instances alone)."""
+    base = config(
+        event_resolution_max_in_flight=16,
+        event_resolution_per_origin_rate={"max_requests": 30, "per_seconds": 60},
+    )
+    base = dataclasses.replace(
+        base,
+        data_dir=str(tmp_path),
+        cluster=dataclasses.replace(base.cluster, instances=instances),
+    )
+    runtime = HomeserverRuntime(base, key_resolution_shards=shards)
+    try:
+        assert runtime.key_resolution_budget.global_cap == keys[0]
+        assert runtime.key_resolution_rate.max_requests == keys[1]
+        assert runtime.event_resolution.budget.global_cap == events[0]
+        assert runtime.event_resolution.rate.max_requests == events[1]
+    finally:
+        runtime.close()

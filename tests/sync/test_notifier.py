@@ -229,7 +229,9 @@ def test_typing_expires_and_wakes_the_room(runtime):
     typing.set_typing(requester, room_id, alice.user_id, True, 30_000)
     position = typing.position
     typing.set_typing(requester, room_id, alice.user_id, True, 30_000)
-    assert typing.position == position
+    assert typing.changes([room_id], position) == {}
     typing.set_typing(requester, room_id, alice.user_id, False, None)
+    assert typing.changes([room_id], position) == {room_id: []}
+    position = typing.position
     typing.set_typing(requester, room_id, alice.user_id, False, None)
-    assert typing.position == position + 1
+    assert typing.changes([room_id], position) == {}

@@ -153,3 +153,60 @@ def test_a_plain_sync_keeps_a_chosen_unavailable_and_an_explicit_one_changes_it(
     service.syncing("@alice:here", "online", 30_000)
     assert service.store.get("@alice:here").state == "online"
     assert [c["push"][0]["presence"] for _, _, c in service.sent] == ["unavailable", "online"]
+
+
+class WallClock:
+    def __init__(self):
+        self.now_ms = 1_000_000
+
+    def __call__(self) -> int:
+        return self.now_ms
+
+
+def test_a_user_syncing_through_two_instances_is_kept_online_by_either(pg_cluster):
+    """Several instances (`shared`): the online time is stored, so the instance a user left
+    does not take them offline while they sync through another, and once they stop, one
+    instance takes them offline and tells other servers once."""
+    url = pg_cluster.new_database()
+    first = open_database(url)
+    migrate(first)
+    first.close()
+    wall, sent = WallClock(), {"a": [], "b": []}
+    rooms = {"@alice:here": {"@alice:here", "@bob:far"}}
+    instances = {
+        name: PresenceService(
+            PresenceStore(open_database(url, announce_as=name)),
+            "here",
+            True,
+            lambda user_id: rooms.get(user_id, {user_id}),
+            lambda users: None,
+            lambda servers, edu_type, content, name=name: sent[name].append(content),
+            shared=True,
+            wall_ms=wall,
+        )
+        for name in ("a", "b")
+    }
+    a, b = instances["a"], instances["b"]
+    a.syncing("@alice:here", None, 30_000)  # online until 30 s after the long-poll
+    wall.now_ms += 60_000
+    b.syncing("@alice:here", None, 30_000)  # she moved to b
+    wall.now_ms += 60_000  # a's own times have run out; b's have not
+    assert a.sweep() == 0 and b.sweep() == 0
+    assert a.store.get("@alice:here").state == "online"
+    # A sync within what b stored costs no write.
+    stored = stored_until(a.store, "@alice:here")
+    b.syncing("@alice:here", None, 0)
+    assert stored_until(a.store, "@alice:here") == stored
+    wall.now_ms += 60_000 + 30_000 + 1  # past b's long-poll, its grace and the margin
+    assert a.sweep() == 1 and b.sweep() == 0  # one instance takes her offline
+    assert a.store.get("@alice:here").state == "offline"
+    assert [c["push"][0]["presence"] for c in sent["a"]] == ["online", "offline"]
+    assert sent["b"] == []
+    for service in (a, b):
+        service.store.db.close()
+
+
+def stored_until(store: PresenceStore, user_id: str) -> int:
+    return store.db.read(
+        lambda tx: tx.fetchone("SELECT online_until_ms FROM presence WHERE user_id = ?", (user_id,))
+    )[0]
