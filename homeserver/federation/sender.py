@@ -34,7 +34,6 @@ holder sends, and another instance looks again when it lapses.
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from collections import deque
@@ -48,7 +47,6 @@ from gevent.pool import Pool
 from homeserver.core.clock import now_ms
 from homeserver.federation.client import FederationClient
 from homeserver.federation.errors import DeadlineExceeded, FederationError, RemoteError
-from homeserver.metrics import Metrics
 from homeserver.storage.leases import QueueLeases, lease_seconds
 from homeserver.storage.outbox import DESTINATIONS, OutboxStore
 
@@ -294,55 +292,9 @@ class FederationSender:
         waits = [now - self._destinations[q[0]].ready_at for q in self._ready.values() if q]
         return max(waits, default=0.0)
 
-    def track_figures(self, metrics: Metrics) -> None:
-        """Registers the sender's pool and figures (docs/operations.md lists them)."""
-        metrics.track_pool("federation_sender", self.pool, self.max_in_flight)
-        metrics.track_gauge(
-            "weir_federation_sender_queue",
-            "PDU deliveries to other servers still owed (the outbox's rows)",
-            self.store.depth,
-        )
-        metrics.track_gauge(
-            "weir_federation_sender_edu_queue",
-            "Durable EDUs (to-device, device list updates) to other servers still owed",
-            self.store.edu_depth,
-        )
-        metrics.track_gauge(
-            "weir_federation_sender_ephemeral_queue",
-            "Typing, receipt and presence EDUs waiting in memory for their destinations",
-            lambda: sum(len(dest.edus) for dest in self._destinations.values()),
-        )
-        metrics.track_gauge(
-            "weir_federation_sender_backoff",
-            "Destinations backing off after a failed transaction",
-            self.in_backoff,
-        )
-        metrics.track_gauge(
-            "weir_federation_sender_failing_in_flight",
-            "Transactions in flight to destinations whose last attempt failed",
-            self.failing_in_flight,
-        )
-        for lane in LANES:
-            metrics.track_gauge(
-                f"weir_federation_sender_{lane}_in_flight",
-                f"Transactions in flight in the {lane} lane",
-                functools.partial(self.in_flight_of, lane),
-            )
-        metrics.track_gauge(
-            "weir_federation_sender_oldest_wait_seconds",
-            "How long the destination that has waited longest for a slot has waited",
-            self.oldest_wait,
-        )
-        metrics.track_counter(
-            "weir_federation_sender_revivals",
-            "Destinations backing off whose transaction to us ended the backoff",
-            lambda: self.revivals,
-        )
-        metrics.track_counter(
-            "weir_federation_sender_preempted",
-            "Late transactions stopped to give their slot to a waiting live destination",
-            lambda: self.preempted,
-        )
+    def ephemeral_queued(self) -> int:
+        """Typing, receipt and presence EDUs waiting in memory for their destinations."""
+        return sum(len(dest.edus) for dest in self._destinations.values())
 
     # --- scheduling -----------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from homeserver.federation.ip_filter import IpFilter
 from homeserver.federation.junk import JunkAnswers
 from homeserver.federation.keyring import Keyring, shard_key_resolution_budget
 from homeserver.federation.sender import FederationSender
+from homeserver.federation.sender_figures import track_sender_figures
 from homeserver.federation.signing_key import key_id, load_or_create_signing_key
 from homeserver.federation.transport import make_ssl_context
 from homeserver.federation.web_client import WebClient
@@ -292,7 +293,7 @@ class Infrastructure:
                 "federation", DESTINATIONS, self.config.federation.remote_timeout
             ),
         )
-        sender.track_figures(self.metrics)
+        track_sender_figures(sender, self.metrics)
         return sender
 
     def queue_leases(self, queue: str, table: LeasedTable, call_deadline: float) -> QueueLeases:
