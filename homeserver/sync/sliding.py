@@ -34,7 +34,7 @@ from homeserver.sync.service import MAX_TIMEOUT_MS, Parked, SyncService
 from homeserver.sync.sliding_connections import Connections, ConnectionState, Pos
 from homeserver.sync.sliding_extensions import SlidingExtensions
 from homeserver.sync.sliding_lists import Listing, ListsResult, Matched, RoomLists
-from homeserver.sync.sliding_request import Extensions, SlidingRequest
+from homeserver.sync.sliding_request import Extensions, ParsedRequests, SlidingRequest
 from homeserver.sync.sliding_rooms import SlidingRooms
 from homeserver.sync.tokens import SyncToken
 
@@ -98,6 +98,7 @@ class SlidingSync:
         self.lists = lists
         self.rooms = SlidingRooms(sync.rooms, sync.history, sync.entries, lists.store)
         self.extensions = SlidingExtensions(sync)
+        self.requests = ParsedRequests()
 
     def begin(
         self, requester: Requester, request: SlidingRequest, pos: str | None, timeout_ms: int
