@@ -71,7 +71,8 @@ class SentRoom:
     config: RoomConfig
 
     def to_json(self) -> str:
-        return json.dumps({"position": self.position, "config": self.config.to_json()})
+        # json.dumps of {"position": ..., "config": config.to_json()}, its config's part kept
+        return f'{{"position": {self.position}, "config": {self.config.text}}}'
 
     @classmethod
     def from_json(cls, text: str) -> "SentRoom":
@@ -189,7 +190,7 @@ class Connections:
                 SUBSCRIPTION,
                 before.subscriptions,
                 after.subscriptions,
-                lambda config: json.dumps(config.to_json()),
+                lambda config: config.text,
             )
         )
         if not changes and before.generation > 0:
