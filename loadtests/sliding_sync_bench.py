@@ -257,9 +257,10 @@ class SlidingClient:
 
 
 def warm_up(url: str, count: int) -> None:
-    """Each user's first response once, on connections closed after it: what the server
-    keeps of that (its caches, each bounded whatever the connections) is then in place, and
-    what the parked connections add is theirs."""
+    """Each user's first response once, on a sliding sync connection of its own and an HTTP
+    connection closed after it: what the server's caches (each bounded whatever the
+    connections) keep of that is then in place, and what the parked connections add is
+    theirs."""
     pool = gevent.pool.Pool(50)
 
     def first(i: int) -> None:
@@ -267,7 +268,9 @@ def warm_up(url: str, count: int) -> None:
             r = http.post(
                 f"{url}{SLIDING}",
                 params={"timeout": 0},
-                json={**FIRST, "conn_id": "bench"},
+                # A connection of its own, kept in the server's memory beside the parked
+                # one: what a parked connection keeps is counted, not swapped for this.
+                json={**FIRST, "conn_id": "warm-up"},
                 headers={"Authorization": f"Bearer {parked_token(i)}"},
                 timeout=60,
             )
