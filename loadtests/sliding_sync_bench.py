@@ -18,7 +18,9 @@ in each of `--active` rooms over HTTP, so they lead the list. It prints p50/p99 
     socket each, after its first response), one message in the shared room: from the send
     to each woken connection's response, over `--wake-rounds` rounds (the woken connections
     park again once the round is woken);
-  - the server's RSS before those connections and with all of them parked, divided.
+  - the server's RSS before those connections and with all of them parked, divided, once
+    each user's first response has filled the server's caches (bounded whatever the
+    connections: events decoded, connections' state), and the RSS that filling took.
 
 The latencies are the client's (loopback HTTP included): the server's own time is less.
 """
@@ -39,6 +41,7 @@ import tempfile
 import time
 
 import gevent
+import gevent.pool
 import requests
 from gevent.lock import BoundedSemaphore
 
@@ -253,22 +256,52 @@ class SlidingClient:
             sock.close()
 
 
+def warm_up(url: str, count: int) -> None:
+    """Each user's first response once, on a sliding sync connection of its own and an HTTP
+    connection closed after it: what the server's caches (each bounded whatever the
+    connections) keep of that is then in place, and what the parked connections add is
+    theirs."""
+    pool = gevent.pool.Pool(50)
+
+    def first(i: int) -> None:
+        with requests.Session() as http:
+            r = http.post(
+                f"{url}{SLIDING}",
+                params={"timeout": 0},
+                # A connection of its own, kept in the server's memory beside the parked
+                # one: what a parked connection keeps is counted, not swapped for this.
+                json={**FIRST, "conn_id": "warm-up"},
+                headers={"Authorization": f"Bearer {parked_token(i)}"},
+                timeout=60,
+            )
+            r.raise_for_status()
+
+    pool.map(first, range(count))
+
+
 def run_parked(url: str, address, pid: int, shared: str, count: int, rounds: int) -> None:
     bench = Bench(url)
     bench.park_at_once = False
     baseline = bench.parking()[0]
+    cold = rss_kb(pid)
+    warm_up(url, count)
     rss_before = rss_kb(pid)
+    print(
+        f"  {count} users' first responses, no connection kept: RSS {cold / 1024:.0f} MB ->"
+        f" {rss_before / 1024:.0f} MB (caches filled: parsed events, connections)"
+    )
     clients = [SlidingClient(address, parked_token(i), bench) for i in range(count)]
     admitted = BoundedSemaphore(100)
     greenlets = []
     started = time.perf_counter()
-    half = rss_before
+    half, waves = rss_before, [rss_before]
     for first in range(0, count, PARK_WAVE):
         wave = clients[first : first + PARK_WAVE]
         greenlets += [gevent.spawn(c.run, admitted) for c in wave]
         bench.wait_parked(baseline + first + len(wave))
+        waves.append(rss_kb(pid))
         if first + len(wave) <= count // 2:
-            half = rss_kb(pid)
+            half = waves[-1]
     gc.freeze()  # this process's collections would show as pauses in what it measures
     rss_after = rss_kb(pid)
     each = (rss_after - rss_before) / count
@@ -277,6 +310,10 @@ def run_parked(url: str, address, pid: int, shared: str, count: int, rounds: int
         f" {rss_before / 1024:.0f} MB -> {rss_after / 1024:.0f} MB, {each:.1f} KB each"
         f" (target: <= 30 KB); the second half's, once caches have filled:"
         f" {(rss_after - half) / (count - count // 2):.1f} KB each"
+    )
+    print(
+        f"    KB each, wave by wave ({PARK_WAVE} each):"
+        f" {', '.join(f'{(b - a) / PARK_WAVE:.0f}' for a, b in zip(waves, waves[1:]))}"
     )
     sender = requests.Session()
     sender.headers["Authorization"] = f"Bearer {SENDER_TOKEN}"

@@ -112,6 +112,13 @@ def decode_json(raw: bytes, canonical: bool = False) -> strict_json.Decoded:
     return decoded
 
 
+def forget_body() -> None:
+    """Drops the request's kept body and its parsed JSON: a long-poll parks with its
+    request's environ, and needs neither once its handler has read them."""
+    request.environ.pop("weir.body", None)
+    request.environ.pop("weir.json", None)
+
+
 def too_deep(limit: int) -> MatrixError:
     return bad_json(f"JSON nested deeper than {limit} levels")
 
@@ -121,7 +128,11 @@ def json_object(
 ) -> dict:
     """The body as a JSON object. Nested at most `max_depth` deep: a client's body is kept
     as it is (event content, account data), so it gets the depth of a kept value."""
-    raw = read_body(max_bytes)
+    return object_from(read_body(max_bytes), allow_empty, max_depth)
+
+
+def object_from(raw: bytes, allow_empty: bool = False, max_depth: int = MAX_DEPTH) -> dict:
+    """`json_object` of a body already read."""
     if allow_empty and is_blank(raw):
         return {}
     body = parse_json(raw)

@@ -31,10 +31,10 @@ from homeserver.storage.sync import StreamPositions, SyncSnapshot
 from homeserver.sync.filters import NO_FILTER
 from homeserver.sync.room_entries import SyncBatch, SyncRequest
 from homeserver.sync.service import MAX_TIMEOUT_MS, Parked, SyncService
-from homeserver.sync.sliding_connections import Connections, ConnectionState, Pos
+from homeserver.sync.sliding_connections import Connections, ConnectionState, Pos, resolved
 from homeserver.sync.sliding_extensions import SlidingExtensions
 from homeserver.sync.sliding_lists import Listing, ListsResult, Matched, RoomLists
-from homeserver.sync.sliding_request import Extensions, SlidingRequest
+from homeserver.sync.sliding_request import Extensions, ParsedRequests, SlidingRequest
 from homeserver.sync.sliding_rooms import SlidingRooms
 from homeserver.sync.tokens import SyncToken
 
@@ -98,6 +98,7 @@ class SlidingSync:
         self.lists = lists
         self.rooms = SlidingRooms(sync.rooms, sync.history, sync.entries, lists.store)
         self.extensions = SlidingExtensions(sync)
+        self.requests = ParsedRequests()
 
     def begin(
         self, requester: Requester, request: SlidingRequest, pos: str | None, timeout_ms: int
@@ -138,6 +139,7 @@ class SlidingSync:
         user_id = requester.user_id
         since = call.pos.token if call.pos is not None else None
         state = call.before.copy()
+        state.rooms = resolved(state.rooms, since.events if since else 0)
         for room_id in request.unsubscribe:
             state.subscriptions.pop(room_id, None)
         state.subscriptions.update(request.subscriptions)
@@ -176,7 +178,7 @@ class SlidingSync:
             extensions.to_device_position,
             positions.device_lists,
         )
-        generation = self.connections.commit(call.before, state, now_ms())
+        generation = self.connections.commit(call.before, state, positions.events, now_ms())
         if generation is None:  # superseded: its client has moved on (sliding_connections.py)
             generation, token = call.before.generation, since or token
         return {

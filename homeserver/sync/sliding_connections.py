@@ -8,6 +8,13 @@ that retries a request whose answer it never got is answered again from where it
 sync token (tokens.py) holds the streams' positions the response covered, as /sync's
 next_batch does. A pos of another user or device, of a connection replaced or expired, or
 of a generation the server never gave, is 400 M_UNKNOWN_POS, and the client starts over.
+
+A room sent up to the events position of the pos' own token is kept as sent "up to the
+pos" (`UP_TO_POS`), not as that number: a room that is sent each time it moves is then
+the same entry from one response to the next, and a long-poll woken by a message writes
+nothing, its pos naming the same generation with a newer token. Only a room's config, a
+room leaving the window (its position is then the number it had) or a subscription makes
+a new generation.
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ from homeserver.sync.tokens import SyncToken
 
 _POS = re.compile(r"^(\d{1,18})\.(\d{1,18})\.(s[0-9a-f_]{1,200})$")
 ROOM, SUBSCRIPTION = "room", "sub"
+# A SentRoom's position meaning "up to the events position of the pos read with it".
+UP_TO_POS = -1
 # A connection in use whose entries do not change has its use written down this often:
 # its lifetime counts from there after a restart.
 TOUCH_EVERY_MS = 3600 * 1000
@@ -71,7 +80,8 @@ class SentRoom:
     config: RoomConfig
 
     def to_json(self) -> str:
-        return json.dumps({"position": self.position, "config": self.config.to_json()})
+        # json.dumps of {"position": ..., "config": config.to_json()}, its config's part kept
+        return f'{{"position": {self.position}, "config": {self.config.text}}}'
 
     @classmethod
     def from_json(cls, text: str) -> "SentRoom":
@@ -79,8 +89,27 @@ class SentRoom:
         return cls(data["position"], RoomConfig.from_json(data["config"]))
 
 
+def resolved(rooms: dict[str, SentRoom], pos_events: int) -> dict[str, SentRoom]:
+    """The entries as positions, a pos' token's events position standing for UP_TO_POS."""
+    return {
+        room_id: SentRoom(pos_events, sent.config) if sent.position == UP_TO_POS else sent
+        for room_id, sent in rooms.items()
+    }
+
+
+def kept_form(rooms: dict[str, SentRoom], pos_events: int) -> dict[str, SentRoom]:
+    """`resolved`'s inverse: a room sent up to the new pos' events position is UP_TO_POS."""
+    return {
+        room_id: SentRoom(UP_TO_POS, sent.config) if sent.position == pos_events else sent
+        for room_id, sent in rooms.items()
+    }
+
+
 @dataclass
 class ConnectionState:
+    """A connection's entries as kept (`rooms` with UP_TO_POS), or, while a request
+    computes, as positions (`resolved`)."""
+
     connection_id: int
     user_id: str
     device_id: str
@@ -176,20 +205,24 @@ class Connections:
         state.ticket = self._take_ticket(state.connection_id)
         return state
 
-    def commit(self, before: ConnectionState, after: ConnectionState, now_ms: int) -> int | None:
-        """Stores what changed from `before` to `after` as a new generation (none when
+    def commit(
+        self, before: ConnectionState, after: ConnectionState, pos_events: int, now_ms: int
+    ) -> int | None:
+        """Stores what changed from `before` (as kept) to `after` (as positions, for a pos
+        whose token's events position is `pos_events`) as a new generation (none when
         nothing did); returns the generation `after` is at. None when a later request of
         the connection, or a new connection of its name, has taken over: this answer is
         for no one, and nothing of it is kept."""
         if self._latest.get(after.connection_id) not in (None, before.ticket):
             return None
+        after.rooms = kept_form(after.rooms, pos_events)
         changes = _changes(ROOM, before.rooms, after.rooms, SentRoom.to_json)
         changes.update(
             _changes(
                 SUBSCRIPTION,
                 before.subscriptions,
                 after.subscriptions,
-                lambda config: json.dumps(config.to_json()),
+                lambda config: config.text,
             )
         )
         if not changes and before.generation > 0:

@@ -10,7 +10,11 @@ as `{include, exclude, lazy_members}`). Both are read.
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from dataclasses import dataclass, field
+from functools import cached_property
+from types import MappingProxyType
+from typing import Callable, Mapping
 
 from marshmallow import INCLUDE, Schema, ValidationError, fields, validate
 
@@ -24,6 +28,9 @@ MAX_SUBSCRIPTIONS = 100
 MAX_RANGES = 10  # per list: clients send one
 MAX_REQUIRED_STATE = 100  # pairs per room config
 WILDCARD, ME, LAZY = "*", "$ME", "$LAZY"
+# Request bodies kept parsed (ParsedRequests), and the largest kept: Element X's are a few KB.
+PARSED_KEPT = 256
+PARSED_MAX_BYTES = 16 * 1024
 
 StatePair = tuple[str, str]
 
@@ -74,10 +81,17 @@ class RoomConfig:
             self.required_state.merged(other.required_state),
         )
 
+    @cached_property
     def key(self) -> str:
-        """The config as text, to tell whether a room's config changed since it was sent."""
+        """The config as text, to tell whether a room's config changed since it was sent.
+        Kept once made: a parsed request's configs are shared (ParsedRequests)."""
         rs = self.required_state
         return json.dumps([sorted(rs.include), sorted(rs.exclude), rs.lazy])
+
+    @cached_property
+    def text(self) -> str:
+        """`to_json` as JSON text, kept once made: a connection saves it for each room sent."""
+        return json.dumps(self.to_json())
 
     def to_json(self) -> dict:
         rs = self.required_state
@@ -135,7 +149,7 @@ class Extensions:
 class SlidingRequest:
     conn_id: str
     lists: tuple[ListConfig, ...] = ()
-    subscriptions: dict[str, RoomConfig] = field(default_factory=dict)
+    subscriptions: Mapping[str, RoomConfig] = field(default_factory=dict)
     unsubscribe: tuple[str, ...] = ()
     extensions: Extensions = Extensions()
 
@@ -208,6 +222,32 @@ class _Body(Schema):
 _BODY = _Body()
 
 
+class ParsedRequests:
+    """Bodies parsed before, by their bytes. A client long-polls with one body again and
+    again (only the pos in the query moves), and the clients of one app send the same one:
+    each is parsed once, and the requests that send it share one parsed body and one
+    SlidingRequest, never changed, rather than a copy per parked connection. Bounded:
+    distinct bodies only push older ones out."""
+
+    def __init__(self, kept: int = PARSED_KEPT):
+        self._kept = kept
+        self._parsed: OrderedDict[bytes, tuple[dict, SlidingRequest]] = OrderedDict()
+
+    def parse(self, raw: bytes, decode: Callable[[bytes], dict]) -> tuple[dict, SlidingRequest]:
+        """The body `decode` makes of `raw`, and the request read from it."""
+        found = self._parsed.get(raw)
+        if found is not None:
+            self._parsed.move_to_end(raw)
+            return found
+        body = decode(raw)
+        found = (body, parse_request(body))
+        if len(raw) <= PARSED_MAX_BYTES:
+            self._parsed[raw] = found
+            if len(self._parsed) > self._kept:
+                self._parsed.popitem(last=False)
+        return found
+
+
 def parse_request(body: dict) -> SlidingRequest:
     try:
         loaded = _BODY.load(body)
@@ -225,7 +265,7 @@ def parse_request(body: dict) -> SlidingRequest:
     return SlidingRequest(
         loaded["conn_id"],
         tuple(_list(name, body) for name, body in sorted(loaded["lists"].items())),
-        subscriptions,
+        MappingProxyType(subscriptions),  # shared between requests (ParsedRequests)
         tuple(loaded["unsubscribe_rooms"]),
         _extensions(loaded["extensions"]),
     )

@@ -289,7 +289,7 @@ def _is_initial(room: ListedRoom, config: RoomConfig, sent: SentRoom | None) -> 
     return (
         sent is None
         or room.membership_at > sent.position
-        or config.key() != sent.config.key()
+        or (config is not sent.config and config.key != sent.config.key)
         or config.timeline_limit > sent.config.timeline_limit
     )
 

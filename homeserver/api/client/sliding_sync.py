@@ -8,11 +8,10 @@ from homeserver.api.auth import current_requester, requires_auth
 from homeserver.api.context import runtime
 from homeserver.core.errors import invalid_param
 from homeserver.http.later import LaterResponse
-from homeserver.http.parsing import json_object, query_int, query_str
+from homeserver.http.parsing import forget_body, object_from, query_int, query_str, read_body
 from homeserver.http.responses import json_response
 from homeserver.sync.presence import STATES as PRESENCE_STATES
 from homeserver.sync.sliding import WaitingSlidingSync
-from homeserver.sync.sliding_request import parse_request
 
 bp = Blueprint(
     "sliding_sync", __name__, url_prefix="/_matrix/client/unstable/org.matrix.simplified_msc3575"
@@ -32,7 +31,9 @@ def _body_param(body: dict, name: str, kind: type):
 @bp.post("/sync")
 @requires_auth
 def sliding_sync():
-    body = json_object(MAX_SLIDING_SYNC_BYTES)
+    parsed = runtime().sliding_sync.requests.parse(read_body(MAX_SLIDING_SYNC_BYTES), object_from)
+    forget_body()  # what a parked connection keeps is the shared parse (sliding_request.py)
+    body, sliding_request = parsed
     # Clients of the unstable path put pos and timeout in the query; the MSC's final text
     # moved them into the body (no CORS preflight for each request).
     pos = query_str("pos") or _body_param(body, "pos", str) or None
@@ -44,7 +45,6 @@ def sliding_sync():
     set_presence = query_str("set_presence") or _body_param(body, "set_presence", str)
     if set_presence not in (None, *PRESENCE_STATES):
         raise invalid_param("set_presence must be one of " + ", ".join(PRESENCE_STATES))
-    sliding_request = parse_request(body)
     requester = current_requester()
     runtime().presence.syncing(requester.user_id, set_presence, timeout_ms)
     found = runtime().sliding_sync.begin(requester, sliding_request, pos, timeout_ms)

@@ -1,0 +1,76 @@
+"""A sliding sync body is parsed once (sync/sliding_request.py `ParsedRequests`): the long-polls
+that send the same bytes share one parse, which nothing changes; others are parsed afresh,
+a refused body is never kept, and the kept ones are bounded."""
+
+import json
+
+import pytest
+
+from homeserver.core.errors import MatrixError
+from homeserver.sync.sliding_request import PARSED_MAX_BYTES, ParsedRequests
+
+BODY = {
+    "conn_id": "main",
+    "lists": {"all": {"ranges": [[0, 19]], "timeline_limit": 1}},
+    "room_subscriptions": {"!a:weir.test": {"timeline_limit": 5}},
+}
+
+
+def encoded(body: dict) -> bytes:
+    return json.dumps(body).encode()
+
+
+class Decoder:
+    """json.loads, counting its calls."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, raw: bytes) -> dict:
+        self.calls += 1
+        return json.loads(raw)
+
+
+def test_the_same_bytes_share_one_parse_that_cannot_be_changed():
+    parsed, decode = ParsedRequests(), Decoder()
+    first = parsed.parse(encoded(BODY), decode)
+    again = parsed.parse(encoded(BODY), decode)  # equal bytes, another object
+    assert decode.calls == 1
+    assert again[1] is first[1]
+    assert first[1].lists[0].ranges == ((0, 19),)
+    with pytest.raises(TypeError):
+        first[1].subscriptions["!b:weir.test"] = first[1].subscriptions["!a:weir.test"]
+
+
+def test_other_bodies_are_parsed_and_refused_ones_never_kept():
+    parsed, decode = ParsedRequests(), Decoder()
+    parsed.parse(encoded(BODY), decode)
+    other = parsed.parse(encoded({**BODY, "conn_id": "other"}), decode)
+    assert decode.calls == 2 and other[1].conn_id == "other"
+    bad = encoded({"conn_id": "main", "lists": {"all": {"ranges": [[5, 1]]}}})
+    for _ in range(2):
+        with pytest.raises(MatrixError) as refused:
+            parsed.parse(bad, decode)
+        assert refused.value.errcode == "M_INVALID_PARAM"
+    assert decode.calls == 4
+
+
+def test_kept_bodies_are_bounded_oldest_use_out():
+    parsed, decode = ParsedRequests(kept=2), Decoder()
+    bodies = [encoded({**BODY, "conn_id": name}) for name in ("a", "b", "c")]
+    for raw in bodies[:2]:
+        parsed.parse(raw, decode)
+    parsed.parse(bodies[0], decode)  # a used again: b is the oldest
+    parsed.parse(bodies[2], decode)
+    parsed.parse(bodies[0], decode)
+    assert decode.calls == 3
+    parsed.parse(bodies[1], decode)
+    assert decode.calls == 4
+
+
+def test_a_large_body_is_parsed_each_time():
+    parsed, decode = ParsedRequests(), Decoder()
+    large = encoded({**BODY, "padding": "x" * PARSED_MAX_BYTES})
+    parsed.parse(large, decode)
+    parsed.parse(large, decode)
+    assert decode.calls == 2
