@@ -125,6 +125,7 @@ class TransactionSink:
         self.max_in_flight[destination] = max(
             self.max_in_flight.get(destination, 0), self.in_flight[destination]
         )
+        self._notify()  # a held transaction arrived: waiters on in_flight see it
         try:
             gate = self.gates.get(destination)
             if gate is not None:
