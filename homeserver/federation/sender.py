@@ -11,6 +11,8 @@ ephemeral and wait in memory, per destination.
 The rules (server-server spec, "Transactions"; docs/architecture.md, "Processes"):
 - one transaction in flight per destination, at most 50 PDUs and 100 EDUs, oldest first;
   a transaction ID is taken from the database and never used again, even for a retry;
+  one whose sender died before its answer (a `kill -9`, or another instance's death) is
+  sent again, same ID and same PDUs and durable EDUs, by the next to hold the destination;
 - a pool of its own (`federation.sender.max_in_flight`), never the main pool, and one total
   deadline per transaction, discovery included (the client's, capped by `remote_timeout`);
 - a failed destination backs off (10 s, doubling to 1 h); a success or an inbound transaction
@@ -47,7 +49,7 @@ from gevent.pool import Pool
 from homeserver.core.clock import now_ms
 from homeserver.federation.client import FederationClient
 from homeserver.federation.errors import DeadlineExceeded, FederationError, RemoteError
-from homeserver.storage.leases import QueueLeases, lease_seconds
+from homeserver.storage.leases import Claim, QueueLeases, lease_seconds
 from homeserver.storage.outbox import DESTINATIONS, OutboxStore
 
 log = logging.getLogger(__name__)
@@ -452,47 +454,61 @@ class FederationSender:
             return False
         if len(pdus) == MAX_PDUS or len(durable) == MAX_EDUS:
             dest.pending = True  # never cleared here: a wake-up during the read stands
-        claim = self.store.begin_transaction(dest.name, self.leases)
+        ours = ([o for o, _ in pdus], [i for i, _ in durable])
+        claim = self.store.begin_transaction(dest.name, self.leases, *ours)
         if not claim.claimed or claim.row is None:  # another instance holds it
-            # Events wake their holder (runtime/queues.py), EDUs do not, and it cannot read
-            # our memory: our typing and receipts go to the durable outbox, and the holder
-            # is told to send now rather than at its next transaction.
-            ephemeral += [dest.edus.popleft() for _ in range(len(dest.edus))]
-            if ephemeral or durable:
-                holder = claim.row[1] if claim.row else None  # a row: its claim made it
-                for _, edu_type in self.store.hand_over(
-                    dest.name, holder, ephemeral, self.max_queued_edus
-                ):
-                    self._edus_dropped(edu_type, "backlog")
-            dest.pending = True  # still owed: sent by its holder, or by us once it lapses
-            self._retry_in(dest, max(0.05, claim.lapses_in))
+            self._pass_to_holder(dest, claim, ephemeral, bool(durable))
             return False
-        txn_id = claim.row[0]
+        txn_id, _, orderings, durable_ids = claim.row
+        if (orderings, durable_ids) != ours:
+            # Left unanswered by a sender that died in the call (another instance, or this
+            # one before a kill -9): the same PDUs and durable EDUs again under its ID, so
+            # the receiver's deduplication holds; ours go next.
+            dest.edus.extendleft(reversed(ephemeral))
+            pdus, durable = self.store.carried(dest.name, orderings, durable_ids)
+            ephemeral, durable_ids, dest.pending = [], [i for i, _ in durable], True
         # Until it answers, a destination has the unproven lane's time, not the whole deadline.
         seconds = None if self.lane_of(dest) == LIVE else self.unproven_timeout
         edus = [edu for _, edu in durable] + ephemeral
         outcome = self._put(dest, str(txn_id), [p for _, p in pdus], edus, seconds)
         if outcome == "failure":
-            # Typing is stale by the time a dead server returns; receipts still matter. The
-            # durable EDUs are still in the outbox.
+            # A new transaction carries them: a retry's ID is never a used one. Typing is
+            # stale by the time a dead server returns; receipts still matter. The durable
+            # EDUs are still in the outbox.
+            self.store.abandoned(dest.name, txn_id)
             dest.edus.extendleft(reversed([e for e in ephemeral if e["edu_type"] != "m.typing"]))
             self._failed(dest)
             self._count(outcome)
             return False
         dest.answer_seconds = time.monotonic() - dest.call_started
-        self.store.delivered(dest.name, [ordering for ordering, _ in pdus])
-        durable_ids = [edu_id for edu_id, _ in durable]
         if outcome == "refused":
-            # Its PDUs went (above); its durable EDUs go again, alone if the PDUs were what
+            # Its PDUs go (below); its durable EDUs go again, alone if the PDUs were what
             # the peer refused, until they were refused MAX_EDU_REFUSALS times.
             for edu_type in self.store.edus_refused(dest.name, durable_ids, MAX_EDU_REFUSALS):
                 self._edus_dropped(edu_type, "refused")
             dest.pending = dest.pending or bool(durable)
-        else:
-            self.store.edus_delivered(dest.name, durable_ids)
+        self.store.delivered(
+            dest.name, txn_id, orderings, durable_ids if outcome == "success" else []
+        )
         self._succeeded(dest)
         self._count(outcome)  # after the outbox and the lanes know it
         return dest.pending or bool(dest.edus)
+
+    def _pass_to_holder(
+        self, dest: _Destination, claim: Claim, ephemeral: list, durable: bool
+    ) -> None:
+        """Another instance holds `dest`. Events wake their holder (runtime/queues.py), EDUs
+        do not, and it cannot read our memory: our typing and receipts go to the durable
+        outbox, and the holder is told to send now rather than at its next transaction."""
+        ephemeral += [dest.edus.popleft() for _ in range(len(dest.edus))]
+        if ephemeral or durable:
+            holder = claim.row[1] if claim.row else None  # a row: its claim made it
+            for _, edu_type in self.store.hand_over(
+                dest.name, holder, ephemeral, self.max_queued_edus
+            ):
+                self._edus_dropped(edu_type, "backlog")
+        dest.pending = True  # still owed: sent by its holder, or by us once it lapses
+        self._retry_in(dest, max(0.05, claim.lapses_in))
 
     def _put(
         self, dest: _Destination, txn_id: str, pdus: list, edus: list, seconds: float | None

@@ -82,19 +82,22 @@ class QueueLeases:
         returning: str = "1",
         also_set: str = "",
         before: Callable[..., None] | None = None,
+        also_params: tuple = (),
     ) -> Claim:
         """Claims (or renews) the lease on `key`'s row unless another instance holds it,
-        setting `also_set` too ("column = expression, ..."), after `before(tx)` in the
-        same write (it may make the row)."""
+        setting `also_set` too ("column = expression, ...", its `?` taking `also_params`),
+        after `before(tx)` in the same write (it may make the row)."""
         started = self._clock()
-        claim = self.db.write(self._claim, key, returning, also_set, before)
+        claim = self.db.write(self._claim, key, returning, also_set, before, also_params)
         if claim.claimed:
             self._until[key] = started + self.seconds
         else:
             self._until.pop(key, None)
         return claim
 
-    def _claim(self, tx, key: tuple, returning: str, also_set: str, before) -> Claim:
+    def _claim(
+        self, tx, key: tuple, returning: str, also_set: str, before, also_params: tuple
+    ) -> Claim:
         if before is not None:
             before(tx)
         now, table = _NOW[tx.dialect], self.table
@@ -104,7 +107,7 @@ class QueueLeases:
             f" WHERE {table.where()}"
             f" AND (lease_owner IS NULL OR lease_owner = ? OR lease_until_ms < {now})"
             f" RETURNING {returning}",
-            (self.owner, int(self.seconds * 1000), *key, self.owner),
+            (self.owner, int(self.seconds * 1000), *also_params, *key, self.owner),
         )
         if row is not None:
             return Claim(row, claimed=True)

@@ -1,5 +1,5 @@
 """The federation sender's queues and per-destination state (0010_federation_outbox.sql,
-0029_federation_edu_outbox.sql).
+0029_federation_edu_outbox.sql, 0076_unanswered_transactions.sql).
 
 `queue_pdus` runs inside the write transaction that stores the events (RoomStore's
 `persist_events`), so an event is queued exactly when it is stored; `queue_edus` likewise
@@ -11,7 +11,7 @@ handed to it as the JSON stored in `events`, opaque to it.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable
 
 from homeserver.storage.database import Database, in_lists
@@ -56,7 +56,7 @@ def queue_edus(
             left_out.append((destination, edu_type))
             continue
         backlog[destination] += 1
-        rows.append((destination, edu_type, json.dumps(content, separators=(",", ":"))))
+        rows.append((destination, edu_type, _text(content)))
     if rows:
         tx.executemany(
             "INSERT INTO federation_edu_outbox (destination, edu_type, content) VALUES (?, ?, ?)",
@@ -94,10 +94,15 @@ class OutboxStore:
         )
         return [(row[0], json.loads(row[1])) for row in rows]
 
-    def delivered(self, destination: str, orderings: list[int]) -> None:
-        """Removes what `destination` acknowledged."""
+    def delivered(
+        self, destination: str, txn_id: int, orderings: list[int], edu_ids: list[int]
+    ) -> None:
+        """Removes what `destination` acknowledged, PDUs and durable EDUs, with the record
+        of the transaction that carried them, in one write: none of it goes again."""
 
         def write(tx):
+            _answered(tx, destination, txn_id)
+            _delete_edus(tx, destination, edu_ids)
             for chunk, marks in in_lists(orderings):
                 tx.execute(
                     "DELETE FROM federation_outbox WHERE destination = ?"
@@ -105,8 +110,7 @@ class OutboxStore:
                     [destination, *chunk],
                 )
 
-        if orderings:
-            self.db.write(write)
+        self.db.write(write)
 
     def trim_rooms(self, destination: str, keep: int) -> int:
         """Catch-up past a limit: of each room's PDUs owed to `destination`, keeps only the
@@ -173,11 +177,7 @@ class OutboxStore:
                 (destination, limit),
             )
         )
-        return [(row[0], {"edu_type": row[1], "content": json.loads(row[2])}) for row in rows]
-
-    def edus_delivered(self, destination: str, ids: list[int]) -> None:
-        if ids:
-            self.db.write(lambda tx: _delete_edus(tx, destination, ids))
+        return [_edu(row) for row in rows]
 
     def edus_refused(self, destination: str, ids: list[int], max_refusals: int) -> list[str]:
         """`destination` refused a transaction holding these EDUs: each counts a refusal,
@@ -207,10 +207,14 @@ class OutboxStore:
 
     # --- per destination ------------------------------------------------------------------
 
-    def begin_transaction(self, destination: str, leases: QueueLeases) -> Claim:
-        """Claims (or renews) `destination`'s lease and takes the ID of a new transaction to
-        it, never handed out before: the claim's row is (txn_id, holder). Not claimed while
-        another instance, the holder, holds the lease."""
+    def begin_transaction(
+        self, destination: str, leases: QueueLeases, pdus: list[int], edus: list[int]
+    ) -> Claim:
+        """Claims (or renews) `destination`'s lease and begins the transaction to send it:
+        the claim's row is (txn_id, holder, pdu orderings, durable EDU ids). That is a new
+        transaction, with an ID never handed out before, carrying `pdus` and `edus`, unless
+        the row records one begun and never answered (its sender died in the call): then
+        that one, to be sent again as it was. Not claimed while another instance holds it."""
 
         def known(tx) -> None:
             tx.execute(
@@ -219,12 +223,56 @@ class OutboxStore:
                 (destination,),
             )
 
-        return leases.claim(
+        # The SET expressions all read the row as it was; the pending_ columns are NULL
+        # together, when nothing is unanswered.
+        claim = leases.claim(
             (destination,),
-            returning="next_txn_id - 1, lease_owner",
-            also_set="next_txn_id = next_txn_id + 1",
+            returning="pending_txn_id, lease_owner, pending_pdus, pending_edus",
+            also_set="next_txn_id = CASE WHEN pending_txn_id IS NULL"
+            " THEN next_txn_id + 1 ELSE next_txn_id END,"
+            " pending_txn_id = COALESCE(pending_txn_id, next_txn_id),"
+            " pending_pdus = COALESCE(pending_pdus, ?), pending_edus = COALESCE(pending_edus, ?)",
+            also_params=(_text(pdus), _text(edus)),
             before=known,
         )
+        if not claim.claimed or claim.row is None:
+            return claim
+        txn_id, holder, carried_pdus, carried_edus = claim.row
+        return replace(
+            claim, row=(txn_id, holder, json.loads(carried_pdus), json.loads(carried_edus))
+        )
+
+    def carried(
+        self, destination: str, pdus: list[int], edus: list[int]
+    ) -> tuple[list[tuple[int, dict]], list[tuple[int, dict]]]:
+        """What an unanswered transaction carried, to send it again: its PDUs (stream
+        ordering, pdu), from the events themselves (a catch-up may have dropped them from
+        the outbox since), and those of its durable EDUs (id, edu) still owed."""
+
+        def read(tx) -> tuple[list, list]:
+            found_pdus, found_edus = [], []
+            for chunk, marks in in_lists(pdus):
+                found_pdus += tx.fetchall(
+                    f"SELECT stream_ordering, json FROM events WHERE stream_ordering IN ({marks})",
+                    chunk,
+                )
+            for chunk, marks in in_lists(edus):
+                found_edus += tx.fetchall(
+                    "SELECT id, edu_type, content FROM federation_edu_outbox"
+                    f" WHERE destination = ? AND id IN ({marks})",
+                    [destination, *chunk],
+                )
+            return found_pdus, found_edus
+
+        found_pdus, found_edus = self.db.read(read)
+        return (
+            sorted((row[0], json.loads(row[1])) for row in found_pdus),
+            sorted(_edu(row) for row in found_edus),
+        )
+
+    def abandoned(self, destination: str, txn_id: int) -> None:
+        """The transaction failed: what it carried goes again in a new one."""
+        self.db.write(lambda tx: _answered(tx, destination, txn_id))
 
     def hand_over(
         self, destination: str, holder: str | None, edus: list[dict], max_backlog: int
@@ -289,6 +337,22 @@ class OutboxStore:
             )
         )
         return [DestinationRow(*row) for row in rows]
+
+
+def _edu(row) -> tuple[int, dict]:
+    return row[0], {"edu_type": row[1], "content": json.loads(row[2])}
+
+
+def _text(value) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _answered(tx, destination: str, txn_id: int) -> None:
+    tx.execute(
+        "UPDATE federation_destinations SET pending_txn_id = NULL, pending_pdus = NULL,"
+        " pending_edus = NULL WHERE destination = ? AND pending_txn_id = ?",
+        (destination, txn_id),
+    )
 
 
 def _delete_edus(tx, destination: str, ids: list[int]) -> None:

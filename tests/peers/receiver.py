@@ -83,6 +83,15 @@ class TransactionSink:
     def attempts(self, destination: str) -> list[ReceivedTxn]:
         return [t for t in self.transactions if t.destination == destination]
 
+    def ids_keep_their_pdus(self, destination: str) -> bool:
+        """Whether each transaction ID sent to `destination` more than once (a transaction
+        its sender died waiting on, sent again) carried the same PDUs every time."""
+        pdus_of: dict[str, list] = {}
+        return all(
+            pdus_of.setdefault(t.txn_id, t.body["pdus"]) == t.body["pdus"]
+            for t in self.attempts(destination)
+        )
+
     def pdus(self, destination: str) -> list[dict]:
         """Every PDU accepted for `destination`, in the order received."""
         return [p for t in self.accepted(destination) for p in t.body.get("pdus", [])]
@@ -125,6 +134,7 @@ class TransactionSink:
         self.max_in_flight[destination] = max(
             self.max_in_flight.get(destination, 0), self.in_flight[destination]
         )
+        self._notify()  # a held transaction arrived: waiters on in_flight see it
         try:
             gate = self.gates.get(destination)
             if gate is not None:

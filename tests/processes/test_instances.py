@@ -1,7 +1,8 @@
 """Several Weir instances on one PostgreSQL, as real processes: another instance's message
 wakes a parked /sync (after a lost listening connection too), tokens travel between
 instances, concurrent writes through both reach every sync once and in order, a join
-elsewhere reaches push rules, one instance at a time sends to a destination; and the
+elsewhere reaches push rules, one instance at a time sends to a destination (and resends
+the transaction a killed holder left unanswered, same ID); and the
 refusals: SQLite with several instances or a second process on one SQLite file, and a
 duplicate instance_name, exit 2 with one line."""
 
@@ -323,15 +324,38 @@ def test_one_instance_at_a_time_sends_to_a_destination(
     assert sink.max_in_flight[origin.name] == 1  # one sender at a time
     holder = lease_owner(shared["database"]["url"], origin.name)
     read_receipt_goes_through_the_holder(sink, origin, room.room_id, holder, alice, bob)
-    # The holder dies; a message through the other instance waits for the holder's lease
-    # to lapse (5 s after its last transaction), then that instance takes over.
+    # The holder dies in a call, its transaction received and unanswered; a message
+    # through the other instance waits for the holder's lease to lapse (5 s after its
+    # last claim), then that instance takes over: the same transaction first, same ID.
     dead, taker, through = (a, "b", bob) if holder == "a" else (b, "a", alice)
+    sink.hold(origin.name)
+    send(alice if holder == "a" else bob, room.room_id, "held")
+    assert sink.wait_until(lambda: sink.in_flight.get(origin.name, 0) == 1, timeout=30)
     dead.proc.send_signal(signal.SIGKILL)
     dead.proc.wait()
+    received = len(sink.transactions)
+    sink.release(origin.name)  # answered to nobody
+    assert sink.wait_until(lambda: len(sink.transactions) > received)
+    unanswered = sink.transactions[received]
     send(through, room.room_id, "after-the-holder")
-    assert sink.wait_until(lambda: "after-the-holder" in bodies(), timeout=60)
+    assert sink.wait_until(lambda: {"held", "after-the-holder"} <= set(bodies()), timeout=60)
     assert lease_owner(shared["database"]["url"], origin.name) == taker
-    assert bodies().count("after-the-holder") == 1
+    again = [t for t in sink.attempts(origin.name) if t.txn_id == unanswered.txn_id]
+    assert len(again) == 2 and again[1].body["pdus"] == unanswered.body["pdus"]
+    assert_each_in_one_transaction(sink, origin.name, expected | {"held", "after-the-holder"})
+
+
+def assert_each_in_one_transaction(sink, destination: str, expected: set[str]) -> None:
+    """Every message arrived, each under one transaction ID (sent again only as the same
+    transaction), and different transactions have different IDs."""
+    assert sink.ids_keep_their_pdus(destination)
+    ids_of: dict[str, set[str]] = {}  # each PDU (by its content hash): the IDs it came in
+    for t in sink.accepted(destination):
+        for pdu in t.body["pdus"]:
+            ids_of.setdefault(pdu["hashes"]["sha256"], set()).add(t.txn_id)
+    bodies = {p["content"].get("body") for t in sink.accepted(destination) for p in t.body["pdus"]}
+    assert expected <= bodies
+    assert all(len(ids) == 1 for ids in ids_of.values()), ids_of
 
 
 def read_receipt_goes_through_the_holder(sink, origin, room_id, holder, alice, bob) -> None:
