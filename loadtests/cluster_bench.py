@@ -29,13 +29,20 @@ rounds' ratios.
   and through b in turn, wakes them all. The latency is from the send's start to the end of
   each woken sync's answer. The same on the one instance, for comparison.
 
+Presence is off in all three: each of the big room's members coming online would wake
+every other member (presence is shared with everyone in a room), n² wakes before anything
+is measured.
+
 What the ratio means on this machine. It has two cores. One instance has core 0 to itself,
 and PostgreSQL and the load generator (wrk, and this process's sync clients) share core 1
 with nothing else. Two instances have a core each, and PostgreSQL and the load generator
 take their share of the same two cores: the ratio cannot reach 2, and how far below 2 it
 stays is what the CPU lines show (cores used by the instances, PostgreSQL and the load
-generator in each deployment). On machines of their own, instances would not share their
-cores with the database or the clients; the ratio here is the lower bound of that.
+generator in each deployment). So each comparison also prints the work done per core the
+instances used, and what two instances would reach with a core each (derived, not
+measured): on machines of their own, instances share their cores with neither the database
+nor the clients. Another process on the machine takes cores from the instances too: the
+CPU lines show how much of their pinned cores they got.
 """
 
 from gevent import monkey
@@ -67,6 +74,7 @@ from tests.support.server import WeirProcess
 
 VERSIONS = "/_matrix/client/versions"
 MIXED_FIGURES = ("requests_rps", "p99", "sync_rps", "delivered")
+LOCKS = ("transactionid", "tuple", "advisory")
 SYNC = "/_matrix/client/v3/sync"
 SERVER_NAME = "bench.test"
 # Every message of a round in the timeline, not just the last 10.
@@ -98,10 +106,11 @@ end
 class Deployment:
     """One instance, or several on one database; each pinned to a core of its own."""
 
-    def __init__(self, label: str, processes: list[WeirProcess]):
+    def __init__(self, label: str, processes: list[WeirProcess], database: str):
         self.label = label
         self.processes = processes
         self.urls = [p.client_url for p in processes]
+        self.database = database  # its URL
 
     def cpu_seconds(self) -> float:
         return sum(p.cpu_seconds() for p in self.processes)
@@ -217,10 +226,10 @@ def address(url: str) -> tuple[str, int]:
 
 
 def first_since(url: str, token: str) -> str:
-    """A token to sync from, without bringing its user online (presence would wake all)."""
+    """A token to sync from: where the positions are now."""
     r = requests.get(
         url + SYNC,
-        params={"filter": '{"room":{"rooms":[]}}', "set_presence": "offline"},
+        params={"filter": '{"room":{"rooms":[]}}'},
         headers={"Authorization": f"Bearer {token}"},
         timeout=60,
     )
@@ -289,6 +298,7 @@ def settings(directory: str, url: str, name: str = "main", instances: int = 1, l
         "server": {"http": {"port": 0}},
         "federation": {"port": 0},
         "logging": {"level": log},
+        "presence": {"enabled": False},  # see the module's docstring
     }
 
 
@@ -327,7 +337,7 @@ def start_deployments(directory: str, urls: tuple[str, str], args, started: list
     starts = [gevent.spawn(start, *arguments) for arguments in chosen]
     gevent.joinall(starts, raise_error=True)
     one, a, b = [g.get() for g in starts]
-    return Deployment("1", [one]), Deployment("2", [a, b])
+    return Deployment("1", [one], urls[0]), Deployment("2", [a, b], urls[1])
 
 
 # --- the measurements ---------------------------------------------------------------------
@@ -365,11 +375,44 @@ def park_mixed(deployment: Deployment, syncers: Syncers, population: Population)
     syncers.park(placed, since, MIXED_FILTER)
 
 
+class LockWaits:
+    """How many of a database's sessions wait on a lock, sampled every 20 ms, by what they
+    wait for: a row (`transactionid`, `tuple`: the events stream's row, held from a
+    write's `advance` to its commit) or an advisory lock (one writer per room)."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.samples = 0
+        self.waiting: dict[str, int] = {}
+
+    def __enter__(self) -> "LockWaits":
+        self._greenlet = gevent.spawn(self._sample)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._greenlet.kill()
+
+    def _sample(self) -> None:
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            while True:
+                for event, count in conn.execute(
+                    "SELECT wait_event, count(*) FROM pg_stat_activity WHERE"
+                    " datname = current_database() AND wait_event_type = 'Lock' GROUP BY 1"
+                ):
+                    self.waiting[event] = self.waiting.get(event, 0) + count
+                self.samples += 1
+                gevent.sleep(0.02)
+
+    def mean(self) -> dict[str, float]:
+        return {event: n / max(1, self.samples) for event, n in self.waiting.items()}
+
+
 def mixed_round(deployment, syncers: Syncers, loads, meter: CpuMeter, args) -> dict:
     syncers.wait_parked(len(syncers.clients))
     answers, messages = syncers.answers, syncers.messages
     before = meter.read()
-    results = run_wrks(deployment, args.duration, loads)
+    with LockWaits(deployment.database) as waits:
+        results = run_wrks(deployment, args.duration, loads)
     after = meter.read()
     wall = after[0] - before[0]
     sends = sum(r["requests"] // 2 for r in results)
@@ -382,6 +425,7 @@ def mixed_round(deployment, syncers: Syncers, loads, meter: CpuMeter, args) -> d
         "p99": max(r["p99"] for r in results),
         "delivered": (syncers.messages - messages) / max(1, sends * args.members),
         "cpu": meter.cores(before, after),
+        "lock_waits": waits.mean(),
     }
 
 
@@ -391,10 +435,12 @@ def wake_rounds(deployment: Deployment, syncers: Syncers, population: Population
     n = len(deployment.urls)
     placed = [(deployment.urls[i % n], population.tokens[i]) for i in range(args.parked)]
     since = first_since(deployment.urls[0], population.creator)
-    started = time.monotonic()
+    rss_before, started = deployment.rss_mb(), time.monotonic()
     clients = syncers.park(placed, since)
     parked_in = time.monotonic() - started
     rss = deployment.rss_mb()
+    # What each parked sync added to its instance's memory, process growth included.
+    kb_each = statistics.mean((b - a) * 1024 * n / len(clients) for a, b in zip(rss_before, rss))
     on = {client: deployment.urls.index(url) for client, (url, _) in zip(clients, placed)}
     sender = requests.Session()
     sender.headers["Authorization"] = f"Bearer {population.creator}"
@@ -414,17 +460,23 @@ def wake_rounds(deployment: Deployment, syncers: Syncers, population: Population
             samples[on[client]].append((at - syncers.started) * 1000)
     after = [wakes_by_answer(url) for url in deployment.urls]
     answered = [{k: v - b.get(k, 0) for k, v in a.items()} for a, b in zip(after, before)]
-    return {"samples": samples, "parked_in": parked_in, "rss": rss, "answered": answered}
+    return {
+        "samples": samples,
+        "parked_in": parked_in,
+        "rss": rss,
+        "kb_each": kb_each,
+        "answered": answered,
+    }
 
 
 # --- the report ---------------------------------------------------------------------------
 
 
-def cpu_line(runs: list[dict]) -> str:
+def cpu_line(runs: list[dict], instances: int) -> str:
     cores = {k: statistics.median(r["cpu"][k] for r in runs) for k in runs[0]["cpu"]}
     return (
-        f"cores used: instances {cores['instances']:.2f}, PostgreSQL {cores['postgres']:.2f},"
-        f" load generator {cores['generator']:.2f}"
+        f"cores used: instances {cores['instances']:.2f} (of {instances} pinned), PostgreSQL"
+        f" {cores['postgres']:.2f}, load generator {cores['generator']:.2f}"
     )
 
 
@@ -439,8 +491,18 @@ def compare(name: str, key: str, one: list[dict], two: list[dict], target: float
         f" {ratio:.2f}x (rounds {ratios[0]:.2f}-{ratios[-1]:.2f}x), target >= {target}x:"
         f" {verdict}"
     )
-    print(f"  1 instance: {cpu_line(one)}")
-    print(f"  2 instances: {cpu_line(two)}")
+    print(f"  1 instance: {cpu_line(one, 1)}")
+    print(f"  2 instances: {cpu_line(two, 2)}")
+    # Work per core of the instances: what two would do with cores of their own.
+    per_core = statistics.median(
+        (b[key] / b["cpu"]["instances"]) / (a[key] / a["cpu"]["instances"])
+        for a, b in zip(one, two)
+    )
+    print(
+        f"  per instance core, 2 instances do {per_core:.0%} of what one does: with a core"
+        f" each, free of PostgreSQL and the load, they would reach {2 * per_core:.2f}x"
+        f" (derived, not measured)"
+    )
     return f"{name} {ratio:.2f}x (target >= {target}x): {verdict}"
 
 
@@ -455,7 +517,8 @@ def report_wakes(label: str, woken: dict, target_ms: float | None) -> str:
     print(
         f"{label}: parked in {woken['parked_in']:.0f} s, RSS "
         + " + ".join(f"{mb:.0f} MB" for mb in woken["rss"])
-        + f"; send -> woken: p50 {percentile(every, 50):.0f} ms, p99 {p99:.0f} ms,"
+        + f" ({woken['kb_each']:.0f} KB a parked sync); send -> woken:"
+        f" p50 {percentile(every, 50):.0f} ms, p99 {p99:.0f} ms,"
         f" max {max(every):.0f} ms ({len(every)} wake-ups){verdict}"
     )
     if len(woken["samples"]) > 1:
@@ -507,10 +570,13 @@ class Run:
         verdict = compare("mixed traffic", "rps", runs["1"], runs["2"], 1.5)
         for label, rounds in runs.items():
             median = {k: statistics.median(r[k] for r in rounds) for k in MIXED_FIGURES}
+            waits = {k: statistics.mean(r["lock_waits"].get(k, 0) for r in rounds) for k in LOCKS}
             print(
                 f"  {label}: sends and /messages {median['requests_rps']:.0f}/s (p99"
                 f" {median['p99']:.0f} ms), sync answers {median['sync_rps']:.0f}/s,"
-                f" messages delivered within the run {median['delivered']:.0%}"
+                f" messages delivered within the run {median['delivered']:.0%}; sessions"
+                " waiting on a lock, on average: "
+                + ", ".join(f"{n:.1f} for {kind}" for kind, n in waits.items())
             )
         return verdict
 
