@@ -9,21 +9,26 @@ docs/operations.md's sizing for 10 instances rests on.
    each a HomeserverRuntime on one shared database as an instance of W (so each write
    also NOTIFYs, as with `cluster.instances` > 1), send messages back to back into rooms of
    their own (`RoomService.send_message`, as `PUT /send` calls it; one greenlet per room).
-   Printed per W: events/s, the writers' and PostgreSQL's CPU per event, and how long each
-   write held the events stream's row (storage/streams.py: from `advance` to the commit,
-   every other writer of the stream waits meanwhile), with the statements run in that
-   time. A writer times its holds by wrapping `streams.advance`, `Tx.execute` and the
+   First one writer with one room (the hold with nothing else on its hub), then W writers
+   with `--rooms` each. Printed per run: events/s, the writers' and PostgreSQL's CPU per
+   event, and how long each write held the events stream's row (storage/streams.py: from
+   the answer to the `UPDATE` in `advance` to the commit's end; every other writer of the
+   stream waits meanwhile), with the round trips to PostgreSQL in that time. A writer times
+   its holds by wrapping `streams.advance`, `Tx.execute`, `Tx.executemany` and the
    database's `write` in its own process: a timer, nothing else changes. The row's busy
    share (holds' total over the wall time) says how near the cluster-wide ceiling, one
    writer at a time, the writes came.
 2. NOTIFY. pgbench (C, `--notify-clients` connections) commits transactions that update a
    row of their own, with and without a `pg_notify` on Weir's channel, while
    `--listeners` of Weir's own listeners (storage/announcements.py, a connection each)
-   listen in this process: transactions/s both ways, and the delay from each notifying
-   commit to a listener's hand-on, at full speed and paced at `--notify-rate`. PostgreSQL
+   listen in this process: transactions/s without a NOTIFY, with one and nobody
+   listening, and with one and the listeners, with the delay from each notification's
+   making to a listener's reading it and the listeners' CPU per notification, at full
+   speed and paced at `--notify-rate`. PostgreSQL
    serialises every notifying commit in the whole cluster (a lock held until the commit
    has ended, its WAL flush included), so the same runs are made with `fsync=on` (on a
-   second cluster, as production runs it) beside the suite's `fsync=off`.
+   second cluster, as production runs it) beside the suite's `fsync=off` (with
+   `--postgres`, on that cluster alone).
 3. Connections. One instance (`cluster.instances = 2`) after a burst of 50 concurrent
    syncs: its connections in pg_stat_activity, by application name.
 

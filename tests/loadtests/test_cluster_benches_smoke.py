@@ -41,7 +41,7 @@ def test_the_cluster_bench_prints_every_figure_beside_its_target(pg_cluster):
 def test_the_cluster_limits_print_writes_notify_and_connections(pg_cluster):
     out = run_module(
         "loadtests.cluster_limits",
-        *("--writers", "1", "--duration", "1", "--listeners", "2"),
+        *("--writers", "1", "--rooms", "1", "--duration", "1", "--listeners", "2"),
         *("--notify-clients", "2", "--notify-rate", "100", "--postgres", pg_cluster.url()),
     )
     assert re.search(r"1 writer\(s\) x 1 room\(s\): [1-9]\d* events/s", out)
