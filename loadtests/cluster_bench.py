@@ -615,7 +615,9 @@ class Run:
 
 def parse_args():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--connections", type=int, default=50, help="wrk's, per instance")
+    parser.add_argument(
+        "--connections", type=int, default=50, help="/versions: wrk's, spread over the instances"
+    )
     parser.add_argument("--duration", type=int, default=5, help="seconds per wrk run")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rooms", type=int, default=40, help="rooms of the mixed traffic")
