@@ -117,7 +117,7 @@ class Client:
                     admitted.release()
                     first = False
                 body = read_response(reader)
-                self.bench.woken(self, time.perf_counter())
+                self.bench.woken(self, time.perf_counter(), body)
                 self.since = json.loads(body)["next_batch"]
                 self.bench.may_park_again(self)
         finally:
@@ -139,6 +139,8 @@ def read_response(reader) -> bytes:
 class Bench:
     def __init__(self, server_url: str):
         self.server_url = server_url
+        # Where the syncs park: one server, or several instances of one.
+        self.server_urls = [server_url]
         self.expected: set = set()
         self.times: dict = {}
         self.all_woken = Event()
@@ -147,12 +149,13 @@ class Bench:
         # compete with their successors. False: the round's clients sync again only once
         # all of them are woken, which leaves the wake-up itself to be measured.
         self.park_at_once = True
+        self.started = 0.0  # when the last round's send began (perf_counter)
 
     def may_park_again(self, client: Client) -> None:
         if not self.park_at_once and client in self.expected:
             self.all_woken.wait()
 
-    def woken(self, client: Client, at: float) -> None:
+    def woken(self, client: Client, at: float, body: bytes = b"") -> None:
         if client in self.expected and client not in self.times:
             self.times[client] = at
             if len(self.times) == len(self.expected):
@@ -161,10 +164,14 @@ class Bench:
     def parking(self) -> tuple[int, int]:
         """(syncs registered, requests running in the main pool). A sync registers before
         it computes its first answer, and gives its work place back once parked."""
-        text = requests.get(self.server_url + "/metrics", timeout=30).text
-        waiters = re.search(r"^weir_sync_waiters (\S+)$", text, re.M)
-        running = re.search(r'^weir_pool_greenlets\{pool="main"\} (\S+)$', text, re.M)
-        return int(float(waiters.group(1))), int(float(running.group(1)))
+        parked = running = 0
+        for url in self.server_urls:
+            text = requests.get(url + "/metrics", timeout=30).text
+            waiters = re.search(r"^weir_sync_waiters (\S+)$", text, re.M)
+            busy = re.search(r'^weir_pool_greenlets\{pool="main"\} (\S+)$', text, re.M)
+            parked += int(float(waiters.group(1)))
+            running += int(float(busy.group(1)))
+        return parked, running
 
     def wait_parked(self, count: int, timeout: float = 600) -> None:
         """Until `count` syncs are parked and none is computing still: what is measured next
@@ -173,7 +180,7 @@ class Bench:
         deadline = time.monotonic() + timeout
         while True:
             parked, running = self.parking()
-            if parked >= count and running <= 1:
+            if parked >= count and running <= len(self.server_urls):
                 return
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{parked} of {count} syncs parked, {running} requests running")
@@ -183,7 +190,7 @@ class Bench:
         """Milliseconds from the start of `send()` to each of `clients` getting its
         response."""
         self.expected, self.times, self.all_woken = set(clients), {}, Event()
-        started = time.perf_counter()
+        started = self.started = time.perf_counter()
         send()
         self.send_ms.append((time.perf_counter() - started) * 1000)
         if not self.all_woken.wait(60):

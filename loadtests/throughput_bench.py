@@ -88,33 +88,50 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def wrk(url: str, connections: int, duration: int, token: str | None, pid: int) -> dict:
-    command = [
-        "taskset",
-        "-c",
-        CLIENT_CORE,
-        "wrk",
-        "-t1",
-        f"-c{connections}",
-        f"-d{duration}s",
-        "--latency",
-    ]
+def wrk_command(
+    url: str,
+    connections: int,
+    duration: int,
+    token: str | None = None,
+    cores: str = CLIENT_CORE,
+    script: tuple[str, ...] = (),
+) -> list[str]:
+    """wrk on `cores`, one thread; `script`: a Lua file and the arguments it is given."""
+    command = ["taskset", "-c", cores, "wrk", "-t1", f"-c{connections}", f"-d{duration}s"]
+    command += ["--latency", "--timeout", "30s"]  # a slower answer than wrk's 2 s is counted
     if token:
         command += ["-H", f"Authorization: Bearer {token}"]
-    cpu_before = cpu_seconds(pid)
-    out = subprocess.run([*command, url], capture_output=True, text=True, check=True).stdout
-    cpu = cpu_seconds(pid) - cpu_before
-    latency = dict(re.findall(r"^\s+(50|99)%\s+([\d.]+\w+)$", out, re.M))
+    if script:
+        command += ["-s", script[0], url, "--", *script[1:]]
+    else:
+        command.append(url)
+    return command
+
+
+def parse_wrk(out: str, url: str) -> dict:
+    """Requests done, req/s, p50 and p99 in ms, from wrk's report; error answers raise."""
+    latency = dict(re.findall(r"^\s+(50|99)%\s+([\d.]+\w+)\s*$", out, re.M))
     non_2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     if non_2xx:
         raise RuntimeError(f"{url}: {non_2xx.group(1)} error responses")
-    requests_done = int(re.search(r"(\d+) requests in", out).group(1))
+    socket_errors = re.search(r"Socket errors: (.*)$", out, re.M)
+    if socket_errors:
+        raise RuntimeError(f"{url}: socket errors: {socket_errors.group(1)}")
     return {
-        "cpu_us": cpu / requests_done * 1e6,
+        "requests": int(re.search(r"(\d+) requests in", out).group(1)),
         "rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
         "p50": _ms(latency["50"]),
         "p99": _ms(latency["99"]),
     }
+
+
+def wrk(url: str, connections: int, duration: int, token: str | None, pid: int) -> dict:
+    cpu_before = cpu_seconds(pid)
+    command = wrk_command(url, connections, duration, token)
+    out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    cpu = cpu_seconds(pid) - cpu_before
+    result = parse_wrk(out, url)
+    return {**result, "cpu_us": cpu / result["requests"] * 1e6}
 
 
 def _ms(text: str) -> float:

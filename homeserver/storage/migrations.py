@@ -51,11 +51,19 @@ def _statements(path: str, dialect: str) -> list[str]:
     return [s.strip() for s in text.split(";") if s.strip()]
 
 
+def _one_at_a_time(tx) -> None:
+    """Instances starting together on one PostgreSQL would each apply a migration the
+    other is applying: each transaction here waits for the others' commits first."""
+    if tx.dialect == "postgres":
+        tx.execute("SELECT pg_advisory_xact_lock(hashtext('weir schema migrations'))")
+
+
 def migrate(db: Database, until: int | None = None) -> int:
     """Applies every migration not yet applied (up to `until`, for a test that needs an
     older schema); returns the schema version."""
 
     def current(tx) -> set[int]:
+        _one_at_a_time(tx)
         tx.execute(
             "CREATE TABLE IF NOT EXISTS schema_version ("
             " version INTEGER PRIMARY KEY, name TEXT NOT NULL)"
@@ -71,14 +79,18 @@ def migrate(db: Database, until: int | None = None) -> int:
         statements = _statements(path, db.dialect)
         step = STEPS.get(number)
 
-        def apply(tx):
+        def apply(tx) -> bool:
+            _one_at_a_time(tx)
+            if tx.fetchone("SELECT 1 FROM schema_version WHERE version = ?", (number,)):
+                return False  # another instance applied it meanwhile
             for sql in statements:
                 tx.execute(sql)
             if step is not None:
                 step(tx)
             tx.execute("INSERT INTO schema_version (version, name) VALUES (?, ?)", (number, name))
+            return True
 
-        db.write(apply)
-        log.info("applied schema migration %04d_%s", number, name)
+        if db.write(apply):
+            log.info("applied schema migration %04d_%s", number, name)
         version = number
     return version

@@ -30,8 +30,11 @@ def _free_port() -> int:
 
 
 class PostgresCluster:
-    def __init__(self, bindir: str):
+    def __init__(self, bindir: str, settings: dict[str, str] | None = None):
+        """`settings`: server settings over the defaults below (a bench that wants
+        `fsync=on`, as in production)."""
         self.bindir = bindir
+        self.settings = settings or {}
         self.port = _free_port()
         self.dir = tempfile.mkdtemp(prefix="weir-pg-")
         self.run_as = None
@@ -68,6 +71,7 @@ class PostgresCluster:
             f"-c listen_addresses=127.0.0.1 -c port={self.port} -c unix_socket_directories="
             f"{self.dir} -c fsync=off -c max_connections=300"
         )
+        opts += "".join(f" -c {name}={value}" for name, value in self.settings.items())
         subprocess.run(
             self._cmd(
                 "pg_ctl",
