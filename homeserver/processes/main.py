@@ -102,14 +102,7 @@ def _listen_to_instances(config: Config, runtime: HomeserverRuntime) -> list[Cal
     return [announcements.stop]
 
 
-def _serve(config: Config, config_path: str) -> int:
-    raise_open_files_limit(config.server.http.max_connections)
-    runtime = HomeserverRuntime(config, pools=True)
-    runtime.build_all()
-    stop_listening = _listen_to_instances(config, runtime)
-    # With worker shards, they serve federation and main the client API.
-    shards = FederationShards(runtime, config_path) if config.federation.worker.shards else None
-    server = HomeserverServer(runtime, listeners=(CLIENT,) if shards else (CLIENT, FEDERATION))
+def _tune_collector(runtime: HomeserverRuntime) -> None:
     # What exists now (modules, the apps, the runtime) lives as long as the process: keep it
     # out of the collector's full passes, whose cost grows with every waiting connection.
     gc.freeze()
@@ -119,6 +112,29 @@ def _serve(config: Config, config_path: str) -> int:
     # (loadtests/waiting_bench.py): the wake's p50 1.6 s -> 1.1 s, p99 2.5 s -> 1.7 s.
     gc.set_threshold(GC_THRESHOLD, 10, 10)
     watch_pauses(lambda generation, s: runtime.metrics.gc_pauses.labels(generation).observe(s))
+
+
+def _start_senders(runtime: HomeserverRuntime) -> None:
+    """Main alone sends to other servers, appservices and push gateways; shards only
+    receive. Main also resumes the inbound transactions it staged (shards relay to it)."""
+    runtime.federation_sender.start()
+    runtime.appservice_sender.start()
+    runtime.push_sender.start()
+    runtime.presence.start()
+    inbound = runtime.inbound_transactions
+    if isinstance(inbound, TransactionProcessor):
+        inbound.resume()
+
+
+def _serve(config: Config, config_path: str) -> int:
+    raise_open_files_limit(config.server.http.max_connections)
+    runtime = HomeserverRuntime(config, pools=True)
+    runtime.build_all()
+    stop_listening = _listen_to_instances(config, runtime)
+    # With worker shards, they serve federation and main the client API.
+    shards = FederationShards(runtime, config_path) if config.federation.worker.shards else None
+    server = HomeserverServer(runtime, listeners=(CLIENT,) if shards else (CLIENT, FEDERATION))
+    _tune_collector(runtime)
     try:
         server.start()
     except RuntimeError as e:
@@ -135,14 +151,7 @@ def _serve(config: Config, config_path: str) -> int:
         stop.set()
         federation_url = None
     if federation_url:
-        # Main alone sends to other servers; shards only receive.
-        runtime.federation_sender.start()
-        runtime.appservice_sender.start()
-        runtime.push_sender.start()
-        runtime.presence.start()
-        inbound = runtime.inbound_transactions
-        if isinstance(inbound, TransactionProcessor):  # main's, always: shards relay to it
-            inbound.resume()
+        _start_senders(runtime)
         # One parseable line: tests and scripts wait for it instead of polling.
         print(f"weir ready client={server.client_url} federation={federation_url}", flush=True)
         log.info(
