@@ -224,7 +224,7 @@ class FederationSender:
         happened `here`: so one instance sends it to each, and none queues what it may not
         send (a lease held elsewhere is never freed while its holder keeps sending)."""
         names = [name for name in destinations if name != self.server_name]
-        holders = self.store.lease_holders(names, now_ms()) if names else {}
+        holders = self.leases.holders(names)
         unheld = self.leases.owner if here else None
         self.send_edu(
             [n for n in names if holders.get(n, unheld) == self.leases.owner], edu_type, content

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from homeserver.storage.database import Database
+from homeserver.storage.database import Database, in_lists
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +118,26 @@ class QueueLeases:
         if held is None:
             return Claim(None)
         return Claim(held[:-1], lapses_in=max(0.0, held[-1] / 1000))
+
+    def holders(self, names: list[str]) -> dict[str, str]:
+        """{name: the instance holding its lease now} of those whose lease is held, for a
+        table keyed by one column; lapses on the database's clock, as claims count them."""
+
+        def read(tx) -> dict[str, str]:
+            found: dict[str, str] = {}
+            column, now = self.table.keys[0], _NOW[tx.dialect]
+            for chunk, marks in in_lists(names):
+                found.update(
+                    tx.fetchall(
+                        f"SELECT {column}, lease_owner FROM {self.table.name}"
+                        f" WHERE {column} IN ({marks}) AND lease_owner IS NOT NULL"
+                        f" AND lease_until_ms >= {now}",
+                        tuple(chunk),
+                    )
+                )
+            return found
+
+        return self.db.read(read) if names else {}
 
     def covers(self, key: tuple, call_seconds: float) -> bool:
         """Whether this instance surely holds `key` through a call starting now."""

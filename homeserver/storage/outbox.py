@@ -303,24 +303,6 @@ class OutboxStore:
         )
         return [row[0] for row in rows]
 
-    def lease_holders(self, destinations: list[str], now_ms: int) -> dict[str, str]:
-        """{destination: the instance holding its lease} of those whose lease is held."""
-
-        def read(tx) -> dict[str, str]:
-            found: dict[str, str] = {}
-            for chunk, marks in in_lists(destinations):
-                found.update(
-                    tx.fetchall(
-                        "SELECT destination, lease_owner FROM federation_destinations"
-                        f" WHERE destination IN ({marks}) AND lease_owner IS NOT NULL"
-                        " AND lease_until_ms >= ?",
-                        (*chunk, now_ms),
-                    )
-                )
-            return found
-
-        return self.db.read(read)
-
     def set_retry(self, destination: str, interval_ms: int, retry_at_ms: int) -> None:
         self.db.write(
             lambda tx: tx.execute(
