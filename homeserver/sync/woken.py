@@ -208,7 +208,7 @@ def answers_from_events(sync_filter: SyncFilter, full_state: bool, state_after: 
 # when the filter lazy-loads members (RoomEntries.lazy_members).
 LazyMembers = Callable[[Requester, SyncFilter, str, list[StoredEvent], int], list[dict]]
 # (user_id, room IDs, by thread) -> {room_id: the unread count fields of its entry}
-# (notifications.py): each user's own, so read for each answer.
+# (notifications.py, GatheredUnread): each user's own, read together for syncs woken together.
 UnreadCounts = Callable[[str, list[str], bool], dict[str, dict]]
 
 
