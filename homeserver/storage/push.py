@@ -247,24 +247,31 @@ class PushStore:
     def unread_counts(self, user_id: str, room_ids: list[str]) -> dict[str, dict]:
         """{room_id: {thread_id: (notifications, highlights)}} after the user's read
         receipts: an unthreaded one covers every thread, a threaded one its thread."""
+        return self.unread_counts_of([user_id], room_ids).get(user_id, {})
+
+    def unread_counts_of(self, user_ids: list[str], room_ids: list[str]) -> dict[str, dict]:
+        """`unread_counts` of several users at once: {user_id: {room_id: {thread_id: ...}}},
+        for every pair of those users and rooms that has any."""
         found: dict[str, dict] = {}
 
         def read(tx) -> None:
-            for chunk, marks in in_lists(room_ids):
-                for room_id, thread_id, count, highlights in tx.fetchall(
-                    "SELECT a.room_id, a.thread_id, COUNT(*), SUM(a.highlight)"
-                    " FROM event_push_actions a WHERE a.user_id = ?"
-                    f" AND a.room_id IN ({marks}) AND a.stream_ordering > COALESCE(("
-                    " SELECT MAX(r.event_stream_ordering) FROM receipts r"
-                    " WHERE r.room_id = a.room_id AND r.user_id = a.user_id"
-                    " AND r.receipt_type IN (?, ?)"
-                    " AND (r.thread_id = '' OR r.thread_id = a.thread_id)), 0)"
-                    " GROUP BY a.room_id, a.thread_id",
-                    (user_id, *chunk, *READ_RECEIPTS),
-                ):
-                    found.setdefault(room_id, {})[thread_id] = (int(count), int(highlights))
+            for users, user_marks in in_lists(user_ids):
+                for rooms, room_marks in in_lists(room_ids):
+                    for user_id, room_id, thread_id, count, highlights in tx.fetchall(
+                        "SELECT a.user_id, a.room_id, a.thread_id, COUNT(*), SUM(a.highlight)"
+                        f" FROM event_push_actions a WHERE a.user_id IN ({user_marks})"
+                        f" AND a.room_id IN ({room_marks}) AND a.stream_ordering > COALESCE(("
+                        " SELECT MAX(r.event_stream_ordering) FROM receipts r"
+                        " WHERE r.room_id = a.room_id AND r.user_id = a.user_id"
+                        " AND r.receipt_type IN (?, ?)"
+                        " AND (r.thread_id = '' OR r.thread_id = a.thread_id)), 0)"
+                        " GROUP BY a.user_id, a.room_id, a.thread_id",
+                        (*users, *rooms, *READ_RECEIPTS),
+                    ):
+                        by_room = found.setdefault(user_id, {}).setdefault(room_id, {})
+                        by_room[thread_id] = (int(count), int(highlights))
 
-        if room_ids:
+        if user_ids and room_ids:
             self.db.read(read)
         return found
 

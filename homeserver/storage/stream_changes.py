@@ -1,5 +1,5 @@
-"""What other instances wrote between two positions of a stream: who it concerns, read by
-position when their NOTIFY arrives (sync/cluster.py), never carried in the notification.
+"""What other instances wrote between two positions of a stream, and who it concerns, read
+by position when their NOTIFY arrives (sync/cluster.py), never carried in the notification.
 
 Receipts and account data keep one row per key, moved to the newest position, so a range
 finds the rows last written in it: each is someone to wake, which is all a wake needs.
@@ -7,17 +7,21 @@ finds the rows last written in it: each is someone to wake, which is all a wake 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 from homeserver.storage.database import Database
+from homeserver.storage.parsed_events import PARSED
+from homeserver.storage.rooms import StoredEvent
 
 RECEIPTS_PRIVATE = "m.read.private"
 
 
 @dataclass
 class RoomChanges:
-    """Events stored in a range: per room, the users its member events are about."""
+    """Events stored in a range, and per room the users its member events are about."""
 
+    stored: list[StoredEvent] = field(default_factory=list)  # oldest first
     rooms: dict[str, set[str]] = field(default_factory=dict)
     state_changed: set[str] = field(default_factory=set)  # rooms with a state event
     invited: set[str] = field(default_factory=set)  # invites and knocks kept out of rooms
@@ -30,17 +34,21 @@ class StreamChanges:
     def room_events(self, after: int, upto: int) -> RoomChanges:
         def read(tx) -> RoomChanges:
             changes = RoomChanges()
-            for room_id, event_type, state_key, soft_failed in tx.fetchall(
-                "SELECT room_id, type, state_key, soft_failed FROM events"
+            for position, event_id, text, unsigned, soft_failed in tx.fetchall(
+                "SELECT stream_ordering, event_id, json, unsigned, soft_failed FROM events"
                 " WHERE stream_ordering > ? AND stream_ordering <= ? AND outlier = 0"
                 " ORDER BY stream_ordering",
                 (after, upto),
             ):
-                targets = changes.rooms.setdefault(room_id, set())
-                if state_key is not None and not soft_failed:
-                    changes.state_changed.add(room_id)
-                if event_type == "m.room.member" and state_key is not None:
-                    targets.add(state_key)
+                event = PARSED.event(event_id, text)
+                changes.stored.append(
+                    StoredEvent(event, position, json.loads(unsigned or "{}"), bool(soft_failed))
+                )
+                targets = changes.rooms.setdefault(event.room_id, set())
+                if event.state_key is not None and not soft_failed:
+                    changes.state_changed.add(event.room_id)
+                if event.type == "m.room.member" and event.state_key is not None:
+                    targets.add(event.state_key)
             # Invites from other servers take positions of the events stream too.
             changes.invited.update(
                 user_id

@@ -5,10 +5,10 @@ announced; the rows between the last position this instance knew and it say whom
 (storage/stream_changes.py), as the local write's own call to the notifier would have:
 
 - events: each room's joined members and the users its member events are about, without
-  `recompute`, as the rooms' persist listener does. Those events are not in this
-  instance's `RecentEvents`, only their newest position is, so a woken sync finds a gap
-  there and reads the database (sync/woken.py): nothing answers from memory that another
-  instance wrote. Invites from other servers (the same stream) wake the invited user.
+  `recompute`, as the rooms' persist listener does. The events are read once, whole, and
+  added to this instance's `RecentEvents` before anyone is woken, so a wake-up here is
+  answered from memory as on the instance that wrote them (sync/woken.py). Invites from
+  other servers (the same stream) wake the invited user.
 - receipts: the room's members (a private receipt: its owner).
 - account data and to-device messages: their owner.
 - device lists and presence: everyone sharing a room with the user.
@@ -30,6 +30,7 @@ from typing import Callable, Iterable
 from homeserver.storage.cluster_memory import TOKENS_STREAM, TYPING_STREAM
 from homeserver.storage.stream_changes import PER_USER_STREAMS, StreamChanges
 from homeserver.sync.notifier import Notifier
+from homeserver.sync.woken import RECENT_EVENTS
 
 SHARED_WITH_ROOMS = frozenset({"device_lists", "presence"})
 
@@ -103,11 +104,18 @@ class ClusterWakes:
             self._wake(stream, after, upto)
 
     def _room_events(self, after: int, upto: int) -> None:
+        # By pages of what RecentEvents keeps: a long range (an instance that was busy or
+        # paused) is never held whole in memory.
+        for start in range(after, upto, RECENT_EVENTS):
+            self._room_events_page(start, min(start + RECENT_EVENTS, upto))
+
+    def _room_events_page(self, after: int, upto: int) -> None:
         changes = self._changes.room_events(after, upto)
+        notifier = self._notifier
+        notifier.recent.add(changes.stored)
         for room_id in changes.state_changed:
             self._kept.forget_room(room_id)
-        if self._notifier.waiting():
-            notifier = self._notifier
+        if notifier.waiting():
             for room_id, targets in changes.rooms.items():
                 notifier.notify_room(room_id, targets, recompute=False)
             notifier.notify_users(changes.invited)

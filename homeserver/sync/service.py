@@ -30,7 +30,7 @@ from homeserver.rooms.history import RoomHistory
 from homeserver.rooms.service import RoomService
 from homeserver.storage.sync import SyncSnapshot, SyncStore
 from homeserver.sync.filters import Filters
-from homeserver.sync.notifications import Notifications
+from homeserver.sync.notifications import GatheredUnread, Notifications
 from homeserver.sync.notifier import Notifier, Waiter
 from homeserver.sync.out_of_room import out_of_room
 from homeserver.sync.presence import PresenceService
@@ -151,7 +151,7 @@ class SyncService:
         self.ruleset = ruleset  # the user's push rules (push_ruleset.py)
         self.notifications = notifications  # unread counts, when push actions are kept
         self.entries = RoomEntries(rooms, history)
-        unread = notifications.unread_fields if notifications else None
+        unread = GatheredUnread(notifications.store) if notifications else None
         self.woken = WokenAnswers(notifier.recent, e2ee, self.entries.lazy_members, unread)
         self.on_wake = on_wake  # "recent_events" or "database", for each woken sync
 

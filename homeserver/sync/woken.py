@@ -74,7 +74,8 @@ _ANSWER = object_text(
 
 
 class RecentEvents:
-    """The events stream's latest positions, as the persist listener heard of them. A
+    """The events stream's latest positions: this instance's as the persist listener heard
+    of them, other instances' as read when their NOTIFY arrived (sync/cluster.py). A
     redaction forgets its target (its content must not be served again), which leaves a gap
     that sends syncs reaching back over it to the database."""
 
@@ -90,6 +91,8 @@ class RecentEvents:
 
     def add(self, stored: list[StoredEvent]) -> None:
         for s in stored:
+            if s.stream_ordering in self._events:  # ours, read again with others' range
+                continue
             if s.event.type == REDACTION:
                 self._forget_targets_of(s)
             self._events[s.stream_ordering] = s
@@ -104,9 +107,10 @@ class RecentEvents:
                 self._position_of.pop(gone.event.event_id, None)
 
     def stored_elsewhere(self, position: int) -> None:
-        """Another instance stored events up to `position` (sync/cluster.py): a run
-        reaching over them is not known here, so a sync past them reads the database, and
-        one before them never takes an empty run for "nothing new"."""
+        """Another instance stored events up to `position` (sync/cluster.py), not read yet:
+        until `add` has them, a run reaching over them is not known here, so a sync past
+        them reads the database, and one before them never takes an empty run for "nothing
+        new"."""
         self.newest = max(self.newest, position)
 
     def after(self, position: int) -> list[StoredEvent] | None:
@@ -204,7 +208,7 @@ def answers_from_events(sync_filter: SyncFilter, full_state: bool, state_after: 
 # when the filter lazy-loads members (RoomEntries.lazy_members).
 LazyMembers = Callable[[Requester, SyncFilter, str, list[StoredEvent], int], list[dict]]
 # (user_id, room IDs, by thread) -> {room_id: the unread count fields of its entry}
-# (notifications.py): each user's own, so read for each answer.
+# (notifications.py, GatheredUnread): each user's own, read together for syncs woken together.
 UnreadCounts = Callable[[str, list[str], bool], dict[str, dict]]
 
 

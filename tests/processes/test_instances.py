@@ -1,6 +1,6 @@
 """Several Weir instances on one PostgreSQL, as real processes: another instance's message
-wakes a parked /sync (after a lost listening connection too), tokens travel between
-instances, concurrent writes through both reach every sync once and in order, a join
+wakes a parked /sync, answered from memory (after a lost listening connection too), tokens
+travel between instances, concurrent writes through both reach every sync once and in order, a join
 elsewhere reaches push rules, one instance at a time sends to a destination (and resends
 the transaction a killed holder left unanswered, same ID); and the
 refusals: SQLite with several instances or a second process on one SQLite file, and a
@@ -106,6 +106,10 @@ def test_a_message_through_one_instance_wakes_a_sync_parked_on_the_other(two_ins
     assert time.monotonic() - started < 10
     assert [e["event_id"] for e in timeline(answer, room_id)] == [event_id]
     assert metric(b.client_url, "weir_cluster_wakes_total") >= 1
+    # B read a's event once, and the woken sync answered from memory, as on a.
+    wakes = "weir_sync_wakes_total"
+    assert metric(b.client_url, wakes, answered_from="recent_events") == 1
+    assert metric(b.client_url, wakes, answered_from="database") == 0
     # A's token works on B and the other way round: the same positions.
     from_a = sync(a, bob.token)["next_batch"]
     assert timeline(sync(b, bob.token, from_a), room_id) == []

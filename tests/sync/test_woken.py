@@ -294,3 +294,40 @@ def test_key_counts_are_read_again_only_after_a_key_write(runtime):
     store.keys_written_elsewhere = True  # federation shards claim keys in other processes
     answer, _, wakes = room.parked_answer(lambda: room.send(room.bob))
     assert wakes["recent_events"] == 1 and len(reads) == 2
+
+
+def test_syncs_woken_together_read_their_unread_counts_at_once(runtime):
+    room = Room(runtime)
+    carol = room._user("carol")
+    runtime.rooms.update_membership(carol.user_id, room.room_id, carol.user_id, "join")
+    sync, users = runtime.sync, [room.alice, carol]
+    before = room.send(room.bob, body="before")
+    # carol read it: her count starts again, alice's does not.
+    runtime.receipts.send(carol, room.room_id, "m.read", before)
+    since = [sync.sync(u, None, 0, False, None)["next_batch"] for u in users]
+    gathered = sync.woken.unread
+    parked = [gevent.spawn(sync.sync, u, s, 30_000, False, None) for u, s in zip(users, since)]
+    with gevent.Timeout(10):
+        while runtime.notifier.waiting() < 2:
+            gevent.sleep(0.01)
+    reads = gathered.reads
+    room.send(room.bob, body="after")
+    answers = [decoded(g.get(timeout=10)) for g in parked]
+    assert gathered.reads == reads + 1
+    found = [a["rooms"]["join"][room.room_id]["unread_notifications"] for a in answers]
+    assert [c["notification_count"] for c in found] == [2, 1]
+    for user, since_token, count in zip(users, since, found):
+        whole = sync.sync(user, since_token, 0, False, None)
+        assert whole["rooms"]["join"][room.room_id]["unread_notifications"] == count
+
+
+def test_a_gathered_read_whose_first_asker_is_hung_up_on_still_answers_the_others(runtime):
+    room = Room(runtime)
+    room.send(room.bob, body="unread")
+    gathered = runtime.sync.woken.unread
+    first = gevent.spawn(gathered, room.bob.user_id, [room.room_id], False)
+    second = gevent.spawn(gathered, room.alice.user_id, [room.room_id], False)
+    gevent.sleep(0)  # both asked; the first waits its turn
+    first.kill()
+    counts = second.get(timeout=10)
+    assert counts[room.room_id]["unread_notifications"]["notification_count"] == 1
