@@ -246,7 +246,7 @@ class RoomStore(RoomMembers):
         # All that needs no position first: from `advance` to the commit, every other
         # writer of events in the cluster waits (storage/streams.py).
         batch = _Batch(answer.group if answer is not None else None)
-        ready = [self._prepare_event(tx, event, res, received, batch) for event in events]
+        ready = [RoomStore._prepare_event(tx, e, res, received, batch) for e in events]
         if txn is not None:
             tx.execute(
                 "INSERT INTO event_txn_ids (user_id, device_id, room_id, event_type,"
@@ -270,7 +270,8 @@ class RoomStore(RoomMembers):
             write(tx)
         return stored
 
-    def _prepare_event(self, tx, event: Event, res: ResolvedPersist, received, batch) -> _Ready:
+    @staticmethod
+    def _prepare_event(tx, event: Event, res: ResolvedPersist, received: bool, batch: _Batch):
         """An event's rows that need no stream position: its state, the room's extremities
         and current state, and what its replacing a state event changes."""
         room_id = event.room_id

@@ -2,14 +2,16 @@
 
 `advance` must run inside the write transaction that stores what the positions are for: the
 row it updates stays locked until that transaction commits, so positions become visible in
-order on both engines (see 0003_rooms.sql).
+order on both engines (see 0003_rooms.sql). It should come as late in that transaction as
+it can: every statement after it is time every other writer of the stream waits
+(storage/rooms.py writes all that needs no position first).
 
 With several instances on one PostgreSQL, the same row lock orders them all: a writer of a
 stream waits for the previous one to commit, so positions are committed in order
 cluster-wide. `advance` then also queues a NOTIFY on `CHANNEL` with the stream and its new
-position, which PostgreSQL delivers only at commit, in commit order, and never for a
-rolled-back write (storage/announcements.py listens; docs/architecture.md, "Several
-instances").
+position, in the `UPDATE`'s own statement, which PostgreSQL delivers only at commit, in
+commit order, and never for a rolled-back write (storage/announcements.py listens;
+docs/architecture.md, "Several instances").
 """
 
 from __future__ import annotations
