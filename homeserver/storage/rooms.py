@@ -125,8 +125,7 @@ class _Batch:
 
 @dataclass
 class _Ready:
-    """An event whose rows that need no position are written, and what it writes at its
-    position."""
+    """An event whose rows that need no position are written; what it writes at its own."""
 
     event: Event
     unsigned: dict
@@ -190,13 +189,16 @@ class RoomStore(RoomMembers):
         txn: TxnKey | None = None,
         now_ms: int = 0,
         extra_writes: Iterable[Callable] = (),
+        first_writes: Iterable[Callable] = (),
         received: bool = False,
         send_to: Iterable[str] = (),
         resolved: ResolvedPersist | None = None,
     ) -> list[StoredEvent]:
         """Stores `events` (in order, one room) in one transaction, with their effects on
         current state, stats and extremities. `extra_writes` are `fn(tx)` run in the same
-        transaction (an alias and a directory entry for a new room). Raises
+        transaction once the events are stored (an alias and a directory entry for a new
+        room); `first_writes` too, but before the events take their stream positions, with
+        only their state, extremities and current state written. Raises
         `StaleExtremities` if one of the first event's prev_events is no longer a forward
         extremity of the room, and the engine's unique violation if `txn` was already used
         (or, for a `received` event, if the event is already stored). A `received` event
@@ -214,12 +216,13 @@ class RoomStore(RoomMembers):
             txn,
             now_ms,
             list(extra_writes),
+            list(first_writes),
             received,
             set(send_to),
             resolved or ResolvedPersist(),
         )
 
-    def _persist(self, tx, events, new_room, txn, now_ms, extra_writes, received, send_to, res):
+    def _persist(self, tx, events, new_room, txn, now_ms, extra, first, received, send_to, res):
         room_id = events[0].room_id
         _one_writer_per_room(tx, room_id)
         if new_room is not None:
@@ -253,6 +256,8 @@ class RoomStore(RoomMembers):
                 " txn_id, event_id, created_ts) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (*astuple(txn), events[-1].event_id, now_ms),
             )
+        for write in first:
+            write(tx)
         last = streams.advance(tx, EVENTS_STREAM, len(events))
         if answer is not None:
             event_state.place_current(tx, room_id, last - 1, answer.group, replace=True)
@@ -266,7 +271,7 @@ class RoomStore(RoomMembers):
         outbox.queue_pdus(
             tx, send_to, [(s.stream_ordering, s.event.event_id, room_id) for s in stored]
         )
-        for write in extra_writes:
+        for write in extra:
             write(tx)
         return stored
 
