@@ -258,12 +258,12 @@ class RoomStore(RoomMembers):
             )
         for write in first:
             write(tx)
+        auth_chains.index_events(tx, events)  # its stream's row first, as history.py takes it
         last = streams.advance(tx, EVENTS_STREAM, len(events))
         if answer is not None:
             event_state.place_current(tx, room_id, last - 1, answer.group, replace=True)
-        first = last - len(events) + 1
-        stored = [r.insert(tx, position) for position, r in enumerate(ready, start=first)]
-        auth_chains.index_events(tx, events)
+        start = last - len(events) + 1
+        stored = [r.insert(tx, position) for position, r in enumerate(ready, start=start)]
         if res.decides_current:
             position = stored[-1].stream_ordering
             whole, change = res.current, res.current_change
