@@ -3,7 +3,7 @@ docs/operations.md's sizing for 10 instances rests on.
 
     .venv/bin/python -m loadtests.cluster_limits [--writers 1,2,4] [--rooms 8]
         [--duration 5] [--listeners 10] [--notify-clients 8] [--notify-rate 1000]
-        [--postgres URL]
+        [--postgres URL] [--writes-only]
 
 1. Events through Weir's write path. W writer processes (this module with `--writer`),
    each a HomeserverRuntime on one shared database as an instance of W (so each write
@@ -279,12 +279,12 @@ class HeardListener(StreamAnnouncements):
         self.heard = 0
         self.delays = delays
 
-    def _note(self, payload: str) -> None:
+    def _note(self, channel: str, payload: str) -> None:
         self.heard += 1
         sent_us = payload.rsplit(" ", 1)[-1]
         if payload.startswith("pgbench ") and sent_us.isdigit():
             self.delays.append(time.time() * 1000 - int(sent_us) / 1000)
-        super()._note(payload)
+        super()._note(channel, payload)
 
 
 def pgbench(url: str, script: str, clients: int, duration: int, rate: int = 0) -> float:
@@ -409,6 +409,7 @@ def parse_args():
     parser.add_argument("--notify-clients", type=int, default=8)
     parser.add_argument("--notify-rate", type=int, default=1000)
     parser.add_argument("--postgres", help="a superuser URL of a PostgreSQL on this machine")
+    parser.add_argument("--writes-only", action="store_true", help="part 1 alone")
     # One writer process (internal).
     parser.add_argument("--writer", help=argparse.SUPPRESS)
     parser.add_argument("--database", help=argparse.SUPPRESS)
@@ -429,7 +430,8 @@ def main() -> int:
         else:
             bindir = find_pg_bin() or ""
             clusters = [PostgresCluster(bindir).start()]
-            clusters.append(PostgresCluster(bindir, {"fsync": "on"}).start())
+            if not args.writes_only:
+                clusters.append(PostgresCluster(bindir, {"fsync": "on"}).start())
             admins = [c.url() for c in clusters]
         print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
         databases = Databases(admins[0])
@@ -437,13 +439,14 @@ def main() -> int:
         # First the hold alone: one writer, one room, nothing else on its hub.
         shapes = list(dict.fromkeys([(1, 1)] + [(n, args.rooms) for n in counts]))
         report_writes([write_run(databases, directory, n, r, args) for n, r in shapes])
-        report_notify([notify_runs(Databases(a), directory, args) for a in admins], args)
-        found = connections(databases, directory)
-        print(
-            "connections of one instance after a burst: "
-            + ", ".join(f"{name} {n}" for name, n in found.items())
-            + f"; {sum(found.values())} in all"
-        )
+        if not args.writes_only:
+            report_notify([notify_runs(Databases(a), directory, args) for a in admins], args)
+            found = connections(databases, directory)
+            print(
+                "connections of one instance after a burst: "
+                + ", ".join(f"{name} {n}" for name, n in found.items())
+                + f"; {sum(found.values())} in all"
+            )
         print(f"load average at the end {os.getloadavg()[0]:.1f}")
     finally:
         for cluster in clusters:

@@ -27,7 +27,6 @@ that did not apply, still shows the target as this server serves it).
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable
 
 from homeserver.core.errors import bad_json, forbidden, not_found
 from homeserver.core.events import Event
@@ -128,44 +127,56 @@ def _check_may_redact(
 # --- applying, as events are stored -----------------------------------------------------
 
 
-def redaction_write(events: list[Event], now_ms: int, applied: dict | None = None) -> Callable:
-    """A write (for the persist transaction, after the events are in) that records the
-    redactions among `events` and applies every redaction that now has its target: those
-    among `events`, and earlier ones naming one of `events`. `applied` gets
+class RedactionWrites:
+    """Two writes for the persist transaction of `events`. `record`, before the events take
+    their stream positions (storage/streams.py: every other writer waits from then to the
+    commit), records the redactions among them and looks for a recorded redaction naming
+    one of them or of their targets. `apply`, once the events are in, applies every
+    redaction that now has its target: those among `events`, and earlier ones naming one of
+    `events`; it reads nothing when `record` found none. `applied` gets
     {event_id: (redacted PDU, unsigned)} for every event it redacted."""
 
-    store = RedactionStore
+    def __init__(self, events: list[Event], now_ms: int, applied: dict | None = None):
+        self.events = events
+        self.now_ms = now_ms
+        self.applied = applied
+        self.room_id = events[0].room_id
+        self.targets = [e.event_id for e in events]
+        self.named = True  # until `record` looked
+        self._version: RoomVersion | None = None
 
-    def write(tx) -> None:
-        room_id = events[0].room_id
-        versions: list[RoomVersion] = []
+    def version(self, tx) -> RoomVersion:
+        if self._version is None:
+            self._version = KNOWN_ROOM_VERSIONS[RedactionStore.room_version(tx, self.room_id)]
+        return self._version
 
-        def version() -> RoomVersion:
-            if not versions:
-                versions.append(KNOWN_ROOM_VERSIONS[store.room_version(tx, room_id)])
-            return versions[0]
+    def record(self, tx) -> None:
+        for event in self.events:
+            if event.type == REDACTION and (target := redacts_of(self.version(tx), event)):
+                by_power = _by_power(tx, self.version(tx), event)
+                RedactionStore.record(tx, event, target, by_power)
+                self.targets.append(target)
+        self.named = RedactionStore.names_any(tx, self.room_id, self.targets)
 
-        targets = [e.event_id for e in events]
-        for event in events:
-            if event.type == REDACTION and (target := redacts_of(version(), event)):
-                store.record(tx, event, target, _by_power(tx, version(), event))
-                targets.append(target)
+    def apply(self, tx) -> None:
+        if not self.named:
+            return
         done: set[str] = set()
-        for pending in store.pending(tx, room_id, targets):
-            if pending.target.event_id in done or not _applies(pending):
+        for pending in RedactionStore.pending(tx, self.room_id, self.targets):
+            target = pending.target
+            if target.event_id in done or not _applies(pending):
                 continue
-            done.add(pending.target.event_id)
-            redacted = redact(version(), pending.target.pdu)
+            done.add(target.event_id)
+            redacted = redact(self.version(tx), target.pdu)
             unsigned = _redacted_unsigned(pending)
-            store.apply(tx, pending.target, redacted, unsigned, pending.redaction.event_id, now_ms)
-            if applied is not None:
-                applied[pending.target.event_id] = (redacted, unsigned)
-
-    return write
+            redaction_id = pending.redaction.event_id
+            RedactionStore.apply(tx, target, redacted, unsigned, redaction_id, self.now_ms)
+            if self.applied is not None:
+                self.applied[target.event_id] = (redacted, unsigned)
 
 
 def as_redacted(stored: list[StoredEvent], applied: dict) -> list[StoredEvent]:
-    """`stored` as the store holds them once `redaction_write` has redacted some of them
+    """`stored` as the store holds them once `RedactionWrites` has redacted some of them
     (`applied`): an earlier redaction named them, and clients must never see their content."""
     if not applied:
         return stored

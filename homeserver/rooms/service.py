@@ -42,7 +42,7 @@ from homeserver.rooms.auth import (
 from homeserver.rooms.events import MAX_PREV_EVENTS, InvalidEvent, build_event, redact
 from homeserver.rooms.planned import PlannedEvent
 from homeserver.rooms.received import ReceivedEventRefused, authorise_received_event
-from homeserver.rooms.redactions import REDACTION, as_redacted, local_redaction, redaction_write
+from homeserver.rooms.redactions import REDACTION, RedactionWrites, as_redacted, local_redaction
 from homeserver.rooms.resolution import RoomResolver
 from homeserver.rooms.restricted_joins import authorise_restricted_join
 from homeserver.rooms.versions import KNOWN_ROOM_VERSIONS, RoomVersion
@@ -222,11 +222,11 @@ class RoomService:
         ts = now_ms()
         redacted: dict = {}
         hooked = [h for h in (hook(events) for hook in self._write_hooks) if h is not None]
-        writes = [*kwargs.pop("extra_writes", ()), redaction_write(events, ts, redacted)]
+        redactions = RedactionWrites(events, ts, redacted)
+        writes = [*kwargs.pop("extra_writes", ()), redactions.apply]
         writes += [write for write, _ in hooked]
-        stored = self.store.persist_events(
-            events, now_ms=ts, send_to=destinations, extra_writes=writes, **kwargs
-        )
+        kwargs.update(extra_writes=writes, first_writes=[redactions.record])
+        stored = self.store.persist_events(events, now_ms=ts, send_to=destinations, **kwargs)
         stored = as_redacted(stored, redacted)  # listeners hear them as stored
         for listener in [*self._listeners, *(after for _, after in hooked)]:
             try:

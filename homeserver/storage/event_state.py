@@ -166,14 +166,20 @@ def current_ids(tx, room_id: str) -> dict[StateKey, str]:
 
 
 def record_state(
-    tx, event: Event, before: StateIds | GroupRef | None, local: bool, applied: bool = True
+    tx,
+    event: Event,
+    before: StateIds | GroupRef | None,
+    local: bool,
+    applied: bool = True,
+    current: int | None = None,
 ) -> None:
     """Points `event` at the group of the state after it. `before` is the state before it
     when the caller resolved it; a local event's is the current state (the resolved state
     of the extremities it follows). A received event with no `before` (an auth chain
     event) gets no group. A rejected event is not `applied`: the state after it is the
-    state before it."""
-    found = _state_before(tx, event, before, local)
+    state before it. `current`: the current state's group when the caller knows it ahead
+    of room_state_positions (`group_after` of an earlier event of its batch)."""
+    found = _state_before(tx, event, before, local, current)
     if found is None:
         return
     base, delta = found
@@ -187,7 +193,7 @@ def record_state(
 
 
 def _state_before(
-    tx, event: Event, before: StateIds | GroupRef | None, local: bool
+    tx, event: Event, before: StateIds | GroupRef | None, local: bool, current: int | None
 ) -> tuple[int | None, Delta] | None:
     """The state before `event` as a group and the delta on it; None when it is unknown."""
     if isinstance(before, GroupRef):
@@ -199,6 +205,7 @@ def _state_before(
         if not prevs:
             return None, {}
         group = group_of(tx, prevs[0]) if len(prevs) == 1 else None
+        group = group if group is not None else current
         group = group if group is not None else current_group(tx, event.room_id)
         return (group, {}) if group is not None else (None, dict(current_ids(tx, event.room_id)))
     for prev in prevs:  # resolved from several states: a delta on one of them
@@ -295,33 +302,47 @@ def record_current(
     tx, room_id: str, position: int, delta: Delta, event_id: str, after_event: bool
 ) -> None:
     """Remembers that the room's current state changed by `delta` at `position`, where
-    `event_id` was stored. When the new current state is the state after that event
-    (`after_event`: it followed exactly the room's forward extremities, as a local event
-    does; a received event stored without a resolution has no group), their group is
-    one; else a new delta on the current group (a whole group for a room with none yet,
-    from current_state, which is already changed)."""
+    `event_id` was stored (`group_after`, then `place_current`)."""
+    place_current(tx, room_id, position, group_after(tx, room_id, delta, event_id, after_event))
+
+
+def group_after(
+    tx, room_id: str, delta: Delta, event_id: str, after_event: bool, current: int | None = None
+) -> int:
+    """The group of the room's current state once `event_id` changed it by `delta`. When
+    the new current state is the state after that event (`after_event`: it followed
+    exactly the room's forward extremities, as a local event does; a received event stored
+    without a resolution has no group), their group is one; else a new delta on the
+    current group (`current`, or room_state_positions' latest; a whole group for a room
+    with none yet, from current_state, which is already changed)."""
     group = group_of(tx, event_id) if after_event else None
     if group is None:
-        base = current_group(tx, room_id)
+        base = current if current is not None else current_group(tx, room_id)
         whole = base is None
         group = new_group(tx, room_id, base, dict(current_ids(tx, room_id)) if whole else delta)
-    tx.execute(
-        "INSERT INTO room_state_positions (room_id, stream_ordering, state_group) VALUES (?, ?, ?)",
-        (room_id, position, group),
-    )
+    return group
 
 
-def record_answer_state(tx, room_id: str, position: int, state: StateIds) -> GroupRef:
-    """A remote join's answer: its state (outliers, with no stream positions of their own)
-    becomes the room's at `position`, just before our join, so /sync's state section and
-    reads at that position find it. Our join's group is one key on this one."""
-    group = new_group(tx, room_id, None, dict(state))
-    tx.execute(
+def place_current(tx, room_id: str, position: int, group: int, replace: bool = False) -> None:
+    """The room's current state is `group`'s from `position` on; `replace`: another row
+    may be there (a remote join's answer, `answer_group`)."""
+    sql = (
         "INSERT INTO room_state_positions (room_id, stream_ordering, state_group) VALUES (?, ?, ?)"
-        " ON CONFLICT (room_id, stream_ordering) DO UPDATE SET state_group = excluded.state_group",
-        (room_id, position, group),
     )
-    return GroupRef(group)
+    if replace:
+        sql += (
+            " ON CONFLICT (room_id, stream_ordering)"
+            " DO UPDATE SET state_group = excluded.state_group"
+        )
+    tx.execute(sql, (room_id, position, group))
+
+
+def answer_group(tx, room_id: str, state: StateIds) -> GroupRef:
+    """A remote join's answer: its state (outliers, with no stream positions of their own),
+    which the caller places (`place_current`, replacing) just before our join, so /sync's
+    state section and reads at that position find it. Our join's group is one key on this
+    one."""
+    return GroupRef(new_group(tx, room_id, None, dict(state)))
 
 
 def ids_at(

@@ -63,6 +63,16 @@ class RedactionStore:
         )
 
     @staticmethod
+    def names_any(tx, room_id: str, targets: list[str]) -> bool:
+        """Whether a recorded redaction in `room_id` names one of `targets` (what `pending`
+        finds is among these)."""
+        for chunk, marks in in_lists(list(dict.fromkeys(targets))):
+            sql = f"SELECT 1 FROM redactions WHERE room_id = ? AND redacts IN ({marks}) LIMIT 1"
+            if tx.fetchone(sql, (room_id, *chunk)) is not None:
+                return True
+        return False
+
+    @staticmethod
     def pending(tx, room_id: str, targets: list[str]) -> list[PendingRedaction]:
         """Redactions of `targets` that are stored in `room_id` and not redacted yet, oldest
         redaction first. A redaction names an event of its own room only."""

@@ -20,6 +20,15 @@ _STATS_COLUMNS: dict[str, tuple[str, str]] = {
 
 
 def update_stats(tx, event: Event, previous_membership: str | None, position: int) -> None:
+    joined = change_stats(tx, event, previous_membership)
+    if joined is not None:
+        record_joined(tx, event.room_id, position, joined)
+
+
+def change_stats(tx, event: Event, previous_membership: str | None) -> int | None:
+    """The room's stats after `event` became current state; returns the joined count when
+    the event changed it, for `record_joined` at the event's position (taken later: the
+    stream's row is held from then to the commit, storage/streams.py)."""
     room_id = event.room_id
     if event.type == "m.room.member":
         joined = (event.membership == "join") - (previous_membership == "join")
@@ -37,20 +46,26 @@ def update_stats(tx, event: Event, previous_membership: str | None, position: in
                     " WHERE room_id = ?",
                     (joined, room_id),
                 )
-            if joined:  # a resolution may change several members at one position
-                tx.execute(
-                    "INSERT INTO room_joined_count_history (room_id, stream_ordering,"
-                    " joined_members) VALUES (?, ?, ?) ON CONFLICT (room_id, stream_ordering)"
-                    " DO UPDATE SET joined_members = excluded.joined_members",
-                    (room_id, position, row[0]),
-                )
-        return
+            if joined:
+                return row[0]
+        return None
     column = _STATS_COLUMNS.get(event.type)
     if column is None or event.state_key != "":
-        return
+        return None
     value = event.content.get(column[1])
     # The column names come from the fixed table above, never from input.
     tx.execute(
         f"UPDATE room_stats SET {column[0]} = ? WHERE room_id = ?",
         (value if isinstance(value, str) else None, room_id),
+    )
+    return None
+
+
+def record_joined(tx, room_id: str, position: int, joined: int) -> None:
+    # A resolution may change several members at one position: the last count stands.
+    tx.execute(
+        "INSERT INTO room_joined_count_history (room_id, stream_ordering, joined_members)"
+        " VALUES (?, ?, ?) ON CONFLICT (room_id, stream_ordering)"
+        " DO UPDATE SET joined_members = excluded.joined_members",
+        (room_id, position, joined),
     )

@@ -115,6 +115,65 @@ def _state_key_of(stored: StoredEvent) -> StateKey:
     return stored.event.type, state_key
 
 
+@dataclass
+class _Batch:
+    """What the events of one write made current before any of them has a position."""
+
+    current: int | None  # the group of the room's current state (event_state.group_after)
+    state: dict[StateKey, Event] = field(default_factory=dict)  # state keys they set
+
+
+@dataclass
+class _Ready:
+    """An event whose rows that need no position are written; what it writes at its own."""
+
+    event: Event
+    unsigned: dict
+    soft_failed: bool
+    joined: int | None = None  # the room's joined count it made
+    directory: user_directory.MemberEntry | None = None
+    current: int | None = None  # the group of the current state it made
+
+    def insert(self, tx, position: int) -> StoredEvent:
+        event, room_id = self.event, self.event.room_id
+        event_rows.insert_event_row(tx, event, position, self.unsigned, self.soft_failed)
+        if self.joined is not None:
+            room_stats.record_joined(tx, room_id, position, self.joined)
+        if self.directory is not None:
+            # A user's row, which another room's write may take while it holds the stream's
+            # row (event_state.update_current): taken after it here too, never before.
+            self.directory.write(tx)
+        if self.current is not None:
+            event_state.place_current(tx, room_id, position, self.current)
+        return StoredEvent(event, position, self.unsigned, self.soft_failed)
+
+
+def _replaced(tx, event: Event, batch: _Batch) -> tuple[dict, str | None]:
+    """The unsigned data of a state event that replaces another in the current state
+    (prev_content, prev_sender, replaces_state), and that one's membership."""
+    if not event.is_state:
+        return {}, None
+    earlier = batch.state.get((event.type, event.state_key or ""))
+    if earlier is not None:  # an earlier event of the batch, not stored yet
+        prev = (earlier.event_id, earlier.pdu, earlier.membership)
+    else:
+        row = tx.fetchone(
+            "SELECT e.event_id, e.json, e.membership FROM current_state c"
+            " JOIN events e ON e.event_id = c.event_id"
+            " WHERE c.room_id = ? AND c.type = ? AND c.state_key = ?",
+            (event.room_id, event.type, event.state_key),
+        )
+        if row is None:
+            return {}, None
+        prev = (row[0], json.loads(row[1]), row[2])
+    unsigned = {
+        "replaces_state": prev[0],
+        "prev_content": prev[1]["content"],
+        "prev_sender": prev[1]["sender"],
+    }
+    return unsigned, prev[2]
+
+
 class RoomStore(RoomMembers):
     def __init__(self, db: Database):
         self.db = db
@@ -130,13 +189,16 @@ class RoomStore(RoomMembers):
         txn: TxnKey | None = None,
         now_ms: int = 0,
         extra_writes: Iterable[Callable] = (),
+        first_writes: Iterable[Callable] = (),
         received: bool = False,
         send_to: Iterable[str] = (),
         resolved: ResolvedPersist | None = None,
     ) -> list[StoredEvent]:
         """Stores `events` (in order, one room) in one transaction, with their effects on
         current state, stats and extremities. `extra_writes` are `fn(tx)` run in the same
-        transaction (an alias and a directory entry for a new room). Raises
+        transaction once the events are stored (an alias and a directory entry for a new
+        room); `first_writes` too, but before the events take their stream positions, with
+        only their state, extremities and current state written. Raises
         `StaleExtremities` if one of the first event's prev_events is no longer a forward
         extremity of the room, and the engine's unique violation if `txn` was already used
         (or, for a `received` event, if the event is already stored). A `received` event
@@ -154,12 +216,13 @@ class RoomStore(RoomMembers):
             txn,
             now_ms,
             list(extra_writes),
+            list(first_writes),
             received,
             set(send_to),
             resolved or ResolvedPersist(),
         )
 
-    def _persist(self, tx, events, new_room, txn, now_ms, extra_writes, received, send_to, res):
+    def _persist(self, tx, events, new_room, txn, now_ms, extra, first, received, send_to, res):
         room_id = events[0].room_id
         _one_writer_per_room(tx, room_id)
         if new_room is not None:
@@ -179,20 +242,28 @@ class RoomStore(RoomMembers):
             if not set(events[0].prev_event_ids) <= current:
                 raise StaleExtremities(room_id)
         store_history(tx, [HistoryEvent(e, outlier=True) for e in res.outliers])
-        last = streams.advance(tx, EVENTS_STREAM, len(events))
+        answer = None
         if res.outliers:  # a remote join's answer: its state is the room's just before it
-            before = res.state_before[events[0].event_id]
-            state = event_state.record_answer_state(tx, room_id, last - 1, before)
-            res = replace(res, state_before={events[0].event_id: state})
-        stored = []
-        for position, event in enumerate(events, start=last - len(events) + 1):
-            before = res.state_before.get(event.event_id)
-            event_state.record_state(tx, event, before, local=not received)
-            stored.append(self._insert_event(tx, event, position, res))
-            if event.is_state and not res.decides_current and not res.soft_failed:
-                change = {(event.type, event.state_key or ""): event.event_id}
-                event_state.record_current(tx, room_id, position, change, event.event_id, True)
-        auth_chains.index_events(tx, events)
+            answer = event_state.answer_group(tx, room_id, res.state_before[events[0].event_id])
+            res = replace(res, state_before={events[0].event_id: answer})
+        # All that needs no position first: from `advance` to the commit, every other
+        # writer of events in the cluster waits (storage/streams.py).
+        batch = _Batch(answer.group if answer is not None else None)
+        ready = [RoomStore._prepare_event(tx, e, res, received, batch) for e in events]
+        if txn is not None:
+            tx.execute(
+                "INSERT INTO event_txn_ids (user_id, device_id, room_id, event_type,"
+                " txn_id, event_id, created_ts) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (*astuple(txn), events[-1].event_id, now_ms),
+            )
+        for write in first:
+            write(tx)
+        auth_chains.index_events(tx, events)  # its stream's row first, as history.py takes it
+        last = streams.advance(tx, EVENTS_STREAM, len(events))
+        if answer is not None:
+            event_state.place_current(tx, room_id, last - 1, answer.group, replace=True)
+        start = last - len(events) + 1
+        stored = [r.insert(tx, position) for position, r in enumerate(ready, start=start)]
         if res.decides_current:
             position = stored[-1].stream_ordering
             whole, change = res.current, res.current_change
@@ -200,38 +271,21 @@ class RoomStore(RoomMembers):
         outbox.queue_pdus(
             tx, send_to, [(s.stream_ordering, s.event.event_id, room_id) for s in stored]
         )
-        if txn is not None:
-            tx.execute(
-                "INSERT INTO event_txn_ids (user_id, device_id, room_id, event_type,"
-                " txn_id, event_id, created_ts) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (*astuple(txn), events[-1].event_id, now_ms),
-            )
-        for write in extra_writes:
+        for write in extra:
             write(tx)
         return stored
 
-    def _insert_event(self, tx, event: Event, position: int, res: ResolvedPersist) -> StoredEvent:
+    @staticmethod
+    def _prepare_event(tx, event: Event, res: ResolvedPersist, received: bool, batch: _Batch):
+        """An event's rows that need no stream position: its state, the room's extremities
+        and current state, and what its replacing a state event changes."""
         room_id = event.room_id
-        unsigned: dict = {}
-        previous_membership = None
-        if event.is_state:
-            prev = tx.fetchone(
-                "SELECT e.event_id, e.json, e.membership FROM current_state c"
-                " JOIN events e ON e.event_id = c.event_id"
-                " WHERE c.room_id = ? AND c.type = ? AND c.state_key = ?",
-                (room_id, event.type, event.state_key),
-            )
-            if prev is not None:
-                prev_pdu = json.loads(prev[1])
-                unsigned = {
-                    "replaces_state": prev[0],
-                    "prev_content": prev_pdu["content"],
-                    "prev_sender": prev_pdu["sender"],
-                }
-                previous_membership = prev[2]
-        event_rows.insert_event_row(tx, event, position, unsigned, res.soft_failed)
+        before = res.state_before.get(event.event_id)
+        event_state.record_state(tx, event, before, not received, current=batch.current)
+        unsigned, previous_membership = _replaced(tx, event, batch)
+        ready = _Ready(event, unsigned, res.soft_failed)
         if res.soft_failed:  # stored for the graph only: no extremity, no current state
-            return StoredEvent(event, position, unsigned, soft_failed=True)
+            return ready
         for prev_id in event.prev_event_ids:
             tx.execute(
                 "DELETE FROM event_forward_extremities WHERE room_id = ? AND event_id = ?",
@@ -242,15 +296,22 @@ class RoomStore(RoomMembers):
             (room_id, event.event_id),
         )
         if event.is_state and not res.decides_current:
+            key = (event.type, event.state_key or "")
             tx.execute(
                 "INSERT INTO current_state (room_id, type, state_key, event_id, membership)"
                 " VALUES (?, ?, ?, ?, ?) ON CONFLICT (room_id, type, state_key) DO UPDATE"
                 " SET event_id = excluded.event_id, membership = excluded.membership",
-                (room_id, event.type, event.state_key, event.event_id, event.membership),
+                (room_id, *key, event.event_id, event.membership),
             )
-            room_stats.update_stats(tx, event, previous_membership, position)
-            user_directory.index_member(tx, event)
-        return StoredEvent(event, position, unsigned)
+            batch.state[key] = event
+            ready.joined = room_stats.change_stats(tx, event, previous_membership)
+            ready.directory = user_directory.member_entry(tx, event)
+            change: Delta = {key: event.event_id}
+            group = event_state.group_after(
+                tx, room_id, change, event.event_id, True, batch.current
+            )
+            ready.current = batch.current = group
+        return ready
 
     @staticmethod
     def only_extremity(room_id: str, event_id: str) -> Callable:

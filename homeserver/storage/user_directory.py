@@ -80,23 +80,41 @@ def index_local_user(tx, user_id: str) -> None:
 
 
 def index_member(tx, event: Event) -> None:
-    """A member event that became current state: another server's user's join in a public
-    or world-readable room gives their row its display name and avatar. A join elsewhere
-    may carry a name meant for that room only (Synapse takes none from there either): it
-    makes a row without one, found by user ID, and changes no existing row. Local users
-    keep their profile's, never a room's."""
+    entry = member_entry(tx, event)
+    if entry is not None:
+        entry.write(tx)
+
+
+@dataclass(frozen=True)
+class MemberEntry:
+    """What a remote join writes to its user's row."""
+
+    user_id: str
+    name: str | None
+    avatar: str | None
+    replace: bool
+
+    def write(self, tx) -> None:
+        _upsert(tx, self.user_id, self.name, self.avatar, local=False, replace=self.replace)
+
+
+def member_entry(tx, event: Event) -> MemberEntry | None:
+    """What a member event that became current state writes, read as the room's stats are
+    now: another server's user's join in a public or world-readable room gives their row
+    its display name and avatar. A join elsewhere may carry a name meant for that room only
+    (Synapse takes none from there either): it makes a row without one, found by user ID,
+    and changes no existing row. Local users keep their profile's, never a room's."""
     if event.type != "m.room.member" or event.membership != "join" or not event.state_key:
-        return
+        return None
     row = tx.fetchone(
         "SELECT join_rule, history_visibility FROM room_stats WHERE room_id = ?",
         (event.room_id,),
     )
     if row is None or (row[0] != "public" and row[1] != "world_readable"):
-        _upsert(tx, event.state_key, None, None, local=False, replace=False)
-        return
+        return MemberEntry(event.state_key, None, None, replace=False)
     content = event.content
     name, avatar = _name(content.get("displayname")), _avatar(content.get("avatar_url"))
-    _upsert(tx, event.state_key, name, avatar, local=False)
+    return MemberEntry(event.state_key, name, avatar, replace=True)
 
 
 @dataclass(frozen=True)

@@ -173,3 +173,35 @@ def test_a_local_join_shares_one_group_with_the_current_state(database_url, tmp_
         assert rt.db.read(event_state.read_group, shared) == current
     finally:
         rt.close()
+
+
+def test_a_batch_that_sets_a_key_twice_stores_what_one_event_at_a_time_would(db):
+    # storage/rooms.py writes a batch's state before its positions: the second event must
+    # still see the first as the state it replaces, and each its own current state.
+    from homeserver.storage.rooms import NewRoom, RoomStore
+
+    store = RoomStore(db)
+    joined, again = event("$a", [], "@u:weir.test"), event("$b", ["$a"], "@u:weir.test")
+    again.pdu["content"] = {"membership": "join", "displayname": "U"}
+    joined.pdu["origin_server_ts"] = again.pdu["origin_server_ts"] = 0
+    first, second = store.persist_events(
+        [joined, again], new_room=NewRoom(ROOM, "10", "@u:weir.test", 0)
+    )
+    assert first.unsigned == {}
+    assert second.unsigned == {
+        "replaces_state": "$a",
+        "prev_content": {"membership": "join"},
+        "prev_sender": "@u:weir.test",
+    }
+    assert store.get_event("$b").unsigned == second.unsigned
+    key = ("m.room.member", "@u:weir.test")
+    assert store.state_at(ROOM, first.stream_ordering)[key].event.event_id == "$a"
+    assert store.state_at(ROOM, second.stream_ordering)[key].event.event_id == "$b"
+    assert store.current_state(ROOM)[key].event.event_id == "$b"
+    counts = db.read(
+        lambda tx: tx.fetchall(
+            "SELECT r.stream_ordering, r.joined_members, s.joined_members FROM room_stats s"
+            " JOIN room_joined_count_history r ON r.room_id = s.room_id"
+        )
+    )
+    assert counts == [(first.stream_ordering, 1, 1)]
