@@ -210,39 +210,24 @@ class PushStore:
         """In the event's own write: nothing for an event stored as hidden (soft failed) or
         as an outlier. One statement a batch, and each rule's actions encoded once: a big
         room's message is thousands of rows."""
-        by_event: dict[str, list[PushAction]] = {}
-        for a in actions:
-            by_event.setdefault(a.event_id, []).append(a)
+        if not actions:
+            return
         texts: dict[int, str] = {}
-        for event_id, rows in by_event.items():
-            found = tx.fetchone(
-                "SELECT room_id, stream_ordering FROM events WHERE event_id = ?"
-                " AND soft_failed = 0 AND outlier = 0",
-                (event_id,),
-            )
-            if found is None:
-                continue
-            room_id, ordering = found
-            for a in rows:
-                if id(a.actions) not in texts:
-                    texts[id(a.actions)] = _dumps(a.actions)
-            tx.executemany(
-                "INSERT INTO event_push_actions (user_id, room_id, event_id, stream_ordering,"
-                " thread_id, notif, highlight, actions) VALUES (?, ?, ?, ?, ?, 1, ?, ?)"
-                " ON CONFLICT DO NOTHING",
-                [
-                    (
-                        a.user_id,
-                        room_id,
-                        event_id,
-                        ordering,
-                        a.thread_id,
-                        int(a.highlight),
-                        texts[id(a.actions)],
-                    )
-                    for a in rows
-                ],
-            )
+        for a in actions:
+            if id(a.actions) not in texts:
+                texts[id(a.actions)] = _dumps(a.actions)
+        # The event's room and position are read by the statement itself: it runs while the
+        # events stream's row is held (storage/streams.py), so no round trip of its own.
+        tx.executemany(
+            "INSERT INTO event_push_actions (user_id, room_id, event_id, stream_ordering,"
+            " thread_id, notif, highlight, actions) SELECT ?, e.room_id, e.event_id,"
+            " e.stream_ordering, ?, 1, ?, ? FROM events e WHERE e.event_id = ?"
+            " AND e.soft_failed = 0 AND e.outlier = 0 ON CONFLICT DO NOTHING",
+            [
+                (a.user_id, a.thread_id, int(a.highlight), texts[id(a.actions)], a.event_id)
+                for a in actions
+            ],
+        )
 
     def unread_counts(self, user_id: str, room_ids: list[str]) -> dict[str, dict]:
         """{room_id: {thread_id: (notifications, highlights)}} after the user's read
