@@ -11,13 +11,15 @@ outcome is unknown, so each waiter tries again, and one of them leads the next a
 
 KeyedLocks: per-key locks that exist only while someone holds or waits for them.
 
+GatheredReads: reads that greenlets woken together each ask for, made as one.
+
 let_io_run: the pause of a greenlet that works in turns.
 """
 
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, contextmanager
-from typing import Any, Callable, Hashable, Iterable, Iterator, TypeVar
+from typing import Any, Callable, Generic, Hashable, Iterable, Iterator, TypeVar
 
 import gevent
 from gevent.event import AsyncResult
@@ -31,6 +33,7 @@ from gevent.lock import Semaphore
 TURN_PAUSE_SECONDS = 0.001
 
 T = TypeVar("T")
+K = TypeVar("K", bound=Hashable)
 
 
 def let_io_run() -> None:
@@ -133,3 +136,62 @@ class KeyedLocks:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+class _Gathering:
+    __slots__ = ("keys", "result")
+
+    def __init__(self) -> None:
+        self.keys: dict = {}  # asked for, in order, once each
+        self.result: AsyncResult = AsyncResult()
+
+
+class GatheredReads(Generic[K, T]):
+    """One message wakes thousands of syncs at once, and each asks the database for its own
+    user's row. The first to ask (the leader) gives the others one turn of the hub to ask
+    too (sleep(0): the greenlets woken with it are queued before it), then reads every key
+    asked for in one read. A failure of that read is every asker's; a leader stopped from
+    outside leaves each waiter to read its own key alone."""
+
+    def __init__(self, read_many: Callable[[list[K]], dict[K, T]], read_one: Callable[[K], T]):
+        """`read_many(keys)` must give a value for every key."""
+        self._read_many = read_many
+        self._read_one = read_one
+        self._open: _Gathering | None = None
+        self.reads = 0  # gathered reads made
+
+    def get(self, key: K) -> T:
+        gathering = self._open
+        if gathering is None:
+            gathering = self._open = _Gathering()
+            gathering.keys[key] = None
+            self._lead(gathering)
+        else:
+            gathering.keys[key] = None
+            gathering.result.wait()  # this greenlet's own stop raises here
+        result = gathering.result
+        if result.successful():
+            return result.value[key]
+        if isinstance(result.exception, _LeaderGone):
+            return self._read_one(key)
+        raise result.exception
+
+    def _lead(self, gathering: _Gathering) -> None:
+        try:
+            gevent.sleep(0)
+            self._open = None
+            self.reads += 1
+            found = self._read_many(list(gathering.keys))
+        except Exception as e:
+            self._forget(gathering)
+            gathering.result.set_exception(e)
+            raise
+        except BaseException:
+            self._forget(gathering)
+            gathering.result.set_exception(_LeaderGone())
+            raise
+        gathering.result.set(found)
+
+    def _forget(self, gathering: _Gathering) -> None:
+        if self._open is gathering:
+            self._open = None

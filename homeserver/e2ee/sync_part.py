@@ -12,10 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from homeserver.core.concurrency import GatheredReads
 from homeserver.core.requester import Requester
 from homeserver.storage.e2ee import E2eeStore
 
 TO_DEVICE_LIMIT = 100  # per response; the rest follows in the next sync at once
+
+
+# A device's one-time key counts and unused fallback key types (E2eeStore.key_counts).
+Counts = tuple[dict[str, int], list[str]]
 
 
 class KeyCounts(NamedTuple):
@@ -74,6 +79,10 @@ class Range:
 class E2eeSync:
     def __init__(self, store: E2eeStore):
         self.store = store
+        # The counts of the devices whose syncs one message woke, read together.
+        self._woken_counts: GatheredReads[tuple[str, str], Counts] = GatheredReads(
+            lambda devices: store.key_counts_of(devices), lambda device: store.key_counts(*device)
+        )
 
     def part(
         self, requester: Requester, span: Range, member_moves: list | None = None
@@ -115,7 +124,8 @@ class E2eeSync:
         if known is not None and self.store.keys_unchanged_since(known.read_at):
             return known
         read_at = self.store.key_writes
-        return KeyCounts(*self.store.key_counts(requester.user_id, requester.device_id), read_at)
+        device = (requester.user_id, requester.device_id)
+        return KeyCounts(*self._woken_counts.get(device), read_at)
 
     def changes(
         self, user_id: str, span: Range, moves: list | None = None

@@ -513,6 +513,34 @@ class E2eeStore:
             )
         )
 
+    def key_counts_of(
+        self, devices: list[tuple[str, str]]
+    ) -> dict[tuple[str, str], tuple[dict[str, int], list[str]]]:
+        """`key_counts` of several (user_id, device_id) at once."""
+        found: dict = {device: ({}, []) for device in devices}
+
+        def read(tx) -> None:
+            users = sorted({user_id for user_id, _ in devices})
+            for chunk, marks in in_lists(users):
+                for user_id, device_id, algorithm, count in tx.fetchall(
+                    "SELECT user_id, device_id, algorithm, COUNT(*) FROM e2e_one_time_keys"
+                    f" WHERE user_id IN ({marks}) GROUP BY user_id, device_id, algorithm",
+                    chunk,
+                ):
+                    if (user_id, device_id) in found:
+                        found[user_id, device_id][0][algorithm] = count
+                for user_id, device_id, algorithm in tx.fetchall(
+                    "SELECT user_id, device_id, algorithm FROM e2e_fallback_keys"
+                    f" WHERE user_id IN ({marks}) AND used = 0 ORDER BY algorithm",
+                    chunk,
+                ):
+                    if (user_id, device_id) in found:
+                        found[user_id, device_id][1].append(algorithm)
+
+        if devices:
+            self.db.read(read)
+        return found
+
 
 _UP_TO = "WHERE user_id = ? AND device_id = ? AND stream_position <= ?"
 

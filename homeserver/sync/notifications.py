@@ -4,10 +4,8 @@ the user's read receipts (storage/push.py)."""
 
 from __future__ import annotations
 
-import gevent
-from gevent.event import AsyncResult
-
 from homeserver.core.clock import now_ms
+from homeserver.core.concurrency import GatheredReads
 from homeserver.core.errors import invalid_param
 from homeserver.rooms.format import client_event
 from homeserver.storage.push import MAIN_THREAD, PushStore
@@ -79,54 +77,24 @@ class Notifications:
         return body
 
 
-class _Asked:
-    """The users and rooms one gathered read is for, and what it found."""
-
-    __slots__ = ("users", "rooms", "counts")
-
-    def __init__(self) -> None:
-        self.users: set[str] = set()
-        self.rooms: set[str] = set()
-        self.counts: AsyncResult = AsyncResult()
-
-
 class GatheredUnread:
-    """`Notifications.unread_fields` for syncs woken together (sync/woken.py). One message
-    wakes every member at once, and each answer needs its own user's counts: the first to
-    ask gives the others one turn of the hub to ask too, then reads them all at once, so a
-    wake-up costs a read per turn rather than one per sync."""
+    """`Notifications.unread_fields` for syncs woken together (sync/woken.py): one message
+    wakes every member at once, and each answer needs its own user's counts, so they are
+    read together (core/concurrency.py, GatheredReads): a read per turn of the hub rather
+    than one per sync."""
 
     def __init__(self, store: PushStore):
         self.store = store
-        self._open: _Asked | None = None
-        self.reads = 0
+        self.reads: GatheredReads[tuple[str, tuple[str, ...]], dict] = GatheredReads(
+            self._read_many, lambda key: store.unread_counts(key[0], list(key[1]))
+        )
 
     def __call__(self, user_id: str, room_ids: list[str], by_thread: bool) -> dict:
-        asked = self._open
-        if asked is None:
-            asked = self._open = _Asked()
-            asked.users.add(user_id)
-            asked.rooms.update(room_ids)
-            self._read(asked)
-        else:
-            asked.users.add(user_id)
-            asked.rooms.update(room_ids)
-            asked.counts.wait()  # a hang-up of this sync's own client raises here
-        if asked.counts.successful():
-            counts = asked.counts.value.get(user_id, {})
-        else:  # the first asker failed or was hung up on: on its own
-            counts = self.store.unread_counts(user_id, room_ids)
+        counts = self.reads.get((user_id, tuple(room_ids)))
         return _fields(counts, room_ids, by_thread)
 
-    def _read(self, asked: _Asked) -> None:
-        try:
-            gevent.sleep(0)  # the syncs woken with this one ask meanwhile
-            self._open = None
-            self.reads += 1
-            counts = self.store.unread_counts_of(sorted(asked.users), sorted(asked.rooms))
-        except BaseException as e:
-            if self._open is asked:
-                self._open = None
-            asked.counts.set_exception(e)
-            raise
-        asked.counts.set(counts)
+    def _read_many(self, keys: list[tuple[str, tuple[str, ...]]]) -> dict:
+        users = sorted({user_id for user_id, _ in keys})
+        rooms = sorted({room_id for _, room_ids in keys for room_id in room_ids})
+        found = self.store.unread_counts_of(users, rooms)
+        return {key: found.get(key[0], {}) for key in keys}

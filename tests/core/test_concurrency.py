@@ -2,7 +2,7 @@ import gevent
 import pytest
 from gevent.event import Event
 
-from homeserver.core.concurrency import SingleFlight, in_turns
+from homeserver.core.concurrency import GatheredReads, SingleFlight, in_turns
 
 
 def test_concurrent_callers_share_one_call():
@@ -93,3 +93,40 @@ def test_in_turns_lets_other_greenlets_run_between_turns():
     # The other greenlet ran after the 4th item, not before it.
     assert seen[3] == (3, 0) and seen[4] == (4, 1)
     assert [n for n, _ in seen] == list(range(10))
+
+
+def test_readers_woken_together_are_read_at_once_and_each_gets_its_own():
+    batches = []
+
+    def read_many(keys):
+        batches.append(keys)
+        return {k: k * 10 for k in keys}
+
+    reads = GatheredReads(read_many, lambda k: -1)
+    asked = [gevent.spawn(reads.get, k) for k in (1, 2, 2, 3)]
+    gevent.joinall(asked, raise_error=True)
+    assert [g.value for g in asked] == [10, 20, 20, 30]
+    assert batches == [[1, 2, 3]] and reads.reads == 1
+    assert reads.get(4) == 40 and batches[-1] == [4]  # the next wake-up is a read of its own
+
+
+def test_a_failed_gathered_read_is_every_askers_and_a_stopped_leader_is_nobodys():
+    def failing(keys):
+        raise ValueError("down")
+
+    reads = GatheredReads(failing, lambda k: -1)
+    asked = [gevent.spawn(reads.get, k) for k in (1, 2)]
+    gevent.joinall(asked)
+    assert [type(g.exception) for g in asked] == [ValueError, ValueError]
+
+    alone, reading = [], Event()
+
+    def slow(keys):
+        reading.set()
+        gevent.sleep(30)
+
+    reads = GatheredReads(slow, lambda k: alone.append(k) or k)
+    leader, waiter = gevent.spawn(reads.get, 1), gevent.spawn(reads.get, 2)
+    reading.wait(5)  # both asked, and the leader reads for both
+    leader.kill()  # its client hung up
+    assert waiter.get(timeout=5) == 2 and alone == [2]
