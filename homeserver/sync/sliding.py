@@ -22,6 +22,7 @@ long-poll woken by room events alone reads no stream positions (as woken.py's /s
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from typing import Callable
 
 from homeserver.core.clock import now_ms
@@ -29,6 +30,7 @@ from homeserver.core.requester import Requester
 from homeserver.storage.rooms import StoredEvent
 from homeserver.storage.sync import StreamPositions, SyncSnapshot
 from homeserver.sync.filters import NO_FILTER
+from homeserver.sync.notifier import Notifier, Waiter
 from homeserver.sync.room_entries import SyncBatch, SyncRequest
 from homeserver.sync.service import MAX_TIMEOUT_MS, Parked, SyncService
 from homeserver.sync.sliding_connections import Connections, ConnectionState, Pos, resolved
@@ -38,11 +40,15 @@ from homeserver.sync.sliding_request import Extensions, ParsedRequests, SlidingR
 from homeserver.sync.sliding_rooms import SlidingRooms
 from homeserver.sync.tokens import SyncToken
 
+# How long a connection answered from a long-poll keeps its registration for its next
+# request (`_Held`): its client sends that as soon as it has the answer.
+HELD_SECONDS = 30.0
+
 
 class _Call:
     """One request: its connection as the pos left it, and what it asks."""
 
-    __slots__ = ("requester", "request", "pos", "before")
+    __slots__ = ("requester", "request", "pos", "before", "committed")
 
     def __init__(
         self,
@@ -55,6 +61,7 @@ class _Call:
         self.request = request
         self.pos = pos
         self.before = before
+        self.committed = False  # its answer is the connection's latest (not superseded)
 
 
 class WaitingSlidingSync(Parked):
@@ -62,9 +69,12 @@ class WaitingSlidingSync(Parked):
 
     __slots__ = ("_service", "_call")
 
-    def __init__(self, service: "SlidingSync", call: _Call, deadline: float):
+    def __init__(
+        self, service: "SlidingSync", call: _Call, deadline: float, waiter: Waiter | None = None
+    ):
         # It carries no presence: a change of it is no reason to compute again.
-        super().__init__(service.sync.notifier, call.requester.user_id, deadline, presence=False)
+        notifier = service.sync.notifier
+        super().__init__(notifier, call.requester.user_id, deadline, False, waiter)
         self._service = service
         self._call = call
 
@@ -78,10 +88,15 @@ class WaitingSlidingSync(Parked):
         waiter.clear()
         try:
             notifier = self._service.sync.notifier
-            return self._service.compute(self._call, self.expired(notifier), events_only)
+            body = self._service.compute(self._call, self.expired(notifier), events_only)
         finally:
             if burst is not None:
                 burst.done()
+        if body is not None and self._call.committed and _holds(self._call.request):
+            # Registered from before this computation: kept for the request with its pos.
+            self._service.held.keep(body["pos"], self._call.request, waiter)
+            self._waiter = None
+        return body
 
 
 class SlidingSync:
@@ -99,6 +114,7 @@ class SlidingSync:
         self.rooms = SlidingRooms(sync.rooms, sync.history, sync.entries, lists.store)
         self.extensions = SlidingExtensions(sync)
         self.requests = ParsedRequests()
+        self.held = _Held(sync.notifier)
 
     def begin(
         self, requester: Requester, request: SlidingRequest, pos: str | None, timeout_ms: int
@@ -120,6 +136,11 @@ class SlidingSync:
             body = self.compute(call, True)
             assert body is not None
             return body
+        held = self.held.take(pos, request)
+        if held is not None:
+            # Nothing concerning the user since the answer that gave this pos was computed:
+            # this request, that answer's own again, would find nothing new. It waits.
+            return WaitingSlidingSync(self, call, time.monotonic() + timeout, held)
         waiting = WaitingSlidingSync(self, call, time.monotonic() + timeout)
         try:
             body = waiting.step(woken=False)
@@ -179,6 +200,7 @@ class SlidingSync:
             positions.device_lists,
         )
         generation = self.connections.commit(call.before, state, positions.events, now_ms())
+        call.committed = generation is not None
         if generation is None:  # superseded: its client has moved on (sliding_connections.py)
             generation, token = call.before.generation, since or token
         return {
@@ -278,6 +300,55 @@ class SlidingSync:
             return
         for room_id, fields in notifications.unread_fields(user_id, joined, False).items():
             rooms[room_id].update(fields["unread_notifications"])
+
+
+class _Held:
+    """The registrations of connections just answered from a long-poll, each kept, by the
+    pos it gave, for the connection's next request: one that comes with that pos and the
+    same request, its registration not woken meanwhile, has nothing new, and waits on it
+    with no computation. A connection woken by a message pays for one computation, not a
+    second one to park again. Not for a request with to-device messages (its `since`
+    acknowledges them) or end-to-end encryption's key counts, which change unannounced."""
+
+    def __init__(self, notifier: Notifier):
+        self._notifier = notifier
+        # pos -> (when kept, the request answered, its registration), oldest first
+        self._by_pos: OrderedDict[str, tuple[float, SlidingRequest, Waiter]] = OrderedDict()
+
+    def keep(self, pos: str, request: SlidingRequest, waiter: Waiter) -> None:
+        now = time.monotonic()
+        self._drop(pos)
+        self._by_pos[pos] = (now, request, waiter)
+        self._notifier.held += 1
+        while self._by_pos:  # those whose client never came back
+            oldest = next(iter(self._by_pos))
+            if self._by_pos[oldest][0] > now - HELD_SECONDS:
+                break
+            self._drop(oldest)
+
+    def take(self, pos: str, request: SlidingRequest) -> Waiter | None:
+        """The registration kept for `pos`, if `request` is the one answered and nothing
+        woke it since; else None, and it is dropped."""
+        found = self._by_pos.pop(pos, None)
+        if found is None:
+            return None
+        self._notifier.held -= 1
+        _, answered, waiter = found
+        if answered != request or waiter.woken.is_set():
+            waiter.__exit__(None, None, None)
+            return None
+        return waiter
+
+    def _drop(self, pos: str) -> None:
+        found = self._by_pos.pop(pos, None)
+        if found is not None:
+            self._notifier.held -= 1
+            found[2].__exit__(None, None, None)
+
+
+def _holds(request: SlidingRequest) -> bool:
+    """Whether a request's registration may be held for its next (`_Held`)."""
+    return not (request.extensions.to_device or request.extensions.e2ee)
 
 
 def _add_subscriptions(found: ListsResult, state: ConnectionState) -> None:

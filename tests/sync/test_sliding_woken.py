@@ -1,0 +1,105 @@
+"""A sliding sync connection woken by a message: its answer is a whole computation's, and
+its next long-poll with the same request parks on the registration held since that answer
+(sync/sliding.py `_Held`) without computing, unless something came meanwhile."""
+
+import threading
+
+from homeserver.sync.notifier import Notifier
+from homeserver.sync.sliding import _Held
+from homeserver.sync.sliding_request import Extensions, SlidingRequest
+from tests.rooms.conftest import create_room, send
+from tests.sync.conftest import metric
+from tests.sync.test_sliding_sync import join, lists_made, room_list, slide, without_ages
+from tests.sync.test_waiting import wait_until
+
+
+class _LongPoll:
+    """One long-poll on its own thread; `body` once answered."""
+
+    def __init__(self, client, request: dict, pos: str):
+        self.body: dict = {}
+        self._thread = threading.Thread(
+            target=lambda: self.body.update(slide(client, request, pos=pos, timeout=20_000))
+        )
+        self._thread.start()
+
+    def answered(self) -> dict:
+        self._thread.join(20)
+        assert not self._thread.is_alive()
+        return self.body
+
+
+def _timeline(body: dict, room_id: str) -> list[str]:
+    return [e["event_id"] for e in body["rooms"][room_id]["timeline"]]
+
+
+def test_a_woken_connection_parks_again_on_its_held_registration(server, user):
+    alice, bob = user("alice"), user("bob")
+    room = create_room(bob, preset="public_chat", name="shared")
+    join(alice, room)
+    request = {"lists": {"all": room_list([[0, 9]])}, "conn_id": "held"}
+    first = slide(alice, request)
+    poll = _LongPoll(alice, request, first["pos"])
+    wait_until(lambda: metric(server, "weir_sync_waiters") == 1)
+    send(bob, room, "one")
+    woken = poll.answered()
+    assert [e["content"]["body"] for e in woken["rooms"][room]["timeline"]] == ["one"]
+    made = lists_made(server)
+    assert metric(server, "weir_sync_waiters") == 0  # held, but no request waits on it
+    poll = _LongPoll(alice, request, woken["pos"])
+    wait_until(lambda: metric(server, "weir_sync_waiters") == 1)
+    assert lists_made(server) == made  # parked with no computation
+    second = send(bob, room, "two")
+    again = poll.answered()
+    assert _timeline(again, room) == [second]
+    assert lists_made(server)["kept"] == made["kept"] + 1  # woken: one computation
+    # A message between an answer and the next request: that request answers at once.
+    third = send(bob, room, "three")
+    at_once = slide(alice, request, pos=again["pos"], timeout=20_000)
+    assert _timeline(at_once, room) == [third]
+    # Another request with a held pos computes: here, a longer timeline sends it whole.
+    poll = _LongPoll(alice, request, at_once["pos"])
+    wait_until(lambda: metric(server, "weir_sync_waiters") == 1)
+    send(bob, room, "four")
+    longer = {"lists": {"all": room_list([[0, 9]], timeline_limit=3)}, "conn_id": "held"}
+    whole = slide(alice, longer, pos=poll.answered()["pos"])
+    assert whole["rooms"][room]["initial"] is True and len(whole["rooms"][room]["timeline"]) == 3
+
+
+def test_a_woken_answer_without_extensions_is_a_whole_computations(server, user):
+    """Asked for no extension, a woken answer reads no side stream; it is, room for room and
+    token for token, what a request computing it whole answers."""
+    alice, bob = user("alice"), user("bob")
+    room = create_room(bob, preset="public_chat", name="plain")
+    join(alice, room)
+    request = {"lists": {"all": room_list([[0, 9]], timeline_limit=2)}}
+    woken_conn, whole_conn = {**request, "conn_id": "woken"}, {**request, "conn_id": "whole"}
+    start = slide(alice, woken_conn)
+    whole_start = slide(alice, whole_conn)
+    poll = _LongPoll(alice, woken_conn, start["pos"])
+    wait_until(lambda: metric(server, "weir_sync_waiters") == 1)
+    send(bob, room, "news")
+    woken = poll.answered()
+    whole = slide(alice, whole_conn, pos=whole_start["pos"])
+    assert woken["extensions"] == whole["extensions"] == {}
+    assert woken["pos"].split(".")[2] == whole["pos"].split(".")[2]  # the sync token
+    assert without_ages(woken["rooms"]) == without_ages(whole["rooms"])
+
+
+def test_a_held_registration_is_dropped_when_woken_or_asked_otherwise():
+    notifier = Notifier(lambda room_id: [])
+    held = _Held(notifier)
+    plain = SlidingRequest("c")
+    keep_one = notifier.registered("@a:x", presence=False).__enter__()
+    held.keep("p1", plain, keep_one)
+    assert notifier.waiting() == 1 and notifier.parked() == 0
+    assert held.take("p1", SlidingRequest("c", extensions=Extensions(typing=True))) is None
+    assert notifier.waiting() == 0  # unregistered
+    woken = notifier.registered("@a:x", presence=False).__enter__()
+    held.keep("p2", plain, woken)
+    notifier.notify_users(["@a:x"])
+    assert held.take("p2", plain) is None and notifier.waiting() == 0
+    kept = notifier.registered("@a:x", presence=False).__enter__()
+    held.keep("p3", plain, kept)
+    assert held.take("p3", plain) is kept and notifier.parked() == 1
+    assert held.take("p3", plain) is None  # taken once
