@@ -26,6 +26,7 @@ from collections import OrderedDict
 from typing import Callable
 
 from homeserver.core.clock import now_ms
+from homeserver.core.json_text import EncodedJson, encode, object_text
 from homeserver.core.requester import Requester
 from homeserver.storage.rooms import StoredEvent
 from homeserver.storage.sync import StreamPositions, SyncSnapshot
@@ -37,7 +38,7 @@ from homeserver.sync.sliding_connections import Connections, ConnectionState, Po
 from homeserver.sync.sliding_extensions import SlidingExtensions
 from homeserver.sync.sliding_lists import Listing, ListsResult, Matched, RoomLists
 from homeserver.sync.sliding_request import Extensions, ParsedRequests, SlidingRequest
-from homeserver.sync.sliding_rooms import SlidingRooms
+from homeserver.sync.sliding_rooms import SlidingRooms, is_live, live_text
 from homeserver.sync.tokens import SyncToken
 
 # How long a connection answered from a long-poll keeps its registration for its next
@@ -48,7 +49,7 @@ HELD_SECONDS = 30.0
 class _Call:
     """One request: its connection as the pos left it, and what it asks."""
 
-    __slots__ = ("requester", "request", "pos", "before", "committed")
+    __slots__ = ("requester", "request", "pos", "before", "answered")
 
     def __init__(
         self,
@@ -61,7 +62,7 @@ class _Call:
         self.request = request
         self.pos = pos
         self.before = before
-        self.committed = False  # its answer is the connection's latest (not superseded)
+        self.answered: str | None = None  # the pos of its answer, unless superseded
 
 
 class WaitingSlidingSync(Parked):
@@ -78,7 +79,7 @@ class WaitingSlidingSync(Parked):
         self._service = service
         self._call = call
 
-    def step(self, woken: bool) -> dict | None:
+    def step(self, woken: bool) -> dict | EncodedJson | None:
         waiter = self._waiter
         assert waiter is not None, "computed after close"
         events_only = woken and not waiter.recompute
@@ -92,9 +93,10 @@ class WaitingSlidingSync(Parked):
         finally:
             if burst is not None:
                 burst.done()
-        if body is not None and self._call.committed and _holds(self._call.request):
+        answered = self._call.answered
+        if body is not None and answered is not None and _holds(self._call.request):
             # Registered from before this computation: kept for the request with its pos.
-            self._service.held.keep(body["pos"], self._call.request, waiter)
+            self._service.held.keep(answered, self._call.request, waiter)
             self._waiter = None
         return body
 
@@ -111,14 +113,16 @@ class SlidingSync:
         self.on_list = on_list  # "kept" or "whole", for each room list made
         self.connections = connections
         self.lists = lists
-        self.rooms = SlidingRooms(sync.rooms, sync.history, sync.entries, lists.store)
+        self.rooms = SlidingRooms(
+            sync.rooms, sync.history, sync.entries, lists.store, sync.notifier.recent
+        )
         self.extensions = SlidingExtensions(sync)
         self.requests = ParsedRequests()
         self.held = _Held(sync.notifier)
 
     def begin(
         self, requester: Requester, request: SlidingRequest, pos: str | None, timeout_ms: int
-    ) -> dict | WaitingSlidingSync:
+    ) -> dict | EncodedJson | WaitingSlidingSync:
         """The response; or, when a request with a pos finds nothing new and may wait, a
         WaitingSlidingSync registered with the notifier, whose caller waits for it."""
         now = now_ms()
@@ -152,7 +156,9 @@ class SlidingSync:
         waiting.close()
         return body
 
-    def compute(self, call: _Call, must_answer: bool, events_only: bool = False) -> dict | None:
+    def compute(
+        self, call: _Call, must_answer: bool, events_only: bool = False
+    ) -> dict | EncodedJson | None:
         """The response, or None when it would carry nothing new and need not be sent.
         `events_only`: woken by room events alone (notifier.py), nothing else of the user's
         has changed since its last computation."""
@@ -189,26 +195,26 @@ class SlidingSync:
         if not (must_answer or call.pos is None or rooms or extensions.has_updates):
             call.before.listing = state.listing  # what the next computation goes on from
             return None
+        token = self._token(batch, extensions.to_device_position)
+        generation = self.connections.commit(call.before, state, token.events, now_ms())
+        superseded = generation is None  # its client has moved on (sliding_connections.py)
+        if generation is None:
+            generation, token = call.before.generation, since or token
+        pos = str(Pos(state.connection_id, generation, token))
+        call.answered = None if superseded else pos
+        return _body(pos, found.counts, rooms, extensions.body)
+
+    def _token(self, batch: SyncBatch, to_device_position: int) -> SyncToken:
         positions = batch.positions
-        token = SyncToken(
+        return SyncToken(
             positions.events,
             positions.account_data,
             positions.receipts,
             batch.typing_position,
             self.sync.typing.epoch,
-            extensions.to_device_position,
+            to_device_position,
             positions.device_lists,
         )
-        generation = self.connections.commit(call.before, state, positions.events, now_ms())
-        call.committed = generation is not None
-        if generation is None:  # superseded: its client has moved on (sliding_connections.py)
-            generation, token = call.before.generation, since or token
-        return {
-            "pos": str(Pos(state.connection_id, generation, token)),
-            "lists": {name: {"count": count} for name, count in found.counts.items()},
-            "rooms": rooms,
-            "extensions": extensions.body,
-        }
 
     def _listing(
         self,
@@ -349,6 +355,27 @@ class _Held:
 def _holds(request: SlidingRequest) -> bool:
     """Whether a request's registration may be held for its next (`_Held`)."""
     return not (request.extensions.to_device or request.extensions.e2ee)
+
+
+def _body(pos: str, counts: dict, rooms: dict, extensions: dict) -> dict | EncodedJson:
+    """The response; encoded here when its rooms are all live results (sliding_rooms.py
+    `live_result`), whose starts are encoded once for every connection woken with them."""
+    if rooms and all(is_live(result) for result in rooms.values()):
+        now = now_ms()
+        members = [
+            ("pos", encode(pos)),
+            ("lists", object_text((name, f'{{"count":{n}}}') for name, n in counts.items())),
+            ("rooms", object_text((r, live_text(result, now)) for r, result in rooms.items())),
+            ("extensions", encode(extensions)),
+        ]
+        return EncodedJson(object_text(members))
+    if any(is_live(result) for result in rooms.values()):
+        now = now_ms()
+        for result in rooms.values():
+            if is_live(result):
+                result["timeline"] = result["timeline"].decoded(now)
+    lists = {name: {"count": count} for name, count in counts.items()}
+    return {"pos": pos, "lists": lists, "rooms": rooms, "extensions": extensions}
 
 
 def _add_subscriptions(found: ListsResult, state: ConnectionState) -> None:

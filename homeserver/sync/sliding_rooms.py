@@ -16,6 +16,9 @@ change. Omitted when unchanged (the MSC), as the new events of a room sent befor
 
 from __future__ import annotations
 
+from json.encoder import encode_basestring
+
+from homeserver.core.json_text import encode
 from homeserver.core.requester import Requester
 from homeserver.rooms.format import client_event
 from homeserver.rooms.history import RoomHistory
@@ -29,6 +32,7 @@ from homeserver.sync.room_entries import HEROES, RoomEntries, SyncRequest, Timel
 from homeserver.sync.sliding_connections import SentRoom
 from homeserver.sync.sliding_lists import ListedRoom
 from homeserver.sync.sliding_request import RoomConfig
+from homeserver.sync.woken import BLANK, ROOM_ENTRIES, RecentEvents, RoomEntry, keep
 
 # Event types whose change the room's header (name, avatar, heroes) follows.
 _HEADER_TYPES = frozenset(
@@ -55,11 +59,16 @@ class SlidingRooms:
         history: RoomHistory,
         entries: RoomEntries,
         store: SlidingSyncStore,
+        recent: RecentEvents,
     ):
         self.rooms = rooms
         self.history = history
         self.entries = entries
         self.store = store
+        self.recent = recent
+        # (room ID, first and last position, events) -> the start of its live result
+        # (LIVE_PREFIX), encoded once for every connection the events wake (`live_result`).
+        self._live: dict[tuple[str, int, int, int], RoomEntry] = {}
 
     def result(
         self,
@@ -151,14 +160,9 @@ class SlidingRooms:
             relates = stored.event.content.get("m.relates_to")
             if isinstance(relates, dict) and relates.get("event_id") in ids:
                 return None
-        timeline = []
-        for stored in events:
-            # A member joined throughout sees them all, as woken.py serves them.
-            event = client_event(stored, now, None, "join")
-            del event["room_id"]  # as format_events gives it
-            timeline.append(event)
         result = {
-            "timeline": timeline,
+            # Stands for this start of the result, up to num_live (`live_text`).
+            "timeline": LiveTimeline(self._live_entry(room.room_id, events), events),
             "required_state": [],
             "prev_batch": stream_token(events[0].stream_ordering - 1),
             "limited": False,
@@ -171,6 +175,24 @@ class SlidingRooms:
         if bump_stamp is not None:
             result["bump_stamp"] = bump_stamp
         return result, SentRoom(up_to, config)
+
+    def _live_entry(self, room_id: str, events: list[StoredEvent]) -> RoomEntry:
+        """A live result's start, encoded: a member joined throughout sees the events
+        (woken.py's RecentEvents), each with its own age filled in as it is sent."""
+        key = (room_id, events[0].stream_ordering, events[-1].stream_ordering, len(events))
+        entry = self._live.get(key)
+        if entry is None:
+            timeline = ",".join(a + BLANK + b for a, b in map(self.recent.client_parts, events))
+            prefix = [
+                ("timeline", "[" + timeline + "]"),
+                ("required_state", "[]"),
+                ("prev_batch", encode(stream_token(events[0].stream_ordering - 1))),
+                ("limited", "false"),
+            ]
+            members = "".join(f"{encode_basestring(k)}:{v}," for k, v in prefix)
+            entry = RoomEntry("{" + members + '"num_live":', events)
+            keep(self._live, key, entry, ROOM_ENTRIES)
+        return entry
 
     def _stripped(
         self, requester: Requester, room: ListedRoom, config: RoomConfig, sent: SentRoom | None
@@ -274,6 +296,42 @@ class SlidingRooms:
                     entry[key] = content[key]
             heroes.append(entry)
         return heroes
+
+
+# The members of a live result its LiveTimeline stands for, in its order.
+LIVE_PREFIX = ("timeline", "required_state", "prev_batch", "limited", "num_live")
+
+
+class LiveTimeline:
+    """A live result's timeline (`live_result`), standing for the start of its result
+    encoded once for every connection its events wake."""
+
+    __slots__ = ("entry", "events")
+
+    def __init__(self, entry: RoomEntry, events: list[StoredEvent]):
+        self.entry = entry
+        self.events = events
+
+    def decoded(self, now: int) -> list[dict]:
+        """The events as format_events gives them to a member joined throughout."""
+        timeline = []
+        for stored in self.events:
+            event = client_event(stored, now, None, "join")
+            del event["room_id"]
+            timeline.append(event)
+        return timeline
+
+
+def is_live(result: dict) -> bool:
+    return isinstance(result.get("timeline"), LiveTimeline)
+
+
+def live_text(result: dict, now: int) -> str:
+    """A live result encoded: its start shared, its events' ages as of `now`, and the
+    rest of it its own."""
+    rest = encode({k: v for k, v in result.items() if k not in LIVE_PREFIX})
+    text = result["timeline"].entry.text(now) + str(result["num_live"])
+    return text + ("}" if rest == "{}" else "," + rest[1:])
 
 
 def _last_bump(events: list[StoredEvent]) -> int | None:

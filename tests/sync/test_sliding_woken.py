@@ -4,13 +4,18 @@ its next long-poll with the same request parks on the registration held since th
 
 import threading
 
+from homeserver.core.json_text import encode
+from homeserver.rooms.pagination import stream_token
 from homeserver.sync.notifier import Notifier
-from homeserver.sync.sliding import _Held
+from homeserver.sync.sliding import _body, _Held
 from homeserver.sync.sliding_request import Extensions, SlidingRequest
+from homeserver.sync.sliding_rooms import LiveTimeline, SlidingRooms, live_text
+from homeserver.sync.woken import RecentEvents
 from tests.rooms.conftest import create_room, send
 from tests.sync.conftest import metric
 from tests.sync.test_sliding_sync import join, lists_made, room_list, slide, without_ages
 from tests.sync.test_waiting import wait_until
+from tests.sync.test_woken import stored
 
 
 class _LongPoll:
@@ -103,3 +108,47 @@ def test_a_held_registration_is_dropped_when_woken_or_asked_otherwise():
     held.keep("p3", plain, kept)
     assert held.take("p3", plain) is kept and notifier.parked() == 1
     assert held.take("p3", plain) is None  # taken once
+
+
+def _live(rooms: SlidingRooms, run: list, **rest) -> dict:
+    return {
+        "timeline": LiveTimeline(rooms._live_entry("!r", run), run),
+        "required_state": [],
+        "prev_batch": stream_token(run[0].stream_ordering - 1),
+        "limited": False,
+        "num_live": len(run),
+        "membership": "join",
+        "notification_count": 1,
+        "highlight_count": 0,
+        **rest,
+    }
+
+
+def test_a_live_result_is_encoded_once_and_as_its_whole_encoding_would_be():
+    """Its start is shared by every connection the events wake; the text, its own ages and
+    counts in it, is what encoding the result with its events formatted gives."""
+    recent = RecentEvents()
+    events = [stored(1, content={"body": "é \u2028"}, origin_server_ts=3), stored(2)]
+    recent.add(events)
+    rooms = SlidingRooms(None, None, None, None, recent)
+    for run, rest in ((events[:1], {}), (events, {"bump_stamp": 2, "lists": ["all"]})):
+        result = _live(rooms, run, **rest)
+        assert live_text(result, 10) == encode(
+            {**result, "timeline": result["timeline"].decoded(10)}
+        )
+    assert rooms._live_entry("!r", events) is rooms._live_entry("!r", events)
+    # A whole answer of live results, encoded; with ages of 0 (sent in the future) to compare.
+    future = [stored(3, origin_server_ts=10**15)]
+    recent.add(future)
+    result = _live(rooms, future, lists=["all"])
+    answer = _body("1.2.s3", {"all": 1}, {"!r": result}, {})
+    expected = {
+        "pos": "1.2.s3",
+        "lists": {"all": {"count": 1}},
+        "rooms": {"!r": {**result, "timeline": result["timeline"].decoded(0)}},
+        "extensions": {},
+    }
+    assert not isinstance(answer, dict) and answer.text == encode(expected)
+    # Beside a result read whole, a live one is sent decoded, in the answer as a dict.
+    mixed = _body("1.2.s3", {}, {"!r": _live(rooms, future), "!s": {"timeline": []}}, {})
+    assert isinstance(mixed, dict) and mixed["rooms"]["!r"]["timeline"][0]["event_id"] == "$3"
