@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from json.encoder import encode_basestring
 from typing import Callable
 
 from homeserver.core.clock import now_ms
-from homeserver.core.json_text import EncodedJson, encode, object_text
+from homeserver.core.json_text import EncodedJson, encode
 from homeserver.core.requester import Requester
 from homeserver.storage.rooms import StoredEvent
 from homeserver.storage.sync import StreamPositions, SyncSnapshot
@@ -362,13 +363,10 @@ def _body(pos: str, counts: dict, rooms: dict, extensions: dict) -> dict | Encod
     `live_result`), whose starts are encoded once for every connection woken with them."""
     if rooms and all(is_live(result) for result in rooms.values()):
         now = now_ms()
-        members = [
-            ("pos", encode(pos)),
-            ("lists", object_text((name, f'{{"count":{n}}}') for name, n in counts.items())),
-            ("rooms", object_text((r, live_text(result, now)) for r, result in rooms.items())),
-            ("extensions", encode(extensions)),
-        ]
-        return EncodedJson(object_text(members))
+        listed = ",".join(f'{encode_basestring(k)}:{{"count":{n}}}' for k, n in counts.items())
+        texts = ",".join(f"{encode_basestring(r)}:{live_text(x, now)}" for r, x in rooms.items())
+        text = f'{{"pos":{encode_basestring(pos)},"lists":{{{listed}}},"rooms":{{{texts}}}'
+        return EncodedJson(f'{text},"extensions":{encode(extensions) if extensions else "{}"}}}')
     if any(is_live(result) for result in rooms.values()):
         now = now_ms()
         for result in rooms.values():
