@@ -315,7 +315,9 @@ class _Held:
     same request, its registration not woken meanwhile, has nothing new, and waits on it
     with no computation. A connection woken by a message pays for one computation, not a
     second one to park again. Not for a request with to-device messages (its `since`
-    acknowledges them) or end-to-end encryption's key counts, which change unannounced."""
+    acknowledges them) or end-to-end encryption's key counts, which change unannounced. A
+    room forgotten meanwhile moves no stream and wakes no one: the next computation sees it,
+    as a parked connection's does."""
 
     def __init__(self, notifier: Notifier):
         self._notifier = notifier
@@ -327,15 +329,12 @@ class _Held:
         self._drop(pos)
         self._by_pos[pos] = (now, request, waiter)
         self._notifier.held += 1
-        while self._by_pos:  # those whose client never came back
-            oldest = next(iter(self._by_pos))
-            if self._by_pos[oldest][0] > now - HELD_SECONDS:
-                break
-            self._drop(oldest)
+        self._drop_older(now - HELD_SECONDS)
 
     def take(self, pos: str, request: SlidingRequest) -> Waiter | None:
         """The registration kept for `pos`, if `request` is the one answered and nothing
         woke it since; else None, and it is dropped."""
+        self._drop_older(time.monotonic() - HELD_SECONDS)
         found = self._by_pos.pop(pos, None)
         if found is None:
             return None
@@ -345,6 +344,14 @@ class _Held:
             waiter.__exit__(None, None, None)
             return None
         return waiter
+
+    def _drop_older(self, than: float) -> None:
+        """Drops those kept before `than`: their clients never came back."""
+        while self._by_pos:
+            oldest = next(iter(self._by_pos))
+            if self._by_pos[oldest][0] >= than:
+                break
+            self._drop(oldest)
 
     def _drop(self, pos: str) -> None:
         found = self._by_pos.pop(pos, None)

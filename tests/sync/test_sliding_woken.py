@@ -6,6 +6,7 @@ import threading
 
 from homeserver.core.json_text import encode
 from homeserver.rooms.pagination import stream_token
+from homeserver.sync import sliding
 from homeserver.sync.notifier import Notifier
 from homeserver.sync.sliding import _body, _Held
 from homeserver.sync.sliding_request import Extensions, SlidingRequest
@@ -91,7 +92,7 @@ def test_a_woken_answer_without_extensions_is_a_whole_computations(server, user)
     assert without_ages(woken["rooms"]) == without_ages(whole["rooms"])
 
 
-def test_a_held_registration_is_dropped_when_woken_or_asked_otherwise():
+def test_a_held_registration_is_dropped_when_woken_or_asked_otherwise(monkeypatch):
     notifier = Notifier(lambda room_id: [])
     held = _Held(notifier)
     plain = SlidingRequest("c")
@@ -108,6 +109,11 @@ def test_a_held_registration_is_dropped_when_woken_or_asked_otherwise():
     held.keep("p3", plain, kept)
     assert held.take("p3", plain) is kept and notifier.parked() == 1
     assert held.take("p3", plain) is None  # taken once
+    kept.__exit__(None, None, None)
+    # One whose client never came back is dropped as others are kept, or taken.
+    monkeypatch.setattr(sliding, "HELD_SECONDS", -1.0)
+    held.keep("p4", plain, notifier.registered("@a:x", presence=False).__enter__())
+    assert notifier.waiting() == 0 and held.take("p4", plain) is None
 
 
 def _live(rooms: SlidingRooms, run: list, **rest) -> dict:
