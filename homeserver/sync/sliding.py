@@ -16,7 +16,10 @@ off the main pool, and computes again when something concerning the user is stor
 What it costs is what changed: a connection keeps its room list in memory and brings it up
 to date from the events stored since (sliding_lists.py), a room already sent whose new
 events are all in hand is answered from them (sliding_rooms.py `live_result`), and a
-long-poll woken by room events alone reads no stream positions (as woken.py's /sync).
+long-poll woken by room events alone reads no stream positions (as woken.py's /sync). Its
+answer keeps the registration it was woken on for the connection's next request, which then
+parks with no computation (`_Held`), and a room's live result is encoded once for every
+connection its events wake (sliding_rooms.py `live_text`).
 """
 
 from __future__ import annotations
@@ -340,7 +343,7 @@ class _Held:
             return None
         self._notifier.held -= 1
         _, answered, waiter = found
-        if answered != request or waiter.woken.is_set():
+        if (answered is not request and answered != request) or waiter.woken.is_set():
             waiter.__exit__(None, None, None)
             return None
         return waiter

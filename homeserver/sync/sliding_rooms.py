@@ -6,7 +6,9 @@ sent (a longer timeline, more state).
 Timelines and event formatting are /sync's (room_entries.py), read as of the position the
 request reads up to; a room the user is no longer in is read up to their membership event.
 A joined room already sent, whose new events the kept list brought in, is made from them
-with no read (`live_result`), when that gives what the reads would.
+with no read (`live_result`), when that gives what the reads would; its start (timeline,
+prev_batch, limited) is encoded once for every connection the events wake, as woken.py's
+RoomEntry is for /sync, each connection's ages, counts and lists filled in (`live_text`).
 
 A room's `bump_stamp` is the position of its latest event of a type that counts as activity
 (BUMP_TYPES, the MSC's list), not its place in the lists (any event: sliding_lists.py), so
