@@ -299,16 +299,20 @@ class SlidingSync:
                 if matched.lists:
                     result["lists"] = matched.lists
                 rooms[room_id] = result
-        self._add_counts(requester.user_id, rooms)
+        self._add_counts(requester.user_id, rooms, live is not None)
         return rooms
 
-    def _add_counts(self, user_id: str, rooms: dict) -> None:
-        """The unread counts of the joined rooms sent, one read for all (notifications.py)."""
+    def _add_counts(self, user_id: str, rooms: dict, woken_together: bool) -> None:
+        """The unread counts of the joined rooms sent, one read for all (notifications.py);
+        `woken_together`: a kept list brought up to date, as the connections one message
+        wakes do, whose counts are read together (GatheredUnread)."""
         notifications = self.sync.notifications
         joined = [r for r, result in rooms.items() if result.get("membership") == "join"]
         if notifications is None or not joined:
             return
-        for room_id, fields in notifications.unread_fields(user_id, joined, False).items():
+        gathered = self.sync.gathered_unread
+        read = gathered if woken_together and gathered else notifications.unread_fields
+        for room_id, fields in read(user_id, joined, False).items():
             rooms[room_id].update(fields["unread_notifications"])
 
 

@@ -4,19 +4,21 @@ its next long-poll with the same request parks on the registration held since th
 
 import threading
 
+import gevent
+
 from homeserver.core.json_text import encode
 from homeserver.rooms.pagination import stream_token
 from homeserver.sync import sliding
 from homeserver.sync.notifier import Notifier
 from homeserver.sync.sliding import _body, _Held
-from homeserver.sync.sliding_request import Extensions, SlidingRequest
+from homeserver.sync.sliding_request import Extensions, SlidingRequest, parse_request
 from homeserver.sync.sliding_rooms import LiveTimeline, SlidingRooms, live_text
 from homeserver.sync.woken import RecentEvents
 from tests.rooms.conftest import create_room, send
 from tests.sync.conftest import metric
 from tests.sync.test_sliding_sync import join, lists_made, room_list, slide, without_ages
 from tests.sync.test_waiting import wait_until
-from tests.sync.test_woken import stored
+from tests.sync.test_woken import Room, decoded, stored
 
 
 class _LongPoll:
@@ -158,3 +160,30 @@ def test_a_live_result_is_encoded_once_and_as_its_whole_encoding_would_be():
     # Beside a result read whole, a live one is sent decoded, in the answer as a dict.
     mixed = _body("1.2.s3", {}, {"!r": _live(rooms, future), "!s": {"timeline": []}}, {})
     assert isinstance(mixed, dict) and mixed["rooms"]["!r"]["timeline"][0]["event_id"] == "$3"
+
+
+def test_connections_woken_together_read_their_unread_counts_at_once(runtime):
+    """As woken /syncs do (GatheredUnread): one read for the counts of all, each its own."""
+    room = Room(runtime)
+    carol = room._user("carol")
+    runtime.rooms.update_membership(carol.user_id, room.room_id, carol.user_id, "join")
+    before = room.send(room.bob, body="before")
+    runtime.receipts.send(carol, room.room_id, "m.read", before)  # carol's count restarts
+    sliding, users = runtime.sliding_sync, [room.alice, carol]
+    request = parse_request({"lists": {"all": {"ranges": [[0, 9]], "timeline_limit": 1}}})
+    positions = [sliding.begin(u, request, None, 0)["pos"] for u in users]
+    waiting = [sliding.begin(u, request, p, 30_000) for u, p in zip(users, positions)]
+    parked = [gevent.spawn(w.answer) for w in waiting]
+    gathered = runtime.sync.gathered_unread
+    with gevent.Timeout(10):
+        while runtime.notifier.parked() < 2:
+            gevent.sleep(0.01)
+    reads = gathered.reads
+    room.send(room.bob, body="after")
+    answers = [decoded(g.get(timeout=10)) for g in parked]
+    assert gathered.reads == reads + 1
+    counts = [a["rooms"][room.room_id]["notification_count"] for a in answers]
+    assert counts == [2, 1]
+    for user, pos, count in zip(users, positions, counts):
+        whole = sliding.begin(user, request, pos, 0)  # from the same pos, read whole
+        assert decoded(whole)["rooms"][room.room_id]["notification_count"] == count
