@@ -413,7 +413,7 @@ class HomeserverRuntime(AdminComponents, E2eeComponents, PushComponents, Cluster
             self.room_store.joined_users, collector, joined_among=self.room_store.joined_among
         )
         self.metrics.track_gauge(
-            "weir_sync_waiters", "Syncs registered to be woken", notifier.waiting
+            "weir_sync_waiters", "Syncs registered to be woken", notifier.parked
         )
         self.metrics.track_counter(
             "weir_collector_holds",

@@ -100,6 +100,9 @@ class Notifier:
         self.bursts = 0  # wake-ups that held the collector (weir_collector_holds_total)
         self._waiting: dict[str, set[Waiter]] = {}
         self._count = 0
+        # Of those, registrations held between a connection's requests (sliding.py `_Held`):
+        # woken as any, but no request waits on them.
+        self.held = 0
         self.closed = False
         self.recent = RecentEvents()  # heard before anyone is woken: what they answer from
 
@@ -123,8 +126,12 @@ class Notifier:
             del self._waiting[user_id]
 
     def waiting(self) -> int:
-        """Syncs registered now (the weir_sync_waiters gauge)."""
+        """Registrations now: whether anyone is to be woken."""
         return self._count
+
+    def parked(self) -> int:
+        """Syncs waiting now (the weir_sync_waiters gauge)."""
+        return self._count - self.held
 
     def notify_users(
         self, user_ids: Iterable[str], recompute: bool = True, presence: bool = False

@@ -59,9 +59,19 @@ class Parked:
 
     __slots__ = ("_deadline", "_waiter")
 
-    def __init__(self, notifier: Notifier, user_id: str, deadline: float, presence: bool = True):
+    def __init__(
+        self,
+        notifier: Notifier,
+        user_id: str,
+        deadline: float,
+        presence: bool = True,
+        waiter: Waiter | None = None,
+    ):
+        """`waiter`: a registration of the user's to go on with, rather than a new one."""
         self._deadline = deadline
-        self._waiter: Waiter | None = notifier.registered(user_id, presence).__enter__()
+        if waiter is None:
+            waiter = notifier.registered(user_id, presence).__enter__()
+        self._waiter: Waiter | None = waiter
 
     def answer(self, while_waiting=contextlib.nullcontext) -> dict | EncodedJson:
         """Waits, then the answer. `while_waiting()` is entered around each wait: the HTTP
@@ -152,6 +162,7 @@ class SyncService:
         self.notifications = notifications  # unread counts, when push actions are kept
         self.entries = RoomEntries(rooms, history)
         unread = GatheredUnread(notifications.store) if notifications else None
+        self.gathered_unread = unread  # for syncs woken together: sliding sync's too
         self.woken = WokenAnswers(notifier.recent, e2ee, self.entries.lazy_members, unread)
         self.on_wake = on_wake  # "recent_events" or "database", for each woken sync
 
@@ -347,12 +358,15 @@ class SyncService:
             out[room_id] = (membership, changed_at)
         return out, raced
 
-    def read_side_streams(self, request: SyncRequest, batch: SyncBatch, joined: list[str]) -> None:
-        """Account data, receipts and typing changed since the token, by room."""
+    def read_side_streams(
+        self, request: SyncRequest, batch: SyncBatch, joined: list[str], account_data=True
+    ) -> None:
+        """Account data (unless not `account_data`), receipts and typing changed since the
+        token, by room."""
         since = request.since
         positions = batch.positions
         after = since.account_data if since else 0
-        if positions.account_data > after:
+        if account_data and positions.account_data > after:
             for item in self.store.account_data_changes(
                 request.user_id, after, positions.account_data
             ):

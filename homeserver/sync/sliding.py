@@ -16,33 +16,44 @@ off the main pool, and computes again when something concerning the user is stor
 What it costs is what changed: a connection keeps its room list in memory and brings it up
 to date from the events stored since (sliding_lists.py), a room already sent whose new
 events are all in hand is answered from them (sliding_rooms.py `live_result`), and a
-long-poll woken by room events alone reads no stream positions (as woken.py's /sync).
+long-poll woken by room events alone reads no stream positions (as woken.py's /sync). Its
+answer keeps the registration it was woken on for the connection's next request, which then
+parks with no computation (`_Held`), and a room's live result is encoded once for every
+connection its events wake (sliding_rooms.py `live_text`).
 """
 
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
+from json.encoder import encode_basestring
 from typing import Callable
 
 from homeserver.core.clock import now_ms
+from homeserver.core.json_text import EncodedJson, encode
 from homeserver.core.requester import Requester
 from homeserver.storage.rooms import StoredEvent
 from homeserver.storage.sync import StreamPositions, SyncSnapshot
 from homeserver.sync.filters import NO_FILTER
+from homeserver.sync.notifier import Notifier, Waiter
 from homeserver.sync.room_entries import SyncBatch, SyncRequest
 from homeserver.sync.service import MAX_TIMEOUT_MS, Parked, SyncService
 from homeserver.sync.sliding_connections import Connections, ConnectionState, Pos, resolved
 from homeserver.sync.sliding_extensions import SlidingExtensions
 from homeserver.sync.sliding_lists import Listing, ListsResult, Matched, RoomLists
 from homeserver.sync.sliding_request import Extensions, ParsedRequests, SlidingRequest
-from homeserver.sync.sliding_rooms import SlidingRooms
+from homeserver.sync.sliding_rooms import SlidingRooms, is_live, live_text
 from homeserver.sync.tokens import SyncToken
+
+# How long a connection answered from a long-poll keeps its registration for its next
+# request (`_Held`): its client sends that as soon as it has the answer.
+HELD_SECONDS = 30.0
 
 
 class _Call:
     """One request: its connection as the pos left it, and what it asks."""
 
-    __slots__ = ("requester", "request", "pos", "before")
+    __slots__ = ("requester", "request", "pos", "before", "answered")
 
     def __init__(
         self,
@@ -55,6 +66,7 @@ class _Call:
         self.request = request
         self.pos = pos
         self.before = before
+        self.answered: str | None = None  # the pos of its answer, unless superseded
 
 
 class WaitingSlidingSync(Parked):
@@ -62,13 +74,16 @@ class WaitingSlidingSync(Parked):
 
     __slots__ = ("_service", "_call")
 
-    def __init__(self, service: "SlidingSync", call: _Call, deadline: float):
+    def __init__(
+        self, service: "SlidingSync", call: _Call, deadline: float, waiter: Waiter | None = None
+    ):
         # It carries no presence: a change of it is no reason to compute again.
-        super().__init__(service.sync.notifier, call.requester.user_id, deadline, presence=False)
+        notifier = service.sync.notifier
+        super().__init__(notifier, call.requester.user_id, deadline, False, waiter)
         self._service = service
         self._call = call
 
-    def step(self, woken: bool) -> dict | None:
+    def step(self, woken: bool) -> dict | EncodedJson | None:
         waiter = self._waiter
         assert waiter is not None, "computed after close"
         events_only = woken and not waiter.recompute
@@ -78,10 +93,16 @@ class WaitingSlidingSync(Parked):
         waiter.clear()
         try:
             notifier = self._service.sync.notifier
-            return self._service.compute(self._call, self.expired(notifier), events_only)
+            body = self._service.compute(self._call, self.expired(notifier), events_only)
         finally:
             if burst is not None:
                 burst.done()
+        answered = self._call.answered
+        if body is not None and answered is not None and _holds(self._call.request):
+            # Registered from before this computation: kept for the request with its pos.
+            self._service.held.keep(answered, self._call.request, waiter)
+            self._waiter = None
+        return body
 
 
 class SlidingSync:
@@ -96,13 +117,16 @@ class SlidingSync:
         self.on_list = on_list  # "kept" or "whole", for each room list made
         self.connections = connections
         self.lists = lists
-        self.rooms = SlidingRooms(sync.rooms, sync.history, sync.entries, lists.store)
+        self.rooms = SlidingRooms(
+            sync.rooms, sync.history, sync.entries, lists.store, sync.notifier.recent
+        )
         self.extensions = SlidingExtensions(sync)
         self.requests = ParsedRequests()
+        self.held = _Held(sync.notifier)
 
     def begin(
         self, requester: Requester, request: SlidingRequest, pos: str | None, timeout_ms: int
-    ) -> dict | WaitingSlidingSync:
+    ) -> dict | EncodedJson | WaitingSlidingSync:
         """The response; or, when a request with a pos finds nothing new and may wait, a
         WaitingSlidingSync registered with the notifier, whose caller waits for it."""
         now = now_ms()
@@ -120,6 +144,11 @@ class SlidingSync:
             body = self.compute(call, True)
             assert body is not None
             return body
+        held = self.held.take(pos, request)
+        if held is not None:
+            # Nothing concerning the user since the answer that gave this pos was computed:
+            # this request, that answer's own again, would find nothing new. It waits.
+            return WaitingSlidingSync(self, call, time.monotonic() + timeout, held)
         waiting = WaitingSlidingSync(self, call, time.monotonic() + timeout)
         try:
             body = waiting.step(woken=False)
@@ -131,7 +160,9 @@ class SlidingSync:
         waiting.close()
         return body
 
-    def compute(self, call: _Call, must_answer: bool, events_only: bool = False) -> dict | None:
+    def compute(
+        self, call: _Call, must_answer: bool, events_only: bool = False
+    ) -> dict | EncodedJson | None:
         """The response, or None when it would carry nothing new and need not be sent.
         `events_only`: woken by room events alone (notifier.py), nothing else of the user's
         has changed since its last computation."""
@@ -168,25 +199,26 @@ class SlidingSync:
         if not (must_answer or call.pos is None or rooms or extensions.has_updates):
             call.before.listing = state.listing  # what the next computation goes on from
             return None
+        token = self._token(batch, extensions.to_device_position)
+        generation = self.connections.commit(call.before, state, token.events, now_ms())
+        superseded = generation is None  # its client has moved on (sliding_connections.py)
+        if generation is None:
+            generation, token = call.before.generation, since or token
+        pos = str(Pos(state.connection_id, generation, token))
+        call.answered = None if superseded else pos
+        return _body(pos, found.counts, rooms, extensions.body)
+
+    def _token(self, batch: SyncBatch, to_device_position: int) -> SyncToken:
         positions = batch.positions
-        token = SyncToken(
+        return SyncToken(
             positions.events,
             positions.account_data,
             positions.receipts,
             batch.typing_position,
             self.sync.typing.epoch,
-            extensions.to_device_position,
+            to_device_position,
             positions.device_lists,
         )
-        generation = self.connections.commit(call.before, state, positions.events, now_ms())
-        if generation is None:  # superseded: its client has moved on (sliding_connections.py)
-            generation, token = call.before.generation, since or token
-        return {
-            "pos": str(Pos(state.connection_id, generation, token)),
-            "lists": {name: {"count": count} for name, count in found.counts.items()},
-            "rooms": rooms,
-            "extensions": extensions.body,
-        }
 
     def _listing(
         self,
@@ -267,17 +299,95 @@ class SlidingSync:
                 if matched.lists:
                     result["lists"] = matched.lists
                 rooms[room_id] = result
-        self._add_counts(requester.user_id, rooms)
+        self._add_counts(requester.user_id, rooms, live is not None)
         return rooms
 
-    def _add_counts(self, user_id: str, rooms: dict) -> None:
-        """The unread counts of the joined rooms sent, one read for all (notifications.py)."""
+    def _add_counts(self, user_id: str, rooms: dict, woken_together: bool) -> None:
+        """The unread counts of the joined rooms sent, one read for all (notifications.py);
+        `woken_together`: a kept list brought up to date, as the connections one message
+        wakes do, whose counts are read together (GatheredUnread)."""
         notifications = self.sync.notifications
         joined = [r for r, result in rooms.items() if result.get("membership") == "join"]
         if notifications is None or not joined:
             return
-        for room_id, fields in notifications.unread_fields(user_id, joined, False).items():
+        gathered = self.sync.gathered_unread
+        read = gathered if woken_together and gathered else notifications.unread_fields
+        for room_id, fields in read(user_id, joined, False).items():
             rooms[room_id].update(fields["unread_notifications"])
+
+
+class _Held:
+    """The registrations of connections just answered from a long-poll, each kept, by the
+    pos it gave, for the connection's next request: one that comes with that pos and the
+    same request, its registration not woken meanwhile, has nothing new, and waits on it
+    with no computation. A connection woken by a message pays for one computation, not a
+    second one to park again. Not for a request with to-device messages (its `since`
+    acknowledges them) or end-to-end encryption's key counts, which change unannounced. A
+    room forgotten meanwhile moves no stream and wakes no one: the next computation sees it,
+    as a parked connection's does."""
+
+    def __init__(self, notifier: Notifier):
+        self._notifier = notifier
+        # pos -> (when kept, the request answered, its registration), oldest first
+        self._by_pos: OrderedDict[str, tuple[float, SlidingRequest, Waiter]] = OrderedDict()
+
+    def keep(self, pos: str, request: SlidingRequest, waiter: Waiter) -> None:
+        now = time.monotonic()
+        self._drop(pos)
+        self._by_pos[pos] = (now, request, waiter)
+        self._notifier.held += 1
+        self._drop_older(now - HELD_SECONDS)
+
+    def take(self, pos: str, request: SlidingRequest) -> Waiter | None:
+        """The registration kept for `pos`, if `request` is the one answered and nothing
+        woke it since; else None, and it is dropped."""
+        self._drop_older(time.monotonic() - HELD_SECONDS)
+        found = self._by_pos.pop(pos, None)
+        if found is None:
+            return None
+        self._notifier.held -= 1
+        _, answered, waiter = found
+        if (answered is not request and answered != request) or waiter.woken.is_set():
+            waiter.__exit__(None, None, None)
+            return None
+        return waiter
+
+    def _drop_older(self, than: float) -> None:
+        """Drops those kept before `than`: their clients never came back."""
+        while self._by_pos:
+            oldest = next(iter(self._by_pos))
+            if self._by_pos[oldest][0] >= than:
+                break
+            self._drop(oldest)
+
+    def _drop(self, pos: str) -> None:
+        found = self._by_pos.pop(pos, None)
+        if found is not None:
+            self._notifier.held -= 1
+            found[2].__exit__(None, None, None)
+
+
+def _holds(request: SlidingRequest) -> bool:
+    """Whether a request's registration may be held for its next (`_Held`)."""
+    return not (request.extensions.to_device or request.extensions.e2ee)
+
+
+def _body(pos: str, counts: dict, rooms: dict, extensions: dict) -> dict | EncodedJson:
+    """The response; encoded here when its rooms are all live results (sliding_rooms.py
+    `live_result`), whose starts are encoded once for every connection woken with them."""
+    if rooms and all(is_live(result) for result in rooms.values()):
+        now = now_ms()
+        listed = ",".join(f'{encode_basestring(k)}:{{"count":{n}}}' for k, n in counts.items())
+        texts = ",".join(f"{encode_basestring(r)}:{live_text(x, now)}" for r, x in rooms.items())
+        text = f'{{"pos":{encode_basestring(pos)},"lists":{{{listed}}},"rooms":{{{texts}}}'
+        return EncodedJson(f'{text},"extensions":{encode(extensions) if extensions else "{}"}}}')
+    if any(is_live(result) for result in rooms.values()):
+        now = now_ms()
+        for result in rooms.values():
+            if is_live(result):
+                result["timeline"] = result["timeline"].decoded(now)
+    lists = {name: {"count": count} for name, count in counts.items()}
+    return {"pos": pos, "lists": lists, "rooms": rooms, "extensions": extensions}
 
 
 def _add_subscriptions(found: ListsResult, state: ConnectionState) -> None:

@@ -39,8 +39,14 @@ class SlidingExtensions:
         window: list[str],
     ) -> ExtensionsPart:
         """`request.since`: the pos' token (None on a new connection); `window`: the joined
-        rooms the response's rules matched. Reads the batch's side streams."""
-        self.sync.read_side_streams(request, batch, window)
+        rooms the response's rules matched. Reads the batch's side streams, those asked for:
+        a connection that asks for none (a room list's) reads none, its typing position
+        aside, which its token carries as any other's."""
+        ephemeral_asked = asked.receipts or asked.typing
+        window = window if ephemeral_asked else []
+        self.sync.read_side_streams(request, batch, window, asked.account_data)
+        if not asked.any:
+            return ExtensionsPart({}, False, 0)
         body: dict = {}
         updates = False
         if asked.account_data:

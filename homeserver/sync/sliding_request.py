@@ -144,6 +144,10 @@ class Extensions:
     receipts: bool = False
     typing: bool = False
 
+    @property
+    def any(self) -> bool:
+        return self.to_device or self.e2ee or self.account_data or self.receipts or self.typing
+
 
 @dataclass(frozen=True)
 class SlidingRequest:

@@ -6,7 +6,9 @@ sent (a longer timeline, more state).
 Timelines and event formatting are /sync's (room_entries.py), read as of the position the
 request reads up to; a room the user is no longer in is read up to their membership event.
 A joined room already sent, whose new events the kept list brought in, is made from them
-with no read (`live_result`), when that gives what the reads would.
+with no read (`live_result`), when that gives what the reads would; its start (timeline,
+prev_batch, limited) is encoded once for every connection the events wake, as woken.py's
+RoomEntry is for /sync, each connection's ages, counts and lists filled in (`live_text`).
 
 A room's `bump_stamp` is the position of its latest event of a type that counts as activity
 (BUMP_TYPES, the MSC's list), not its place in the lists (any event: sliding_lists.py), so
@@ -16,6 +18,9 @@ change. Omitted when unchanged (the MSC), as the new events of a room sent befor
 
 from __future__ import annotations
 
+from json.encoder import encode_basestring
+
+from homeserver.core.json_text import encode
 from homeserver.core.requester import Requester
 from homeserver.rooms.format import client_event
 from homeserver.rooms.history import RoomHistory
@@ -29,6 +34,7 @@ from homeserver.sync.room_entries import HEROES, RoomEntries, SyncRequest, Timel
 from homeserver.sync.sliding_connections import SentRoom
 from homeserver.sync.sliding_lists import ListedRoom
 from homeserver.sync.sliding_request import RoomConfig
+from homeserver.sync.woken import BLANK, ROOM_ENTRIES, RecentEvents, RoomEntry, keep
 
 # Event types whose change the room's header (name, avatar, heroes) follows.
 _HEADER_TYPES = frozenset(
@@ -55,11 +61,16 @@ class SlidingRooms:
         history: RoomHistory,
         entries: RoomEntries,
         store: SlidingSyncStore,
+        recent: RecentEvents,
     ):
         self.rooms = rooms
         self.history = history
         self.entries = entries
         self.store = store
+        self.recent = recent
+        # (room ID, first and last position, events) -> the start of its live result
+        # (LIVE_PREFIX), encoded once for every connection the events wake (`live_result`).
+        self._live: dict[tuple[str, int, int, int], RoomEntry] = {}
 
     def result(
         self,
@@ -151,14 +162,9 @@ class SlidingRooms:
             relates = stored.event.content.get("m.relates_to")
             if isinstance(relates, dict) and relates.get("event_id") in ids:
                 return None
-        timeline = []
-        for stored in events:
-            # A member joined throughout sees them all, as woken.py serves them.
-            event = client_event(stored, now, None, "join")
-            del event["room_id"]  # as format_events gives it
-            timeline.append(event)
         result = {
-            "timeline": timeline,
+            # Stands for this start of the result, up to num_live (`live_text`).
+            "timeline": LiveTimeline(self._live_entry(room.room_id, events), events),
             "required_state": [],
             "prev_batch": stream_token(events[0].stream_ordering - 1),
             "limited": False,
@@ -171,6 +177,24 @@ class SlidingRooms:
         if bump_stamp is not None:
             result["bump_stamp"] = bump_stamp
         return result, SentRoom(up_to, config)
+
+    def _live_entry(self, room_id: str, events: list[StoredEvent]) -> RoomEntry:
+        """A live result's start, encoded: a member joined throughout sees the events
+        (woken.py's RecentEvents), each with its own age filled in as it is sent."""
+        key = (room_id, events[0].stream_ordering, events[-1].stream_ordering, len(events))
+        entry = self._live.get(key)
+        if entry is None:
+            timeline = ",".join(a + BLANK + b for a, b in map(self.recent.client_parts, events))
+            prefix = [
+                ("timeline", "[" + timeline + "]"),
+                ("required_state", "[]"),
+                ("prev_batch", encode(stream_token(events[0].stream_ordering - 1))),
+                ("limited", "false"),
+            ]
+            members = "".join(f"{encode_basestring(k)}:{v}," for k, v in prefix)
+            entry = RoomEntry("{" + members + '"num_live":', events)
+            keep(self._live, key, entry, ROOM_ENTRIES)
+        return entry
 
     def _stripped(
         self, requester: Requester, room: ListedRoom, config: RoomConfig, sent: SentRoom | None
@@ -274,6 +298,58 @@ class SlidingRooms:
                     entry[key] = content[key]
             heroes.append(entry)
         return heroes
+
+
+# The members of a live result its LiveTimeline stands for, in its order.
+LIVE_PREFIX = frozenset({"timeline", "required_state", "prev_batch", "limited", "num_live"})
+
+
+class LiveTimeline:
+    """A live result's timeline (`live_result`), standing for the start of its result
+    encoded once for every connection its events wake."""
+
+    __slots__ = ("entry", "events")
+
+    def __init__(self, entry: RoomEntry, events: list[StoredEvent]):
+        self.entry = entry
+        self.events = events
+
+    def decoded(self, now: int) -> list[dict]:
+        """The events as format_events gives them to a member joined throughout."""
+        timeline = []
+        for stored in self.events:
+            event = client_event(stored, now, None, "join")
+            del event["room_id"]
+            timeline.append(event)
+        return timeline
+
+
+def is_live(result: dict) -> bool:
+    return isinstance(result.get("timeline"), LiveTimeline)
+
+
+def live_text(result: dict, now: int) -> str:
+    """A live result encoded: its start shared, its events' ages as of `now`, and the
+    rest of it its own."""
+    own = [
+        f"{encode_basestring(key)}:{_member_text(value)}"
+        for key, value in result.items()
+        if key not in LIVE_PREFIX
+    ]
+    rest = "," + ",".join(own) if own else ""
+    return f"{result['timeline'].entry.text(now)}{result['num_live']}{rest}}}"
+
+
+def _member_text(value) -> str:
+    """`encode(value)`, without the encoder's cost for each call for the plain values a
+    result's own members are (membership, counts, bump_stamp, its lists' names)."""
+    if isinstance(value, str):
+        return encode_basestring(value)
+    if type(value) is int:
+        return str(value)
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return "[" + ",".join(map(encode_basestring, value)) + "]"
+    return encode(value)
 
 
 def _last_bump(events: list[StoredEvent]) -> int | None:

@@ -175,7 +175,7 @@ class RoomEntry:
         return "".join(parts)
 
 
-def _keep(cache: dict, key, value, limit: int) -> None:
+def keep(cache: dict, key, value, limit: int) -> None:
     """Remembers `value`, forgetting the oldest entry once `limit` are kept."""
     if len(cache) >= limit:
         del cache[next(iter(cache))]
@@ -307,7 +307,7 @@ class WokenAnswers:
             entry = RoomEntry(
                 encode_basestring(room_id) + ":" + _entry_text(blanked, events, []), events
             )
-            _keep(self._entries, key, entry, ROOM_ENTRIES)
+            keep(self._entries, key, entry, ROOM_ENTRIES)
         return entry
 
     def _formatted(
@@ -338,7 +338,7 @@ class WokenAnswers:
                 one_time_key_counts=keys.one_time, unused_fallback_key_types=keys.unused_fallback
             )
             text = "," + object_text((k, encode(v)) for k, v in part.fields().items())[1:-1]
-            _keep(self._key_texts, key, text, KEY_COUNT_TEXTS)
+            keep(self._key_texts, key, text, KEY_COUNT_TEXTS)
         return text
 
 
