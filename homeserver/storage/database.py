@@ -20,6 +20,7 @@ import os
 import re
 import sqlite3
 from collections import deque
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Callable, Iterator
 
 import gevent
@@ -69,6 +70,13 @@ class Tx:
         if self.dialect == "postgres":
             sql = sql.replace("?", "%s")
         self.conn.cursor().executemany(sql, [tuple(r) for r in rows])
+
+    def pipelined(self) -> AbstractContextManager:
+        """Statements sent without waiting for each one's result, which are all waited for
+        at the end (PostgreSQL's pipeline mode): for writes whose results nobody reads
+        (no `rowcount`), where each wait would be a turn of the hub while a lock is held.
+        Nothing on SQLite, whose statements do not wait."""
+        return self.conn.pipeline() if self.dialect == "postgres" else nullcontext()
 
 
 class Database:

@@ -260,17 +260,19 @@ class RoomStore(RoomMembers):
             write(tx)
         auth_chains.index_events(tx, events)  # its stream's row first, as history.py takes it
         last = streams.advance(tx, EVENTS_STREAM, len(events))
-        if answer is not None:
-            event_state.place_current(tx, room_id, last - 1, answer.group, replace=True)
-        start = last - len(events) + 1
-        stored = [r.insert(tx, position) for position, r in enumerate(ready, start=start)]
-        if res.decides_current:
-            position = stored[-1].stream_ordering
-            whole, change = res.current, res.current_change
-            event_state.update_current(tx, room_id, position, events[-1].event_id, whole, change)
-        outbox.queue_pdus(
-            tx, send_to, [(s.stream_ordering, s.event.event_id, room_id) for s in stored]
-        )
+        with tx.pipelined():  # one wait for these rows, not one each with the row held
+            if answer is not None:
+                event_state.place_current(tx, room_id, last - 1, answer.group, replace=True)
+            start = last - len(events) + 1
+            stored = [r.insert(tx, position) for position, r in enumerate(ready, start=start)]
+            if res.decides_current:
+                position = stored[-1].stream_ordering
+                whole, change = res.current, res.current_change
+                event_id = events[-1].event_id
+                event_state.update_current(tx, room_id, position, event_id, whole, change)
+            outbox.queue_pdus(
+                tx, send_to, [(s.stream_ordering, s.event.event_id, room_id) for s in stored]
+            )
         for write in extra:
             write(tx)
         return stored
