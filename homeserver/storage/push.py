@@ -16,8 +16,9 @@ from homeserver.storage.rooms import StoredEvent, _stored
 # Receipts that mark a user's reading (not m.fully_read, a marker of its own).
 READ_RECEIPTS = ("m.read", "m.read.private")
 MAIN_THREAD = "main"
-# Push action rows a statement writes: 5 parameters each, under both engines' limits.
-_ACTIONS_A_STATEMENT = 1000
+# Push action rows a statement writes (a power of two): 5 parameters each, under both
+# engines' limits.
+_ACTIONS_A_STATEMENT = 1024
 
 
 @dataclass(frozen=True)
@@ -210,32 +211,26 @@ class PushStore:
     @staticmethod
     def insert_push_actions(tx, actions: list[PushAction]) -> None:
         """In the event's own write: nothing for an event stored as hidden (soft failed) or
-        as an outlier. One statement for up to `_ACTIONS_A_STATEMENT` rows, and each rule's
-        actions encoded once: a big room's message is thousands of rows."""
+        as an outlier. One statement a batch, and each rule's actions encoded once: a big
+        room's message is thousands of rows."""
         if not actions:
             return
         texts: dict[int, str] = {}
         for a in actions:
             if id(a.actions) not in texts:
                 texts[id(a.actions)] = _dumps(a.actions)
-        rows = [
-            (a.user_id, a.thread_id, int(a.highlight), texts[id(a.actions)], a.event_id)
-            for a in actions
-        ]
-        # One statement, which reads each event's room and position itself: it runs while
-        # the events stream's row is held (storage/streams.py), so no round trip of its own.
-        for start in range(0, len(rows), _ACTIONS_A_STATEMENT):
-            chunk = rows[start : start + _ACTIONS_A_STATEMENT]
-            values = ", ".join("(?, ?, ?, ?, ?)" for _ in chunk)
-            tx.execute(
-                f"WITH a (user_id, thread_id, highlight, actions, event_id) AS (VALUES {values})"
-                " INSERT INTO event_push_actions (user_id, room_id, event_id, stream_ordering,"
-                " thread_id, notif, highlight, actions) SELECT a.user_id, e.room_id,"
-                " e.event_id, e.stream_ordering, a.thread_id, 1, a.highlight, a.actions"
-                " FROM a JOIN events e ON e.event_id = a.event_id"
-                " WHERE e.soft_failed = 0 AND e.outlier = 0 ON CONFLICT DO NOTHING",
-                [v for row in chunk for v in row],
-            )
+        # The event's room and position are read by the statement itself: it runs while the
+        # events stream's row is held (storage/streams.py), so no round trip of its own.
+        tx.executemany(
+            "INSERT INTO event_push_actions (user_id, room_id, event_id, stream_ordering,"
+            " thread_id, notif, highlight, actions) SELECT ?, e.room_id, e.event_id,"
+            " e.stream_ordering, ?, 1, ?, ? FROM events e WHERE e.event_id = ?"
+            " AND e.soft_failed = 0 AND e.outlier = 0 ON CONFLICT DO NOTHING",
+            [
+                (a.user_id, a.thread_id, int(a.highlight), texts[id(a.actions)], a.event_id)
+                for a in actions
+            ],
+        )
 
     def unread_counts(self, user_id: str, room_ids: list[str]) -> dict[str, dict]:
         """{room_id: {thread_id: (notifications, highlights)}} after the user's read
