@@ -265,11 +265,9 @@ class RoomStore(RoomMembers):
                 event_state.place_current(tx, room_id, last - 1, answer.group, replace=True)
             start = last - len(events) + 1
             stored = [r.insert(tx, position) for position, r in enumerate(ready, start=start)]
+            last_id, whole, change = events[-1].event_id, res.current, res.current_change
             if res.decides_current:
-                position = stored[-1].stream_ordering
-                whole, change = res.current, res.current_change
-                event_id = events[-1].event_id
-                event_state.update_current(tx, room_id, position, event_id, whole, change)
+                event_state.update_current(tx, room_id, last, last_id, whole, change)
             outbox.queue_pdus(
                 tx, send_to, [(s.stream_ordering, s.event.event_id, room_id) for s in stored]
             )
