@@ -162,7 +162,6 @@ class SyncService:
         self.notifications = notifications  # unread counts, when push actions are kept
         self.entries = RoomEntries(rooms, history)
         unread = GatheredUnread(notifications.store) if notifications else None
-        self.gathered_unread = unread  # for syncs woken together: sliding sync's too
         self.woken = WokenAnswers(notifier.recent, e2ee, self.entries.lazy_members, unread)
         self.on_wake = on_wake  # "recent_events" or "database", for each woken sync
 

@@ -310,7 +310,7 @@ class SlidingSync:
         joined = [r for r, result in rooms.items() if result.get("membership") == "join"]
         if notifications is None or not joined:
             return
-        gathered = self.sync.gathered_unread
+        gathered = self.sync.woken.unread  # GatheredUnread, shared with woken /syncs
         read = gathered if woken_together and gathered else notifications.unread_fields
         for room_id, fields in read(user_id, joined, False).items():
             rooms[room_id].update(fields["unread_notifications"])

@@ -174,7 +174,7 @@ def test_connections_woken_together_read_their_unread_counts_at_once(runtime):
     positions = [sliding.begin(u, request, None, 0)["pos"] for u in users]
     waiting = [sliding.begin(u, request, p, 30_000) for u, p in zip(users, positions)]
     parked = [gevent.spawn(w.answer) for w in waiting]
-    gathered = runtime.sync.gathered_unread
+    gathered = runtime.sync.woken.unread
     with gevent.Timeout(10):
         while runtime.notifier.parked() < 2:
             gevent.sleep(0.01)
