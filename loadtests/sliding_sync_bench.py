@@ -2,7 +2,7 @@
 connections, with the issue's targets beside each figure.
 
     .venv/bin/python -m loadtests.sliding_sync_bench [--rooms 1000] [--active 50]
-        [--rounds 50] [--parked 2000] [--wake-rounds 10] [--database-url URL]
+        [--rounds 50] [--parked 2000] [--wake-rounds 10] [--database-url URL] [--extensions]
 
 Writes one user in `--rooms` rooms, and `--parked` users in one shared room, through the
 storage layer (as sync_bench.py does), then starts a real server process (`python app.py`)
@@ -17,7 +17,9 @@ in each of `--active` rooms over HTTP, so they lead the list. It prints p50/p99 
   - with each of the `--parked` users' connections parked (a long-poll on a raw keep-alive
     socket each, after its first response), one message in the shared room: from the send
     to each woken connection's response, over `--wake-rounds` rounds (the woken connections
-    park again once the round is woken);
+    park again once the round is woken), and the server's CPU per woken connection, without
+    and with its next long-poll; with `--extensions`, the connections ask for `to_device`
+    and `e2ee` as Element X does;
   - the server's RSS before those connections and with all of them parked, divided, once
     each user's first response has filled the server's caches (bounded whatever the
     connections: events decoded, connections' state), and the RSS that filling took.
@@ -116,6 +118,11 @@ def main() -> int:
     parser.add_argument("--parked", type=int, default=2000)
     parser.add_argument("--wake-rounds", type=int, default=10)
     parser.add_argument("--database-url", default=None, help="an empty PostgreSQL database")
+    parser.add_argument(
+        "--extensions",
+        action="store_true",
+        help="the parked connections ask for to_device and e2ee, as Element X does",
+    )
     args = parser.parse_args()
     raise_fd_limit()
     directory = tempfile.mkdtemp(prefix="weir-sliding-bench-")
@@ -162,7 +169,9 @@ def main() -> int:
         url = f"http://{address[0]}:{address[1]}"
         run(url, room_ids[: args.active], args.rounds)
         if args.parked:
-            run_parked(url, address, server.pid, shared, args.parked, args.wake_rounds)
+            run_parked(
+                url, address, server.pid, shared, args.parked, args.wake_rounds, args.extensions
+            )
     finally:
         stop_server(server)
     return 0
@@ -225,19 +234,22 @@ class SlidingClient:
     """One user's sliding sync loop on one keep-alive connection: a first request, then a
     long-poll with each answer's pos (sync_bench.py's Client, for sliding sync)."""
 
-    def __init__(self, address, token: str, bench: Bench):
+    def __init__(self, address, token: str, bench: Bench, extensions: bool = False):
         self.address = address
         self.token = token
         self.bench = bench
+        self.request: dict = {**FIRST, "conn_id": "bench"}
+        if extensions:  # as Element X asks: each since the previous answer's next_batch
+            self.request["extensions"] = {"to_device": {"enabled": True}, "e2ee": {"enabled": True}}
 
     def run(self, admitted: BoundedSemaphore) -> None:
         admitted.acquire()
         sock = socket.create_connection(self.address)
         reader = sock.makefile("rb")
-        body = json.dumps({**FIRST, "conn_id": "bench"}).encode()
         pos, parking = "", False
         try:
             while True:
+                body = json.dumps(self.request).encode()
                 query = f"?timeout={PARK_TIMEOUT_MS}&pos={pos}" if pos else "?timeout=0"
                 sock.sendall(
                     f"POST {SLIDING}{query} HTTP/1.1\r\nHost: bench\r\n"
@@ -250,7 +262,11 @@ class SlidingClient:
                     parking = True
                 answer = read_response(reader)
                 self.bench.woken(self, time.perf_counter())
-                pos = json.loads(answer)["pos"]
+                answered = json.loads(answer)
+                pos = answered["pos"]
+                if "extensions" in self.request:
+                    next_batch = answered["extensions"]["to_device"]["next_batch"]
+                    self.request["extensions"]["to_device"]["since"] = next_batch
                 self.bench.may_park_again(self)
         finally:
             sock.close()
@@ -279,7 +295,9 @@ def warm_up(url: str, count: int) -> None:
     pool.map(first, range(count))
 
 
-def run_parked(url: str, address, pid: int, shared: str, count: int, rounds: int) -> None:
+def run_parked(
+    url: str, address, pid: int, shared: str, count: int, rounds: int, extensions: bool
+) -> None:
     bench = Bench(url)
     bench.park_at_once = False
     baseline = bench.parking()[0]
@@ -290,7 +308,7 @@ def run_parked(url: str, address, pid: int, shared: str, count: int, rounds: int
         f"  {count} users' first responses, no connection kept: RSS {cold / 1024:.0f} MB ->"
         f" {rss_before / 1024:.0f} MB (caches filled: parsed events, connections)"
     )
-    clients = [SlidingClient(address, parked_token(i), bench) for i in range(count)]
+    clients = [SlidingClient(address, parked_token(i), bench, extensions) for i in range(count)]
     admitted = BoundedSemaphore(100)
     greenlets = []
     started = time.perf_counter()
@@ -327,16 +345,19 @@ def run_parked(url: str, address, pid: int, shared: str, count: int, rounds: int
         ).raise_for_status()
 
     samples: list[float] = []
-    made, cpu = lists_made(url), 0.0
+    made, cpu, cycle = lists_made(url), 0.0, 0.0
+    bench.wait_parked(baseline + count)
     for _ in range(rounds):
-        bench.wait_parked(baseline + count)
         began = cpu_seconds(pid)
         samples += bench.round(clients, send)
         cpu += cpu_seconds(pid) - began
+        bench.wait_parked(baseline + count)  # each woken connection's next long-poll parked
+        cycle += cpu_seconds(pid) - began
     report(f"one message -> each of {count} parked connections", samples, "p99 < 500 ms")
     after = lists_made(url)
     print(
-        f"    server CPU {cpu * 1000 / (rounds * count):.2f} ms per woken connection; room lists"
+        f"    server CPU {cpu * 1000 / (rounds * count):.2f} ms per woken connection,"
+        f" {cycle * 1000 / (rounds * count):.2f} ms with its next long-poll parked; room lists"
         + "".join(f", {k} {after[k] - made.get(k, 0):.0f}" for k in sorted(after))
     )
     gevent.killall(greenlets, block=True, timeout=30)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from dataclasses import replace
 from json.encoder import encode_basestring
 from typing import Callable
 
@@ -39,7 +40,7 @@ from homeserver.sync.notifier import Notifier, Waiter
 from homeserver.sync.room_entries import SyncBatch, SyncRequest
 from homeserver.sync.service import MAX_TIMEOUT_MS, Parked, SyncService
 from homeserver.sync.sliding_connections import Connections, ConnectionState, Pos, resolved
-from homeserver.sync.sliding_extensions import SlidingExtensions
+from homeserver.sync.sliding_extensions import ExtensionsPart, SlidingExtensions
 from homeserver.sync.sliding_lists import Listing, ListsResult, Matched, RoomLists
 from homeserver.sync.sliding_request import Extensions, ParsedRequests, SlidingRequest
 from homeserver.sync.sliding_rooms import SlidingRooms, is_live, live_text
@@ -53,7 +54,7 @@ HELD_SECONDS = 30.0
 class _Call:
     """One request: its connection as the pos left it, and what it asks."""
 
-    __slots__ = ("requester", "request", "pos", "before", "answered")
+    __slots__ = ("requester", "request", "pos", "before", "answered", "next_request")
 
     def __init__(
         self,
@@ -67,6 +68,9 @@ class _Call:
         self.pos = pos
         self.before = before
         self.answered: str | None = None  # the pos of its answer, unless superseded
+        # The request its client sends next once it has that answer, unless one may find
+        # news at once: a to-device `since` that leaves messages still to send.
+        self.next_request: SlidingRequest | None = None
 
 
 class WaitingSlidingSync(Parked):
@@ -97,10 +101,10 @@ class WaitingSlidingSync(Parked):
         finally:
             if burst is not None:
                 burst.done()
-        answered = self._call.answered
-        if body is not None and answered is not None and _holds(self._call.request):
+        answered, next_request = self._call.answered, self._call.next_request
+        if body is not None and answered is not None and next_request is not None:
             # Registered from before this computation: kept for the request with its pos.
-            self._service.held.keep(answered, self._call.request, waiter)
+            self._service.held.keep(answered, next_request, waiter)
             self._waiter = None
         return body
 
@@ -206,6 +210,7 @@ class SlidingSync:
             generation, token = call.before.generation, since or token
         pos = str(Pos(state.connection_id, generation, token))
         call.answered = None if superseded else pos
+        call.next_request = _next_request(request, extensions)
         return _body(pos, found.counts, rooms, extensions.body)
 
     def _token(self, batch: SyncBatch, to_device_position: int) -> SyncToken:
@@ -321,10 +326,13 @@ class _Held:
     pos it gave, for the connection's next request: one that comes with that pos and the
     same request, its registration not woken meanwhile, has nothing new, and waits on it
     with no computation. A connection woken by a message pays for one computation, not a
-    second one to park again. Not for a request with to-device messages (its `since`
-    acknowledges them) or end-to-end encryption's key counts, which change unannounced. A
-    room forgotten meanwhile moves no stream and wakes no one: the next computation sees it,
-    as a parked connection's does."""
+    second one to park again. With `to_device`, the same request is the one whose `since` is
+    the answer's `next_batch`: what it acknowledges is forgotten at its next computation,
+    and a message sent meanwhile wakes it; unless messages were left past `next_batch`,
+    which the next request answers at once (`_next_request`). One-time key counts may change
+    unannounced (a claim), but a parked connection computing then would not answer for them
+    either: they are no update (sliding_extensions.py). A room forgotten meanwhile moves no
+    stream and wakes no one: the next computation sees it, as a parked connection's does."""
 
     def __init__(self, notifier: Notifier):
         self._notifier = notifier
@@ -367,9 +375,17 @@ class _Held:
             found[2].__exit__(None, None, None)
 
 
-def _holds(request: SlidingRequest) -> bool:
-    """Whether a request's registration may be held for its next (`_Held`)."""
-    return not (request.extensions.to_device or request.extensions.e2ee)
+def _next_request(request: SlidingRequest, extensions: ExtensionsPart) -> SlidingRequest | None:
+    """The request a client sends after this answer (`_Held`): the same, its to-device
+    `since` moved to the answer's `next_batch`; None while to-device messages wait past it
+    (the next request has them at once)."""
+    asked = request.extensions
+    if not asked.to_device:
+        return request
+    if not extensions.to_device_whole:
+        return None
+    since = extensions.to_device_position
+    return replace(request, extensions=replace(asked, to_device_since=since))
 
 
 def _body(pos: str, counts: dict, rooms: dict, extensions: dict) -> dict | EncodedJson:

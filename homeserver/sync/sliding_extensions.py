@@ -25,6 +25,8 @@ class ExtensionsPart:
     body: dict
     has_updates: bool
     to_device_position: int
+    # Every to-device message up to the batch sent: none waits for the client's next since.
+    to_device_whole: bool = True
 
 
 class SlidingExtensions:
@@ -87,7 +89,8 @@ class SlidingExtensions:
                 )
             }
             updates = updates or bool(e2ee.changed or e2ee.left)
-        return ExtensionsPart(body, updates, e2ee.to_device_position)
+        whole = not asked.to_device or e2ee.to_device_position >= batch.positions.to_device
+        return ExtensionsPart(body, updates, e2ee.to_device_position, whole)
 
     def _account_data(self, request: SyncRequest, batch: SyncBatch) -> dict:
         rooms = {

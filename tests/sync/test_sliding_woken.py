@@ -11,10 +11,12 @@ from homeserver.rooms.pagination import stream_token
 from homeserver.sync import sliding
 from homeserver.sync.notifier import Notifier
 from homeserver.sync.sliding import _body, _Held
+from homeserver.sync.sliding_extensions import ExtensionsPart
 from homeserver.sync.sliding_request import Extensions, SlidingRequest, parse_request
 from homeserver.sync.sliding_rooms import LiveTimeline, SlidingRooms, live_text
 from homeserver.sync.woken import RecentEvents
-from tests.rooms.conftest import create_room, send
+from tests.e2ee.conftest import device  # noqa: F401 - fixture
+from tests.rooms.conftest import V3, create_room, send
 from tests.sync.conftest import metric
 from tests.sync.test_sliding_sync import join, lists_made, room_list, slide, without_ages
 from tests.sync.test_waiting import wait_until
@@ -72,6 +74,63 @@ def test_a_woken_connection_parks_again_on_its_held_registration(server, user):
     longer = {"lists": {"all": room_list([[0, 9]], timeline_limit=3)}, "conn_id": "held"}
     whole = slide(alice, longer, pos=poll.answered()["pos"])
     assert whole["rooms"][room]["initial"] is True and len(whole["rooms"][room]["timeline"]) == 3
+
+
+def test_a_connection_with_to_device_and_e2ee_parks_again_on_its_held_registration(
+    server,
+    device,  # noqa: F811 - the fixture
+):
+    """As Element X asks: the next long-poll, its to-device `since` the woken answer's
+    `next_batch`, parks with no computation; a to-device message then wakes it, and the one
+    after it, acknowledging that message, never gets it again."""
+    alice, bob = device("alice"), device("bob")
+    room = create_room(bob.client, preset="public_chat", name="e2ee held")
+    join(alice.client, room)
+    request = {
+        "lists": {"all": room_list([[0, 9]])},
+        "conn_id": "element-x",
+        "extensions": {"to_device": {"enabled": True}, "e2ee": {"enabled": True}},
+    }
+
+    def next_poll(body: dict) -> _LongPoll:
+        request["extensions"]["to_device"]["since"] = body["extensions"]["to_device"]["next_batch"]
+        poll = _LongPoll(alice.client, request, body["pos"])
+        wait_until(lambda: metric(server, "weir_sync_waiters") == 1)
+        return poll
+
+    poll = next_poll(slide(alice.client, request))
+    send(bob.client, room, "one")
+    woken = poll.answered()
+    assert [e["content"]["body"] for e in woken["rooms"][room]["timeline"]] == ["one"]
+    made = lists_made(server)
+    poll = next_poll(woken)
+    assert lists_made(server) == made  # parked with no computation
+    r = bob.client.put(
+        f"{V3}/sendToDevice/m.room_key_request/held1",
+        json={"messages": {alice.user_id: {alice.device_id: {"hello": "alice"}}}},
+    )
+    assert r.status_code == 200, r.text
+    sent = poll.answered()["extensions"]["to_device"]
+    assert [e["content"] for e in sent["events"]] == [{"hello": "alice"}]
+    poll = next_poll(poll.body)  # acknowledges it, and parks on the held registration
+    assert lists_made(server)["kept"] == made["kept"] + 1  # the to-device wake alone
+    send(bob.client, room, "two")
+    again = poll.answered()
+    assert again["extensions"]["to_device"]["events"] == []
+    assert [e["content"]["body"] for e in again["rooms"][room]["timeline"]] == ["two"]
+
+
+def test_to_device_messages_left_past_an_answer_hold_no_registration():
+    """More to-device messages than one answer takes: the next request has the rest at
+    once, so no registration is kept for it."""
+    request = SlidingRequest("c", extensions=Extensions(to_device=True, to_device_since=3))
+    whole = ExtensionsPart({}, False, 9, to_device_whole=True)
+    assert sliding._next_request(request, whole) == SlidingRequest(
+        "c", extensions=Extensions(to_device=True, to_device_since=9)
+    )
+    assert sliding._next_request(request, ExtensionsPart({}, True, 7, False)) is None
+    plain = SlidingRequest("c")
+    assert sliding._next_request(plain, ExtensionsPart({}, False, 0)) is plain
 
 
 def test_a_woken_answer_without_extensions_is_a_whole_computations(server, user):
