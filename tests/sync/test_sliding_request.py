@@ -1,13 +1,17 @@
 """A sliding sync body is parsed once (sync/sliding_request.py `ParsedRequests`): the long-polls
-that send the same bytes share one parse, which nothing changes; others are parsed afresh,
-a refused body is never kept, and the kept ones are bounded."""
+that send the same bytes, or bytes that differ only in their to-device `since`, share one
+parse, which nothing changes; others are parsed afresh, a refused body is never kept, and
+the kept ones are bounded."""
 
 import json
 
 import pytest
 
 from homeserver.core.errors import MatrixError
-from homeserver.sync.sliding_request import PARSED_MAX_BYTES, ParsedRequests
+from homeserver.sync import sliding_request
+from homeserver.sync.sliding_request import PARSED_MAX_BYTES, ParsedRequests, parse_request
+
+real_parse = parse_request
 
 BODY = {
     "conn_id": "main",
@@ -74,3 +78,29 @@ def test_a_large_body_is_parsed_each_time():
     parsed.parse(large, decode)
     parsed.parse(large, decode)
     assert decode.calls == 2
+
+
+def test_bodies_differing_in_their_to_device_since_share_one_parse(monkeypatch):
+    """Element X sends its to-device `since` in the body, a new one after each answer."""
+    made = []
+    monkeypatch.setattr(
+        sliding_request, "parse_request", lambda body: made.append(body) or real_parse(body)
+    )
+    parsed, decode = ParsedRequests(), Decoder()
+
+    def with_since(since) -> bytes:
+        to_device = {"enabled": True, **({"since": since} if since is not None else {})}
+        return encoded({**BODY, "extensions": {"to_device": to_device, "e2ee": {"enabled": True}}})
+
+    first = parsed.parse(with_since("5"), decode)[1]
+    second = parsed.parse(with_since("9"), decode)[1]
+    assert len(made) == 1
+    assert (first.extensions.to_device_since, second.extensions.to_device_since) == (5, 9)
+    assert second.lists is first.lists and second.extensions.e2ee
+    assert parsed.parse(with_since("9"), decode)[1] == second
+    without = parsed.parse(with_since(None), decode)[1]
+    assert without.extensions.to_device_since is None and without.lists == first.lists
+    for bad in ("5x", 5):
+        with pytest.raises(MatrixError) as refused:
+            parsed.parse(with_since(bad), decode)
+        assert refused.value.errcode == "M_INVALID_PARAM"
