@@ -151,20 +151,22 @@ class SynapseServer:
             json.dump(config, f, indent=1)
 
     def start(self, timeout: float = 120) -> SynapseServer:
-        subprocess.run(
-            [
-                SYNAPSE_PYTHON,
-                "-m",
-                "synapse.app.homeserver",
-                "-c",
-                self.config_path,
-                "--generate-keys",
-            ],
-            cwd=self.directory,
-            check=True,
-            capture_output=True,
-            timeout=timeout,
-        )
+        # A restart has its keys already: generating them is a whole Synapse start-up.
+        if not os.path.exists(os.path.join(self.directory, "signing.key")):
+            subprocess.run(
+                [
+                    SYNAPSE_PYTHON,
+                    "-m",
+                    "synapse.app.homeserver",
+                    "-c",
+                    self.config_path,
+                    "--generate-keys",
+                ],
+                cwd=self.directory,
+                check=True,
+                capture_output=True,
+                timeout=timeout,
+            )
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [SYNAPSE_PYTHON, "-m", "synapse.app.homeserver", "-c", self.config_path],
