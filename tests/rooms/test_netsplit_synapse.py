@@ -10,7 +10,6 @@ import time
 from urllib.parse import quote
 
 import pytest
-import requests
 
 from tests.rooms.test_membership_synapse import SynapseUser
 from tests.support.federation import tls_weir
@@ -30,17 +29,6 @@ def weir(test_ca, synapse, tmp_path_factory):
     directory = str(tmp_path_factory.mktemp("weir-netsplit"))
     with tls_weir(test_ca, directory, WEIR_IP, WEIR_NAME) as proc:
         yield proc
-
-
-def backed_off(synapse, admin_token: str, destination: str) -> bool:
-    """Whether Synapse holds `destination` as down (retrying later)."""
-    r = requests.get(
-        f"{synapse.client_url}/_synapse/admin/v1/federation/destinations/{destination}",
-        headers={"Authorization": f"Bearer {admin_token}"},
-        timeout=30,
-    )
-    assert r.status_code == 200, r.text
-    return bool(r.json()["retry_last_ts"])
 
 
 def state_of(call, room: str) -> dict:
@@ -100,17 +88,9 @@ def test_a_room_that_went_on_while_we_were_down_is_whole_when_we_are_back(weir, 
             else:
                 r = joiners[i // 4].call("POST", f"/join/{room}", json={})
             assert r.status_code == 200, r.text
-    # Synapse learns that we are down: a key claim for carol fails at once and backs us
-    # off. Its transaction to us is meanwhile still retrying, a minute apart at most; a
-    # backed-off server that speaks again wakes it at once.
-    claim = {"one_time_keys": {carol_id: {"CAROLDEVICE": "signed_curve25519"}}}
-    r = sam.call("POST", "/keys/claim", json=claim)
-    assert r.status_code == 200 and WEIR_NAME in r.json()["failures"], r.text
-    admin_token = synapse.register("split_admin", admin=True)["access_token"]
-    deadline = time.monotonic() + WITHIN
-    while not backed_off(synapse, admin_token, WEIR_NAME):
-        assert time.monotonic() < deadline, "Synapse never backed off from us"
-        time.sleep(0.05)
+    # Synapse learns that we are down. Its transaction to us is meanwhile still retrying, a
+    # minute apart at most: our first one back wakes it.
+    synapse.back_off_from(WEIR_NAME, carol_id)
     with open(weir.stderr_path, "rb") as f:
         before_restart = f.seek(0, 2)
     weir.start()
