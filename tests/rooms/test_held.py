@@ -18,7 +18,9 @@ from tests.support.server import MatrixClient, WeirProcess, base_settings, merge
 from tests.sync.conftest import sync, timeline
 
 FED_V1 = "/_matrix/federation/v1"
-FIRST_RETRY = 0.3  # held_pdu_first_retry here: retries come fast, doubling
+# held_pdu_first_retry here: retries come fast, doubling (0.1, 0.3, 0.7, 1.5, 3.1 s after
+# the hold), so that a fixed origin is retried within seconds.
+FIRST_RETRY = 0.1
 CAP = 50  # staged_per_origin_max_pdus: the least it may be
 
 
@@ -159,7 +161,7 @@ def test_a_later_event_built_on_a_held_one_fetches_it(weir, test_ca, alice, orig
     """Once the origin is back, an event built on the held one fills its gap through the
     gap machinery, the held one with it, whether or not its retry came first."""
     room, ids, origin = netsplit(weir, test_ca, alice, origins, "o6")
-    origins.wait_asked(origins.missing_asks() + 2)  # two retries: the next is seconds off
+    origins.wait_asked(origins.missing_asks() + 4)  # four retries: the next is 1.6 s off
     origins.broken = False
     later_ids, later = room.messages(origin, "bob", ["later"], prev=ids[1])
     origins.events.update(zip(later_ids, later))

@@ -112,6 +112,8 @@ def test_a_gap_is_filled_from_synapse(weir, alice, bob, synapse):
     synapse.stop()
     synapse.start()
     log_from = os.path.getsize(synapse.log_path)
+    # Synapse, back, is already retrying to us: held as down, we wake it when we speak.
+    synapse.back_off_from(WEIR_NAME, f"@histalice:{WEIR_NAME}")
     weir.start()
     alice.base_url = weir.client_url  # the client listener's port is picked anew
     # Our message wakes Synapse's sender for us (an inbound transaction ends its backoff).

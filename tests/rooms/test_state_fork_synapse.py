@@ -138,6 +138,8 @@ def test_concurrent_name_and_power_changes_resolve_to_the_same_state_on_both(
             changed_levels(bob.call, room_id, f"@s:{synapse.server_name}", events_default=10),
         ),
     ]
+    # Synapse is already retrying to us: held as down, it sends as soon as we speak.
+    synapse.back_off_from(WEIR_NAME, alice_id)
     weir.start()  # resumes its outbox at once; Synapse hears from us and sends its own
     alice.base_url = weir.client_url  # the client listener's port is picked anew
     wait_until(

@@ -58,6 +58,7 @@ class SynapseServer:
         self.log_path = os.path.join(directory, "synapse.log")
         self.config_path = os.path.join(directory, "homeserver.yaml")
         self.proc: subprocess.Popen | None = None
+        self._admin_token: str | None = None
         self._write_config(test_ca)
 
     def _write_config(self, test_ca) -> None:
@@ -151,20 +152,22 @@ class SynapseServer:
             json.dump(config, f, indent=1)
 
     def start(self, timeout: float = 120) -> SynapseServer:
-        subprocess.run(
-            [
-                SYNAPSE_PYTHON,
-                "-m",
-                "synapse.app.homeserver",
-                "-c",
-                self.config_path,
-                "--generate-keys",
-            ],
-            cwd=self.directory,
-            check=True,
-            capture_output=True,
-            timeout=timeout,
-        )
+        # A restart has its keys already: generating them is a whole Synapse start-up.
+        if not os.path.exists(os.path.join(self.directory, "signing.key")):
+            subprocess.run(
+                [
+                    SYNAPSE_PYTHON,
+                    "-m",
+                    "synapse.app.homeserver",
+                    "-c",
+                    self.config_path,
+                    "--generate-keys",
+                ],
+                cwd=self.directory,
+                check=True,
+                capture_output=True,
+                timeout=timeout,
+            )
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [SYNAPSE_PYTHON, "-m", "synapse.app.homeserver", "-c", self.config_path],
@@ -230,6 +233,28 @@ class SynapseServer:
         )
         r.raise_for_status()
         return r.json()
+
+    def back_off_from(self, destination: str, user_id: str, within: float = 60) -> None:
+        """Makes Synapse hold `destination`, which must be down, as down: a key claim for
+        `user_id` there fails at once and backs Synapse off from it. Returns once Synapse's
+        database says so. A transaction Synapse is still retrying to `destination` then goes
+        out as soon as `destination` sends Synapse anything, not at its next retry (up to a
+        minute later)."""
+        if self._admin_token is None:
+            self._admin_token = self.register("backoff_admin", admin=True)["access_token"]
+        headers = {"Authorization": f"Bearer {self._admin_token}"}
+        claim = {"one_time_keys": {user_id: {"ANYDEVICE": "signed_curve25519"}}}
+        r = requests.post(
+            self.client_url + "/_matrix/client/v3/keys/claim",
+            json=claim,
+            headers=headers,
+            timeout=30,
+        )
+        assert r.status_code == 200 and destination in r.json()["failures"], r.text
+        url = f"{self.client_url}/_synapse/admin/v1/federation/destinations/{destination}"
+        with gevent.Timeout(within, AssertionError(f"Synapse never backed off {destination}")):
+            while not requests.get(url, headers=headers, timeout=30).json()["retry_last_ts"]:
+                gevent.sleep(0.05)
 
     def stop(self, timeout: float = 20) -> None:
         if self.proc is None:
