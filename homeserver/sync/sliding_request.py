@@ -273,10 +273,12 @@ def _without_to_device_since(body: dict) -> tuple[dict | None, str]:
     """The body without its to-device `since`, and that `since`; (None, "") when it has
     none that is a string (a since of another type is the schema's to refuse)."""
     extensions = body.get("extensions")
-    to_device = extensions.get("to_device") if isinstance(extensions, dict) else None
-    since = to_device.get("since") if isinstance(to_device, dict) else None
-    if not isinstance(since, str) or not isinstance(extensions, dict):
+    if not isinstance(extensions, dict):
         return None, ""
+    to_device = extensions.get("to_device")
+    if not isinstance(to_device, dict) or not isinstance(to_device.get("since"), str):
+        return None, ""
+    since = to_device["since"]
     rest = {k: v for k, v in to_device.items() if k != "since"}
     return {**body, "extensions": {**extensions, "to_device": rest}}, since
 
