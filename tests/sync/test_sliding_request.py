@@ -94,7 +94,7 @@ def test_bodies_differing_in_their_to_device_since_share_one_parse(monkeypatch):
 
     first = parsed.parse(with_since("5"), decode)[1]
     second = parsed.parse(with_since("9"), decode)[1]
-    assert len(made) == 1
+    assert len(made) == 1 and decode.calls == 1  # found by its bytes, the since's digits aside
     assert (first.extensions.to_device_since, second.extensions.to_device_since) == (5, 9)
     assert second.lists is first.lists and second.extensions.e2ee
     assert parsed.parse(with_since("9"), decode)[1] == second
@@ -104,3 +104,12 @@ def test_bodies_differing_in_their_to_device_since_share_one_parse(monkeypatch):
         with pytest.raises(MatrixError) as refused:
             parsed.parse(with_since(bad), decode)
         assert refused.value.errcode == "M_INVALID_PARAM"
+
+
+def test_a_since_elsewhere_than_to_device_is_not_taken_for_it():
+    parsed, decode = ParsedRequests(), Decoder()
+    raw = encoded({**BODY, "extensions": {"to_device": {"enabled": True}, "e2ee": {"since": "7"}}})
+    for _ in range(2):
+        request = parsed.parse(raw, decode)[1]
+        assert request.extensions.to_device and request.extensions.to_device_since is None
+    assert decode.calls == 2  # not kept: its since is not the one taken out
