@@ -385,6 +385,8 @@ def _next_request(request: SlidingRequest, extensions: ExtensionsPart) -> Slidin
     if not extensions.to_device_whole:
         return None
     since = extensions.to_device_position
+    if asked.to_device_since == since:
+        return request  # no to-device message since: most woken answers
     return replace(request, extensions=replace(asked, to_device_since=since))
 
 

@@ -244,6 +244,9 @@ class ParsedRequests:
     def __init__(self, kept: int = PARSED_KEPT):
         self._kept = kept
         self._parsed: OrderedDict[bytes, tuple[dict, SlidingRequest]] = OrderedDict()
+        # (kept bytes, since) -> the kept request with that since: the connections one
+        # message wakes mostly share theirs (the to-device stream's position).
+        self._sinced: OrderedDict[tuple[bytes, bytes], SlidingRequest] = OrderedDict()
 
     def parse(self, raw: bytes, decode: Callable[[bytes], dict]) -> tuple[dict, SlidingRequest]:
         """The body `decode` makes of `raw`, and the request read from it."""
@@ -262,10 +265,17 @@ class ParsedRequests:
             if shared is None or text != since.group(1).decode():
                 return body, parse_request(body)  # a "since" of something else: not kept
             found = self._keep(key, body, parse_request(shared))
-        request = found[1]
-        digits = since.group(1).decode()
-        extensions = replace(request.extensions, to_device_since=_to_device_since(digits))
-        return found[0], replace(request, extensions=extensions)
+        digits = since.group(1)
+        sinced = self._sinced.get((key, digits))
+        if sinced is None:
+            request = found[1]
+            to_device_since = _to_device_since(digits.decode())
+            extensions = replace(request.extensions, to_device_since=to_device_since)
+            sinced = replace(request, extensions=extensions)
+            self._sinced[key, digits] = sinced
+            if len(self._sinced) > self._kept:
+                self._sinced.popitem(last=False)
+        return found[0], sinced
 
     def _take(self, key: bytes) -> tuple[dict, SlidingRequest] | None:
         found = self._parsed.get(key)
