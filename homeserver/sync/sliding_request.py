@@ -257,7 +257,9 @@ class ParsedRequests:
         if since is None:
             body = decode(raw)
             return self._keep(raw, body, parse_request(body))
-        key = raw[: since.start(1)] + raw[since.end(1) :]
+        # Never a body's own bytes (a JSON text does not start with NUL): one whose since is
+        # empty is refused, not found here.
+        key = b"\0" + raw[: since.start(1)] + raw[since.end(1) :]
         found = self._take(key)
         if found is None:
             body = decode(raw)
@@ -272,9 +274,10 @@ class ParsedRequests:
             to_device_since = _to_device_since(digits.decode())
             extensions = replace(request.extensions, to_device_since=to_device_since)
             sinced = replace(request, extensions=extensions)
-            self._sinced[key, digits] = sinced
-            if len(self._sinced) > self._kept:
-                self._sinced.popitem(last=False)
+            if len(key) <= PARSED_MAX_BYTES:
+                self._sinced[key, digits] = sinced
+                if len(self._sinced) > self._kept:
+                    self._sinced.popitem(last=False)
         return found[0], sinced
 
     def _take(self, key: bytes) -> tuple[dict, SlidingRequest] | None:

@@ -100,7 +100,7 @@ def test_bodies_differing_in_their_to_device_since_share_one_parse(monkeypatch):
     assert parsed.parse(with_since("9"), decode)[1] is second  # the connections woken together
     without = parsed.parse(with_since(None), decode)[1]
     assert without.extensions.to_device_since is None and without.lists == first.lists
-    for bad in ("5x", 5):
+    for bad in ("5x", 5, ""):
         with pytest.raises(MatrixError) as refused:
             parsed.parse(with_since(bad), decode)
         assert refused.value.errcode == "M_INVALID_PARAM"
