@@ -455,7 +455,8 @@ def test_the_main_pool_stays_free(test_ca, start_weir):
     weir = start_weir(
         {
             "server": {"http": {"main_pool_size": 8, "media_fetch_max_per_client": 16}},
-            "federation": federation_settings(test_ca, remote_timeout=REMOTE_TIMEOUT),
+            # Parking the sixteen and serving the eight take well under a second.
+            "federation": federation_settings(test_ca, remote_timeout=2),
         }
     )
     client = MatrixClient(weir.client_url)
