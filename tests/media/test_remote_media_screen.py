@@ -31,7 +31,7 @@ from tests.support.metrics import in_flight, metric, wait_for_metric
 from tests.support.server import MatrixClient, WeirProcess
 
 PER_CLIENT, QUEUED_PER_CLIENT, TOTAL, THREADS = 8, 32, 64, 16  # the defaults
-REMOTE_TIMEOUT = 5  # under the 10 s connect cap, so the deadline is what a tarpit hits
+REMOTE_TIMEOUT = 7  # under the 10 s connect cap, so the deadline is what a tarpit hits
 
 
 @pytest.fixture(scope="module")
