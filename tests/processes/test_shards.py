@@ -361,21 +361,10 @@ def test_kill_9_of_a_shard_mid_transaction(test_ca, dns, keys, slow_keys, tmp_pa
         weir.stop()
 
 
-def test_sigterm_to_main_stops_every_shard(test_ca, dns, tmp_path):
-    directory = str(tmp_path / "w")
-    weir = start_sharded(directory, sharded_settings(test_ca, dns, directory, WEIR_IP, shards=2))
-    shards = list(shard_processes(weir).values())
-    assert weir.stop() == 0
-    gone, alive = psutil.wait_procs(shards, timeout=10)
-    assert not alive
-    log = open(weir.stderr_path).read()
-    # They drained and exited on their own, before main.
-    assert "[shard 1] homeserver.processes.lifecycle: stopped" in log
-    assert "[shard 2] homeserver.processes.lifecycle: stopped" in log
-    assert "did not stop" not in log and "federation shards stopped" in log
-
-
-def test_shards_exit_when_main_dies(test_ca, dns, tmp_path):
+def test_shards_exit_when_main_dies_and_sigterm_to_main_stops_every_shard(test_ca, dns, tmp_path):
+    """Main killed (-9): its shards exit on their own. A new main on the same data_dir
+    (the stale IPC socket is replaced) starts its shards, and SIGTERM to it stops them
+    all, drained, before main. One process tree serves both: each start costs seconds."""
     directory = str(tmp_path / "w")
     weir = start_sharded(directory, sharded_settings(test_ca, dns, directory, WEIR_IP, shards=2))
     shards = list(shard_processes(weir).values())
@@ -383,10 +372,21 @@ def test_shards_exit_when_main_dies(test_ca, dns, tmp_path):
     assert weir.stop() == -signal.SIGKILL
     gone, alive = psutil.wait_procs(shards, timeout=15)
     assert not alive
-    # A new server starts on the same data_dir (the stale IPC socket is replaced).
+
+    logged = os.path.getsize(weir.stderr_path)  # the new main's lines come after
     weir.start()
+    shards = list(shard_processes(weir).values())
     assert sorted(shard_processes(weir)) == [1, 2]
-    weir.stop()
+    assert weir.stop() == 0
+    gone, alive = psutil.wait_procs(shards, timeout=10)
+    assert not alive
+    with open(weir.stderr_path, errors="replace") as f:
+        f.seek(logged)
+        log = f.read()
+    # They drained and exited on their own, before main.
+    assert "[shard 1] homeserver.processes.lifecycle: stopped" in log
+    assert "[shard 2] homeserver.processes.lifecycle: stopped" in log
+    assert "did not stop" not in log and "federation shards stopped" in log
 
 
 def test_a_shard_that_cannot_be_started_is_tried_again(test_ca, dns, tmp_path):
