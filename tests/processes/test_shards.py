@@ -81,12 +81,20 @@ def send_all(weir, test_ca, origins, txn_id="t"):
 
 @pytest.fixture(scope="module")
 def sharded(test_ca, dns, tmp_path_factory):
-    """Two shards; four key fetches in flight in all (two per shard, four for main)."""
+    """Two shards; four key fetches in flight in all (two per shard, four for main). A
+    fetch at the tarpit gives up after remote_timeout, 2 s: the staged checks wait out two
+    rounds of them."""
     directory = str(tmp_path_factory.mktemp("sharded"))
     weir = start_sharded(
         directory,
         sharded_settings(
-            test_ca, dns, directory, WEIR_IP, shards=2, key_resolution_max_in_flight=4
+            test_ca,
+            dns,
+            directory,
+            WEIR_IP,
+            shards=2,
+            remote_timeout=2,
+            key_resolution_max_in_flight=4,
         ),
     )
     yield weir
