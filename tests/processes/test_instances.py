@@ -289,12 +289,12 @@ def test_one_instance_at_a_time_sends_to_a_destination(
     one send at a time: every PDU arrives once, never two transactions at once; and when
     the holder is killed, the other takes the destination over."""
     sink = TransactionSink(sender_keys)
-    fed = federation_settings(test_ca, dns, remote_timeout=3)
+    fed = federation_settings(test_ca, dns, remote_timeout=2)
     fed.update(tls_listener_settings(test_ca, "weir.test", WEIR_IP, port=0))
     shared = {
         "database": {"url": pg_cluster.new_database()},
         "data_dir": str(tmp_path / "shared-data"),
-        # A destination's lease lasts remote_timeout + 2 s: 5 s.
+        # A destination's lease lasts remote_timeout + 2 s: 4 s.
         "cluster": {"instances": 2, "queue_lease": 1},
         "federation": fed,
     }
@@ -329,7 +329,7 @@ def test_one_instance_at_a_time_sends_to_a_destination(
     holder = lease_owner(shared["database"]["url"], origin.name)
     read_receipt_goes_through_the_holder(sink, origin, room.room_id, holder, alice, bob)
     # The holder dies in a call, its transaction received and unanswered; a message
-    # through the other instance waits for the holder's lease to lapse (5 s after its
+    # through the other instance waits for the holder's lease to lapse (4 s after its
     # last claim), then that instance takes over: the same transaction first, same ID.
     dead, taker, through = (a, "b", bob) if holder == "a" else (b, "a", alice)
     sink.hold(origin.name)
