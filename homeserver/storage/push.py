@@ -16,9 +16,6 @@ from homeserver.storage.rooms import StoredEvent, _stored
 # Receipts that mark a user's reading (not m.fully_read, a marker of its own).
 READ_RECEIPTS = ("m.read", "m.read.private")
 MAIN_THREAD = "main"
-# Push action rows a statement writes (a power of two): 5 parameters each, under both
-# engines' limits.
-_ACTIONS_A_STATEMENT = 1024
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from dataclasses import replace
 from json.encoder import encode_basestring
 from typing import Callable
 
@@ -379,15 +378,11 @@ def _next_request(request: SlidingRequest, extensions: ExtensionsPart) -> Slidin
     """The request a client sends after this answer (`_Held`): the same, its to-device
     `since` moved to the answer's `next_batch`; None while to-device messages wait past it
     (the next request has them at once)."""
-    asked = request.extensions
-    if not asked.to_device:
+    if not request.extensions.to_device:
         return request
     if not extensions.to_device_whole:
         return None
-    since = extensions.to_device_position
-    if asked.to_device_since == since:
-        return request  # no to-device message since: most woken answers
-    return replace(request, extensions=replace(asked, to_device_since=since))
+    return request.with_to_device_since(extensions.to_device_position)
 
 
 def _body(pos: str, counts: dict, rooms: dict, extensions: dict) -> dict | EncodedJson:

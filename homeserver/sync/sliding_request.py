@@ -160,6 +160,12 @@ class SlidingRequest:
     unsubscribe: tuple[str, ...] = ()
     extensions: Extensions = Extensions()
 
+    def with_to_device_since(self, since: int | None) -> "SlidingRequest":
+        """The same request with this to-device `since`: itself when it has it already."""
+        if since == self.extensions.to_device_since:
+            return self
+        return replace(self, extensions=replace(self.extensions, to_device_since=since))
+
 
 # --- the body ---------------------------------------------------------------------------
 
@@ -270,10 +276,7 @@ class ParsedRequests:
         digits = since.group(1)
         sinced = self._sinced.get((key, digits))
         if sinced is None:
-            request = found[1]
-            to_device_since = _to_device_since(digits.decode())
-            extensions = replace(request.extensions, to_device_since=to_device_since)
-            sinced = replace(request, extensions=extensions)
+            sinced = found[1].with_to_device_since(_to_device_since(digits.decode()))
             if len(key) <= PARSED_MAX_BYTES:
                 self._sinced[key, digits] = sinced
                 if len(self._sinced) > self._kept:
