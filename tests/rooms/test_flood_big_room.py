@@ -64,7 +64,8 @@ def test_a_flooding_origin_costs_other_users_and_servers_nothing(tmp_path):
         during = probe.during(started, ended)
     print(
         f"flood: {tally.accepted} PDUs accepted in {ended - started:.1f} s,"
-        f" {tally.retried} 429s; /versions p99 {percentile(during, 0.99):.1f} ms"
+        f" {tally.retried} 429s, {tally.staged} staged;"
+        f" /versions p99 {percentile(during, 0.99):.1f} ms"
         f" (n={len(during)}); the other origin's transaction took"
         f" {theirs.latencies[0] * 1000 if theirs.latencies else -1:.0f} ms"
     )
