@@ -105,6 +105,7 @@ class _Destination:
     call_started: float = 0.0  # monotonic, when that wait began
     answer_seconds: float | None = None  # how long its last successful transaction took
     preempted: bool = False  # told to give its slot up
+    held_elsewhere: bool = False  # another instance held its lease at our last claim
     edus: deque = field(default_factory=lambda: deque(maxlen=MAX_QUEUED_EDUS))  # ephemeral
 
 
@@ -214,7 +215,7 @@ class FederationSender:
                 continue
             dest = self._destination(name)
             dest.edus.append({"edu_type": edu_type, "content": content})
-            self._kick(dest)
+            self._kick_or_hand_over(dest)
 
     def send_edu_where_held(
         self, destinations: Iterable[str], edu_type: str, content: dict, here: bool
@@ -251,7 +252,10 @@ class FederationSender:
                 self.max_queued_edus,
                 sorted({d for d, _ in left_out})[:10],
             )
-        self.wake(sorted({destination for destination, _, _ in edus}))
+        for name in sorted({destination for destination, _, _ in edus}):
+            dest = self._destination(name)
+            dest.pending = True
+            self._kick_or_hand_over(dest)
 
     def on_inbound_transaction(self, origin: str) -> None:
         """`origin` sent us a transaction: it is up. Its backoff ends, and what we owe it
@@ -328,6 +332,17 @@ class FederationSender:
         else:
             queue.append(dest.name)
         self._dispatch()
+
+    def _kick_or_hand_over(self, dest: _Destination) -> None:
+        """`_kick` for EDUs. Another instance's lease makes us wait for it to lapse, and
+        nothing tells its holder of EDUs queued here (events wake it: runtime/queues.py):
+        they are handed over at once (`_pass_to_holder`), not when the wait ends."""
+        if dest.held_elsewhere:  # its timer waits for that lease (`_pass_to_holder`)
+            if dest.timer is not None:
+                dest.timer.kill(block=False)
+                dest.timer = None
+            dest.retry_at = 0.0
+        self._kick(dest)
 
     def _move_to_front(self, dest: _Destination) -> None:
         """A waiting destination that just talked to us: to the front of its lane."""
@@ -456,7 +471,8 @@ class FederationSender:
             dest.pending = True  # never cleared here: a wake-up during the read stands
         ours = ([o for o, _ in pdus], [i for i, _ in durable])
         claim = self.store.begin_transaction(dest.name, self.leases, *ours)
-        if not claim.claimed or claim.row is None:  # another instance holds it
+        dest.held_elsewhere = not claim.claimed or claim.row is None
+        if dest.held_elsewhere:  # another instance holds it
             self._pass_to_holder(dest, claim, ephemeral, bool(durable))
             return False
         txn_id, _, orderings, durable_ids = claim.row
