@@ -471,10 +471,11 @@ class FederationSender:
             dest.pending = True  # never cleared here: a wake-up during the read stands
         ours = ([o for o, _ in pdus], [i for i, _ in durable])
         claim = self.store.begin_transaction(dest.name, self.leases, *ours)
-        dest.held_elsewhere = not claim.claimed or claim.row is None
-        if dest.held_elsewhere:  # another instance holds it
+        if not claim.claimed or claim.row is None:  # another instance holds it
+            dest.held_elsewhere = True
             self._pass_to_holder(dest, claim, ephemeral, bool(durable))
             return False
+        dest.held_elsewhere = False
         txn_id, _, orderings, durable_ids = claim.row
         if (orderings, durable_ids) != ours:
             # Left unanswered by a sender that died in the call (another instance, or this
