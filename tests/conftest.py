@@ -52,10 +52,19 @@ def synapse(test_ca, tmp_path_factory):
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def database_url(request, tmp_path):
-    """A fresh, empty database on each engine in turn."""
+    """A fresh database on each engine in turn: a new SQLite file, or a PostgreSQL database
+    already migrated (`PostgresCluster.new_database`), where `migrate` has nothing to do."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path}/homeserver.db"
     return request.getfixturevalue("pg_cluster").new_database()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def empty_database_url(request, tmp_path):
+    """A fresh, empty database on each engine in turn: for a test of the migrations."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/homeserver.db"
+    return request.getfixturevalue("pg_cluster").new_database(empty=True)
 
 
 @pytest.fixture

@@ -130,10 +130,10 @@ def test_messages_are_not_indexed(db):
     assert db.read(lambda tx: tx.fetchone("SELECT COUNT(*) FROM event_auth_positions")[0]) == 0
 
 
-def test_events_stored_before_the_index_are_indexed_by_the_migration(database_url):
+def test_events_stored_before_the_index_are_indexed_by_the_migration(empty_database_url):
     """A database at schema 27 holding a room's events opens, migrates, and its index gives
     the walked differences; events indexed after it continue its chains."""
-    db = open_database(database_url)
+    db = open_database(empty_database_url)
     try:
         migrate(db, until=27)
         events = random_graph(11, 300)

@@ -8,7 +8,7 @@ from homeserver.storage.migrations import available_migrations, migrate
 
 
 def test_two_instances_migrating_one_database_at_once_both_succeed(pg_cluster):
-    url = pg_cluster.new_database()
+    url = pg_cluster.new_database(empty=True)
     first, second = PostgresDatabase(url), PostgresDatabase(url)
     try:
         both = [gevent.spawn(migrate, db) for db in (first, second)]

@@ -87,8 +87,8 @@ def test_rows_are_written_with_events_and_dropped_by_redaction(db):
     assert sorted(r[0] for r in rows) == ["$e2", "$e5"]
 
 
-def test_the_migration_indexes_events_stored_before_it(database_url):
-    db = open_database(database_url)
+def test_the_migration_indexes_events_stored_before_it(empty_database_url):
+    db = open_database(empty_database_url)
     try:
         migrate(db, until=49)
         Events(db)  # the room's row

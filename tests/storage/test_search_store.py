@@ -130,8 +130,8 @@ def test_hostile_terms_are_plain_words(db, term):
     assert found(db, "or") == (["$e1"] if db.dialect == "sqlite" else [])  # a stop word in pg
 
 
-def test_the_migration_indexes_events_stored_before_it(database_url):
-    db = open_database(database_url)
+def test_the_migration_indexes_events_stored_before_it(empty_database_url):
+    db = open_database(empty_database_url)
     try:
         migrate(db, until=50)
         events = Events(db)  # the rooms' rows

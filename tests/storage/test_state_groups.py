@@ -111,8 +111,8 @@ def test_a_message_writes_no_state_and_a_state_event_one_key(db):
     assert len(after_join) == 51 and after_join[("m.room.member", "@new:weir.test")] == "$join"
 
 
-def test_groups_stored_whole_before_deltas_migrate_and_read_the_same(database_url):
-    db = open_database(database_url)
+def test_groups_stored_whole_before_deltas_migrate_and_read_the_same(empty_database_url):
+    db = open_database(empty_database_url)
     migrate(db, until=25)
     states = [
         {("m.room.create", ""): "$c", **{member(k): f"$j{k}" for k in range(n)}} for n in range(130)

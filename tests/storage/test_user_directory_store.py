@@ -151,8 +151,8 @@ def test_a_redacted_remote_join_shows_no_name(db):
     assert found(db, "@rem:far", all_local=False) == [("@rem:far", None, None)]
 
 
-def test_the_migration_fills_the_directory_from_profiles_and_joins(database_url):
-    db = open_database(database_url)
+def test_the_migration_fills_the_directory_from_profiles_and_joins(empty_database_url):
+    db = open_database(empty_database_url)
     try:
         migrate(db, until=59)
 

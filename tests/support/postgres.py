@@ -43,6 +43,7 @@ class PostgresCluster:
             pw = pwd.getpwnam("postgres")
             os.chown(self.dir, pw.pw_uid, pw.pw_gid)
         self.datadir = os.path.join(self.dir, "data")
+        self._template: str | None = None
         self._counter = 0
 
     def _cmd(self, *args: str) -> list[str]:
@@ -92,15 +93,34 @@ class PostgresCluster:
     def url(self, database: str = "postgres") -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
 
-    def new_database(self) -> str:
-        """A fresh, empty database; its URL."""
+    def new_database(self, empty: bool = False) -> str:
+        """A fresh database; its URL. A copy of one migrated to the newest schema, as a
+        server's first start leaves it: copying takes 0.3 s, the migrations 0.5-0.8 s, and
+        the suite makes hundreds. `empty`: nothing in it, for a test of the migrations."""
         import psycopg
 
+        template = "" if empty else f' TEMPLATE "{self._migrated()}" STRATEGY = FILE_COPY'
         self._counter += 1
         name = f"weir_test_{os.getpid()}_{self._counter}"
         with psycopg.connect(self.url(), autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
+            conn.execute(f'CREATE DATABASE "{name}"{template}')
         return self.url(name)
+
+    def _migrated(self) -> str:
+        """The template the migrated databases are copied from, made once; nothing stays
+        connected to it (a copy needs that)."""
+        if self._template is None:
+            from homeserver.storage.database import open_database
+            from homeserver.storage.migrations import migrate
+
+            url = self.new_database(empty=True)
+            db = open_database(url)
+            try:
+                migrate(db)
+            finally:
+                db.close()
+            self._template = url.rsplit("/", 1)[1]
+        return self._template
 
     def stop(self) -> None:
         subprocess.run(
