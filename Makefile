@@ -47,20 +47,25 @@ run: install
 test: dev synapse haproxy js-sdk wrk
 	$(BIN)/python -m pytest
 
-# HAProxy for tests/deploy (a real balancer in front of the server), from the distribution's
-# packages when it is missing and we are root, as CI is. If it cannot be installed, make goes
-# on: the tests then skip, or fail under CI=true.
-haproxy:
-	@if ! command -v haproxy >/dev/null 2>&1 && [ ! -x /usr/sbin/haproxy ]; then \
+# A tool from the distribution's packages, installed when missing and we are root, as CI
+# is; if it cannot be installed, make goes on and says what that costs.
+# $(call apt_tool,command,package,what happens without it)
+define apt_tool
+	@if ! command -v $(1) >/dev/null 2>&1 && [ ! -x /usr/sbin/$(1) ]; then \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-			echo "installing haproxy (apt-get)"; \
+			echo "installing $(2) (apt-get)"; \
 			apt-get update -qq >/dev/null 2>&1 || true; \
-			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >/dev/null 2>&1 \
-				|| echo "apt-get could not install haproxy: tests/deploy will skip (fail under CI=true)"; \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(2) >/dev/null 2>&1 \
+				|| echo "apt-get could not install $(2): $(3)"; \
 		else \
-			echo "haproxy is missing (install it: apt-get install haproxy): tests/deploy will skip"; \
+			echo "$(1) is missing (install it: apt-get install $(2)): $(3)"; \
 		fi; \
 	fi
+endef
+
+# HAProxy for tests/deploy (a real balancer in front of the server).
+haproxy:
+	$(call apt_tool,haproxy,haproxy,tests/deploy will skip (fail under CI=true))
 
 # The production image, where a Docker engine answers. The tests do not need it:
 # tests/deploy checks the Dockerfile as text, and runs HAProxy and Weir without containers.
@@ -84,19 +89,10 @@ BENCHES := $(basename $(notdir $(sort $(wildcard loadtests/*_bench.py))))
 
 # The throughput and cluster benches drive the server with wrk, and the suite runs the
 # cluster bench at a tiny size (tests/loadtests): installed when missing, from the
-# distribution's packages as root, as CI is. `make test` goes on without it (that test then
-# fails, saying so); `make bench` stops.
+# distribution's packages (`apt_tool`). `make test` goes on without it (that test then fails,
+# saying so); `make bench` stops.
 wrk:
-	@if ! command -v wrk >/dev/null 2>&1; then \
-		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-			echo "installing wrk (apt-get)"; \
-			apt-get update -qq >/dev/null 2>&1 || true; \
-			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null 2>&1 \
-				|| echo "apt-get could not install wrk: the cluster bench's smoke test will fail"; \
-		else \
-			echo "wrk is missing (install it: apt-get install wrk): the cluster bench's smoke test will fail"; \
-		fi; \
-	fi
+	$(call apt_tool,wrk,wrk,the cluster bench's smoke test will fail)
 
 bench-tools: wrk
 	@command -v wrk >/dev/null || { echo "wrk is missing: install it (apt-get install wrk)"; exit 1; }
