@@ -63,6 +63,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from urllib.parse import quote, urlsplit
 
 import gevent
@@ -392,6 +393,7 @@ class LockWaits:
         self.url = url
         self.samples = 0
         self.waiting: dict[str, int] = {}
+        self.statements: dict[str, int] = {}  # the waiting statements' beginnings
         self._stop = Event()
 
     def __enter__(self) -> "LockWaits":
@@ -405,11 +407,12 @@ class LockWaits:
     def _sample(self) -> None:
         with psycopg.connect(self.url, autocommit=True) as conn:
             while not self._stop.wait(0.02):
-                for event, count in conn.execute(
-                    "SELECT wait_event, count(*) FROM pg_stat_activity WHERE"
-                    " datname = current_database() AND wait_event_type = 'Lock' GROUP BY 1"
+                for event, statement in conn.execute(
+                    "SELECT wait_event, left(query, 70) FROM pg_stat_activity WHERE"
+                    " datname = current_database() AND wait_event_type = 'Lock'"
                 ):
-                    self.waiting[event] = self.waiting.get(event, 0) + count
+                    self.waiting[event] = self.waiting.get(event, 0) + 1
+                    self.statements[statement] = self.statements.get(statement, 0) + 1
                 self.samples += 1
 
     def mean(self) -> dict[str, float]:
@@ -435,6 +438,7 @@ def mixed_round(deployment, syncers: Syncers, loads, meter: CpuMeter, args) -> d
         "delivered": (syncers.messages - messages) / max(1, sends * args.members),
         "cpu": meter.cores(before, after),
         "lock_waits": waits.mean(),
+        "waiting_statements": waits.statements,
     }
 
 
@@ -598,6 +602,11 @@ class Run:
                 " waiting on a lock, on average: "
                 + ", ".join(f"{n:.1f} for {kind}" for kind, n in waits.items())
             )
+            statements: Counter[str] = Counter()
+            for r in rounds:
+                statements.update(r["waiting_statements"])
+            for statement, n in statements.most_common(3):
+                print(f"    waiting most often ({n} samples): {statement}")
         return verdict
 
     def wakes(self) -> str:

@@ -20,7 +20,7 @@ import os
 import re
 import sqlite3
 from collections import deque
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import nullcontext
 from typing import Any, Callable, Iterator
 
 import gevent
@@ -71,13 +71,6 @@ class Tx:
             sql = sql.replace("?", "%s")
         self.conn.cursor().executemany(sql, [tuple(r) for r in rows])
 
-    def pipelined(self) -> AbstractContextManager:
-        """Statements sent without waiting for each one's result, which are all waited for
-        at the end (PostgreSQL's pipeline mode): for writes whose results nobody reads
-        (no `rowcount`), where each wait would be a turn of the hub while a lock is held.
-        Nothing on SQLite, whose statements do not wait."""
-        return self.conn.pipeline() if self.dialect == "postgres" else nullcontext()
-
 
 class Database:
     dialect = ""
@@ -92,6 +85,17 @@ class Database:
 
     def write(self, fn: Callable[..., Any], *args) -> Any:
         raise NotImplementedError
+
+    def write_pipelined(self, fn: Callable[..., Callable[[], Any]], *args) -> Any:
+        """`write`, with the whole transaction in PostgreSQL's pipeline mode: a statement
+        waits for nothing unless its result is fetched, and the COMMIT goes out with the
+        statements after the last fetch. So a lock taken after the last fetch is held for
+        the server's work alone, never for turns of our hub (storage/streams.py). `fn`
+        returns a function, called once the transaction has committed, whose result is
+        this call's: it reads what `fn` did not wait for. `fn` must not read `rowcount`; an
+        error in a statement is raised at the next fetch or at the end, and rolls the whole
+        transaction back. SQLite: `write`, with the function called before the commit."""
+        return self.write(lambda tx, *a: fn(tx, *a)(), *args)
 
     def read(self, fn: Callable[..., Any], *args) -> Any:
         raise NotImplementedError
@@ -289,11 +293,12 @@ class PostgresDatabase(Database):
             kwargs={"options": f"-c statement_timeout={statement_timeout_ms}", "autocommit": True},
         )
 
-    def _run(self, fn, args):
+    def _run(self, fn, args, pipelined: bool = False):
         with self._pool.connection() as conn:
             try:
-                with conn.transaction():
-                    return fn(Tx(conn, "postgres", self._announce_as), *args)
+                with conn.pipeline() if pipelined else nullcontext(), conn.transaction():
+                    result = fn(Tx(conn, "postgres", self._announce_as), *args)
+                return result() if pipelined else result  # committed: the results are here
             except (gevent.Timeout, gevent.GreenletExit):
                 # The query may still be running: cancel it and do not reuse the connection.
                 try:
@@ -304,6 +309,9 @@ class PostgresDatabase(Database):
 
     def write(self, fn, *args):
         return self._run(fn, args)
+
+    def write_pipelined(self, fn, *args):
+        return self._run(fn, args, pipelined=True)
 
     def read(self, fn, *args):
         return self._run(fn, args)

@@ -99,12 +99,13 @@ class DirectoryStore:
     @staticmethod
     def add_alias_in(tx, alias: str, room_id: str, creator: str, now_ms: int) -> bool:
         """Within a transaction: adds the alias; False if it is taken."""
-        cur = tx.execute(
+        # RETURNING, not `rowcount`: a room's creation writes it in a pipelined transaction.
+        added = tx.fetchone(
             "INSERT INTO room_aliases (room_alias, room_id, creator, created_ts)"
-            " VALUES (?, ?, ?, ?) ON CONFLICT (room_alias) DO NOTHING",
+            " VALUES (?, ?, ?, ?) ON CONFLICT (room_alias) DO NOTHING RETURNING 1",
             (alias, room_id, creator, now_ms),
         )
-        return cur.rowcount == 1
+        return added is not None
 
     def add_alias(self, alias: str, room_id: str, creator: str, now_ms: int) -> bool:
         return self.db.write(self.add_alias_in, alias, room_id, creator, now_ms)
@@ -141,7 +142,7 @@ class DirectoryStore:
         tx.execute(
             "UPDATE room_aliases SET room_id = ? WHERE room_id = ?", (new_room_id, old_room_id)
         )
-        if tx.execute("DELETE FROM published_rooms WHERE room_id = ?", (old_room_id,)).rowcount:
+        if tx.fetchone("DELETE FROM published_rooms WHERE room_id = ? RETURNING 1", (old_room_id,)):
             cls.publish_in(tx, new_room_id, now_ms)
 
     # --- visibility ---------------------------------------------------------------------

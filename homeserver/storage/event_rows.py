@@ -10,6 +10,7 @@ import json
 from canonicaljson import encode_canonical_json
 
 from homeserver.core.events import Event
+from homeserver.storage.streams import Position, sql
 
 THREAD = "m.thread"
 
@@ -17,17 +18,18 @@ THREAD = "m.thread"
 def insert_event_row(
     tx,
     event: Event,
-    position: int,
+    position: Position,
     unsigned: dict | None = None,
     soft_failed: bool = False,
     outlier: bool = False,
 ) -> None:
+    at, at_params = sql(position)
     tx.execute(
         "INSERT INTO events (stream_ordering, event_id, room_id, type, state_key, sender,"
         " depth, origin_server_ts, membership, json, unsigned, soft_failed, outlier)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        f" VALUES ({at}, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
-            position,
+            *at_params,
             event.event_id,
             event.room_id,
             event.type,
@@ -58,14 +60,15 @@ def relation_of(content: dict) -> tuple[str, str] | None:
     return None
 
 
-def insert_relation_row(tx, event: Event, position: int) -> None:
+def insert_relation_row(tx, event: Event, position: Position) -> None:
     relation = relation_of(event.content)
     if relation is None:
         return
     rel_type, parent = relation
+    at, at_params = sql(position)
     tx.execute(
         "INSERT INTO event_relations (event_id, relates_to_id, rel_type, type, sender, room_id,"
-        " stream_ordering, origin_server_ts, thread_root) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        f" stream_ordering, origin_server_ts, thread_root) VALUES (?, ?, ?, ?, ?, ?, {at}, ?, ?)"
         " ON CONFLICT (event_id) DO NOTHING",
         (
             event.event_id,
@@ -74,7 +77,7 @@ def insert_relation_row(tx, event: Event, position: int) -> None:
             event.type,
             event.sender,
             event.room_id,
-            position,
+            *at_params,
             event.origin_server_ts,
             parent if rel_type == THREAD else None,
         ),
@@ -99,20 +102,21 @@ def searchable_text(event: Event) -> tuple[str, str] | None:
     return (key, text) if isinstance(text, str) and text else None
 
 
-def insert_search_row(tx, event: Event, position: int) -> None:
+def insert_search_row(tx, event: Event, position: Position) -> None:
     found = searchable_text(event)
     if found is None:
         return
     key, text = found
+    at, at_params = sql(position)
     if tx.dialect == "postgres":
         tx.execute(
             "INSERT INTO event_search (stream_ordering, event_id, room_id, key, vector)"
-            " VALUES (?, ?, ?, ?, to_tsvector('english', ?)) ON CONFLICT DO NOTHING",
-            (position, event.event_id, event.room_id, key, text),
+            f" VALUES ({at}, ?, ?, ?, to_tsvector('english', ?)) ON CONFLICT DO NOTHING",
+            (*at_params, event.event_id, event.room_id, key, text),
         )
     else:
         tx.execute(
             "INSERT INTO event_search (rowid, event_id, room_id, key, value)"
-            " VALUES (?, ?, ?, ?, ?)",
-            (position, event.event_id, event.room_id, key, text),
+            f" VALUES ({at}, ?, ?, ?, ?)",
+            (*at_params, event.event_id, event.room_id, key, text),
         )

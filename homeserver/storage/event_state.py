@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from homeserver.core.events import Event
-from homeserver.storage import room_stats, user_directory
+from homeserver.storage import room_stats, streams, user_directory
 from homeserver.storage.database import Database, in_lists
 from homeserver.storage.state_sql import keys_table
+from homeserver.storage.streams import Position
 
 StateKey = tuple[str, str]
 StateIds = Mapping[StateKey, str]
@@ -323,18 +324,20 @@ def group_after(
     return group
 
 
-def place_current(tx, room_id: str, position: int, group: int, replace: bool = False) -> None:
+def place_current(tx, room_id: str, position: Position, group: int, replace: bool = False) -> None:
     """The room's current state is `group`'s from `position` on; `replace`: another row
     may be there (a remote join's answer, `answer_group`)."""
-    sql = (
-        "INSERT INTO room_state_positions (room_id, stream_ordering, state_group) VALUES (?, ?, ?)"
+    at, at_params = streams.sql(position)
+    statement = (
+        "INSERT INTO room_state_positions (room_id, stream_ordering, state_group)"
+        f" VALUES (?, {at}, ?)"
     )
     if replace:
-        sql += (
+        statement += (
             " ON CONFLICT (room_id, stream_ordering)"
             " DO UPDATE SET state_group = excluded.state_group"
         )
-    tx.execute(sql, (room_id, position, group))
+    tx.execute(statement, (room_id, *at_params, group))
 
 
 def answer_group(tx, room_id: str, state: StateIds) -> GroupRef:

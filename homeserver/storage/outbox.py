@@ -24,17 +24,15 @@ from homeserver.storage.leases import Claim, LeasedTable, QueueLeases
 OUTBOX_CHANNEL = "weir_outbox"
 
 
-def queue_pdus(tx, destinations: Iterable[str], stored: Iterable[tuple[int, str, str]]) -> None:
-    """Queues every (stream_ordering, event_id, room_id) for every destination."""
-    rows = [
-        (destination, ordering, event_id, room_id)
-        for destination in sorted(set(destinations))
-        for ordering, event_id, room_id in stored
-    ]
+def queue_pdus(tx, destinations: Iterable[str], event_ids: Iterable[str]) -> None:
+    """Queues every event, stored earlier in the same transaction, for every destination."""
+    rows = [(d, event_id) for d in sorted(set(destinations)) for event_id in event_ids]
     if rows:
+        # The position is read from the event's row: it may not be known here yet
+        # (storage/streams.py, `Pending`).
         tx.executemany(
             "INSERT INTO federation_outbox (destination, stream_ordering, event_id, room_id)"
-            " VALUES (?, ?, ?, ?)",
+            " SELECT ?, stream_ordering, event_id, room_id FROM events WHERE event_id = ?",
             rows,
         )
 

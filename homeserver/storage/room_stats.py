@@ -5,6 +5,7 @@ that makes it."""
 from __future__ import annotations
 
 from homeserver.core.events import Event
+from homeserver.storage.streams import Position, sql
 
 # The room_stats column each state event (with an empty state key) keeps, and how.
 _STATS_COLUMNS: dict[str, tuple[str, str]] = {
@@ -61,11 +62,12 @@ def change_stats(tx, event: Event, previous_membership: str | None) -> int | Non
     return None
 
 
-def record_joined(tx, room_id: str, position: int, joined: int) -> None:
+def record_joined(tx, room_id: str, position: Position, joined: int) -> None:
     # A resolution may change several members at one position: the last count stands.
+    at, at_params = sql(position)
     tx.execute(
         "INSERT INTO room_joined_count_history (room_id, stream_ordering, joined_members)"
-        " VALUES (?, ?, ?) ON CONFLICT (room_id, stream_ordering)"
+        f" VALUES (?, {at}, ?) ON CONFLICT (room_id, stream_ordering)"
         " DO UPDATE SET joined_members = excluded.joined_members",
-        (room_id, position, joined),
+        (room_id, *at_params, joined),
     )

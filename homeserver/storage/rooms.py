@@ -134,7 +134,7 @@ class _Ready:
     directory: user_directory.MemberEntry | None = None
     current: int | None = None  # the group of the current state it made
 
-    def insert(self, tx, position: int) -> StoredEvent:
+    def insert(self, tx, position: streams.Position) -> None:
         event, room_id = self.event, self.event.room_id
         event_rows.insert_event_row(tx, event, position, self.unsigned, self.soft_failed)
         if self.joined is not None:
@@ -145,7 +145,9 @@ class _Ready:
             self.directory.write(tx)
         if self.current is not None:
             event_state.place_current(tx, room_id, position, self.current)
-        return StoredEvent(event, position, self.unsigned, self.soft_failed)
+
+    def stored(self, position: int) -> StoredEvent:
+        return StoredEvent(self.event, position, self.unsigned, self.soft_failed)
 
 
 def _replaced(tx, event: Event, batch: _Batch) -> tuple[dict, str | None]:
@@ -209,7 +211,7 @@ class RoomStore(RoomMembers):
         in the same transaction, so it is queued exactly when it is stored. `resolved`
         carries what state resolution decided for received events (event_state.py keeps
         the state at each event)."""
-        return self.db.write(
+        return self.db.write_pipelined(  # from `advance` on, one round trip with the COMMIT
             self._persist,
             events,
             new_room,
@@ -225,22 +227,7 @@ class RoomStore(RoomMembers):
     def _persist(self, tx, events, new_room, txn, now_ms, extra, first, received, send_to, res):
         room_id = events[0].room_id
         _one_writer_per_room(tx, room_id)
-        if new_room is not None:
-            tx.execute(
-                "INSERT INTO rooms (room_id, room_version, creator, created_ts)"
-                " VALUES (?, ?, ?, ?)",
-                (new_room.room_id, new_room.room_version, new_room.creator, new_room.created_ts),
-            )
-            tx.execute("INSERT INTO room_stats (room_id) VALUES (?)", (room_id,))
-        elif not received:
-            current = {
-                r[0]
-                for r in tx.fetchall(
-                    "SELECT event_id FROM event_forward_extremities WHERE room_id = ?", (room_id,)
-                )
-            }
-            if not set(events[0].prev_event_ids) <= current:
-                raise StaleExtremities(room_id)
+        RoomStore._new_or_unmoved(tx, events, new_room, received)
         store_history(tx, [HistoryEvent(e, outlier=True) for e in res.outliers])
         answer = None
         if res.outliers:  # a remote join's answer: its state is the room's just before it
@@ -259,21 +246,52 @@ class RoomStore(RoomMembers):
         for write in first:
             write(tx)
         auth_chains.index_events(tx, events)  # its stream's row first, as history.py takes it
-        last = streams.advance(tx, EVENTS_STREAM, len(events))
-        with tx.pipelined():  # one wait for these rows, not one each with the row held
-            if answer is not None:
-                event_state.place_current(tx, room_id, last - 1, answer.group, replace=True)
-            start = last - len(events) + 1
-            stored = [r.insert(tx, position) for position, r in enumerate(ready, start=start)]
+        taken = streams.take(tx, EVENTS_STREAM, len(events))
+        # The rows read their positions themselves (streams.Pending), so the advance, the
+        # rows and the COMMIT reach the server together (Database.write_pipelined). A
+        # resolution's change of current state, or a remote join's answer, needs the
+        # number: one wait with the row held.
+        last: streams.Position = taken.pending
+        if answer is not None or res.decides_current:
+            last = taken.last()
+        if answer is not None:
+            event_state.place_current(tx, room_id, last - 1, answer.group, replace=True)
+        for i, r in enumerate(ready):
+            r.insert(tx, last - (len(ready) - 1 - i))
+        if res.decides_current:
             last_id, whole, change = events[-1].event_id, res.current, res.current_change
-            if res.decides_current:
-                event_state.update_current(tx, room_id, last, last_id, whole, change)
-            outbox.queue_pdus(
-                tx, send_to, [(s.stream_ordering, s.event.event_id, room_id) for s in stored]
-            )
+            event_state.update_current(tx, room_id, taken.last(), last_id, whole, change)
+        outbox.queue_pdus(tx, send_to, [e.event_id for e in events])
         for write in extra:
             write(tx)
+
+        def stored() -> list[StoredEvent]:  # once committed
+            end = taken.last()
+            return [r.stored(end - (len(ready) - 1 - i)) for i, r in enumerate(ready)]
+
         return stored
+
+    @staticmethod
+    def _new_or_unmoved(tx, events: list[Event], new_room: NewRoom | None, received: bool):
+        """Creates the room's rows if it is new; else, for a local event, raises
+        `StaleExtremities` unless its prev_events are still the room's extremities."""
+        room_id = events[0].room_id
+        if new_room is not None:
+            tx.execute(
+                "INSERT INTO rooms (room_id, room_version, creator, created_ts)"
+                " VALUES (?, ?, ?, ?)",
+                (new_room.room_id, new_room.room_version, new_room.creator, new_room.created_ts),
+            )
+            tx.execute("INSERT INTO room_stats (room_id) VALUES (?)", (room_id,))
+        elif not received:
+            current = {
+                r[0]
+                for r in tx.fetchall(
+                    "SELECT event_id FROM event_forward_extremities WHERE room_id = ?", (room_id,)
+                )
+            }
+            if not set(events[0].prev_event_ids) <= current:
+                raise StaleExtremities(room_id)
 
     @staticmethod
     def _prepare_event(tx, event: Event, res: ResolvedPersist, received: bool, batch: _Batch):
