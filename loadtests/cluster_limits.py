@@ -12,10 +12,10 @@ docs/operations.md's sizing for 10 instances rests on.
    First one writer with one room (the hold with nothing else on its hub), then W writers
    with `--rooms` each. Printed per run: events/s, the writers' and PostgreSQL's CPU per
    event, and how long each write held the events stream's row (storage/streams.py: from
-   the answer to the `UPDATE` in `advance` to the commit's end; every other writer of the
-   stream waits meanwhile), with the round trips to PostgreSQL in that time. A writer times
-   its holds by wrapping `streams.advance`, `Tx.execute`, `Tx.executemany` and the
-   database's `write` in its own process: a timer, nothing else changes. The row's busy
+   the `UPDATE` that takes it to the commit's end; every other writer of the stream waits
+   meanwhile), with the round trips to PostgreSQL in that time (`HoldTimer`). A writer
+   times its holds by wrapping `streams.take`, `Tx`'s statements and the database's
+   writes in its own process: a timer, nothing else changes. The row's busy
    share (holds' total over the wall time) says how near the cluster-wide ceiling, one
    writer at a time, the writes came.
 2. NOTIFY. pgbench (C, `--notify-clients` connections) commits transactions that update a
@@ -78,20 +78,26 @@ EVENTS_STREAM = "events"
 
 
 class HoldTimer:
-    """Times each write's hold of the events stream's row, from the answer to the UPDATE
-    that takes it (any wait for the row is before) to the commit's end, and counts the
-    round trips to PostgreSQL meanwhile: the statements after the UPDATE, and the commit."""
+    """Times each write's hold of the events stream's row, from the UPDATE that takes it to
+    the commit's end, and counts the round trips to PostgreSQL meanwhile. In a plain write
+    the hold starts at the UPDATE's answer (any wait for the row is before), and each
+    statement after it and the commit is a round trip. An event's write is pipelined
+    (Database.write_pipelined): the UPDATE's answer comes with the commit's, so the hold is
+    timed from its sending (with one writer, nothing waits for the row before it), and
+    only a statement whose result is read waits, besides the commit."""
 
     def __init__(self, db):
         self.holds: list[float] = []  # seconds
         self.round_trips: list[int] = []
-        original_advance, original_execute = streams.advance, Tx.execute
+        original_take, original_execute = streams.take, Tx.execute
+        original_fetchone, original_fetchall = Tx.fetchone, Tx.fetchall
         original_many, original_write = Tx.executemany, db.write
+        original_pipelined = db.write_pipelined
 
-        def advance(tx, stream_name: str, count: int = 1) -> int:
+        def take(tx, stream_name: str, count: int = 1):
             tx.taking = stream_name == EVENTS_STREAM and not getattr(tx, "hold", None)
             try:
-                return original_advance(tx, stream_name, count)
+                return original_take(tx, stream_name, count)
             finally:
                 tx.taking = False
 
@@ -100,31 +106,44 @@ class HoldTimer:
                 cursor = original_execute(tx, sql, params)  # the UPDATE: the row is ours
                 tx.hold = [time.perf_counter(), 1]  # the commit's round trip, to come
                 return cursor
-            if getattr(tx, "hold", None):
+            if getattr(tx, "hold", None) and not getattr(tx, "pipelined", False):
                 tx.hold[1] += 1
             return original_execute(tx, sql, params)
 
+        def fetched(original):
+            def fetch(tx, sql: str, params=()):
+                if getattr(tx, "hold", None) and getattr(tx, "pipelined", False):
+                    tx.hold[1] += 1
+                return original(tx, sql, params)
+
+            return fetch
+
         def executemany(tx, sql: str, rows: list) -> None:
-            if getattr(tx, "hold", None):
+            if getattr(tx, "hold", None) and not getattr(tx, "pipelined", False):
                 tx.hold[1] += 1  # one pipeline: one round trip
             original_many(tx, sql, rows)
 
-        def write(fn, *args):
-            seen: list = []
+        def timed(original, pipelined: bool):
+            def write(fn, *args):
+                seen: list = []
 
-            def traced(tx, *inner):
-                seen.append(tx)
-                return fn(tx, *inner)
+                def traced(tx, *inner):
+                    tx.pipelined = pipelined
+                    seen.append(tx)
+                    return fn(tx, *inner)
 
-            result = original_write(traced, *args)  # committed on return
-            hold = getattr(seen[-1], "hold", None) if seen else None
-            if hold:
-                self.holds.append(time.perf_counter() - hold[0])
-                self.round_trips.append(hold[1])
-            return result
+                result = original(traced, *args)  # committed on return
+                hold = getattr(seen[-1], "hold", None) if seen else None
+                if hold:
+                    self.holds.append(time.perf_counter() - hold[0])
+                    self.round_trips.append(hold[1])
+                return result
 
-        streams.advance, Tx.execute, Tx.executemany = advance, execute, executemany
-        db.write = write
+            return write
+
+        streams.take, Tx.execute, Tx.executemany = take, execute, executemany
+        Tx.fetchone, Tx.fetchall = fetched(original_fetchone), fetched(original_fetchall)
+        db.write, db.write_pipelined = timed(original_write, False), timed(original_pipelined, True)
 
     def summary(self) -> dict:
         holds = [h * 1000 for h in self.holds] or [0.0]
@@ -237,14 +256,18 @@ def write_run(databases: Databases, directory: str, count: int, rooms: int, args
 
 def report_writes(runs: list[dict]) -> None:
     print("events through Weir's write path (each writer a process; one room per greenlet):")
+    print(
+        "  (a write's hold is timed from the sending of the UPDATE that takes the row: with"
+        " more than one room, it includes the wait for the others' turns at the row)"
+    )
     for r in runs:
         print(
             f"  {r['writers']} writer(s) x {r['rooms']} room(s): {r['events_per_s']:.0f}"
             f" events/s; CPU per event:"
             f" writers {r['writer_cpu_ms']:.1f} ms, PostgreSQL {r['pg_cpu_ms']:.1f} ms; the"
             f" events row held p50 {r['hold_p50_ms']:.2f} ms, mean {r['hold_mean_ms']:.2f} ms,"
-            f" p99 {r['hold_p99_ms']:.1f} ms, over {r['round_trips']:.0f} round trips;"
-            f" held {r['busy']:.0%} of the time"
+            f" p99 {r['hold_p99_ms']:.1f} ms, over {r['round_trips']:.0f} round trips"
+            + (f"; held {r['busy']:.0%} of the time" if r["rooms"] * r["writers"] == 1 else "")
         )
     best = runs[0]
     print(

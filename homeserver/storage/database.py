@@ -20,10 +20,11 @@ import os
 import re
 import sqlite3
 from collections import deque
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, Callable, Iterator
 
 import gevent
+from gevent import monkey
 from gevent.event import AsyncResult
 from gevent.lock import BoundedSemaphore
 from gevent.threadpool import ThreadPool
@@ -263,6 +264,48 @@ class SqliteDatabase(Database):
         return isinstance(exc, sqlite3.IntegrityError)
 
 
+def _prompt_connection(psycopg) -> type:
+    """psycopg's Connection, except that a wait for its socket asks the kernel first, without
+    blocking (the unpatched `poll`, 0 ms), and goes through gevent's hub only if the socket
+    is not ready. A send that fits, and an answer already in, then go on at once instead of
+    after every other ready greenlet has run: in a pipelined write, statements sent after
+    the events stream's row was taken no longer hold it for turns of the hub."""
+    poll, pollin, pollout = monkey.get_original("select", ["poll", "POLLIN", "POLLOUT"])
+    masks = {1: pollin, 2: pollout, 3: pollin | pollout}  # psycopg's Wait: R, W, RW
+
+    def ready_first(gen, fileno):
+        try:
+            wait = next(gen)
+        except StopIteration as done:
+            return done.value
+        poller = poll()
+        poller.register(fileno, masks[wait])
+        while True:
+            events = poller.poll(0)
+            flags = events[0][1] if events else 0
+            ready = (1 if flags & pollin else 0) | (2 if flags & pollout else 0)
+            if not ready:  # not yet, or an error psycopg's own wait reports
+                ready = yield wait
+            try:
+                wait = gen.send(ready)
+            except StopIteration as done:
+                return done.value
+            poller.modify(fileno, masks[wait])
+
+    class PromptConnection(psycopg.Connection):
+        def wait(self, gen, *args, **kwargs):
+            return super().wait(ready_first(gen, self.pgconn.socket), *args, **kwargs)
+
+    return PromptConnection
+
+
+@contextmanager
+def _pipelined_transaction(conn) -> Iterator[None]:
+    """A transaction whose COMMIT goes out with its last statements (`write_pipelined`)."""
+    with conn.pipeline(), conn.transaction():
+        yield
+
+
 class PostgresDatabase(Database):
     dialect = "postgres"
 
@@ -290,15 +333,17 @@ class PostgresDatabase(Database):
             max_size=max_size,
             open=True,
             timeout=30,
+            connection_class=_prompt_connection(psycopg),
             kwargs={"options": f"-c statement_timeout={statement_timeout_ms}", "autocommit": True},
         )
 
-    def _run(self, fn, args, pipelined: bool = False):
+    def _run(self, fn, args, scope: Callable[[Any], AbstractContextManager], then=False):
+        """`fn` in `scope`; `then`: `fn` returned a function to call once out of it."""
         with self._pool.connection() as conn:
             try:
-                with conn.pipeline() if pipelined else nullcontext(), conn.transaction():
+                with scope(conn):
                     result = fn(Tx(conn, "postgres", self._announce_as), *args)
-                return result() if pipelined else result  # committed: the results are here
+                return result() if then else result
             except (gevent.Timeout, gevent.GreenletExit):
                 # The query may still be running: cancel it and do not reuse the connection.
                 try:
@@ -308,13 +353,15 @@ class PostgresDatabase(Database):
                 raise
 
     def write(self, fn, *args):
-        return self._run(fn, args)
+        return self._run(fn, args, lambda conn: conn.transaction())
 
     def write_pipelined(self, fn, *args):
-        return self._run(fn, args, pipelined=True)
+        return self._run(fn, args, _pipelined_transaction, then=True)
 
     def read(self, fn, *args):
-        return self._run(fn, args)
+        # No transaction block: at READ COMMITTED every statement reads a snapshot of its
+        # own inside one too, and its BEGIN and COMMIT would be two more round trips.
+        return self._run(fn, args, lambda conn: nullcontext())
 
     def close(self) -> None:
         self._pool.close()
