@@ -223,3 +223,23 @@ def test_an_error_that_ended_the_sqlite_transaction_is_the_one_raised(tmp_path):
         assert db.read(lambda tx: tx.fetchone("SELECT COUNT(*) FROM t"))[0] == 1
     finally:
         db.close()
+
+
+def test_a_pipelined_write_commits_whole_or_not_at_all(db):
+    """`write_pipelined`: its function's answer is read once committed, and an error in a
+    statement after the last read rolls back every statement, on both engines."""
+
+    def add(tx, user_id: str, then_twice: bool):
+        tx.execute("INSERT INTO users (user_id, created_ts) VALUES (?, ?)", (user_id, 1))
+        count = tx.execute("SELECT COUNT(*) FROM users")  # read only once committed
+        if then_twice:  # fails at the end, after the read above was sent
+            tx.execute("INSERT INTO users (user_id, created_ts) VALUES (?, ?)", (user_id, 2))
+        return lambda: count.fetchone()[0]
+
+    assert db.write_pipelined(add, "@a:x", False) == 1
+    with pytest.raises(Exception) as info:
+        db.write_pipelined(add, "@b:x", True)
+    assert db.is_unique_violation(info.value)
+    rows = db.read(lambda tx: tx.fetchall("SELECT user_id FROM users ORDER BY user_id"))
+    assert rows == [("@a:x",)]
+    assert db.write_pipelined(add, "@c:x", False) == 2  # the connection is fine after it
