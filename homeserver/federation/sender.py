@@ -203,10 +203,7 @@ class FederationSender:
 
     def wake(self, destinations: Iterable[str]) -> None:
         """PDUs were queued for `destinations` (after the commit). Never blocks."""
-        for name in destinations:
-            dest = self._destination(name)
-            dest.pending = True
-            self._kick(dest)
+        self._owed(destinations, self._kick)
 
     def send_edu(self, destinations: Iterable[str], edu_type: str, content: dict) -> None:
         """Queues an ephemeral EDU (typing, a receipt) for each destination, in memory."""
@@ -252,10 +249,7 @@ class FederationSender:
                 self.max_queued_edus,
                 sorted({d for d, _ in left_out})[:10],
             )
-        for name in sorted({destination for destination, _, _ in edus}):
-            dest = self._destination(name)
-            dest.pending = True
-            self._kick_or_hand_over(dest)
+        self._owed(sorted({destination for destination, _, _ in edus}), self._kick_or_hand_over)
 
     def on_inbound_transaction(self, origin: str) -> None:
         """`origin` sent us a transaction: it is up. Its backoff ends, and what we owe it
@@ -267,10 +261,8 @@ class FederationSender:
             return
         if dest.interval or dest.retry_at:
             self.revivals += 1
-            dest.interval, dest.retry_at = 0.0, 0.0
-            if dest.timer is not None:
-                dest.timer.kill(block=False)
-                dest.timer = None
+            dest.interval = 0.0
+            self._end_wait(dest)
             self.store.set_retry(origin, 0, 0)
         if dest.busy and dest.name not in self._in_flight:
             self._move_to_front(dest)
@@ -338,11 +330,22 @@ class FederationSender:
         nothing tells its holder of EDUs queued here (events wake it: runtime/queues.py):
         they are handed over at once (`_pass_to_holder`), not when the wait ends."""
         if dest.held_elsewhere:  # its timer waits for that lease (`_pass_to_holder`)
-            if dest.timer is not None:
-                dest.timer.kill(block=False)
-                dest.timer = None
-            dest.retry_at = 0.0
+            self._end_wait(dest)
         self._kick(dest)
+
+    def _owed(self, destinations: Iterable[str], kick: Callable[[_Destination], None]) -> None:
+        for name in destinations:
+            dest = self._destination(name)
+            dest.pending = True
+            kick(dest)
+
+    @staticmethod
+    def _end_wait(dest: _Destination) -> None:
+        """Ends the wait of `_retry_in` now: a backoff, or a wait for another's lease."""
+        dest.retry_at = 0.0
+        if dest.timer is not None:
+            dest.timer.kill(block=False)
+            dest.timer = None
 
     def _move_to_front(self, dest: _Destination) -> None:
         """A waiting destination that just talked to us: to the front of its lane."""

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from homeserver.core.events import Event
 from homeserver.storage import event_rows, event_state, room_stats, streams, user_directory
-from homeserver.storage.event_state import Delta, GroupRef
+from homeserver.storage.event_state import Delta
 
 StateKey = tuple[str, str]
 
@@ -50,18 +49,12 @@ class Ready:
             event_state.place_current(tx, room_id, position, self.current)
 
 
-def prepare_event(
-    tx,
-    event: Event,
-    before: Mapping[StateKey, str] | GroupRef | None,
-    resolved,
-    received: bool,
-    batch: Batch,
-) -> Ready:
-    """Writes an event's rows that need no stream position. `before`: the state before it,
-    if a resolution decided it; `resolved` (rooms.ResolvedPersist): whether it was soft
-    failed, and whether a resolution decides the room's current state."""
+def prepare_event(tx, event: Event, resolved, received: bool, batch: Batch) -> Ready:
+    """Writes an event's rows that need no stream position. `resolved`
+    (rooms.ResolvedPersist): the state before it if a resolution decided it, whether it was
+    soft failed, and whether a resolution decides the room's current state."""
     room_id = event.room_id
+    before = resolved.state_before.get(event.event_id)
     event_state.record_state(tx, event, before, not received, current=batch.current)
     unsigned, previous_membership = _replaced(tx, event, batch)
     ready = Ready(event, unsigned, resolved.soft_failed)

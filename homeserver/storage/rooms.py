@@ -173,10 +173,7 @@ class RoomStore(RoomMembers):
         # All that needs no position first: from `advance` to the commit, every other
         # writer of events in the cluster waits (storage/streams.py).
         batch = Batch(answer.group if answer is not None else None)
-        ready = [
-            prepare_event(tx, e, res.state_before.get(e.event_id), res, received, batch)
-            for e in events
-        ]
+        ready = [prepare_event(tx, e, res, received, batch) for e in events]
         if txn is not None:
             tx.execute(
                 "INSERT INTO event_txn_ids (user_id, device_id, room_id, event_type,"
