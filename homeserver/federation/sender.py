@@ -334,8 +334,7 @@ class FederationSender:
         self._kick(dest)
 
     def _owed(self, destinations: Iterable[str], kick: Callable[[_Destination], None]) -> None:
-        for name in destinations:
-            dest = self._destination(name)
+        for dest in map(self._destination, destinations):
             dest.pending = True
             kick(dest)
 
