@@ -9,6 +9,7 @@ client-server API's `m.login.application_service` and `/appservice/{appserviceId
 from __future__ import annotations
 
 import logging
+import math
 from typing import Callable, TypeVar
 from urllib.parse import quote, urlencode
 
@@ -254,7 +255,9 @@ class AppserviceService:
         if registration.url is None:
             raise MatrixError(400, "M_URL_NOT_SET", "Application service doesn't have a URL")
         try:
-            return int(self.client.ping(registration.url, registration.hs_token, transaction_id))
+            took = self.client.ping(registration.url, registration.hs_token, transaction_id)
+            # Whole milliseconds, rounded up: mautrix reads a 0 as no answer (its `or -1`).
+            return math.ceil(took)
         except AppserviceUnreachable as e:
             if e.timed_out:
                 raise MatrixError(
