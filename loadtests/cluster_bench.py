@@ -422,6 +422,7 @@ class LockWaits:
 def mixed_round(deployment, syncers: Syncers, loads, meter: CpuMeter, args) -> dict:
     syncers.wait_parked(len(syncers.clients))
     answers, messages = syncers.answers, syncers.messages
+    wakes_before = answered_from(deployment)
     before = meter.read()
     with LockWaits(deployment.database) as waits:
         results = run_wrks(deployment, args.duration, loads)
@@ -439,7 +440,16 @@ def mixed_round(deployment, syncers: Syncers, loads, meter: CpuMeter, args) -> d
         "cpu": meter.cores(before, after),
         "lock_waits": waits.mean(),
         "waiting_statements": waits.statements,
+        "answered_from": answered_from(deployment) - wakes_before,
     }
+
+
+def answered_from(deployment: Deployment) -> Counter[str]:
+    """The deployment's woken syncs so far, by how they were answered."""
+    total: Counter[str] = Counter()
+    for url in deployment.urls:
+        total.update(wakes_by_answer(url))
+    return total
 
 
 def wake_rounds(deployment: Deployment, syncers: Syncers, population: Population, args):
@@ -602,6 +612,10 @@ class Run:
                 " waiting on a lock, on average: "
                 + ", ".join(f"{n:.1f} for {kind}" for kind, n in waits.items())
             )
+            answered: Counter[str] = Counter()
+            for r in rounds:
+                answered.update(r["answered_from"])
+            print("    woken syncs answered from: " + ", ".join(f"{k} {v:.0f}" for k, v in answered.items()))
             statements: Counter[str] = Counter()
             for r in rounds:
                 statements.update(r["waiting_statements"])
@@ -635,6 +649,9 @@ def parse_args():
     parser.add_argument("--wake-rounds", type=int, default=10)
     parser.add_argument("--log-level", default="INFO")
     parser.add_argument(
+        "--figures", default="versions,mixed,wakes", help="which of them to measure, in order"
+    )
+    parser.add_argument(
         "--postgres", help="a superuser URL of a PostgreSQL on this machine; default: our own"
     )
     return parser.parse_args()
@@ -658,7 +675,8 @@ def main() -> int:
             f" rounds of {args.duration} s, wrk -t1 -c{args.connections} spread over the instances"
         )
         try:
-            verdicts = [run.versions(), run.mixed(), run.wakes()]
+            figures = {"versions": run.versions, "mixed": run.mixed, "wakes": run.wakes}
+            verdicts = [figures[name]() for name in args.figures.split(",")]
         finally:
             run.stop_clients()
         print(f"against issue 39's targets (load average now {os.getloadavg()[0]:.1f}):")

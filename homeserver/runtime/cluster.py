@@ -89,6 +89,7 @@ class ClusterComponents(MediaComponents):
         wakes = ClusterWakes(
             StreamChanges(self.db), self.notifier, self.e2ee_store.users_sharing_a_room, kept
         )
+        self.notifier.others_below = wakes.events_below
         self.metrics.track_counter(
             "weir_cluster_wakes",
             "Ranges of other instances' writes read to wake syncs here",

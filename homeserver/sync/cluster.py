@@ -27,6 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
+from gevent.lock import Semaphore
+
 from homeserver.storage.cluster_memory import TOKENS_STREAM, TYPING_STREAM
 from homeserver.storage.stream_changes import PER_USER_STREAMS, StreamChanges
 from homeserver.sync.notifier import Notifier
@@ -64,20 +66,46 @@ class ClusterWakes:
         self._sharing = sharing
         self._kept = kept
         self._last: dict[str, int] = {}
+        # One reader of the events stream at a time: the listening greenlet, or a local
+        # write's catching up (`events_below`).
+        self._reading_events = Semaphore()
         self.wakes = 0  # ranges read to wake syncs (weir_cluster_wakes_total)
 
     def on_positions(self, positions: dict[str, int]) -> None:
         """The newest positions other instances announced: wake whom their writes concern."""
         for stream, upto in positions.items():
-            after = self._last.get(stream)
-            if after is not None and upto <= after:
-                continue
-            if after is not None:  # else where this instance started: nothing to wake
-                self._apply(stream, after, upto)
-            elif stream == TYPING_STREAM:  # applied from typing's own position
-                self._kept.typing_upto(upto)
-            # Only once applied: a failed read is tried again with the next batch.
-            self._last[stream] = upto
+            if stream == "events":
+                with self._reading_events:
+                    self._advance(stream, upto)
+            else:
+                self._advance(stream, upto)
+
+    def events_below(self, position: int) -> None:
+        """This instance stored events from `position` and is about to wake its syncs for
+        them. Every position below it is committed (storage/streams.py hands them out in
+        commit order), so other instances' events there are read and woken for first,
+        without waiting for their NOTIFY: a sync woken by ours then finds no gap in
+        `RecentEvents` and answers from memory."""
+        recent = self._notifier.recent
+        with self._reading_events:
+            after = self._last.get("events")
+            if after is None or position - 1 <= after:
+                return
+            if recent.has_all(after, position - 1):  # ours only: woken for already
+                self._last["events"] = position - 1
+            else:
+                self._advance("events", position - 1)
+
+    def _advance(self, stream: str, upto: int) -> None:
+        after = self._last.get(stream)
+        if after is not None and upto <= after:
+            return
+        if after is not None:  # else where this instance started: nothing to wake
+            self._apply(stream, after, upto)
+        elif stream == TYPING_STREAM:  # applied from typing's own position
+            self._kept.typing_upto(upto)
+        # Only once applied: a failed read is tried again with the next batch.
+        self._last[stream] = upto
 
     def positions(self) -> dict[str, int]:
         """How far this instance has applied each stream (weir_cluster_position)."""
@@ -112,12 +140,14 @@ class ClusterWakes:
     def _room_events_page(self, after: int, upto: int) -> None:
         changes = self._changes.room_events(after, upto)
         notifier = self._notifier
-        notifier.recent.add(changes.stored)
+        # Those it had were woken for when added: this instance's own, mostly.
+        fresh = {stored.event.room_id for stored in notifier.recent.add(changes.stored)}
         for room_id in changes.state_changed:
             self._kept.forget_room(room_id)
         if notifier.waiting():
             for room_id, targets in changes.rooms.items():
-                notifier.notify_room(room_id, targets, recompute=False)
+                if room_id in fresh:
+                    notifier.notify_room(room_id, targets, recompute=False)
             notifier.notify_users(changes.invited)
             self.wakes += 1
 

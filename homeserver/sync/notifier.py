@@ -105,6 +105,9 @@ class Notifier:
         self.held = 0
         self.closed = False
         self.recent = RecentEvents()  # heard before anyone is woken: what they answer from
+        # With other instances: reads theirs below a local write's positions before the
+        # write wakes anyone (sync/cluster.py, `events_below`).
+        self.others_below: Callable[[int], None] | None = None
 
     def registered(self, user_id: str, presence: bool = True) -> Waiter:
         """A sync of `user_id`, registered while its `with` block runs: woken whenever
@@ -181,6 +184,11 @@ class Notifier:
 
     def on_events_persisted(self, stored: list[StoredEvent]) -> None:
         """The rooms persist listener: one batch of events, all in one room."""
+        if self.others_below is not None:
+            try:
+                self.others_below(stored[0].stream_ordering)
+            except Exception:  # a sync reaching over the gap reads the database
+                log.exception("could not read other instances' events before ours")
         self.recent.add(stored)
         # A member event's state_key is the user it is about; one without it names nobody.
         members = (s.event.state_key for s in stored if s.event.type == "m.room.member")

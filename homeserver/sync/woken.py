@@ -89,10 +89,13 @@ class RecentEvents:
         self._client_parts: dict[int, tuple[str, str]] = {}
         self.newest = 0
 
-    def add(self, stored: list[StoredEvent]) -> None:
+    def add(self, stored: list[StoredEvent]) -> list[StoredEvent]:
+        """Keeps the events; returns those it did not have (each was woken for when added)."""
+        fresh = []
         for s in stored:
             if s.stream_ordering in self._events:  # ours, read again with others' range
                 continue
+            fresh.append(s)
             if s.event.type == REDACTION:
                 self._forget_targets_of(s)
             self._events[s.stream_ordering] = s
@@ -105,6 +108,11 @@ class RecentEvents:
             gone = self._events.pop(position, None)
             if gone is not None:
                 self._position_of.pop(gone.event.event_id, None)
+        return fresh
+
+    def has_all(self, after: int, upto: int) -> bool:
+        """Whether every position in (after, upto] is kept."""
+        return all(at in self._events for at in range(after + 1, upto + 1))
 
     def stored_elsewhere(self, position: int) -> None:
         """Another instance stored events up to `position` (sync/cluster.py), not read yet:

@@ -1,6 +1,6 @@
 """Several Weir instances on one PostgreSQL, as real processes: another instance's message
-wakes a parked /sync, answered from memory (after a lost listening connection too), tokens
-travel between instances, concurrent writes through both reach every sync once and in order, a join
+wakes a parked /sync, answered from memory (after a lost listening connection too, and for
+a local message after an unheard one of the other), tokens travel between instances, concurrent writes through both reach every sync once and in order, a join
 elsewhere reaches push rules, one instance at a time sends to a destination (and resends
 the transaction a killed holder left unanswered, same ID); and the
 refusals: SQLite with several instances or a second process on one SQLite file, and a
@@ -421,3 +421,35 @@ def test_a_lost_listening_connection_is_replaced_and_misses_nothing(two_instance
     assert time.monotonic() - started < 10  # woken, not the long-poll's end
     assert [e["event_id"] for e in timeline(answer, room_id)] == [event_id]
     assert metric(b.client_url, "weir_cluster_listen_reconnects_total") == 1
+
+
+def test_a_local_message_after_an_unheard_one_from_the_other_wakes_from_memory(two_instances):
+    """a does not hear b for a while (its LISTEN connection ended): carol's message through
+    b, then alice's through a. a reads carol's before waking bob's sync for alice's, and
+    answers it from memory, not from the database."""
+    a, b, url = two_instances
+    alice, bob, room_id = shared_room(a, b)
+    carol = client(b)
+    carol.register("carol")
+    r = carol.post("/_matrix/client/v3/createRoom", json={})
+    assert r.status_code == 200, r.text
+    carols = r.json()["room_id"]
+    since = sync(a, bob.token)["next_batch"]
+    parked = gevent.spawn(sync, a, bob.token, since, 30_000)
+    wait_for_metric(a.client_url, "weir_sync_waiters", 1, timeout=15)
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        ended = conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE application_name = 'weir-listen-a'"
+        ).fetchall()
+        assert ended == [(True,)]
+    send(carol, carols, "unheard-on-a")  # a listens again a second after it notices
+    event_id = send(alice, room_id, "after-it")
+    answer = parked.get(timeout=30)
+    assert [e["event_id"] for e in timeline(answer, room_id)] == [event_id]
+    assert carols not in answer["rooms"]["join"]
+    wakes = "weir_sync_wakes_total"
+    assert metric(a.client_url, wakes, answered_from="recent_events") == 1
+    assert metric(a.client_url, wakes, answered_from="database") == 0
