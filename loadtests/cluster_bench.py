@@ -56,6 +56,7 @@ monkey.patch_all()
 
 import argparse
 import os
+import re
 import resource
 import shutil
 import statistics
@@ -445,10 +446,13 @@ def mixed_round(deployment, syncers: Syncers, loads, meter: CpuMeter, args) -> d
 
 
 def answered_from(deployment: Deployment) -> Counter[str]:
-    """The deployment's woken syncs so far, by how they were answered."""
+    """The deployment's woken syncs so far, by how they were answered; and its long-polls
+    parked on their last answer's registration with no computation ("held")."""
     total: Counter[str] = Counter()
     for url in deployment.urls:
         total.update(wakes_by_answer(url))
+        text = requests.get(url + "/metrics", timeout=30).text
+        total["held"] += float(re.search(r"^weir_sync_held_parks_total (\S+)$", text, re.M)[1])
     return total
 
 
@@ -615,7 +619,8 @@ class Run:
             answered: Counter[str] = Counter()
             for r in rounds:
                 answered.update(r["answered_from"])
-            print("    woken syncs answered from: " + ", ".join(f"{k} {v:.0f}" for k, v in answered.items()))
+            split = ", ".join(f"{k} {v:.0f}" for k, v in answered.items())
+            print(f"    woken syncs answered from: {split} (long-polls parked held)")
             statements: Counter[str] = Counter()
             for r in rounds:
                 statements.update(r["waiting_statements"])

@@ -505,7 +505,7 @@ class HomeserverRuntime(AdminComponents, E2eeComponents, PushComponents, Cluster
     def sync(self) -> SyncService:
         # Bound once: a label lookup costs more than the count, once per woken sync.
         wakes = {k: self.metrics.sync_wakes.labels(k) for k in ("recent_events", "database")}
-        return SyncService(
+        service = SyncService(
             self.rooms,
             self.room_history,
             self.sync_store,
@@ -518,6 +518,12 @@ class HomeserverRuntime(AdminComponents, E2eeComponents, PushComponents, Cluster
             ruleset=self.push_rules.ruleset,
             notifications=Notifications(self.push_rules.store),
         )
+        self.metrics.track_counter(
+            "weir_sync_held_parks",
+            "Long-polls that parked on their last answer's registration, with no computation",
+            lambda: service.held.taken,
+        )
+        return service
 
     @component
     def sliding_sync(self) -> SlidingSync:

@@ -100,8 +100,8 @@ class Notifier:
         self.bursts = 0  # wake-ups that held the collector (weir_collector_holds_total)
         self._waiting: dict[str, set[Waiter]] = {}
         self._count = 0
-        # Of those, registrations held between a connection's requests (sliding.py `_Held`):
-        # woken as any, but no request waits on them.
+        # Of those, registrations held between a long-poll's requests
+        # (held_registrations.py): woken as any, but no request waits on them.
         self.held = 0
         self.closed = False
         self.recent = RecentEvents()  # heard before anyone is woken: what they answer from

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 from homeserver.core.clock import now_ms
@@ -30,6 +31,7 @@ from homeserver.rooms.history import RoomHistory
 from homeserver.rooms.service import RoomService
 from homeserver.storage.sync import SyncSnapshot, SyncStore
 from homeserver.sync.filters import Filters
+from homeserver.sync.held_registrations import HeldRegistrations
 from homeserver.sync.notifications import GatheredUnread, Notifications
 from homeserver.sync.notifier import Notifier, Waiter
 from homeserver.sync.out_of_room import out_of_room
@@ -106,13 +108,25 @@ class Parked:
 class WaitingSync(Parked):
     """A /sync with nothing to send yet."""
 
-    __slots__ = ("_service", "_request", "_seen")
+    __slots__ = ("_service", "_request", "_seen", "_held_as")
 
-    def __init__(self, service: "SyncService", request: SyncRequest, deadline: float):
-        super().__init__(service.notifier, request.user_id, deadline)
+    def __init__(
+        self,
+        service: "SyncService",
+        request: SyncRequest,
+        deadline: float,
+        held_as: "HeldSync | None" = None,
+        held: tuple[Waiter, Seen] | None = None,
+    ):
+        """`held_as`: how its answer's registration is kept for the next request, if it
+        may be (held_registrations.py); `held`: the registration and what was seen, kept
+        for it."""
+        super().__init__(service.notifier, request.user_id, deadline, waiter=held and held[0])
         self._service = service
         self._request = request
-        self._seen: Seen | None = None  # what a computation found nothing new in, if usable
+        # What a computation found nothing new in, if usable.
+        self._seen: Seen | None = held and held[1]
+        self._held_as = held_as
 
     def step(self, woken: bool) -> dict | EncodedJson | None:
         service, request, waiter, seen = self._service, self._request, self._waiter, self._seen
@@ -130,9 +144,29 @@ class WaitingSync(Parked):
         else:
             body, self._seen = found
             has_updates = body is not None
+            if has_updates and self._held_as is not None:
+                # Answered from the events alone: what it saw holds for the next request.
+                seen = self._seen
+                next_batch = str(seen.token.with_events(seen.events))
+                service.held.keep(self._held_as.key(next_batch), self._held_as, waiter, seen)
+                self._waiter = None
         if has_updates or self.expired(service.notifier):
             return body if body is not None else service._respond(request)[0]
         return None
+
+
+@dataclass(frozen=True, slots=True)
+class HeldSync:
+    """The /sync request a held registration waits for, beside its `since`
+    (held_registrations.py)."""
+
+    user_id: str
+    device_id: str
+    filter_param: str | None
+
+    def key(self, since: str) -> tuple[str, str, str]:
+        """Whose registration: a token is every member's whom one message woke."""
+        return since, self.user_id, self.device_id
 
 
 class SyncService:
@@ -164,6 +198,7 @@ class SyncService:
         unread = GatheredUnread(notifications.store) if notifications else None
         self.woken = WokenAnswers(notifier.recent, e2ee, self.entries.lazy_members, unread)
         self.on_wake = on_wake  # "recent_events" or "database", for each woken sync
+        self.held: HeldRegistrations[HeldSync, Seen] = HeldRegistrations(notifier)
 
     def sync(self, *args, **kwargs) -> dict:
         """`begin`'s /sync response, waited for here when there is nothing to send yet, as
@@ -200,7 +235,16 @@ class SyncService:
                 return EncodedJson(encode_in_pieces(self._respond(request)[0], let_io_run))
         if timeout <= 0:
             return self._respond(request)[0]
-        waiting = WaitingSync(self, request, time.monotonic() + timeout)
+        deadline = time.monotonic() + timeout
+        held_as = None
+        if answers_from_events(request.filter, full_state, use_state_after):
+            held_as = HeldSync(requester.user_id, requester.device_id, filter_param)
+            held = self.held.take(held_as.key(since or ""), held_as)
+            if held is not None:
+                # The answer that gave `since` saw nothing but room events, and nothing
+                # concerning the user happened since: computed, this request finds nothing.
+                return WaitingSync(self, request, deadline, held_as, held)
+        waiting = WaitingSync(self, request, deadline, held_as)
         try:
             body = waiting.step(woken=False)
         except BaseException:

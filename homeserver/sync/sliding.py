@@ -18,14 +18,13 @@ to date from the events stored since (sliding_lists.py), a room already sent who
 events are all in hand is answered from them (sliding_rooms.py `live_result`), and a
 long-poll woken by room events alone reads no stream positions (as woken.py's /sync). Its
 answer keeps the registration it was woken on for the connection's next request, which then
-parks with no computation (`_Held`), and a room's live result is encoded once for every
-connection its events wake (sliding_rooms.py `live_text`).
+parks with no computation (held_registrations.py), and a room's live result is encoded once
+for every connection its events wake (sliding_rooms.py `live_text`).
 """
 
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from json.encoder import encode_basestring
 from typing import Callable
 
@@ -35,7 +34,8 @@ from homeserver.core.requester import Requester
 from homeserver.storage.rooms import StoredEvent
 from homeserver.storage.sync import StreamPositions, SyncSnapshot
 from homeserver.sync.filters import NO_FILTER
-from homeserver.sync.notifier import Notifier, Waiter
+from homeserver.sync.held_registrations import HeldRegistrations
+from homeserver.sync.notifier import Waiter
 from homeserver.sync.room_entries import SyncBatch, SyncRequest
 from homeserver.sync.service import MAX_TIMEOUT_MS, Parked, SyncService
 from homeserver.sync.sliding_connections import Connections, ConnectionState, Pos, resolved
@@ -44,10 +44,6 @@ from homeserver.sync.sliding_lists import Listing, ListsResult, Matched, RoomLis
 from homeserver.sync.sliding_request import Extensions, ParsedRequests, SlidingRequest
 from homeserver.sync.sliding_rooms import SlidingRooms, is_live, live_text
 from homeserver.sync.tokens import SyncToken
-
-# How long a connection answered from a long-poll keeps its registration for its next
-# request (`_Held`): its client sends that as soon as it has the answer.
-HELD_SECONDS = 30.0
 
 
 class _Call:
@@ -103,7 +99,7 @@ class WaitingSlidingSync(Parked):
         answered, next_request = self._call.answered, self._call.next_request
         if body is not None and answered is not None and next_request is not None:
             # Registered from before this computation: kept for the request with its pos.
-            self._service.held.keep(answered, next_request, waiter)
+            self._service.held.keep(answered, next_request, waiter, None)
             self._waiter = None
         return body
 
@@ -125,7 +121,16 @@ class SlidingSync:
         )
         self.extensions = SlidingExtensions(sync)
         self.requests = ParsedRequests()
-        self.held = _Held(sync.notifier)
+        # A connection woken by a message pays for one computation, not a second one to
+        # park again (held_registrations.py). With `to_device`, its next request is the one
+        # whose `since` is the answer's `next_batch`: what that acknowledges is forgotten at
+        # its next computation, and a message sent meanwhile wakes it; unless messages were
+        # left past `next_batch`, which the next request answers at once (`_next_request`).
+        # One-time key counts may change unannounced (a claim), but a parked connection
+        # computing then would not answer for them either: they are no update
+        # (sliding_extensions.py). A room forgotten meanwhile moves no stream and wakes no
+        # one: the next computation sees it, as a parked connection's does.
+        self.held: HeldRegistrations[SlidingRequest, None] = HeldRegistrations(sync.notifier)
 
     def begin(
         self, requester: Requester, request: SlidingRequest, pos: str | None, timeout_ms: int
@@ -151,7 +156,7 @@ class SlidingSync:
         if held is not None:
             # Nothing concerning the user since the answer that gave this pos was computed:
             # this request, that answer's own again, would find nothing new. It waits.
-            return WaitingSlidingSync(self, call, time.monotonic() + timeout, held)
+            return WaitingSlidingSync(self, call, time.monotonic() + timeout, held[0])
         waiting = WaitingSlidingSync(self, call, time.monotonic() + timeout)
         try:
             body = waiting.step(woken=False)
@@ -320,63 +325,9 @@ class SlidingSync:
             rooms[room_id].update(fields["unread_notifications"])
 
 
-class _Held:
-    """The registrations of connections just answered from a long-poll, each kept, by the
-    pos it gave, for the connection's next request: one that comes with that pos and the
-    same request, its registration not woken meanwhile, has nothing new, and waits on it
-    with no computation. A connection woken by a message pays for one computation, not a
-    second one to park again. With `to_device`, the same request is the one whose `since` is
-    the answer's `next_batch`: what it acknowledges is forgotten at its next computation,
-    and a message sent meanwhile wakes it; unless messages were left past `next_batch`,
-    which the next request answers at once (`_next_request`). One-time key counts may change
-    unannounced (a claim), but a parked connection computing then would not answer for them
-    either: they are no update (sliding_extensions.py). A room forgotten meanwhile moves no
-    stream and wakes no one: the next computation sees it, as a parked connection's does."""
-
-    def __init__(self, notifier: Notifier):
-        self._notifier = notifier
-        # pos -> (when kept, the request answered, its registration), oldest first
-        self._by_pos: OrderedDict[str, tuple[float, SlidingRequest, Waiter]] = OrderedDict()
-
-    def keep(self, pos: str, request: SlidingRequest, waiter: Waiter) -> None:
-        now = time.monotonic()
-        self._drop(pos)
-        self._by_pos[pos] = (now, request, waiter)
-        self._notifier.held += 1
-        self._drop_older(now - HELD_SECONDS)
-
-    def take(self, pos: str, request: SlidingRequest) -> Waiter | None:
-        """The registration kept for `pos`, if `request` is the one answered and nothing
-        woke it since; else None, and it is dropped."""
-        self._drop_older(time.monotonic() - HELD_SECONDS)
-        found = self._by_pos.pop(pos, None)
-        if found is None:
-            return None
-        self._notifier.held -= 1
-        _, answered, waiter = found
-        if (answered is not request and answered != request) or waiter.woken.is_set():
-            waiter.__exit__(None, None, None)
-            return None
-        return waiter
-
-    def _drop_older(self, than: float) -> None:
-        """Drops those kept before `than`: their clients never came back."""
-        while self._by_pos:
-            oldest = next(iter(self._by_pos))
-            if self._by_pos[oldest][0] >= than:
-                break
-            self._drop(oldest)
-
-    def _drop(self, pos: str) -> None:
-        found = self._by_pos.pop(pos, None)
-        if found is not None:
-            self._notifier.held -= 1
-            found[2].__exit__(None, None, None)
-
-
 def _next_request(request: SlidingRequest, extensions: ExtensionsPart) -> SlidingRequest | None:
-    """The request a client sends after this answer (`_Held`): the same, its to-device
-    `since` moved to the answer's `next_batch`; None while to-device messages wait past it
+    """The request a client sends after this answer (held_registrations.py): the same, its
+    to-device `since` moved to the answer's `next_batch`; None while to-device messages wait past it
     (the next request has them at once)."""
     if not request.extensions.to_device:
         return request

@@ -1,10 +1,11 @@
 """Several Weir instances on one PostgreSQL, as real processes: another instance's message
 wakes a parked /sync, answered from memory (after a lost listening connection too, and for
-a local message after an unheard one of the other), tokens travel between instances, concurrent writes through both reach every sync once and in order, a join
-elsewhere reaches push rules, one instance at a time sends to a destination (and resends
-the transaction a killed holder left unanswered, same ID); and the
-refusals: SQLite with several instances or a second process on one SQLite file, and a
-duplicate instance_name, exit 2 with one line."""
+a local message after an unheard one of the other), tokens travel between instances,
+concurrent writes through both reach every sync once and in order, a join elsewhere
+reaches push rules, one instance at a time sends to a destination (and resends the
+transaction a killed holder left unanswered, same ID); and the refusals: SQLite with
+several instances or a second process on one SQLite file, and a duplicate instance_name,
+exit 2 with one line."""
 
 import itertools
 import json

@@ -1,6 +1,6 @@
 """A sliding sync connection woken by a message: its answer is a whole computation's, and
 its next long-poll with the same request parks on the registration held since that answer
-(sync/sliding.py `_Held`) without computing, unless something came meanwhile."""
+(sync/held_registrations.py) without computing, unless something came meanwhile."""
 
 import threading
 
@@ -9,8 +9,7 @@ import gevent
 from homeserver.core.json_text import encode
 from homeserver.rooms.pagination import stream_token
 from homeserver.sync import sliding
-from homeserver.sync.notifier import Notifier
-from homeserver.sync.sliding import _body, _Held
+from homeserver.sync.sliding import _body
 from homeserver.sync.sliding_extensions import ExtensionsPart
 from homeserver.sync.sliding_request import Extensions, SlidingRequest, parse_request
 from homeserver.sync.sliding_rooms import LiveTimeline, SlidingRooms, live_text
@@ -151,30 +150,6 @@ def test_a_woken_answer_without_extensions_is_a_whole_computations(server, user)
     assert woken["extensions"] == whole["extensions"] == {}
     assert woken["pos"].split(".")[2] == whole["pos"].split(".")[2]  # the sync token
     assert without_ages(woken["rooms"]) == without_ages(whole["rooms"])
-
-
-def test_a_held_registration_is_dropped_when_woken_or_asked_otherwise(monkeypatch):
-    notifier = Notifier(lambda room_id: [])
-    held = _Held(notifier)
-    plain = SlidingRequest("c")
-    keep_one = notifier.registered("@a:x", presence=False).__enter__()
-    held.keep("p1", plain, keep_one)
-    assert notifier.waiting() == 1 and notifier.parked() == 0
-    assert held.take("p1", SlidingRequest("c", extensions=Extensions(typing=True))) is None
-    assert notifier.waiting() == 0  # unregistered
-    woken = notifier.registered("@a:x", presence=False).__enter__()
-    held.keep("p2", plain, woken)
-    notifier.notify_users(["@a:x"])
-    assert held.take("p2", plain) is None and notifier.waiting() == 0
-    kept = notifier.registered("@a:x", presence=False).__enter__()
-    held.keep("p3", plain, kept)
-    assert held.take("p3", plain) is kept and notifier.parked() == 1
-    assert held.take("p3", plain) is None  # taken once
-    kept.__exit__(None, None, None)
-    # One whose client never came back is dropped as others are kept, or taken.
-    monkeypatch.setattr(sliding, "HELD_SECONDS", -1.0)
-    held.keep("p4", plain, notifier.registered("@a:x", presence=False).__enter__())
-    assert notifier.waiting() == 0 and held.take("p4", plain) is None
 
 
 def _live(rooms: SlidingRooms, run: list, **rest) -> dict:

@@ -324,3 +324,56 @@ def test_syncs_woken_together_read_their_unread_and_key_counts_at_once(runtime):
     for user, since_token, count in zip(users, since, found):
         whole = sync.sync(user, since_token, 0, False, None)
         assert whole["rooms"]["join"][room.room_id]["unread_notifications"] == count
+
+
+def test_the_next_long_poll_parks_on_the_registration_its_answer_kept(runtime):
+    """The client's next long-poll, with the answer's next_batch, parks on the registration
+    that answer kept (sync/held_registrations.py) without computing, and answers the next
+    message from recent events; one woken meanwhile, or asking with another filter,
+    computes. Everyone one message woke has the same token: each takes only their own."""
+    room = Room(runtime)
+    sync = runtime.sync
+    answer, _, _ = room.parked_answer(lambda: room.send(room.bob, body="one"))
+    computed = []
+    original = sync._respond
+    sync._respond = lambda request: computed.append(1) or original(request)  # type: ignore
+
+    def long_poll(since: str, sync_filter: str | None = None, who=room.alice):
+        return gevent.spawn(sync.sync, who, since, 30_000, False, sync_filter)
+
+    def until(done) -> None:
+        with gevent.Timeout(10):
+            while not done():
+                gevent.sleep(0.001)
+
+    def bodies(body: dict) -> list[str]:
+        events = body["rooms"]["join"][room.room_id]["timeline"]["events"]
+        return [e["content"]["body"] for e in events]
+
+    taken = sync.held.taken
+    bobs = long_poll(answer["next_batch"], who=room.bob)  # not his: he computes
+    until(lambda: computed == [1])
+    parked = long_poll(answer["next_batch"])
+    until(lambda: sync.held.taken == taken + 1)
+    bobs.kill()
+    before = room.wakes()
+    room.send(room.bob, body="two")
+    second = decoded(parked.get(timeout=10))
+    assert bodies(second) == ["two"] and computed == [1]
+    assert room.wakes()["recent_events"] == before["recent_events"] + 1
+    # A message before the next request wakes the kept registration: that request computes,
+    # and answers it at once.
+    room.send(room.bob, body="three")
+    third = decoded(long_poll(second["next_batch"]).get(timeout=10))
+    assert bodies(third) == ["three"] and computed == [1, 1]
+    # Another filter than the one answered computes, and parks.
+    parked = long_poll(third["next_batch"])
+    until(lambda: len(computed) == 3)  # parks after computing: no answer kept that token
+    room.send(room.bob, body="four")
+    fourth = decoded(parked.get(timeout=10))
+    assert bodies(fourth) == ["four"] and len(computed) == 3
+    parked = long_poll(fourth["next_batch"], json.dumps({"room": {"timeline": {"limit": 5}}}))
+    until(lambda: len(computed) == 4)
+    assert sync.held.taken == taken + 1
+    parked.kill()
+    sync._respond = original
