@@ -114,7 +114,6 @@ class ClusterWakes:
     def _apply(self, stream: str, after: int, upto: int) -> None:
         kept = self._kept
         if stream == "events":
-            self._notifier.recent.stored_elsewhere(upto)
             self._room_events(after, upto)
         elif stream == TYPING_STREAM:
             kept.typing_upto(upto)  # wakes the rooms' syncs itself

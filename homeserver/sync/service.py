@@ -196,7 +196,9 @@ class SyncService:
         self.notifications = notifications  # unread counts, when push actions are kept
         self.entries = RoomEntries(rooms, history)
         unread = GatheredUnread(notifications.store) if notifications else None
-        self.woken = WokenAnswers(notifier.recent, e2ee, self.entries.lazy_members, unread)
+        self.woken = WokenAnswers(
+            notifier.recent, e2ee, self.entries.lazy_members, unread, rooms.store.txn_ids_for
+        )
         self.on_wake = on_wake  # "recent_events" or "database", for each woken sync
         self.held: HeldRegistrations[HeldSync, Seen] = HeldRegistrations(notifier)
 

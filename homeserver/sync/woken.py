@@ -14,8 +14,11 @@ sync woken only by room events (notifier.Waiter.recompute unset) answers from th
   without full_state or use_state_after;
 - the run has no state event in a room the user has any membership in, and no member event
   about the user anywhere: memberships, room state and device lists are as they were;
-- none of the user's rooms has more new events than the timeline limit, and the user sent
-  none of them (its transaction ID is for the device that sent it).
+- none of the user's rooms has more new events than the timeline limit.
+
+The user's own messages are answered too: their transaction IDs, which only the device that
+sent them is given, are read for the device asking (one read), and the rooms they are in
+are formatted for it alone.
 
 Then every joined room the filter keeps gets its new events, visible to a member that has
 been joined throughout (with lazy-loaded members, the member events of their senders and the
@@ -75,7 +78,10 @@ _ANSWER = object_text(
 
 class RecentEvents:
     """The events stream's latest positions: this instance's as the persist listener heard
-    of them, other instances' as read when their NOTIFY arrived (sync/cluster.py). A
+    of them, other instances' as read when their NOTIFY arrived or before a local write
+    woke anyone (sync/cluster.py). `newest` is the newest kept, never one only heard of:
+    positions past it are not claimed, so a sync woken while another instance's range is
+    being read answers up to what is kept, and the rest wakes it again once read. A
     redaction forgets its target (its content must not be served again), which leaves a gap
     that sends syncs reaching back over it to the database."""
 
@@ -113,13 +119,6 @@ class RecentEvents:
     def has_all(self, after: int, upto: int) -> bool:
         """Whether every position in (after, upto] is kept."""
         return all(at in self._events for at in range(after + 1, upto + 1))
-
-    def stored_elsewhere(self, position: int) -> None:
-        """Another instance stored events up to `position` (sync/cluster.py), not read yet:
-        until `add` has them, a run reaching over them is not known here, so a sync past
-        them reads the database, and one before them never takes an empty run for "nothing
-        new"."""
-        self.newest = max(self.newest, position)
 
     def after(self, position: int) -> list[StoredEvent] | None:
         """Every event stored after `position`, oldest first; None when a position between
@@ -218,6 +217,9 @@ LazyMembers = Callable[[Requester, SyncFilter, str, list[StoredEvent], int], lis
 # (user_id, room IDs, by thread) -> {room_id: the unread count fields of its entry}
 # (notifications.py, GatheredUnread): each user's own, read together for syncs woken together.
 UnreadCounts = Callable[[str, list[str], bool], dict[str, dict]]
+# (user_id, device_id, event IDs) -> {event_id: txn_id} of those that device sent
+# (storage/rooms.py `txn_ids_for`).
+TxnIds = Callable[[str, str, list[str]], dict[str, str]]
 
 
 class WokenAnswers:
@@ -227,11 +229,14 @@ class WokenAnswers:
         e2ee: E2eeSync | None,
         lazy_members: LazyMembers,
         unread: UnreadCounts | None = None,
+        txn_ids: TxnIds | None = None,
     ):
+        """Without `txn_ids`, a run with the user's own message computes whole."""
         self.recent = recent
         self.e2ee = e2ee
         self.lazy_members = lazy_members
         self.unread = unread
+        self.txn_ids = txn_ids
         # (room ID, first and last position, events) -> its entry in the plain client format.
         # A redacted event's entry is never served: its run has a gap (RecentEvents).
         self._entries: dict[tuple[str, int, int, int], RoomEntry] = {}
@@ -248,11 +253,17 @@ class WokenAnswers:
             return None
         if not run:
             return None, seen
-        by_room = _events_by_room(requester.user_id, seen, run)
-        if by_room is None:
+        found = _events_by_room(requester.user_id, seen, run)
+        if found is None:
             return None
+        by_room, own = found
+        txn_ids: dict[str, str] = {}
+        if own:
+            if self.txn_ids is None:
+                return None
+            txn_ids = self.txn_ids(requester.user_id, requester.device_id, own)
         up_to = run[-1].stream_ordering
-        rooms = self._joined_rooms(requester, sync_filter, by_room, now)
+        rooms = self._joined_rooms(requester, sync_filter, by_room, now, txn_ids)
         if rooms is None:
             return None
         if not rooms:
@@ -281,10 +292,15 @@ class WokenAnswers:
         ]
 
     def _joined_rooms(
-        self, requester: Requester, sync_filter: SyncFilter, by_room: dict, now: int
+        self,
+        requester: Requester,
+        sync_filter: SyncFilter,
+        by_room: dict,
+        now: int,
+        txn_ids: dict[str, str],
     ) -> list[tuple[str, str]] | None:
         """Each entry (`"room_id":{...}`) of the rooms the timeline filter keeps; None if one
-        needs the whole computation."""
+        needs the whole computation. `txn_ids`: of the requesting device's own events."""
         timeline_filter = sync_filter.room.timeline
         lazy = sync_filter.room.state.lazy_load_members
         plain = sync_filter.event_format != "federation" and sync_filter.event_fields is None
@@ -294,13 +310,14 @@ class WokenAnswers:
                 continue
             if len(events) > sync_filter.room.timeline_limit:
                 return None  # a limited timeline comes with state: the whole computation
-            if plain and not lazy:
+            sent_here = any(stored.event.event_id in txn_ids for stored in events)
+            if plain and not lazy and not sent_here:
                 rooms.append((room_id, self._room_entry(room_id, events).text(now)))
                 continue
             state: list[dict] = []
             if lazy:
                 state = self.lazy_members(requester, sync_filter, room_id, events, now)
-            formatted = self._formatted(sync_filter, plain, events, now)
+            formatted = self._formatted(sync_filter, plain and not sent_here, events, now, txn_ids)
             text = _entry_text(formatted, events, state)
             rooms.append((room_id, encode_basestring(room_id) + ":" + text))
         return rooms
@@ -319,9 +336,15 @@ class WokenAnswers:
         return entry
 
     def _formatted(
-        self, sync_filter: SyncFilter, plain: bool, events: list[StoredEvent], now: int
+        self,
+        sync_filter: SyncFilter,
+        shared: bool,
+        events: list[StoredEvent],
+        now: int,
+        txn_ids: dict[str, str],
     ) -> list[str]:
-        if plain:
+        """`shared`: in the plain client format, with no transaction ID among them."""
+        if shared:
             return [self.recent.client_json(stored, now) for stored in events]
         # As room_entries.py's _format: the format first, then the filter's fields of it.
         shown = []
@@ -329,7 +352,7 @@ class WokenAnswers:
             if sync_filter.event_format == "federation":
                 event = dict(stored.event.pdu)
             else:
-                event = client_event(stored, now, None, "join")
+                event = client_event(stored, now, txn_ids.get(stored.event.event_id), "join")
                 del event["room_id"]  # implied by where the event is in the response
             if sync_filter.event_fields is not None:
                 event = project(event, sync_filter.event_fields)
@@ -370,10 +393,12 @@ def _entry_text(formatted: list[str], events: list[StoredEvent], state: list[dic
 
 def _events_by_room(
     user_id: str, seen: Seen, run: list[StoredEvent]
-) -> dict[str, list[StoredEvent]] | None:
-    """The run's events a member of each joined room sees; None if the run changes what
-    the whole computation would decide from (see the module's docstring)."""
+) -> tuple[dict[str, list[StoredEvent]], list[str]] | None:
+    """The run's events a member of each joined room sees, and the IDs of those the user
+    sent; None if the run changes what the whole computation would decide from (see the
+    module's docstring)."""
     by_room: dict[str, list[StoredEvent]] = {}
+    own: list[str] = []
     for stored in run:
         event = stored.event
         if event.type == "m.room.member" and event.state_key == user_id:
@@ -385,6 +410,6 @@ def _events_by_room(
         if stored.soft_failed or event.room_id not in seen.joined:
             continue
         if event.sender == user_id:
-            return None
+            own.append(event.event_id)
         by_room.setdefault(event.room_id, []).append(stored)
-    return by_room
+    return by_room, own
