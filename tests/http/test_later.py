@@ -58,8 +58,10 @@ class Served:
 
     def wait_parked(self, count: int) -> None:
         deadline = time.monotonic() + 10
-        while (waiting := self.runtime.notifier.waiting()) != count:
-            assert time.monotonic() < deadline, f"{waiting} syncs registered, not {count}"
+        # parked(), not waiting(): an answered sync's registration stays held for its
+        # client's next long-poll (homeserver/sync/held_registrations.py).
+        while (parked := self.runtime.notifier.parked()) != count:
+            assert time.monotonic() < deadline, f"{parked} syncs parked, not {count}"
             gevent.sleep(0.01)
 
     def send(self, body: str) -> None:
