@@ -4,9 +4,11 @@ A client sends its next long-poll as soon as it has an answer, with the token (/
 `next_batch`) or pos (sliding sync's) that answer gave. The answer's registration with the
 notifier was made before the computation behind it, so if nothing has woken it when that
 request arrives, nothing concerning the user has happened since: the request, computed,
-would find nothing new. It parks on that registration with no computation. A woken
-registration, a different request, or a client that never comes back (HELD_SECONDS) drops
-it, and the request computes as any other.
+would find nothing new. It parks on that registration with no computation. If something
+woke it meanwhile, the request goes on from that wake as a parked one woken then would: by
+room events alone, from the recent events (sync/woken.py), not a whole computation. A
+different request, or a client that never comes back (HELD_SECONDS), drops it, and the
+request computes as any other.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ class HeldRegistrations(Generic[Request, Kept]):
     def __init__(self, notifier: Notifier):
         self._notifier = notifier
         self._by_token: OrderedDict[Hashable, tuple[float, Request, Waiter, Kept]] = OrderedDict()
-        self.taken = 0  # requests that parked on one
+        self.taken = 0  # requests that parked on one, unwoken, with no computation
 
     def keep(self, token: Hashable, request: Request, waiter: Waiter, kept: Kept) -> None:
         now = time.monotonic()
@@ -42,18 +44,19 @@ class HeldRegistrations(Generic[Request, Kept]):
         self._drop_older(now - HELD_SECONDS)
 
     def take(self, token: Hashable, request: Request) -> tuple[Waiter, Kept] | None:
-        """The registration kept for `token` and what goes with it, if `request` is the
-        one answered and nothing woke it since; else None, and it is dropped."""
+        """The registration kept for `token` and what goes with it, woken since or not, if
+        `request` is the one answered; else None, and it is dropped."""
         self._drop_older(time.monotonic() - HELD_SECONDS)
         found = self._by_token.pop(token, None)
         if found is None:
             return None
         self._notifier.held -= 1
         _, answered, waiter, kept = found
-        if (answered is not request and answered != request) or waiter.woken.is_set():
+        if answered is not request and answered != request:
             waiter.__exit__(None, None, None)
             return None
-        self.taken += 1
+        if not waiter.woken.is_set():
+            self.taken += 1
         return waiter, kept
 
     def __len__(self) -> int:

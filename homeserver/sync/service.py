@@ -238,17 +238,18 @@ class SyncService:
         if timeout <= 0:
             return self._respond(request)[0]
         deadline = time.monotonic() + timeout
-        held_as = None
+        held_as, held = None, None
         if answers_from_events(request.filter, full_state, use_state_after):
             held_as = HeldSync(requester.user_id, requester.device_id, filter_param)
             held = self.held.take(held_as.key(since or ""), held_as)
-            if held is not None:
-                # The answer that gave `since` saw nothing but room events, and nothing
-                # concerning the user happened since: computed, this request finds nothing.
-                return WaitingSync(self, request, deadline, held_as, held)
-        waiting = WaitingSync(self, request, deadline, held_as)
+        waiting = WaitingSync(self, request, deadline, held_as, held)
+        if held is not None and not held[0].woken.is_set():
+            # The answer that gave `since` saw nothing but room events, and nothing
+            # concerning the user happened since: computed, this request finds nothing.
+            return waiting
         try:
-            body = waiting.step(woken=False)
+            # Held and woken since: from that wake, as a parked sync would.
+            body = waiting.step(woken=held is not None)
         except BaseException:
             waiting.close()
             raise

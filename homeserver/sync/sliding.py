@@ -153,13 +153,14 @@ class SlidingSync:
             assert body is not None
             return body
         held = self.held.take(pos, request)
-        if held is not None:
+        waiting = WaitingSlidingSync(self, call, time.monotonic() + timeout, held and held[0])
+        if held is not None and not held[0].woken.is_set():
             # Nothing concerning the user since the answer that gave this pos was computed:
             # this request, that answer's own again, would find nothing new. It waits.
-            return WaitingSlidingSync(self, call, time.monotonic() + timeout, held[0])
-        waiting = WaitingSlidingSync(self, call, time.monotonic() + timeout)
+            return waiting
         try:
-            body = waiting.step(woken=False)
+            # Held and woken since: from that wake, as a parked connection would.
+            body = waiting.step(woken=held is not None)
         except BaseException:
             waiting.close()
             raise

@@ -1,6 +1,7 @@
 """A sliding sync connection woken by a message: its answer is a whole computation's, and
 its next long-poll with the same request parks on the registration held since that answer
-(sync/held_registrations.py) without computing, unless something came meanwhile."""
+(sync/held_registrations.py) without computing; if something came meanwhile, it computes
+once from that wake."""
 
 import threading
 
