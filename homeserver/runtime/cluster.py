@@ -85,6 +85,7 @@ class ClusterComponents(MediaComponents):
             forget_presence=self.presence.forget,
             forget_tokens=self.accounts.forget_revoked,
             typing_upto=self.typing.apply_upto,
+            keys_written=self.e2ee_store.heard_key_writes,
         )
         wakes = ClusterWakes(
             StreamChanges(self.db), self.notifier, self.e2ee_store.users_sharing_a_room, kept

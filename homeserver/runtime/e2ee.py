@@ -32,9 +32,9 @@ class E2eeComponents(Infrastructure):
 
     @component
     def e2ee_store(self) -> E2eeStore:
-        # Shards claim one-time keys over federation: counts cannot be kept across a wake.
-        # Other instances too.
-        elsewhere = self.config.federation.worker.shards > 0 or self.config.cluster.instances > 1
+        # Shards claim one-time keys over federation, unheard: counts cannot be kept across
+        # a wake. Other instances announce theirs (sync/cluster.py).
+        elsewhere = self.config.federation.worker.shards > 0
         return E2eeStore(self.db, keys_written_elsewhere=elsewhere)
 
     def _keys_changed(self, user_id: str, devices=(), signing: bool = False) -> None:

@@ -18,6 +18,9 @@ from homeserver.storage.outbox import queue_edus
 
 DEVICE_LISTS_STREAM = "device_lists"
 TO_DEVICE_STREAM = "to_device"
+# With other instances, each key write takes a position of it, with no row: the others count
+# it a key write (`heard_key_writes`) when its NOTIFY arrives (sync/cluster.py).
+KEY_WRITES_STREAM = "key_writes"
 
 
 @dataclass(frozen=True)
@@ -90,10 +93,13 @@ def delete_device_rows(tx, user_id: str, device_id: str) -> bool:
 class E2eeStore:
     def __init__(self, db: Database, keys_written_elsewhere: bool = False):
         self.db = db
-        # One-time and fallback key writes by this process, counted once each has ended:
-        # key counts read before a count stayed are still current (sync/woken.py), unless
-        # other processes write keys too (federation shards claim them). Deleting a device
-        # is not counted: it is logged out, and nothing it is told matters any more.
+        # One-time and fallback key writes, counted once each has ended: key counts read
+        # before a count stayed are still current (sync/woken.py). Other instances' are
+        # counted when heard, milliseconds after their commit: until then one answer's
+        # counts may lag (docs/architecture.md, "What memory may not serve").
+        # `keys_written_elsewhere`: other processes write keys unheard (federation shards
+        # claim them), so no count is kept. Deleting a device is not counted: it is logged
+        # out, and nothing it is told matters any more.
         self.key_writes = 0
         self.keys_written_elsewhere = keys_written_elsewhere
 
@@ -102,9 +108,19 @@ class E2eeStore:
         its write commits may count it a moment early: one answer's counts then lag)."""
         return not self.keys_written_elsewhere and self.key_writes == key_writes
 
+    def heard_key_writes(self) -> None:
+        """Another instance wrote keys."""
+        self.key_writes += 1
+
     def _write_keys(self, write):
+        def announced(tx):
+            written = write(tx)
+            if tx.announce_as is not None:  # last: the stream's row is held until commit
+                streams.take(tx, KEY_WRITES_STREAM)
+            return written
+
         try:
-            return self.db.write(write)
+            return self.db.write(announced)
         finally:
             self.key_writes += 1
 

@@ -17,7 +17,8 @@ The same reads keep this instance's memory of what others changed (`KeptInMemory
 or not anyone waits: push rules' facts about a room whose state changed, a user's compiled
 push rules when their account data moved (a rule's change writes m.push_rules), a user's
 presence as last seen here, and the owners of access tokens another instance ended are
-forgotten; typing changes are applied in position order (sync/typing.py). Until the
+forgotten, and key counts read before another instance's key write are no longer trusted
+(storage/e2ee.py); typing changes are applied in position order (sync/typing.py). Until the
 notification arrives (milliseconds) they may be stale (docs/architecture.md, "What memory
 may not serve").
 """
@@ -30,6 +31,7 @@ from typing import Callable, Iterable
 from gevent.lock import Semaphore
 
 from homeserver.storage.cluster_memory import TOKENS_STREAM, TYPING_STREAM
+from homeserver.storage.e2ee import KEY_WRITES_STREAM
 from homeserver.storage.stream_changes import PER_USER_STREAMS, StreamChanges
 from homeserver.sync.notifier import Notifier
 from homeserver.sync.woken import RECENT_EVENTS
@@ -50,6 +52,7 @@ class KeptInMemory:
     forget_presence: Callable[[str], None] = _nothing  # a user's presence as last seen
     forget_tokens: Callable[[str, str | None], None] = _nothing  # (user, device or all)
     typing_upto: Callable[[int], None] = _nothing  # apply typing changes up to a position
+    keys_written: Callable[[], None] = _nothing  # key counts read before may be stale
 
 
 class ClusterWakes:
@@ -117,6 +120,8 @@ class ClusterWakes:
             self._room_events(after, upto)
         elif stream == TYPING_STREAM:
             kept.typing_upto(upto)  # wakes the rooms' syncs itself
+        elif stream == KEY_WRITES_STREAM:
+            kept.keys_written()
         elif stream == TOKENS_STREAM:
             for user_id, device_id in self._changes.revoked_tokens(after, upto):
                 kept.forget_tokens(user_id, device_id)
