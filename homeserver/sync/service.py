@@ -19,7 +19,7 @@ import contextlib
 import json
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Self
 
 from homeserver.core.clock import now_ms
 from homeserver.core.collector import without_full_passes
@@ -89,6 +89,23 @@ class Parked:
                     return body
         finally:
             self.close()
+
+    def start(self, held: bool) -> dict | EncodedJson | Self:
+        """The first step: itself, to be waited for, while there is nothing to send; else
+        the answer, and it is closed. `held`: its registration was kept from the answer
+        before (held_registrations.py): unwoken since, that answer's computation again
+        would find nothing, so it waits with none; woken, it goes on from that wake."""
+        if held and self._waiter is not None and not self._waiter.woken.is_set():
+            return self
+        try:
+            body = self.step(woken=held)
+        except BaseException:
+            self.close()
+            raise
+        if body is None:
+            return self
+        self.close()
+        return body
 
     def step(self, woken: bool) -> dict | EncodedJson | None:
         """One computation: the answer to send now, or None to wait again."""
@@ -242,21 +259,8 @@ class SyncService:
         if answers_from_events(request.filter, full_state, use_state_after):
             held_as = HeldSync(requester.user_id, requester.device_id, filter_param)
             held = self.held.take(held_as.key(since or ""), held_as)
-        waiting = WaitingSync(self, request, deadline, held_as, held)
-        if held is not None and not held[0].woken.is_set():
-            # The answer that gave `since` saw nothing but room events, and nothing
-            # concerning the user happened since: computed, this request finds nothing.
-            return waiting
-        try:
-            # Held and woken since: from that wake, as a parked sync would.
-            body = waiting.step(woken=held is not None)
-        except BaseException:
-            waiting.close()
-            raise
-        if body is None:
-            return waiting
-        waiting.close()
-        return body
+        # Held: the answer that gave `since` saw nothing but room events.
+        return WaitingSync(self, request, deadline, held_as, held).start(held is not None)
 
     # --- one computation ----------------------------------------------------------------
 

@@ -152,22 +152,10 @@ class SlidingSync:
             body = self.compute(call, True)
             assert body is not None
             return body
+        # Held: this request is the one the answer that gave this pos was for.
         held = self.held.take(pos, request)
         waiting = WaitingSlidingSync(self, call, time.monotonic() + timeout, held and held[0])
-        if held is not None and not held[0].woken.is_set():
-            # Nothing concerning the user since the answer that gave this pos was computed:
-            # this request, that answer's own again, would find nothing new. It waits.
-            return waiting
-        try:
-            # Held and woken since: from that wake, as a parked connection would.
-            body = waiting.step(woken=held is not None)
-        except BaseException:
-            waiting.close()
-            raise
-        if body is None:
-            return waiting
-        waiting.close()
-        return body
+        return waiting.start(held is not None)
 
     def compute(
         self, call: _Call, must_answer: bool, events_only: bool = False
