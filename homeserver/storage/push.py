@@ -208,8 +208,9 @@ class PushStore:
     @staticmethod
     def insert_push_actions(tx, actions: list[PushAction]) -> None:
         """In the event's own write: nothing for an event stored as hidden (soft failed) or
-        as an outlier. One statement a batch, and each rule's actions encoded once: a big
-        room's message is thousands of rows."""
+        as an outlier. Each rule's actions encoded once: a big room's message is thousands
+        of rows. On PostgreSQL one statement an event, its rows as arrays: a statement a
+        row cost the database about as much again as the rows themselves."""
         if not actions:
             return
         texts: dict[int, str] = {}
@@ -218,16 +219,44 @@ class PushStore:
                 texts[id(a.actions)] = _dumps(a.actions)
         # The event's room and position are read by the statement itself: it runs while the
         # events stream's row is held (storage/streams.py), so no round trip of its own.
-        tx.executemany(
+        select = (
             "INSERT INTO event_push_actions (user_id, room_id, event_id, stream_ordering,"
-            " thread_id, notif, highlight, actions) SELECT ?, e.room_id, e.event_id,"
-            " e.stream_ordering, ?, 1, ?, ? FROM events e WHERE e.event_id = ?"
-            " AND e.soft_failed = 0 AND e.outlier = 0 ON CONFLICT DO NOTHING",
-            [
-                (a.user_id, a.thread_id, int(a.highlight), texts[id(a.actions)], a.event_id)
-                for a in actions
-            ],
+            " thread_id, notif, highlight, actions) SELECT {rows}, e.room_id, e.event_id,"
+            " e.stream_ordering, {thread}, 1, {highlight}, {actions} FROM {source}"
+            " WHERE e.event_id = ? AND e.soft_failed = 0 AND e.outlier = 0"
+            " ON CONFLICT DO NOTHING"
         )
+        if tx.dialect != "postgres":
+            tx.executemany(
+                select.format(rows="?", thread="?", highlight="?", actions="?", source="events e"),
+                [
+                    (a.user_id, a.thread_id, int(a.highlight), texts[id(a.actions)], a.event_id)
+                    for a in actions
+                ],
+            )
+            return
+        by_event: dict[str, list[PushAction]] = {}
+        for a in actions:
+            by_event.setdefault(a.event_id, []).append(a)
+        sql = select.format(
+            rows="r.user_id",
+            thread="r.thread_id",
+            highlight="r.highlight",
+            actions="r.actions",
+            source="unnest(?::text[], ?::text[], ?::int[], ?::text[])"
+            " AS r (user_id, thread_id, highlight, actions), events e",
+        )
+        for event_id, rows in by_event.items():
+            tx.execute(
+                sql,
+                (
+                    [a.user_id for a in rows],
+                    [a.thread_id for a in rows],
+                    [int(a.highlight) for a in rows],
+                    [texts[id(a.actions)] for a in rows],
+                    event_id,
+                ),
+            )
 
     def unread_counts(self, user_id: str, room_ids: list[str]) -> dict[str, dict]:
         """{room_id: {thread_id: (notifications, highlights)}} after the user's read
