@@ -476,13 +476,19 @@ class RoomStore(RoomMembers):
     @staticmethod
     def state_changes_in(tx, room_id: str, keys: list[StateKey]) -> dict:
         """`state_changes` inside a caller's transaction (storage/sync.py's snapshot)."""
-        sql = (
-            f"SELECT {_EVENT_COLUMNS} FROM events e WHERE e.room_id = ? AND e.type = ?"
-            " AND e.state_key = ? AND e.soft_failed = 0 ORDER BY e.stream_ordering"
+        found: dict[StateKey, list[tuple[int, StoredEvent]]] = {key: [] for key in keys}
+        if not keys:
+            return found
+        params: list = []
+        rows = tx.fetchall(
+            f"{keys_table(keys, params)}SELECT {_EVENT_COLUMNS}, e.type, e.state_key FROM k"
+            " JOIN events e ON e.room_id = ? AND e.type = k.type AND e.state_key = k.state_key"
+            " WHERE e.soft_failed = 0 ORDER BY e.stream_ordering",
+            (*params, room_id),
         )
-        return {
-            key: [(r[0], _stored(r)) for r in tx.fetchall(sql, (room_id, *key))] for key in keys
-        }
+        for row in rows:
+            found[(row[4], row[5])].append((row[0], _stored(row)))
+        return found
 
     @staticmethod
     def history_keys(user_id: str) -> list[StateKey]:
