@@ -481,7 +481,7 @@ class RoomStore(RoomMembers):
             return found
         params: list = []
         rows = tx.fetchall(
-            f"{keys_table(keys, params)}SELECT {_EVENT_COLUMNS}, e.type, e.state_key FROM k"
+            f"{keys_table(list(found), params)}SELECT {_EVENT_COLUMNS}, e.type, e.state_key FROM k"
             " JOIN events e ON e.room_id = ? AND e.type = k.type AND e.state_key = k.state_key"
             " WHERE e.soft_failed = 0 ORDER BY e.stream_ordering",
             (*params, room_id),
