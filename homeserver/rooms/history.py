@@ -253,9 +253,8 @@ class RoomHistory:
         user had at each event (for the spec's `unsigned.membership`) and their bundled
         aggregations."""
         now = now_ms()
-        txn_ids = self.store.txn_ids_for(
-            requester.user_id, requester.device_id, [s.event.event_id for s in visible]
-        )
+        own = [s.event.event_id for s in visible if s.event.sender == requester.user_id]
+        txn_ids = self.store.txn_ids_for(requester.user_id, requester.device_id, own)
         chunk = [
             client_event(
                 s,

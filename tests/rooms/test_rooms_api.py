@@ -218,6 +218,11 @@ def test_send_is_idempotent_per_device_and_transaction(server, user):
     assert_matches_spec(event, "get", "/_matrix/client/v3/rooms/{roomId}/event/{eventId}")
     seen_elsewhere = other_device.get(f"{V3}/rooms/{room_id}/event/{first.json()['event_id']}")
     assert "transaction_id" not in seen_elsewhere.json()["unsigned"]
+    # The same on a page of /messages, which reads transaction IDs for the user's own events.
+    for client, expected in ((alice, "txn-1"), (other_device, None)):
+        page = messages(client, room_id, dir="b", limit=50)["chunk"]
+        [found] = [e for e in page if e["event_id"] == first.json()["event_id"]]
+        assert found["unsigned"].get("transaction_id") == expected
 
 
 def test_state_events(server, user):
