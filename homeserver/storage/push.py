@@ -219,7 +219,7 @@ class PushStore:
                 texts[id(a.actions)] = _dumps(a.actions)
         # The event's room and position are read by the statement itself: it runs while the
         # events stream's row is held (storage/streams.py), so no round trip of its own.
-        select = (
+        insert = (  # a row per member on SQLite; on PostgreSQL, per event, from arrays
             "INSERT INTO event_push_actions (user_id, room_id, event_id, stream_ordering,"
             " thread_id, notif, highlight, actions) SELECT {rows}, e.room_id, e.event_id,"
             " e.stream_ordering, {thread}, 1, {highlight}, {actions} FROM {source}"
@@ -228,7 +228,7 @@ class PushStore:
         )
         if tx.dialect != "postgres":
             tx.executemany(
-                select.format(rows="?", thread="?", highlight="?", actions="?", source="events e"),
+                insert.format(rows="?", thread="?", highlight="?", actions="?", source="events e"),
                 [
                     (a.user_id, a.thread_id, int(a.highlight), texts[id(a.actions)], a.event_id)
                     for a in actions
@@ -238,7 +238,7 @@ class PushStore:
         by_event: dict[str, list[PushAction]] = {}
         for a in actions:
             by_event.setdefault(a.event_id, []).append(a)
-        sql = select.format(
+        sql = insert.format(
             rows="r.user_id",
             thread="r.thread_id",
             highlight="r.highlight",
