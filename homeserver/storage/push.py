@@ -217,46 +217,31 @@ class PushStore:
         for a in actions:
             if id(a.actions) not in texts:
                 texts[id(a.actions)] = _dumps(a.actions)
+        # Each event's rows: (user, thread, highlight, actions).
+        by_event: dict[str, list[tuple]] = {}
+        for a in actions:
+            row = (a.user_id, a.thread_id, int(a.highlight), texts[id(a.actions)])
+            by_event.setdefault(a.event_id, []).append(row)
         # The event's room and position are read by the statement itself: it runs while the
         # events stream's row is held (storage/streams.py), so no round trip of its own.
-        insert = (  # a row per member on SQLite; on PostgreSQL, per event, from arrays
-            "INSERT INTO event_push_actions (user_id, room_id, event_id, stream_ordering,"
-            " thread_id, notif, highlight, actions) SELECT {rows}, e.room_id, e.event_id,"
-            " e.stream_ordering, {thread}, 1, {highlight}, {actions} FROM {source}"
-            " WHERE e.event_id = ? AND e.soft_failed = 0 AND e.outlier = 0"
-            " ON CONFLICT DO NOTHING"
+        insert = (
+            "INSERT INTO event_push_actions (user_id, thread_id, highlight, actions, notif,"
+            " room_id, event_id, stream_ordering) SELECT {row}, 1, e.room_id, e.event_id,"
+            " e.stream_ordering FROM {events} WHERE e.event_id = ? AND e.soft_failed = 0"
+            " AND e.outlier = 0 ON CONFLICT DO NOTHING"
         )
-        if tx.dialect != "postgres":
+        if tx.dialect != "postgres":  # a statement a row costs nothing in process
             tx.executemany(
-                insert.format(rows="?", thread="?", highlight="?", actions="?", source="events e"),
-                [
-                    (a.user_id, a.thread_id, int(a.highlight), texts[id(a.actions)], a.event_id)
-                    for a in actions
-                ],
+                insert.format(row="?, ?, ?, ?", events="events e"),
+                [(*row, event_id) for event_id, rows in by_event.items() for row in rows],
             )
             return
-        by_event: dict[str, list[PushAction]] = {}
-        for a in actions:
-            by_event.setdefault(a.event_id, []).append(a)
         sql = insert.format(
-            rows="r.user_id",
-            thread="r.thread_id",
-            highlight="r.highlight",
-            actions="r.actions",
-            source="unnest(?::text[], ?::text[], ?::int[], ?::text[])"
-            " AS r (user_id, thread_id, highlight, actions), events e",
+            row="r.*",
+            events="unnest(?::text[], ?::text[], ?::int[], ?::text[]) AS r, events e",
         )
         for event_id, rows in by_event.items():
-            tx.execute(
-                sql,
-                (
-                    [a.user_id for a in rows],
-                    [a.thread_id for a in rows],
-                    [int(a.highlight) for a in rows],
-                    [texts[id(a.actions)] for a in rows],
-                    event_id,
-                ),
-            )
+            tx.execute(sql, (*(list(column) for column in zip(*rows)), event_id))
 
     def unread_counts(self, user_id: str, room_ids: list[str]) -> dict[str, dict]:
         """{room_id: {thread_id: (notifications, highlights)}} after the user's read
