@@ -18,14 +18,6 @@ from homeserver.storage.migrations import migrate
 ROOM = "!room:weir.test"
 
 
-@pytest.fixture
-def db(database_url):
-    database = open_database(database_url)
-    migrate(database)
-    yield database
-    database.close()
-
-
 def random_graph(seed: int, size: int) -> list[Event]:
     """`size` state events, oldest first, each citing 1 to 4 older ones as auth events
     (one of them often the newest: long chains and wide fans both), and now and then an

@@ -4,22 +4,10 @@ kept once, a soft-failed event gets none, and the unread counts read them back."
 
 import json
 
-import pytest
-
-from homeserver.storage.database import open_database
-from homeserver.storage.migrations import migrate
 from homeserver.storage.push import PushAction, PushStore
 from tests.storage.test_relations_store import ALICE, BOB, ROOM, Events
 
 CAROL = "@carol:x"
-
-
-@pytest.fixture
-def db(database_url):
-    database = open_database(database_url)
-    migrate(database)
-    yield database
-    database.close()
 
 
 def test_a_batch_of_events_keeps_every_row_once_and_none_for_a_hidden_event(db):

@@ -4,8 +4,6 @@ redaction, and a whole page's aggregations in a fixed number of queries."""
 
 import json
 
-import pytest
-
 from homeserver.core.events import Event
 from homeserver.rooms.aggregations import Aggregations
 from homeserver.storage import database as database_module
@@ -18,14 +16,6 @@ from homeserver.storage.rooms import RoomStore, StoredEvent
 
 ROOM = "!room:x"
 ALICE, BOB = "@alice:x", "@bob:x"
-
-
-@pytest.fixture
-def db(database_url):
-    database = open_database(database_url)
-    migrate(database)
-    yield database
-    database.close()
 
 
 class Events:

@@ -19,14 +19,6 @@ ALICE = "@alice:x"
 ALL_KEYS = ["content.body", "content.name", "content.topic"]
 
 
-@pytest.fixture
-def db(database_url):
-    database = open_database(database_url)
-    migrate(database)
-    yield database
-    database.close()
-
-
 class Events:
     def __init__(self, db):
         self.db = db

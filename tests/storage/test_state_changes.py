@@ -2,22 +2,10 @@
 on SQLite and PostgreSQL: every key's events in one statement, each under its own key,
 oldest first, never a soft-failed one."""
 
-import pytest
-
-from homeserver.storage.database import open_database
-from homeserver.storage.migrations import migrate
 from homeserver.storage.rooms import RoomStore
 from tests.storage.test_relations_store import ALICE, BOB, ROOM, Events
 
 VISIBILITY = ("m.room.history_visibility", "")
-
-
-@pytest.fixture
-def db(database_url):
-    database = open_database(database_url)
-    migrate(database)
-    yield database
-    database.close()
 
 
 def test_each_key_has_its_events_oldest_first(db):

@@ -3,8 +3,6 @@ whole maps, on SQLite and on a real PostgreSQL cluster."""
 
 import json
 
-import pytest
-
 from homeserver.config import parse_config
 from homeserver.core.events import Event
 from homeserver.rooms.creation import CreateRoomRequest
@@ -14,14 +12,6 @@ from homeserver.storage.database import open_database
 from homeserver.storage.migrations import migrate
 
 ROOM = "!room:weir.test"
-
-
-@pytest.fixture
-def db(database_url):
-    database = open_database(database_url)
-    migrate(database)
-    yield database
-    database.close()
 
 
 def member(n: int) -> tuple[str, str]:

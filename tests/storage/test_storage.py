@@ -10,14 +10,6 @@ from homeserver.storage.database import SqliteDatabase, open_database
 from homeserver.storage.migrations import available_migrations, migrate
 
 
-@pytest.fixture
-def db(database_url):
-    database = open_database(database_url)
-    migrate(database)
-    yield database
-    database.close()
-
-
 def test_migrations_apply_once_and_record_the_version(db):
     latest = available_migrations()[-1][0]
     assert migrate(db) == latest  # a second run applies nothing and reports the same version

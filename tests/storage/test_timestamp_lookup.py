@@ -5,20 +5,10 @@ through the (room_id, origin_server_ts) index of migration 0054."""
 import pytest
 
 from homeserver.core.events import Event
-from homeserver.storage.database import open_database
 from homeserver.storage.event_rows import insert_event_row
-from homeserver.storage.migrations import migrate
 from homeserver.storage.rooms import RoomStore
 
 ROOM, OTHER = "!room:x", "!other:x"
-
-
-@pytest.fixture
-def db(database_url):
-    database = open_database(database_url)
-    migrate(database)
-    yield database
-    database.close()
 
 
 def add(db, position: int, room_id: str, ts: int, **flags) -> str:

@@ -4,8 +4,6 @@ shows no name; and the migration's step filling it from what databases held befo
 
 import json
 
-import pytest
-
 from homeserver.core.events import Event
 from homeserver.storage.accounts import AccountStore
 from homeserver.storage.database import open_database
@@ -16,14 +14,6 @@ from homeserver.storage.user_directory import UserDirectoryStore, index_member, 
 
 PUBLIC, PRIVATE, LEFT = "!public:hs", "!private:hs", "!left:hs"
 SEARCHER = "@searcher:hs"
-
-
-@pytest.fixture
-def db(database_url):
-    database = open_database(database_url)
-    migrate(database)
-    yield database
-    database.close()
 
 
 def local_user(db, user_id: str, **profile) -> None:
